@@ -1,0 +1,197 @@
+"""Shared pieces of the benchmarks: servers in subprocesses, wrk runs, tables.
+
+Every benchmark measures its baseline in the same run, alternating rounds,
+because these machines are shared and absolute figures drift.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WRK_SCRIPT = r"""
+counter = 0
+wrk.method = "POST"
+wrk.body = BODY
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  counter = counter + 1
+  wrk.headers["Idempotency-Key"] = string.format("k-%d-%d", PREFIX, counter)
+  return wrk.format()
+end
+done = function(summary, latency, requests)
+  io.write(string.format(
+    "RESULT {\"requests\": %d, \"non2xx\": %d, \"errors\": %d, \"seconds\": %f, "
+    .. "\"p50\": %f, \"p99\": %f, \"p999\": %f}\n",
+    summary.requests, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.duration / 1e6,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000,
+    latency:percentile(99.9) / 1000))
+end
+"""
+
+
+def body_1kib() -> str:
+    """A ~1 KiB JSON order, like a WooCommerce or T-Bank notification."""
+    items = ",".join(
+        f'{{"sku":"SKU-{i:04d}","name":"Item number {i}","qty":{i % 3 + 1},"price":{i * 100}}}'
+        for i in range(9)
+    )
+    body = f'{{"event":"order.created","order":{{"id":1001,"currency":"RUB","items":[{items}]}}}}'
+    return body.ljust(1024)
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    non2xx: int
+    errors: int
+    seconds: float
+    p50: float  # milliseconds
+    p99: float
+    p999: float
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def acked(self) -> int:
+        return self.requests - self.non2xx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def cpu_prefix(cpu: int | None) -> list[str]:
+    if cpu is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return []
+    return ["taskset", "-c", str(cpu)]
+
+
+def run_wrk(
+    url: str, *, connections: int, seconds: float, prefix: int, cpu: int | None
+) -> WrkResult:
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (Debian: apt-get install wrk)")
+    script = WRK_SCRIPT.replace("BODY", json.dumps(body_1kib())).replace("PREFIX", str(prefix))
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(script)
+    try:
+        output = subprocess.run(
+            [
+                *cpu_prefix(cpu),
+                "wrk",
+                "-t1",
+                f"-c{connections}",
+                f"-d{int(seconds)}s",
+                "-s",
+                handle.name,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        os.unlink(handle.name)
+    match = re.search(r"RESULT (\{.*\})", output)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{output}")
+    return WrkResult(**json.loads(match.group(1)))
+
+
+class Server:
+    """A server process started for a benchmark, stopped by its own PID."""
+
+    def __init__(
+        self,
+        command: list[str],
+        port: int,
+        *,
+        cpu: int | None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.port = port
+        self.process = subprocess.Popen(
+            [*cpu_prefix(cpu), *command],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            wait_for_port(port)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
+    for row in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def write_json(name: str, data: object) -> Path:
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, default=lambda o: asdict(o)))
+    return path
+
+
+def peak_children_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

@@ -1,0 +1,41 @@
+"""The `relay` command: one subcommand per module, all sharing `--config`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from relay import __version__
+from relay.cli import check, events, serve
+from relay.cli.common import CommandError
+from relay.lockfile import AlreadyRunning
+from relay.store import StoreError
+
+COMMANDS = (serve, check, events)
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="relay", description="A webhook relay: accept, keep on disk, deliver with retries."
+    )
+    root.add_argument("--version", action="version", version=f"relay {__version__}")
+    commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.register(commands)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except CommandError as error:
+        print(f"relay: {error}", file=sys.stderr)
+        return 2
+    except (StoreError, AlreadyRunning) as error:
+        print(f"relay: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code

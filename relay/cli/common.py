@@ -1,0 +1,96 @@
+"""What every subcommand shares: finding the config, opening the store, printing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from relay.app import open_store
+from relay.config import Config, ConfigError, load_config
+from relay.loops import loop_factory
+from relay.store import SqliteStore
+
+T = TypeVar("T")
+
+DEFAULT_CONFIG_PATHS = (Path("relay.toml"), Path("/etc/relay/relay.toml"))
+
+
+class CommandError(Exception):
+    """A one-line message for the user; the command exits non-zero."""
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        type=Path,
+        help="config file (default: $RELAY_CONFIG, then ./relay.toml, then /etc/relay/relay.toml)",
+    )
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
+    if args.config is not None:
+        return Path(args.config)
+    if environ.get("RELAY_CONFIG"):
+        return Path(environ["RELAY_CONFIG"])
+    for candidate in DEFAULT_CONFIG_PATHS:
+        if candidate.exists():
+            return candidate
+    raise CommandError("no config file: pass --config PATH or set RELAY_CONFIG")
+
+
+def read_config(args: argparse.Namespace) -> Config:
+    try:
+        return load_config(config_path(args, os.environ), os.environ)
+    except ConfigError as error:
+        raise CommandError(f"config error: {error}") from None
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(coroutine)
+
+
+@asynccontextmanager
+async def opened_store(config: Config) -> AsyncIterator[SqliteStore]:
+    store = open_store(config)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def emit(args: argparse.Namespace, data: Any, render_text: Callable[[Any], str]) -> None:
+    """Print `data` as JSON with --json, else as the text `render_text` makes of it."""
+    if getattr(args, "json", False):
+        sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    else:
+        text = render_text(data)
+        if text:
+            print(text)
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines)

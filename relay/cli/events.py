@@ -1,0 +1,123 @@
+"""`relay events` and `relay show`: what came in and what became of it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from relay.cli.common import (
+    CommandError,
+    add_config_option,
+    add_json_option,
+    emit,
+    opened_store,
+    read_config,
+    run,
+    table,
+)
+from relay.secrets import Masker
+from relay.store import EventQuery, Status
+from relay.views import event_detail, event_summary
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    events = commands.add_parser("events", help="list events, newest first")
+    add_config_option(events)
+    add_json_option(events)
+    events.add_argument(
+        "--status",
+        choices=[s.value for s in Status],
+        help="only events with a delivery in this state",
+    )
+    events.add_argument("--route", help="only events of this route")
+    events.add_argument("--target", help="only events with a delivery to this target")
+    events.add_argument("--key", help="only the event with this idempotency key")
+    events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    events.set_defaults(handler=list_events)
+
+    show = commands.add_parser("show", help="one event: headers, body, deliveries, attempts")
+    add_config_option(show)
+    add_json_option(show)
+    show.add_argument("event_id", metavar="EVENT_ID")
+    show.set_defaults(handler=show_event)
+
+
+def list_events(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    query = EventQuery(
+        status=Status(args.status) if args.status else None,
+        route=args.route,
+        target=args.target,
+        key=args.key,
+        limit=max(1, args.limit),
+    )
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with opened_store(config) as store:
+            events = await store.list_events(query)
+        masker = Masker(config.secrets)
+        return [event_summary(event, masker) for event in events]
+
+    emit(args, run(fetch()), _events_text)
+    return 0
+
+
+def show_event(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    try:
+        event_id = int(args.event_id)
+    except ValueError:
+        raise CommandError(f"no event {args.event_id}") from None
+
+    async def fetch() -> dict[str, Any] | None:
+        async with opened_store(config) as store:
+            detail = await store.get_event(event_id)
+        return event_detail(detail, Masker(config.secrets)) if detail else None
+
+    data = run(fetch())
+    if data is None:
+        raise CommandError(f"no event {args.event_id}")
+    emit(args, data, _event_text)
+    return 0
+
+
+def _events_text(events: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            event["id"],
+            event["received_at"],
+            event["route"],
+            event["status"],
+            event["idempotency_key"] or "-",
+            " ".join(f"{d['target']}:{d['status']}({d['attempts']})" for d in event["deliveries"]),
+        ]
+        for event in events
+    ]
+    return table(rows, ["ID", "RECEIVED", "ROUTE", "STATUS", "KEY", "DELIVERIES"])
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    lines = [
+        f"event {event['id']}  route {event['route']}  {event['status']}",
+        f"received {event['received_at']} from {event['remote_addr'] or '-'}",
+        f"idempotency key: {event['idempotency_key'] or '-'}",
+        f"{event['method']} {event['path']}{'?' + event['query'] if event['query'] else ''}",
+    ]
+    lines += [f"  {name}: {value}" for name, value in event["headers"]]
+    body = event["body"] if event["body"] is not None else f"(base64) {event['body_base64']}"
+    lines += ["", body, ""]
+    for delivery in event["deliveries"]:
+        lines.append(
+            f"delivery {delivery['id']} → {delivery['target']}: {delivery['status']},"
+            f" {delivery['attempts']} attempts"
+            + (f", next at {delivery['next_attempt_at']}" if delivery["next_attempt_at"] else "")
+        )
+        if delivery["last_error"]:
+            lines.append(f"  last error: {delivery['last_error']}")
+        for attempt in delivery["attempts_log"]:
+            lines.append(
+                f"  #{attempt['number']} {attempt['started_at']} {attempt['outcome']}"
+                f" {attempt['http_status'] or '-'} {attempt['duration_ms']}ms"
+                + (f" {attempt['error']}" if attempt["error"] else "")
+            )
+    return "\n".join(lines)

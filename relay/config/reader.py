@@ -1,0 +1,302 @@
+"""Typed reading of a TOML table, with errors that name the dotted key.
+
+Every getter removes the key it read, so `done()` can refuse whatever is
+left: a typo such as `server.lisen` is an error, not a silently ignored line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from relay.units import parse_duration, parse_size
+
+
+class ConfigError(Exception):
+    """An invalid config: one line that names the key and what was expected."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED: Any = _Missing()
+
+
+def describe(value: object) -> str:
+    """A value as it would look in TOML, for error messages."""
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return str(value)
+
+
+class Section:
+    """One TOML table being read; `where` is its dotted name ("" for the root)."""
+
+    def __init__(self, data: Mapping[str, Any], where: str) -> None:
+        self._data = dict(data)
+        self._asked: list[str] = []
+        self.where = where
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def has(self, name: str) -> bool:
+        return name in self._data
+
+    def names(self) -> list[str]:
+        return list(self._data)
+
+    def take(self, name: str, default: Any = REQUIRED) -> Any:
+        if name not in self._asked:
+            self._asked.append(name)
+        if name in self._data:
+            return self._data.pop(name)
+        if default is REQUIRED:
+            raise ConfigError(self.key(name), "is required")
+        return default
+
+    def error(self, name: str, expected: str, value: object) -> ConfigError:
+        return ConfigError(self.key(name), f"expected {expected}, got {describe(value)}")
+
+    def _typed(self, name: str, default: Any, check: Callable[[Any], bool], expected: str) -> Any:
+        value = self.take(name, default)
+        if value is default and default is not REQUIRED:
+            return value
+        if not check(value):
+            raise self.error(name, expected, value)
+        return value
+
+    def string(self, name: str, default: Any = REQUIRED, *, nonempty: bool = True) -> Any:
+        expected = "a non-empty string" if nonempty else "a string"
+        return self._typed(
+            name, default, lambda v: isinstance(v, str) and (bool(v) or not nonempty), expected
+        )
+
+    def boolean(self, name: str, default: Any = REQUIRED) -> Any:
+        return self._typed(name, default, lambda v: isinstance(v, bool), "true or false")
+
+    def integer(
+        self,
+        name: str,
+        default: Any = REQUIRED,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> Any:
+        expected = _range_text("an integer", minimum, maximum)
+        return self._typed(
+            name,
+            default,
+            lambda v: (
+                isinstance(v, int)
+                and not isinstance(v, bool)
+                and (minimum is None or v >= minimum)
+                and (maximum is None or v <= maximum)
+            ),
+            expected,
+        )
+
+    def number(
+        self,
+        name: str,
+        default: Any = REQUIRED,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> Any:
+        expected = _range_text("a number", minimum, maximum)
+        value = self._typed(
+            name,
+            default,
+            lambda v: (
+                isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and (minimum is None or v >= minimum)
+                and (maximum is None or v <= maximum)
+            ),
+            expected,
+        )
+        return float(value) if isinstance(value, int) else value
+
+    def choice(self, name: str, choices: Iterable[str], default: Any = REQUIRED) -> Any:
+        options = list(choices)
+        expected = "one of " + ", ".join(f'"{c}"' for c in options)
+        return self._typed(name, default, lambda v: v in options, expected)
+
+    def duration(self, name: str, default: Any = REQUIRED, *, positive: bool = True) -> Any:
+        value = self.take(name, default)
+        if value is default and default is not REQUIRED:
+            return value
+        return self.parse_duration_value(name, value, positive=positive)
+
+    def parse_duration_value(self, name: str, value: object, *, positive: bool = True) -> float:
+        expected = 'a duration like "500ms", "2s", "5m", "1h" or "1d"'
+        if not isinstance(value, str):
+            raise self.error(name, expected, value)
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            raise self.error(name, expected, value) from None
+        if positive and seconds <= 0:
+            raise self.error(name, "a duration above zero", value)
+        return seconds
+
+    def size(self, name: str, default: Any = REQUIRED) -> Any:
+        value = self.take(name, default)
+        if value is default and default is not REQUIRED:
+            return value
+        expected = 'a size like "64KiB" or "1MiB"'
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        if not isinstance(value, str):
+            raise self.error(name, expected, value)
+        try:
+            size = parse_size(value)
+        except ValueError:
+            raise self.error(name, expected, value) from None
+        if size <= 0:
+            raise self.error(name, "a size above zero", value)
+        return size
+
+    def string_list(self, name: str, default: Any = REQUIRED) -> Any:
+        value = self._typed(
+            name,
+            default,
+            lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v),
+            "a list of strings",
+        )
+        return tuple(value) if isinstance(value, list) else value
+
+    def string_map(self, name: str, default: Any = REQUIRED) -> Any:
+        value = self.take(name, default)
+        if value is default and default is not REQUIRED:
+            return value
+        if not isinstance(value, dict):
+            raise self.error(name, "a table of strings", value)
+        for item_key, item in value.items():
+            if not isinstance(item, str):
+                raise ConfigError(
+                    self.key(f"{name}.{item_key}"), f"expected a string, got {describe(item)}"
+                )
+        return dict(value)
+
+    def path(self, name: str, base: Path, default: Any = REQUIRED) -> Any:
+        value = self.string(name, default)
+        if value is default and default is not REQUIRED:
+            return value
+        return resolve_path(value, base)
+
+    def section(self, name: str) -> Section:
+        value = self.take(name, {})
+        if not isinstance(value, dict):
+            raise self.error(name, "a table", value)
+        return Section(value, self.key(name))
+
+    def subsections(self, name: str) -> dict[str, Section]:
+        table = self.section(name)
+        result: dict[str, Section] = {}
+        for child in table.names():
+            result[child] = table.section(child)
+        return result
+
+    def done(self) -> None:
+        """Refuse the first key nobody asked for, listing the ones that were."""
+        if self._data:
+            name = next(iter(self._data))
+            known = ", ".join(self._asked) or "none"
+            raise ConfigError(self.key(name), f"unknown key (expected one of: {known})")
+
+
+def _range_text(kind: str, minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"{kind} from {_num(minimum)} to {_num(maximum)}"
+    if minimum is not None:
+        return f"{kind} >= {_num(minimum)}"
+    if maximum is not None:
+        return f"{kind} <= {_num(maximum)}"
+    return kind
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def resolve_path(value: str, base: Path) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base / path)
+
+
+# ${VAR} reads the environment; ${file:NAME} reads a systemd credential
+# ($CREDENTIALS_DIRECTORY/NAME); $$ is a literal dollar sign.
+_REFERENCE = re.compile(r"\$\$|\$\{([^}]*)\}")
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CREDENTIAL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def substitute(tree: Any, environ: Mapping[str, str], where: str, secrets: set[str]) -> Any:
+    """Replace references in every string of a parsed TOML tree.
+
+    Every value that came from a reference is added to `secrets`, so logs and
+    answers can mask it wherever it shows up later.
+    """
+    if isinstance(tree, dict):
+        return {
+            key: substitute(value, environ, f"{where}.{key}" if where else key, secrets)
+            for key, value in tree.items()
+        }
+    if isinstance(tree, list):
+        return [substitute(item, environ, f"{where}[{i}]", secrets) for i, item in enumerate(tree)]
+    if isinstance(tree, str) and "$" in tree:
+        return _substitute_string(tree, environ, where, secrets)
+    return tree
+
+
+def _substitute_string(text: str, environ: Mapping[str, str], where: str, secrets: set[str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        reference = match.group(1)
+        if reference.startswith("file:"):
+            value = _read_credential(reference[5:], environ, where)
+        elif _VAR_NAME.fullmatch(reference):
+            if reference not in environ:
+                raise ConfigError(where, f"environment variable {reference} is not set")
+            value = environ[reference]
+        else:
+            raise ConfigError(
+                where, f"expected ${{VARIABLE}} or ${{file:NAME}}, got ${{{reference}}}"
+            )
+        if value:
+            secrets.add(value)
+        return value
+
+    return _REFERENCE.sub(replace, text)
+
+
+def _read_credential(name: str, environ: Mapping[str, str], where: str) -> str:
+    if not _CREDENTIAL_NAME.fullmatch(name):
+        raise ConfigError(where, f"expected a credential name after file:, got {name!r}")
+    directory = environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        raise ConfigError(
+            where, f"credential {name} needs $CREDENTIALS_DIRECTORY (systemd LoadCredential=)"
+        )
+    try:
+        return Path(directory, name).read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as error:
+        raise ConfigError(where, f"cannot read credential {name}: {error.strerror}") from None

@@ -1,0 +1,182 @@
+"""The public listener: take a webhook, put it on disk, and only then say 200.
+
+Nothing slow happens here: match the route, bound the body, work out the
+idempotency key, hand the event to the store's group commit, answer from
+that commit's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from relay.clock import Clock
+from relay.config import Config, RouteConfig
+from relay.payload import first_header, template_context
+from relay.store import NewDelivery, NewEvent, Status, Store, StoreError
+from relay.templates import TemplateError, holds
+
+log = logging.getLogger("relay.ingress")
+
+KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key", "webhook-id")
+MAX_KEY_LENGTH = 512
+# Seconds a sender is asked to wait after a 503: long enough for a full disk
+# or a lock to clear, short enough to fit Tilda's 5 s window on a retry.
+RETRY_AFTER_SECONDS = 5
+
+
+class Ingress:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        clock: Clock,
+        *,
+        on_accepted: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._on_accepted = on_accepted
+        self._routes: Mapping[str, RouteConfig] = {}
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        # One assignment: a request sees either the old routes or the new ones.
+        self._routes = {route.path: route for route in config.routes.values()}
+
+    def application(self) -> web.Application:
+        largest = max((route.max_body_size for route in self._routes.values()), default=1)
+        app = web.Application(client_max_size=largest)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        route = self._routes.get(request.path)
+        if route is None:
+            return _error(404, "no route for this path")
+        if request.method != "POST":
+            return _error(405, "only POST is accepted here", headers={"Allow": "POST"})
+        body = await _read_body(request, route.max_body_size)
+        if body is None:
+            return _error(413, f"body larger than {route.max_body_size} bytes")
+        headers = request.headers
+        key = self._idempotency_key(route, request, body, headers)
+        if key is not None and len(key) > MAX_KEY_LENGTH:
+            return _error(400, f"idempotency key longer than {MAX_KEY_LENGTH} characters")
+        if key is None and route.require_idempotency_key:
+            return _error(400, "this route requires an idempotency key")
+        now = self._clock.now()
+        event = NewEvent(
+            route=route.name,
+            idempotency_key=key,
+            received_at=now,
+            remote_addr=request.remote,
+            method=request.method,
+            path=request.path,
+            query=request.query_string,
+            headers=[
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in request.raw_headers
+            ],
+            content_type=request.headers.get("Content-Type"),
+            body=body,
+        )
+        deliveries = _deliveries(route, event, headers)
+        try:
+            accepted = await self._store.accept_event(event, deliveries, now)
+        except StoreError as error:
+            log.error("route %s: event not stored, answering 503: %s", route.name, error)
+            return _error(
+                503, "cannot store the event now", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+            )
+        if not accepted.duplicate:
+            self._on_accepted()
+        status = "duplicate" if accepted.duplicate else "queued"
+        return _json(200, {"status": status, "id": str(accepted.event_id)})
+
+    def _idempotency_key(
+        self,
+        route: RouteConfig,
+        request: web.Request,
+        body: bytes,
+        headers: CIMultiDictProxy[str],
+    ) -> str | None:
+        template = route.idempotency_key
+        if template is None:
+            return first_header(headers, KEY_HEADERS)
+        context = template_context(
+            template.variables,
+            body=body,
+            content_type=headers.get("Content-Type"),
+            headers=headers,
+            query=request.query_string,
+        )
+        try:
+            key = template.render(context).strip()
+        except TemplateError as error:
+            log.debug("route %s: no idempotency key: %s", route.name, error)
+            return None
+        return key or None
+
+
+def _deliveries(
+    route: RouteConfig, event: NewEvent, headers: CIMultiDictProxy[str]
+) -> list[NewDelivery]:
+    deliveries = []
+    for route_target in route.targets:
+        condition = route_target.when
+        if condition is None:
+            deliveries.append(NewDelivery(route_target.target))
+            continue
+        context = template_context(
+            condition.variables,
+            body=event.body,
+            content_type=event.content_type,
+            headers=headers,
+            query=event.query,
+        )
+        try:
+            if holds(condition, context):
+                deliveries.append(NewDelivery(route_target.target))
+            else:
+                reason = f"when: {condition.source} is false"
+                deliveries.append(NewDelivery(route_target.target, Status.SKIPPED, reason))
+        except TemplateError as error:
+            deliveries.append(NewDelivery(route_target.target, Status.DEAD, f"when: {error}"))
+    return deliveries
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes | None:
+    """The raw body, or None when it is larger than `limit` (read no further)."""
+    length = request.content_length
+    if length is not None:
+        if length > limit:
+            return None
+        return await request.read()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+
+
+def _json(status: int, payload: object, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps(payload),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _error(status: int, message: str, *, headers: Mapping[str, str] | None = None) -> web.Response:
+    return _json(status, {"error": message}, headers)

@@ -1,0 +1,44 @@
+"""What one attempt came to, as a value the scheduler branches on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+# What is kept of a target's answer: enough to read an error message, never
+# so much that a huge response can fill the database.
+RESPONSE_EXCERPT_BYTES = 2048
+
+
+class Verdict(StrEnum):
+    SUCCESS = "success"
+    RETRY = "retry"  # worth trying again later: 5xx, 429, network trouble
+    FAIL = "fail"  # trying again will not help: 4xx, redirects, a broken template
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    status: int | None = None
+    error: str | None = None
+    response: bytes = b""
+    # Seconds the target asked us to wait (Retry-After, Telegram retry_after).
+    retry_after: float | None = None
+
+    @classmethod
+    def success(cls, status: int | None = None, response: bytes = b"") -> Outcome:
+        return cls(Verdict.SUCCESS, status=status, response=response)
+
+    @classmethod
+    def retry(
+        cls,
+        error: str,
+        status: int | None = None,
+        response: bytes = b"",
+        retry_after: float | None = None,
+    ) -> Outcome:
+        return cls(Verdict.RETRY, status, error, response, retry_after)
+
+    @classmethod
+    def fail(cls, error: str, status: int | None = None, response: bytes = b"") -> Outcome:
+        return cls(Verdict.FAIL, status, error, response)

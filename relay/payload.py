@@ -1,0 +1,84 @@
+"""A webhook's raw parts turned into what templates read: json, form, headers, query.
+
+Parsing is lazy in the only way that matters: a caller passes the names a
+template reads, and only those are built. The raw body is never changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
+
+
+def media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def parse_json(body: bytes) -> Any:
+    """The parsed body, or None when it is not JSON."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def parse_form(content_type: str | None, body: bytes) -> dict[str, str] | None:
+    """Form fields of a urlencoded body (first value of a repeated field), else None."""
+    if media_type(content_type) != "application/x-www-form-urlencoded":
+        return None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    fields: dict[str, str] = {}
+    for name, value in parse_qsl(text, keep_blank_values=True):
+        fields.setdefault(name, value)
+    return fields
+
+
+def parse_query(query: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        fields.setdefault(name, value)
+    return fields
+
+
+def header_map(headers: Iterable[tuple[str, str]]) -> CIMultiDictProxy[str]:
+    return CIMultiDictProxy(CIMultiDict(headers))
+
+
+def template_context(
+    wanted: Iterable[str],
+    *,
+    body: bytes,
+    content_type: str | None,
+    headers: Mapping[str, str],
+    query: str,
+    event: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The variables named in `wanted` (and only those) for a template render."""
+    names = set(wanted)
+    context: dict[str, Any] = {"headers": headers}
+    if "json" in names:
+        context["json"] = parse_json(body)
+    if "form" in names:
+        context["form"] = parse_form(content_type, body)
+    if "body" in names:
+        context["body"] = body.decode("utf-8", errors="replace")
+    if "query" in names:
+        context["query"] = parse_query(query)
+    if event is not None:
+        context["event"] = event
+    return context
+
+
+def first_header(headers: Mapping[str, str], names: Sequence[str]) -> str | None:
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value
+    return None

@@ -1,0 +1,75 @@
+"""The retry policy as pure functions: an outcome in, a decision out.
+
+Nothing here reads a clock or a database; `now` and the random source are
+passed in, so a schedule is a table in a test.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+from relay.config import RetryPolicy
+from relay.outcome import Outcome, Verdict
+
+# A Retry-After larger than this is not honoured in full unless the policy
+# sets its own max_delay: a target must not park a delivery for days.
+DEFAULT_RETRY_AFTER_CAP = 3600.0
+
+
+class Next(StrEnum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Decision:
+    next: Next
+    at: float | None = None  # when the next attempt is due, for Next.RETRY
+    reason: str | None = None
+
+
+def delay_before_retry(policy: RetryPolicy, retry: int, rng: random.Random | None = None) -> float:
+    """Seconds between the failed attempt and retry number `retry` (1-based)."""
+    if policy.backoff == "list":
+        delay = policy.delays[min(retry, len(policy.delays)) - 1]
+    else:
+        delay = policy.unit * policy.base**retry
+    if policy.max_delay is not None:
+        delay = min(delay, policy.max_delay)
+    if policy.jitter and rng is not None:
+        delay *= 1 + rng.uniform(-policy.jitter, policy.jitter)
+    return delay
+
+
+def schedule(policy: RetryPolicy) -> list[float]:
+    """Every delay of a full cycle, without jitter."""
+    return [delay_before_retry(policy, n) for n in range(1, policy.retries + 1)]
+
+
+def decide(
+    policy: RetryPolicy,
+    outcome: Outcome,
+    *,
+    attempts_in_cycle: int,
+    now: float,
+    rng: random.Random | None = None,
+) -> Decision:
+    """What follows an attempt; `attempts_in_cycle` counts it (1 for the first try)."""
+    if outcome.verdict is Verdict.SUCCESS:
+        return Decision(Next.DELIVERED)
+    error = outcome.error or "failed"
+    if outcome.verdict is Verdict.FAIL:
+        return Decision(Next.DEAD, reason=error)
+    if not policy.retry_on_error:
+        return Decision(Next.DEAD, reason=f"{error} (retries are off for this target)")
+    retry = attempts_in_cycle
+    if retry > policy.retries:
+        return Decision(Next.DEAD, reason=f"{error} (gave up after {attempts_in_cycle} attempts)")
+    delay = delay_before_retry(policy, retry, rng)
+    if outcome.retry_after is not None:
+        cap = policy.max_delay if policy.max_delay is not None else DEFAULT_RETRY_AFTER_CAP
+        delay = max(delay, min(outcome.retry_after, cap))
+    return Decision(Next.RETRY, at=now + delay, reason=error)

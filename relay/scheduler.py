@@ -1,0 +1,341 @@
+"""The scheduler: lease what is due, send it, record the attempt, decide what follows.
+
+It sleeps until the next due time, a wake-up (new event, finished attempt) or
+the poll interval, whichever comes first; the poll picks up changes made by
+other processes (the CLI). Time comes from an injected `Clock`, so tests can
+run a whole retry cycle without waiting for it (`drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from relay.clock import Clock
+from relay.config import Config, RetryPolicy
+from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
+from relay.retry import Decision, Next, decide
+from relay.secrets import Masker
+from relay.store import (
+    AttemptRecord,
+    ClaimedDelivery,
+    Dead,
+    Delivered,
+    RetryAt,
+    Status,
+    Store,
+    StoreError,
+    Transition,
+)
+from relay.targets import Envelope, Target
+
+log = logging.getLogger("relay.scheduler")
+attempt_log = logging.getLogger("relay.attempts")
+
+# A lease outlives the attempt it covers by this much: if it expires, the
+# attempt's process is gone and another may claim the delivery.
+LEASE_MARGIN = 60.0
+
+
+@dataclass
+class _TargetSlots:
+    concurrency: int
+    in_flight: int = 0
+
+    @property
+    def free(self) -> int:
+        return self.concurrency - self.in_flight
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """One finished attempt, for logs and metrics."""
+
+    delivery: ClaimedDelivery
+    number: int
+    max_attempts: int
+    outcome: Outcome
+    decision: Decision
+    duration: float
+
+
+@dataclass
+class _State:
+    config: Config
+    targets: Mapping[str, Target]
+    slots: dict[str, _TargetSlots] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        targets: Mapping[str, Target],
+        clock: Clock,
+        *,
+        masker: Masker | None = None,
+        rng: random.Random | None = None,
+        poll_interval: float = 1.0,
+        batch_size: int = 100,
+        on_attempt: Callable[[AttemptReport], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._masker = masker or Masker(config.secrets)
+        self._rng = rng or random.Random()
+        self._poll_interval = poll_interval
+        self._batch_size = batch_size
+        self._on_attempt = on_attempt
+        self._state = _State(config, targets)
+        self._sync_slots()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self.last_tick: float | None = None
+
+    # Control
+
+    def wake(self) -> None:
+        """Something may be due now (a new event, a change by the operator)."""
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def run(self) -> None:
+        """Run until `stop()`; never gives up on store errors, it waits and tries again."""
+        while not self._stopping:
+            now = self._clock.now()
+            self.last_tick = now
+            until = now + self._poll_interval
+            try:
+                started = await self._dispatch(now)
+                due = await self._next_due()
+            except StoreError as error:
+                log.warning("scheduler cannot read the store: %s", error)
+                started, due = 0, None
+            if due is not None and (due > now or started):
+                until = min(until, due)
+            await self._clock.wait(self._wake, until)
+            self._wake.clear()
+
+    async def run_once(self) -> int:
+        """Start every attempt that is due now; returns how many were started."""
+        return await self._dispatch(self._clock.now())
+
+    async def drain(self) -> None:
+        """Deliver until nothing is due or in flight, jumping the clock between due times.
+
+        For tests: with a FakeClock a whole retry cycle passes at once; with
+        the system clock it waits in real time (use a short schedule).
+        """
+        while True:
+            await self._dispatch(self._clock.now())
+            if self._tasks:
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            due = await self._next_due()
+            if due is None:
+                return
+            await self._clock.wait(self._wake, due)
+            self._wake.clear()
+
+    async def stop(self, grace: float) -> None:
+        """Stop claiming; let attempts in flight finish for `grace` seconds, then
+        cancel the rest and give their leases back without counting an attempt."""
+        self._stopping = True
+        self._wake.set()
+        tasks = dict(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=grace)
+        unfinished = {did: task for did, task in tasks.items() if not task.done()}
+        for task in unfinished.values():
+            task.cancel()
+        if unfinished:
+            await asyncio.gather(*unfinished.values(), return_exceptions=True)
+            try:
+                await self._store.release(unfinished.keys(), self._clock.now())
+            except StoreError as error:
+                log.warning("could not release %d leases: %s", len(unfinished), error)
+
+    def reconfigure(self, config: Config, targets: Mapping[str, Target]) -> None:
+        """Switch to a new config; attempts in flight finish on the one they started with."""
+        self._state = _State(config, targets, self._state.slots)
+        self._masker = Masker(config.secrets)
+        self._sync_slots()
+        self._wake.set()
+
+    # Internals
+
+    def _sync_slots(self) -> None:
+        state = self._state
+        for name, target in state.config.targets.items():
+            slots = state.slots.get(name)
+            if slots is None:
+                state.slots[name] = _TargetSlots(target.concurrency)
+            else:
+                slots.concurrency = target.concurrency
+
+    def _claimable(self) -> dict[str, int]:
+        state = self._state
+        return {
+            name: min(slots.free, self._batch_size)
+            for name, slots in state.slots.items()
+            if name in state.targets and slots.free > 0
+        }
+
+    def _lease(self) -> float:
+        timeouts = [t.retry.timeout for t in self._state.config.targets.values()]
+        timeouts += [
+            rt.retry.timeout for route in self._state.config.routes.values() for rt in route.targets
+        ]
+        return max(timeouts, default=0.0) + LEASE_MARGIN
+
+    async def _next_due(self) -> float | None:
+        return await self._store.next_due(list(self._claimable()))
+
+    async def _dispatch(self, now: float) -> int:
+        if self._stopping:
+            return 0
+        limits = self._claimable()
+        if not limits:
+            return 0
+        claimed = await self._store.claim_due(now, now + self._lease(), limits)
+        state = self._state
+        for delivery in claimed:
+            target = state.targets.get(delivery.target)
+            if target is None:  # reconfigured away while we were claiming
+                await self._store.release([delivery.id], now)
+                continue
+            state.slots[delivery.target].in_flight += 1
+            task = asyncio.create_task(
+                self._attempt(delivery, target, state), name=f"relay-attempt-{delivery.id}"
+            )
+            self._tasks[delivery.id] = task
+        return len(claimed)
+
+    def _policy(self, state: _State, delivery: ClaimedDelivery) -> RetryPolicy:
+        route = state.config.routes.get(delivery.route)
+        policy = route.policy_for(delivery.target) if route is not None else None
+        if policy is None:
+            target = state.config.targets.get(delivery.target)
+            policy = target.retry if target is not None else state.config.retry
+        return policy
+
+    async def _attempt(self, delivery: ClaimedDelivery, target: Target, state: _State) -> None:
+        try:
+            policy = self._policy(state, delivery)
+            number = delivery.attempts + 1
+            started_at = self._clock.now()
+            began = time.perf_counter()
+            outcome = await self._send(target, _envelope(delivery, number), policy.timeout)
+            duration = time.perf_counter() - began
+            now = self._clock.now()
+            decision, then = self._decide(policy, delivery, outcome, now)
+            attempt = AttemptRecord(
+                number=number,
+                started_at=started_at,
+                duration=duration,
+                outcome=outcome.verdict.value,
+                http_status=outcome.status,
+                error=self._masker.optional(outcome.error),
+                response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
+            )
+            await self._record(delivery, attempt, then, now)
+            if self._on_attempt is not None:
+                self._on_attempt(
+                    AttemptReport(
+                        delivery=delivery,
+                        number=number,
+                        max_attempts=_max_attempts(policy, delivery),
+                        outcome=outcome,
+                        decision=decision,
+                        duration=duration,
+                    )
+                )
+        finally:
+            slots = state.slots.get(delivery.target)
+            if slots is not None:
+                slots.in_flight -= 1
+            self._tasks.pop(delivery.id, None)
+            self._wake.set()
+
+    async def _send(self, target: Target, envelope: Envelope, time_limit: float) -> Outcome:
+        try:
+            async with asyncio.timeout(time_limit):
+                return await target.send(envelope)
+        except TimeoutError:
+            return Outcome.retry(f"timeout after {time_limit:g}s")
+        except Exception as error:
+            # A bug in one target must not stop the scheduler; the delivery is
+            # kept and retried like any other failure.
+            log.exception("target %s raised while sending", target.name)
+            return Outcome.retry(f"internal error: {type(error).__name__}")
+
+    def _decide(
+        self, policy: RetryPolicy, delivery: ClaimedDelivery, outcome: Outcome, now: float
+    ) -> tuple[Decision, Transition]:
+        in_cycle = delivery.attempts_in_cycle + (0 if delivery.manual else 1)
+        decision = decide(policy, outcome, attempts_in_cycle=in_cycle, now=now, rng=self._rng)
+        if delivery.manual and outcome.verdict is Verdict.RETRY:
+            # One more try asked for by a person: failing it changes nothing.
+            if delivery.resume_status is Status.DEAD:
+                decision = Decision(Next.DEAD, reason=decision.reason)
+            else:
+                at = delivery.resume_at if delivery.resume_at is not None else decision.at
+                decision = Decision(Next.RETRY, at=at, reason=decision.reason)
+        if decision.next is Next.DELIVERED:
+            return decision, Delivered()
+        if decision.next is Next.RETRY:
+            assert decision.at is not None
+            return decision, RetryAt(decision.at)
+        return decision, Dead(self._masker.text(decision.reason or "failed"))
+
+    async def _record(
+        self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
+    ) -> None:
+        # The attempt happened; losing its record would resend it after the
+        # lease expires. Keep trying while the store is unavailable.
+        delay = 0.05
+        while True:
+            try:
+                await self._store.record_attempt(delivery, attempt, then, now)
+                return
+            except StoreError as error:
+                if self._stopping:
+                    log.warning("attempt of delivery %d not recorded: %s", delivery.id, error)
+                    return
+                log.warning("cannot record attempt of delivery %d yet: %s", delivery.id, error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def _max_attempts(policy: RetryPolicy, delivery: ClaimedDelivery) -> int:
+    """Attempts this delivery may make in all: those made before its cycle, plus the cycle's."""
+    before_cycle = delivery.attempts - delivery.attempts_in_cycle
+    return before_cycle + 1 + (policy.retries if policy.retry_on_error else 0)
+
+
+def _envelope(delivery: ClaimedDelivery, number: int) -> Envelope:
+    return Envelope(
+        event_id=delivery.event_id,
+        delivery_id=delivery.id,
+        route=delivery.route,
+        target=delivery.target,
+        attempt=number,
+        idempotency_key=delivery.idempotency_key or str(delivery.event_id),
+        received_at=delivery.received_at,
+        method=delivery.method,
+        path=delivery.path,
+        query=delivery.query,
+        headers=delivery.headers,
+        content_type=delivery.content_type,
+        body=delivery.body,
+    )

@@ -1,0 +1,244 @@
+"""The store's contract: lifecycle verbs over events and deliveries.
+
+The rest of relay speaks these verbs and these records; only a store module
+speaks SQL. Driver errors never cross this line: they become
+
+    StoreError
+     ├── StoreUnavailable   cannot read or write now (disk full, locked, I/O);
+     │                      ingress answers 503 with Retry-After
+     ├── NotFound           no such event or delivery
+     └── Conflict           the verb does not apply in the current state
+
+Every verb whose result depends on the time takes `now` as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class StoreError(Exception):
+    pass
+
+
+class StoreUnavailable(StoreError):
+    pass
+
+
+class NotFound(StoreError):
+    pass
+
+
+class Conflict(StoreError):
+    pass
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+    SKIPPED = "skipped"
+
+
+Header = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    route: str
+    idempotency_key: str | None
+    received_at: float
+    remote_addr: str | None
+    method: str
+    path: str
+    query: str
+    headers: Sequence[Header]
+    content_type: str | None
+    body: bytes
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    target: str
+    status: Status = Status.PENDING
+    # Why a delivery starts skipped or dead (a `when` filter, a broken template).
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    event_id: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class ClaimedDelivery:
+    """A delivery leased for one attempt, with what is needed to send it."""
+
+    id: int
+    event_id: int
+    route: str
+    target: str
+    attempts: int  # made before this one
+    attempts_in_cycle: int  # made since the cycle (re)started
+    manual: bool  # this attempt was asked for by a person (retry now)
+    resume_status: Status | None  # where a failed manual attempt returns to
+    resume_at: float | None
+    idempotency_key: str | None
+    received_at: float
+    remote_addr: str | None
+    method: str
+    path: str
+    query: str
+    headers: Sequence[Header]
+    content_type: str | None
+    body: bytes
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    number: int
+    started_at: float
+    duration: float
+    outcome: str
+    http_status: int | None = None
+    error: str | None = None
+    response: bytes = b""
+
+
+@dataclass(frozen=True)
+class Delivered:
+    pass
+
+
+@dataclass(frozen=True)
+class RetryAt:
+    at: float
+
+
+@dataclass(frozen=True)
+class Dead:
+    reason: str
+
+
+Transition = Delivered | RetryAt | Dead
+
+
+@dataclass(frozen=True)
+class DeliveryView:
+    id: int
+    event_id: int
+    target: str
+    status: Status
+    attempts: int
+    attempts_in_cycle: int
+    next_attempt_at: float | None
+    last_error: str | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    delivery_id: int
+    number: int
+    started_at: float
+    duration: float
+    outcome: str
+    http_status: int | None
+    error: str | None
+    response: bytes
+    next_attempt_at: float | None
+
+
+@dataclass(frozen=True)
+class EventView:
+    id: int
+    route: str
+    idempotency_key: str | None
+    received_at: float
+    remote_addr: str | None
+    deliveries: tuple[DeliveryView, ...]
+
+    @property
+    def status(self) -> Status:
+        """One word for the event: the most urgent state among its deliveries."""
+        states = {delivery.status for delivery in self.deliveries}
+        for status in (Status.DEAD, Status.IN_FLIGHT, Status.PENDING, Status.DELIVERED):
+            if status in states:
+                return status
+        return Status.SKIPPED if states else Status.DELIVERED
+
+
+@dataclass(frozen=True)
+class EventDetail:
+    event: EventView
+    method: str
+    path: str
+    query: str
+    headers: Sequence[Header]
+    content_type: str | None
+    body: bytes
+    attempts: Mapping[int, tuple[AttemptView, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EventQuery:
+    status: Status | None = None
+    route: str | None = None
+    target: str | None = None
+    since: float | None = None
+    until: float | None = None
+    key: str | None = None
+    limit: int = 50
+    before_id: int | None = None  # cursor: only events older than this id
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def accept_event(
+        self, event: NewEvent, deliveries: Sequence[NewDelivery], now: float
+    ) -> Accepted:
+        """Store an event and its deliveries in one durable transaction.
+
+        Returns the existing event, marked duplicate, when its route already
+        holds the idempotency key. Raises StoreUnavailable if it cannot commit.
+        """
+        ...
+
+    async def claim_due(
+        self, now: float, lease_until: float, limits: Mapping[str, int]
+    ) -> list[ClaimedDelivery]:
+        """Lease up to limits[target] due deliveries of each target, oldest due first.
+
+        Due means pending with next_attempt_at <= now, or in flight with an
+        expired lease (its process died mid-attempt).
+        """
+        ...
+
+    async def next_due(self, targets: Collection[str]) -> float | None:
+        """The earliest time one of these targets has something to claim."""
+        ...
+
+    async def record_attempt(
+        self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
+    ) -> None: ...
+
+    async def release(self, delivery_ids: Collection[int], now: float) -> None:
+        """Give back leases without counting an attempt (shutdown, target gone)."""
+        ...
+
+    async def recover_orphans(self, now: float) -> int:
+        """Make every in-flight delivery claimable again; for a process that
+        knows it is the only one running (it holds the store's lock)."""
+        ...
+
+    async def list_events(self, query: EventQuery) -> list[EventView]: ...
+
+    async def get_event(self, event_id: int) -> EventDetail | None: ...

@@ -1,0 +1,120 @@
+"""The SQLite schema, as numbered migrations recorded in the database.
+
+Each migration and the row that records it commit in one transaction, so a
+crash mid-upgrade leaves the database at the old version, never between two.
+Indexes on deliveries are partial: a finished delivery leaves the due index,
+so finding the next due rows costs the same with a million delivered rows.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (
+        1,
+        "events, deliveries, attempts",
+        [
+            """
+            CREATE TABLE events (
+                id INTEGER PRIMARY KEY,
+                route TEXT NOT NULL,
+                idempotency_key TEXT,
+                received_at REAL NOT NULL,
+                remote_addr TEXT,
+                method TEXT NOT NULL,
+                path TEXT NOT NULL,
+                query TEXT NOT NULL,
+                headers BLOB NOT NULL,
+                content_type TEXT,
+                body BLOB NOT NULL
+            )
+            """,
+            # Key first: the same index answers "search by idempotency key".
+            """
+            CREATE UNIQUE INDEX events_key ON events (idempotency_key, route)
+            WHERE idempotency_key IS NOT NULL
+            """,
+            "CREATE INDEX events_received ON events (received_at)",
+            """
+            CREATE TABLE deliveries (
+                id INTEGER PRIMARY KEY,
+                event_id INTEGER NOT NULL,
+                route TEXT NOT NULL,
+                target TEXT NOT NULL,
+                status TEXT NOT NULL,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                cycle_attempts INTEGER NOT NULL DEFAULT 0,
+                next_attempt_at REAL,
+                lease_until REAL,
+                last_error TEXT,
+                updated_at REAL NOT NULL,
+                resume_status TEXT,
+                resume_at REAL
+            )
+            """,
+            "CREATE INDEX deliveries_event ON deliveries (event_id)",
+            """
+            CREATE INDEX deliveries_due ON deliveries (target, next_attempt_at)
+            WHERE status = 'pending'
+            """,
+            """
+            CREATE INDEX deliveries_leased ON deliveries (target, lease_until)
+            WHERE status = 'in_flight'
+            """,
+            "CREATE INDEX deliveries_dead ON deliveries (event_id) WHERE status = 'dead'",
+            """
+            CREATE TABLE attempts (
+                id INTEGER PRIMARY KEY,
+                delivery_id INTEGER NOT NULL,
+                number INTEGER NOT NULL,
+                started_at REAL NOT NULL,
+                duration REAL NOT NULL,
+                outcome TEXT NOT NULL,
+                http_status INTEGER,
+                error TEXT,
+                response BLOB,
+                next_attempt_at REAL
+            )
+            """,
+            "CREATE INDEX attempts_delivery ON attempts (delivery_id)",
+        ],
+    ),
+]
+
+LATEST = MIGRATIONS[-1][0]
+
+
+def migrate(connection: sqlite3.Connection) -> int:
+    """Bring the database to the latest version; returns the version it was at."""
+    connection.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    start = current_version(connection)
+    for version, description, statements in MIGRATIONS:
+        if version <= start:
+            continue
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            # Another process may have applied it while we waited for the lock.
+            if current_version(connection) >= version:
+                connection.execute("ROLLBACK")
+                continue
+            for statement in statements:
+                connection.execute(statement)
+            connection.execute(
+                "INSERT INTO schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
+                (version, description, time.time()),
+            )
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+    return start
+
+
+def current_version(connection: sqlite3.Connection) -> int:
+    row = connection.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+    return int(row[0] or 0)

@@ -1,0 +1,87 @@
+"""Jinja2 templates in a sandbox: one mechanism for keys, bodies, texts and filters.
+
+A template is compiled once, when the config is loaded, and knows which
+context variables it reads, so a request's body is parsed only when some
+template actually looks at `json` or `form`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+import jinja2.meta
+from jinja2.sandbox import SandboxedEnvironment
+
+# Output beyond this is an error, not a silently truncated message: a
+# template that runs away (a loop over a huge list) must not eat the memory.
+MAX_OUTPUT_CHARS = 1024 * 1024
+
+
+class TemplateError(Exception):
+    """A template could not be rendered for this payload (missing field, bad output)."""
+
+
+class _Environment(SandboxedEnvironment):
+    # A smaller range() than Jinja's default of 100,000 items: nobody needs a
+    # long loop to shape a webhook, and nested loops multiply.
+    MAX_RANGE = 10_000
+
+
+_PLAIN = _Environment(
+    undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
+)
+_HTML = _Environment(undefined=jinja2.StrictUndefined, autoescape=True, keep_trailing_newline=True)
+
+
+@dataclass(frozen=True)
+class Template:
+    source: str
+    variables: frozenset[str]
+    _compiled: jinja2.Template = field(repr=False, compare=False)
+
+    def render(self, context: Mapping[str, Any]) -> str:
+        try:
+            pieces: list[str] = []
+            size = 0
+            for piece in self._compiled.generate(context):
+                size += len(piece)
+                if size > MAX_OUTPUT_CHARS:
+                    raise TemplateError(f"template output exceeds {MAX_OUTPUT_CHARS} characters")
+                pieces.append(piece)
+        except TemplateError:
+            raise
+        except jinja2.UndefinedError as error:
+            raise TemplateError(f"template error: {error.message}") from None
+        except jinja2.TemplateError as error:
+            raise TemplateError(f"template error: {error}") from None
+        except Exception as error:  # anything a sandboxed expression can raise
+            raise TemplateError(f"template error: {type(error).__name__}: {error}") from None
+        return "".join(pieces)
+
+
+def compile_template(source: str, *, html: bool = False) -> Template:
+    """Compile `source`; raises ValueError with Jinja's message on a syntax error."""
+    environment = _HTML if html else _PLAIN
+    try:
+        tree = environment.parse(source)
+        compiled = environment.from_string(tree)
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"template syntax error at line {error.lineno}: {error.message}") from None
+    variables = frozenset(jinja2.meta.find_undeclared_variables(tree))
+    return Template(source=source, variables=variables, _compiled=compiled)
+
+
+def compile_expression(source: str) -> Template:
+    """A boolean condition such as `json.Status == 'CONFIRMED'`, as a template.
+
+    Rendered through the same sandbox; the result is "1" when it holds and ""
+    when it does not (see `holds`).
+    """
+    return compile_template("{% if (" + source + ") %}1{% endif %}")
+
+
+def holds(condition: Template, context: Mapping[str, Any]) -> bool:
+    return condition.render(context) == "1"

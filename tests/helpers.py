@@ -1,0 +1,187 @@
+"""Small helpers shared by the tests: TOML writing, a recording target server, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f'"{k}" = {toml_value(v)}' for k, v in value.items()) + " }"
+    raise TypeError(type(value))
+
+
+# Tables written inline ({ a = "b" }) rather than as [sections].
+INLINE_TABLES = frozenset({"headers", "form", "response"})
+
+
+def to_toml(data: Mapping[str, Any], prefix: str = "") -> str:
+    """Nested dicts as TOML: dicts become [sections], except the INLINE_TABLES keys."""
+    lines = [f"[{prefix}]"] if prefix else []
+    sections = []
+    for key, value in data.items():
+        if isinstance(value, dict) and key not in INLINE_TABLES:
+            sections.append(to_toml(value, f"{prefix}.{key}" if prefix else key))
+        else:
+            lines.append(f"{toml_value(key) if '.' in key else key} = {toml_value(value)}")
+    return "\n".join(lines) + "\n\n" + "".join(sections)
+
+
+def write_config(path: Path, data: Mapping[str, Any]) -> Path:
+    path.write_text(to_toml(data), encoding="utf-8")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+Responder = Callable[[web.Request, int], Awaitable[web.StreamResponse] | web.StreamResponse]
+
+
+@dataclass
+class Sink:
+    """A target stand-in: records every request and answers by a script.
+
+    `script` is a list of statuses (the last one repeats) or a function of the
+    request and its 0-based number.
+    """
+
+    script: list[int] | Responder = field(default_factory=lambda: [200])
+    requests: list[Received] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        number = len(self.requests)
+        body = await request.read()
+        self.requests.append(
+            Received(request.method, request.path_qs, dict(request.headers), body, time.time())
+        )
+        self.arrived.set()
+        if callable(self.script):
+            result = self.script(request, number)
+            if asyncio.iscoroutine(result):
+                result = await result
+            assert isinstance(result, web.StreamResponse)
+            return result
+        status = self.script[min(number, len(self.script) - 1)]
+        return web.Response(status=status, text=f"answer {number}: {status}")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def wait_for(self, count: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sink got {len(self.requests)} requests, wanted {count}")
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), 0.1)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Poll `check` until it holds; for state reached by another process."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+class RelayProcess:
+    """`relay serve` in a subprocess, as a user runs it. Stopped by its own PID."""
+
+    def __init__(self, config_path: Path, log_path: Path) -> None:
+        self.config_path = config_path
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 15.0) -> RelayProcess:
+        log = self.log_path.open("ab")
+        self._log_offset = self.log_path.stat().st_size
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "relay", "serve", "--config", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_bytes()[self._log_offset :].decode(errors="replace")
+            match = re.search(r"ingress on (http://\S+?),", text)
+            if match:
+                self.url = match.group(1)
+                return self
+            if self.process.poll() is not None:
+                raise AssertionError(f"relay serve exited {self.process.returncode}:\n{text}")
+            time.sleep(0.02)
+        raise AssertionError("relay serve did not get ready:\n" + self.log_path.read_text())
+
+    def kill(self, signum: int = signal.SIGKILL) -> int:
+        assert self.process is not None
+        self.process.send_signal(signum)
+        return self.process.wait(timeout=30)
+
+    def stop(self) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        return self.kill(signal.SIGTERM)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def relay_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "relay", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"relay {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result
+
+
+def relay_json(*args: str) -> Any:
+    return json.loads(relay_cli(*args, "--json").stdout)

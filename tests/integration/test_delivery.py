@@ -1,0 +1,270 @@
+"""Delivery through the scheduler to real local HTTP targets, on an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import free_port
+
+from relay.app import Relay
+from relay.clock import FakeClock
+from relay.store import EventDetail, Status
+
+
+async def post(
+    relay: Relay,
+    http: aiohttp.ClientSession,
+    body: bytes = b'{"n": 1}',
+    headers: dict[str, str] | None = None,
+) -> int:
+    async with http.post(
+        relay.ingress_url + "/hooks/orders",
+        data=body,
+        headers={"Content-Type": "application/json", **(headers or {})},
+    ) as r:
+        assert r.status == 200
+        return int((await r.json())["id"])
+
+
+async def detail(relay: Relay, event_id: int) -> EventDetail:
+    found = await relay.store.get_event(event_id)
+    assert found is not None
+    return found
+
+
+def one_target(url: str, **target: Any) -> dict[str, Any]:
+    return {"crm": {"type": "http", "url": url, **target}}
+
+
+ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
+
+
+async def test_full_default_cycle_against_a_target_that_always_answers_503(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    sink, url = await start_sink([503])
+    clock = FakeClock()
+    relay = await start_relay(make_config(one_target(url), ROUTES), scheduler=False, clock=clock)
+    event_id = await post(relay, http)
+    await relay.scheduler.drain()
+
+    [delivery] = (await detail(relay, event_id)).event.deliveries
+    log = (await detail(relay, event_id)).attempts[delivery.id]
+    assert delivery.status is Status.DEAD
+    assert delivery.attempts == 16
+    assert len(sink.requests) == 16
+    starts = [attempt.started_at for attempt in log]
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(starts)]
+    assert gaps == [2.0**n for n in range(1, 16)]
+    assert starts[-1] - starts[0] == pytest.approx(65534)
+    assert [a.number for a in log] == list(range(1, 17))
+    assert all(a.http_status == 503 and a.outcome == "retry" for a in log)
+    assert "gave up after 16 attempts" in (delivery.last_error or "")
+    assert [r.headers["X-Relay-Attempt"] for r in sink.requests] == [str(n) for n in range(1, 17)]
+
+
+@pytest.mark.parametrize(
+    ("status", "attempts", "final"),
+    [
+        (500, 3, Status.DEAD),
+        (502, 3, Status.DEAD),
+        (503, 3, Status.DEAD),
+        (400, 1, Status.DEAD),
+        (404, 1, Status.DEAD),
+        (302, 1, Status.DEAD),
+        (200, 1, Status.DELIVERED),
+        (204, 1, Status.DELIVERED),
+    ],
+)
+async def test_classification_by_status(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    status: int,
+    attempts: int,
+    final: Status,
+) -> None:
+    def answer(request: web.Request, number: int) -> web.StreamResponse:
+        if status == 302:
+            return web.Response(status=302, headers={"Location": "/elsewhere"})
+        return web.Response(status=status, text="x" * 5000)
+
+    sink, url = await start_sink(answer)
+    config = make_config(one_target(url), ROUTES, retry={"retries": 2})
+    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    event_id = await post(relay, http)
+    await relay.scheduler.drain()
+    found = await detail(relay, event_id)
+    [delivery] = found.event.deliveries
+    assert (delivery.status, delivery.attempts) == (final, attempts)
+    assert [r.path for r in sink.requests] == ["/hook"] * attempts  # redirects not followed
+    for attempt in found.attempts[delivery.id]:
+        assert attempt.http_status == status
+        assert len(attempt.response) <= 2048
+
+
+async def test_429_waits_at_least_retry_after(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    def answer(request: web.Request, number: int) -> web.StreamResponse:
+        if number == 0:
+            return web.Response(status=429, headers={"Retry-After": "120"})
+        return web.Response(status=200)
+
+    _sink, url = await start_sink(answer)
+    relay = await start_relay(
+        make_config(one_target(url), ROUTES), scheduler=False, clock=FakeClock()
+    )
+    event_id = await post(relay, http)
+    await relay.scheduler.drain()
+    found = await detail(relay, event_id)
+    [delivery] = found.event.deliveries
+    first, second = found.attempts[delivery.id]
+    assert delivery.status is Status.DELIVERED
+    assert second.started_at - first.started_at == pytest.approx(120)
+
+
+async def test_connection_refused_is_retried(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
+    config = make_config(one_target(url), ROUTES, retry={"retries": 2})
+    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    event_id = await post(relay, http)
+    await relay.scheduler.drain()
+    found = await detail(relay, event_id)
+    [delivery] = found.event.deliveries
+    assert (delivery.status, delivery.attempts) == (Status.DEAD, 3)
+    assert all("cannot connect" in (a.error or "") for a in found.attempts[delivery.id])
+
+
+async def test_timeout_is_retried(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    async def hang(request: web.Request, number: int) -> web.StreamResponse:
+        if number == 0:
+            await asyncio.sleep(5)  # cut short by relay's 100 ms timeout
+        return web.Response(status=200)
+
+    _sink, url = await start_sink(hang)
+    config = make_config(one_target(url), ROUTES, retry={"timeout": "100ms"})
+    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    event_id = await post(relay, http)
+    await relay.scheduler.drain()
+    found = await detail(relay, event_id)
+    [delivery] = found.event.deliveries
+    first, _second = found.attempts[delivery.id]
+    assert first.error == "timeout after 0.1s"
+    assert first.outcome == "retry"
+    assert delivery.status is Status.DELIVERED
+
+
+async def test_fan_out_retries_each_target_on_its_own(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    tmp_path: Any,
+) -> None:
+    _sink, url = await start_sink([500, 503, 502, 200])
+    targets = {**one_target(url), "audit": {"type": "file", "path": "audit.jsonl"}}
+    routes = {"orders": {"path": "/hooks/orders", "targets": ["crm", "audit"]}}
+    relay = await start_relay(make_config(targets, routes), scheduler=False, clock=FakeClock())
+    event_id = await post(relay, http, headers={"Idempotency-Key": "order-7"})
+    await relay.scheduler.drain()
+    deliveries = {d.target: d for d in (await detail(relay, event_id)).event.deliveries}
+    assert (deliveries["crm"].status, deliveries["crm"].attempts) == (Status.DELIVERED, 4)
+    assert (deliveries["audit"].status, deliveries["audit"].attempts) == (Status.DELIVERED, 1)
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    assert '"idempotency_key":"order-7"' in lines[0]
+
+
+async def test_outgoing_request_carries_body_and_dedup_headers(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    sink, url = await start_sink([200])
+    targets = one_target(url, headers={"Authorization": "Bearer ${CRM_TOKEN}"})
+    config = make_config(targets, ROUTES, environ={"CRM_TOKEN": "tok-123"})
+    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    body = b'{"z": 1,  "a": [1, 2]}'
+    with_key = await post(relay, http, body, {"Idempotency-Key": "k-1"})
+    without_key = await post(relay, http, body)
+    await relay.scheduler.drain()
+    by_event = {r.headers["X-Relay-Event-Id"]: r for r in sink.requests}
+    keyed, unkeyed = by_event[str(with_key)], by_event[str(without_key)]
+    assert keyed.body == body
+    assert keyed.headers["Content-Type"] == "application/json"
+    assert keyed.headers["Idempotency-Key"] == "k-1"
+    assert keyed.headers["Authorization"] == "Bearer tok-123"
+    assert keyed.headers["X-Relay-Attempt"] == "1"
+    assert unkeyed.headers["Idempotency-Key"] == str(without_key)
+
+
+async def test_concurrency_limit_per_target(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    in_flight = 0
+    peak = 0
+
+    async def slow(request: web.Request, number: int) -> web.StreamResponse:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        return web.Response(status=200)
+
+    sink, url = await start_sink(slow)
+    config = make_config(one_target(url, concurrency=2), ROUTES)
+    relay = await start_relay(config, scheduler=False)
+    for _ in range(10):
+        await post(relay, http)
+    await relay.scheduler.drain()
+    assert len(sink.requests) == 10
+    assert peak == 2
+
+
+async def test_stop_gives_back_leases_of_unfinished_attempts(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    async def hang(request: web.Request, number: int) -> web.StreamResponse:
+        await asyncio.sleep(5)
+        return web.Response(status=200)
+
+    sink, url = await start_sink(hang)
+    config = make_config(one_target(url), ROUTES, server={"shutdown_timeout": "50ms"})
+    relay = await start_relay(config)
+    event_id = await post(relay, http)
+    await sink.wait_for(1)
+    await relay.stop()
+    relay2 = await start_relay(config, scheduler=False)
+    [delivery] = (await detail(relay2, event_id)).event.deliveries
+    assert (delivery.status, delivery.attempts) == (Status.PENDING, 0)

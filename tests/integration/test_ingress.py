@@ -1,0 +1,193 @@
+"""Ingress over real HTTP: answers, limits, keys, and never 200 for what is not on disk."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import aiohttp
+from conftest import ConfigFactory, RelayFactory
+
+from relay.store import EventQuery, Status
+
+TARGETS = {"audit": {"type": "file", "path": "out.jsonl"}}
+
+
+def routes(**route: object) -> dict[str, object]:
+    return {"orders": {"path": "/hooks/orders", "targets": ["audit"], **route}}
+
+
+async def test_queued_then_duplicate(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    url = relay.ingress_url + "/hooks/orders"
+    headers = {"Idempotency-Key": "order-1", "Content-Type": "application/json"}
+    async with http.post(url, data=b'{"id": 1}', headers=headers) as response:
+        assert response.status == 200
+        first = await response.json()
+    async with http.post(url, data=b'{"id": 1}', headers=headers) as response:
+        assert response.status == 200
+        second = await response.json()
+    assert first["status"] == "queued"
+    assert second == {"status": "duplicate", "id": first["id"]}
+    events = await relay.store.list_events(EventQuery())
+    assert len(events) == 1
+    assert events[0].idempotency_key == "order-1"
+
+
+async def test_body_headers_query_and_address_are_kept_as_sent(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    body = b'{"b": 1,   "a": "\xd0\xbf"}'  # spacing and key order must survive
+    async with http.post(
+        relay.ingress_url + "/hooks/orders?src=shop&x=1",
+        data=body,
+        headers={"Content-Type": "application/json; charset=utf-8", "X-Trace": "t1"},
+    ) as response:
+        event_id = int((await response.json())["id"])
+    detail = await relay.store.get_event(event_id)
+    assert detail is not None
+    assert detail.body == body
+    assert detail.query == "src=shop&x=1"
+    assert ("X-Trace", "t1") in detail.headers
+    assert detail.content_type == "application/json; charset=utf-8"
+    assert detail.event.remote_addr == "127.0.0.1"
+
+
+async def test_unknown_path_wrong_method_and_oversized_body(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    config = make_config(TARGETS, routes(max_body_size="1KiB"))
+    relay = await start_relay(config, scheduler=False)
+    base = relay.ingress_url
+    async with http.post(base + "/hooks/nope", data=b"{}") as response:
+        assert response.status == 404
+    async with http.get(base + "/hooks/orders") as response:
+        assert response.status == 405
+        assert response.headers["Allow"] == "POST"
+    async with http.post(base + "/hooks/orders", data=b"x" * 1025) as response:
+        assert response.status == 413
+
+    async def chunks():  # no Content-Length: the limit holds while reading
+        for _ in range(10):
+            yield b"x" * 512
+
+    async with http.post(base + "/hooks/orders", data=chunks()) as response:
+        assert response.status == 413
+    async with http.post(base + "/hooks/orders", data=b"x" * 1024) as response:
+        assert response.status == 200
+    assert len(await relay.store.list_events(EventQuery())) == 1
+
+
+async def test_key_from_a_template_and_required_keys(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    config = make_config(
+        TARGETS,
+        routes(idempotency_key="{{ json.event.id }}", require_idempotency_key=True),
+    )
+    relay = await start_relay(config, scheduler=False)
+    url = relay.ingress_url + "/hooks/orders"
+    async with http.post(url, json={"event": {"id": "evt_1"}}) as response:
+        assert response.status == 200
+    async with http.post(url, json={"event": {"id": "evt_1"}, "retry": True}) as response:
+        assert (await response.json())["status"] == "duplicate"
+    async with http.post(url, json={"event": {}}) as response:
+        assert response.status == 400
+        assert "idempotency key" in (await response.json())["error"]
+    async with http.post(url, data=b"not json") as response:
+        assert response.status == 400
+    [stored] = await relay.store.list_events(EventQuery())
+    assert stored.idempotency_key == "evt_1"
+
+
+async def test_default_key_headers_in_order(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    url = relay.ingress_url + "/hooks/orders"
+    for headers in (
+        {"X-Idempotency-Key": "a"},
+        {"webhook-id": "b"},
+        {"Idempotency-Key": "c", "webhook-id": "ignored"},
+    ):
+        async with http.post(url, data=b"{}", headers=headers) as response:
+            assert response.status == 200
+    keys = [e.idempotency_key for e in await relay.store.list_events(EventQuery())]
+    assert keys == ["c", "b", "a"]
+
+
+async def test_when_filter_skips_a_target(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    targets = {**TARGETS, "sales": {"type": "file", "path": "sales.jsonl"}}
+    config = make_config(
+        targets,
+        {
+            "orders": {
+                "path": "/hooks/orders",
+                "targets": ["audit", {"target": "sales", "when": "json.Status == 'CONFIRMED'"}],
+            }
+        },
+    )
+    relay = await start_relay(config, scheduler=False)
+    url = relay.ingress_url + "/hooks/orders"
+    async with http.post(url, json={"Status": "NEW"}) as response:
+        new_id = int((await response.json())["id"])
+    async with http.post(url, json={"Status": "CONFIRMED"}) as response:
+        confirmed_id = int((await response.json())["id"])
+    new = await relay.store.get_event(new_id)
+    confirmed = await relay.store.get_event(confirmed_id)
+    assert new is not None
+    assert confirmed is not None
+    assert {d.target: d.status for d in new.event.deliveries} == {
+        "audit": Status.PENDING,
+        "sales": Status.SKIPPED,
+    }
+    assert "is false" in (new.event.deliveries[1].last_error or "")
+    assert {d.status for d in confirmed.event.deliveries} == {Status.PENDING}
+
+
+async def test_503_with_retry_after_when_the_database_cannot_be_written(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    config = make_config(TARGETS, routes(), storage={"busy_timeout": "200ms"})
+    relay = await start_relay(config, scheduler=False)
+    url = relay.ingress_url + "/hooks/orders"
+    locker = sqlite3.connect(config.storage.path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        async with http.post(url, data=b"{}", headers={"Idempotency-Key": "k"}) as response:
+            assert response.status == 503
+            assert int(response.headers["Retry-After"]) > 0
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert await relay.store.list_events(EventQuery()) == []
+    async with http.post(url, data=b"{}", headers={"Idempotency-Key": "k"}) as response:
+        assert response.status == 200  # recovered by itself
+        assert (await response.json())["status"] == "queued"
+
+
+async def test_503_when_the_disk_is_full(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    url = relay.ingress_url + "/hooks/orders"
+    async with http.post(url, data=b"{}") as response:
+        assert response.status == 200
+    # SQLite's own size limit raises the same SQLITE_FULL error a full disk does.
+    db = sqlite3.connect(relay.config.storage.path)
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.close()
+    await relay.store._writer.run(lambda c: c.execute(f"PRAGMA max_page_count = {pages}"))
+    statuses = []
+    for _ in range(5):
+        async with http.post(url, data=b"y" * 50_000) as response:
+            statuses.append(response.status)
+    assert statuses == [503] * 5
+    await relay.store._writer.run(lambda c: c.execute("PRAGMA max_page_count = 1073741823"))
+    async with http.post(url, data=b"y" * 50_000) as response:
+        assert response.status == 200
+    assert len(await relay.store.list_events(EventQuery())) == 2

@@ -1,0 +1,224 @@
+"""The store contract, run against every backend (SQLite today).
+
+Real database files in tmp_path; time is passed in, never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relay.store import (
+    AttemptRecord,
+    Dead,
+    Delivered,
+    EventQuery,
+    NewDelivery,
+    NewEvent,
+    RetryAt,
+    SqliteStore,
+    Status,
+    StoreUnavailable,
+)
+
+T0 = 1_800_000_000.0
+
+
+def event(
+    key: str | None = None, route: str = "orders", body: bytes = b'{"a": 1}', at: float = T0
+) -> NewEvent:
+    return NewEvent(
+        route=route,
+        idempotency_key=key,
+        received_at=at,
+        remote_addr="127.0.0.1",
+        method="POST",
+        path="/hooks/orders",
+        query="x=1",
+        headers=[("Content-Type", "application/json"), ("X-Dup", "1"), ("X-Dup", "2")],
+        content_type="application/json",
+        body=body,
+    )
+
+
+TWO = [NewDelivery("crm"), NewDelivery("audit")]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.2)
+    await store.open()
+    yield store
+    await store.close()
+
+
+async def test_accept_stores_event_and_one_delivery_per_target(store: SqliteStore) -> None:
+    accepted = await store.accept_event(event("k1", body=b"\xff\x00raw"), TWO, T0)
+    assert not accepted.duplicate
+    detail = await store.get_event(accepted.event_id)
+    assert detail is not None
+    assert detail.body == b"\xff\x00raw"  # bytes kept as they came
+    assert list(detail.headers) == [
+        ("Content-Type", "application/json"),
+        ("X-Dup", "1"),
+        ("X-Dup", "2"),
+    ]
+    assert detail.query == "x=1"
+    assert [
+        (d.target, d.status, d.attempts, d.next_attempt_at) for d in detail.event.deliveries
+    ] == [("crm", Status.PENDING, 0, T0), ("audit", Status.PENDING, 0, T0)]
+
+
+async def test_duplicate_key_on_the_same_route_creates_nothing(store: SqliteStore) -> None:
+    first = await store.accept_event(event("k1"), TWO, T0)
+    again = await store.accept_event(event("k1"), TWO, T0 + 5)
+    other_route = await store.accept_event(event("k1", route="leads"), TWO, T0)
+    assert again.duplicate
+    assert again.event_id == first.event_id
+    assert not other_route.duplicate
+    assert len(await store.list_events(EventQuery())) == 2
+
+
+async def test_duplicates_inside_one_group_commit(store: SqliteStore) -> None:
+    results = await asyncio.gather(*(store.accept_event(event("same"), TWO, T0) for _ in range(20)))
+    assert sum(not r.duplicate for r in results) == 1
+    assert len({r.event_id for r in results}) == 1
+
+
+async def test_concurrent_accepts_share_commits(store: SqliteStore) -> None:
+    before = store.write_stats
+    await asyncio.gather(*(store.accept_event(event(f"k{i}"), TWO, T0) for i in range(200)))
+    batches, jobs = (a - b for a, b in zip(store.write_stats, before, strict=True))
+    assert jobs == 200
+    assert batches < 50  # many requests per fsync, not one each
+
+
+async def test_claim_leases_due_deliveries_per_target_limit(store: SqliteStore) -> None:
+    for i in range(5):
+        await store.accept_event(event(f"k{i}"), TWO, T0)
+    claimed = await store.claim_due(T0, T0 + 60, {"crm": 3})
+    assert [c.target for c in claimed] == ["crm"] * 3
+    assert all(c.attempts == 0 and c.body == b'{"a": 1}' for c in claimed)
+    # Leased deliveries are not claimed twice.
+    again = await store.claim_due(T0, T0 + 60, {"crm": 10})
+    assert len(again) == 2
+    assert not {c.id for c in claimed} & {c.id for c in again}
+
+
+async def test_not_due_yet_is_not_claimed(store: SqliteStore) -> None:
+    await store.accept_event(event(), [NewDelivery("crm")], T0)
+    assert await store.claim_due(T0 - 1, T0 + 60, {"crm": 10}) == []
+    assert await store.next_due(["crm"]) == T0
+    assert await store.next_due(["audit"]) is None
+
+
+async def test_expired_lease_is_claimed_again(store: SqliteStore) -> None:
+    await store.accept_event(event(), [NewDelivery("crm")], T0)
+    [first] = await store.claim_due(T0, T0 + 30, {"crm": 10})
+    assert await store.claim_due(T0 + 29, T0 + 59, {"crm": 10}) == []
+    assert await store.next_due(["crm"]) == T0 + 30
+    [again] = await store.claim_due(T0 + 31, T0 + 61, {"crm": 10})
+    assert again.id == first.id
+
+
+async def test_record_attempt_transitions(store: SqliteStore) -> None:
+    accepted = await store.accept_event(event(), [*TWO, NewDelivery("mail")], T0)
+    claimed = {
+        c.target: c for c in await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1, "mail": 1})
+    }
+    attempt = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503", b"busy")
+    await store.record_attempt(claimed["crm"], attempt, RetryAt(T0 + 2), T0)
+    await store.record_attempt(
+        claimed["audit"], AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0
+    )
+    await store.record_attempt(
+        claimed["mail"], AttemptRecord(1, T0, 0.01, "fail", 400, "HTTP 400"), Dead("HTTP 400"), T0
+    )
+    detail = await store.get_event(accepted.event_id)
+    assert detail is not None
+    by_target = {d.target: d for d in detail.event.deliveries}
+    assert by_target["crm"].status is Status.PENDING
+    assert by_target["crm"].next_attempt_at == T0 + 2
+    assert by_target["crm"].attempts == 1
+    assert by_target["crm"].last_error == "HTTP 503"
+    assert by_target["audit"].status is Status.DELIVERED
+    assert by_target["mail"].status is Status.DEAD
+    assert detail.event.status is Status.DEAD
+    log = detail.attempts[by_target["crm"].id]
+    assert [(a.number, a.outcome, a.http_status, a.response, a.next_attempt_at) for a in log] == [
+        (1, "retry", 503, b"busy", T0 + 2)
+    ]
+
+
+async def test_release_and_recover_give_leases_back_without_an_attempt(store: SqliteStore) -> None:
+    await store.accept_event(event(), TWO, T0)
+    claimed = await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1})
+    await store.release([claimed[0].id], T0)
+    assert await store.recover_orphans(T0) == 1
+    again = await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1})
+    assert sorted(c.id for c in again) == sorted(c.id for c in claimed)
+    assert all(c.attempts == 0 for c in again)
+
+
+async def test_list_events_filters_and_cursor(store: SqliteStore) -> None:
+    for i in range(5):
+        await store.accept_event(event(f"k{i}", at=T0 + i), [NewDelivery("crm")], T0 + i)
+    await store.accept_event(
+        event("skip", at=T0 + 9), [NewDelivery("crm", Status.SKIPPED, "no")], T0 + 9
+    )
+    newest_first = await store.list_events(EventQuery(limit=3))
+    assert [e.idempotency_key for e in newest_first] == ["skip", "k4", "k3"]
+    page2 = await store.list_events(EventQuery(limit=3, before_id=newest_first[-1].id))
+    assert [e.idempotency_key for e in page2] == ["k2", "k1", "k0"]
+    skipped = await store.list_events(EventQuery(status=Status.SKIPPED))
+    assert [e.idempotency_key for e in skipped] == ["skip"]
+    assert skipped[0].status is Status.SKIPPED
+    assert [e.idempotency_key for e in await store.list_events(EventQuery(key="k2"))] == ["k2"]
+    assert await store.list_events(EventQuery(target="audit")) == []
+    assert len(await store.list_events(EventQuery(since=T0 + 3, until=T0 + 5))) == 2
+
+
+async def test_a_locked_database_fails_the_write_instead_of_waiting(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreUnavailable, match="locked"):
+            await store.accept_event(event("k"), TWO, T0)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    # And it recovers by itself once the lock is gone.
+    assert not (await store.accept_event(event("k"), TWO, T0)).duplicate
+
+
+async def test_wal_mode_and_partial_due_index(store: SqliteStore, tmp_path: Path) -> None:
+    await store.accept_event(event(), TWO, T0)
+    assert (tmp_path / "relay.db-wal").exists()
+    db = sqlite3.connect(tmp_path / "relay.db")
+    try:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        index_sql = db.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'deliveries_due'"
+        ).fetchone()[0]
+        assert "WHERE status = 'pending'" in index_sql
+        plan = " ".join(
+            str(row[3])
+            for row in db.execute(
+                "EXPLAIN QUERY PLAN SELECT id FROM deliveries WHERE status = 'pending'"
+                " AND target = 'crm' AND next_attempt_at <= 1 ORDER BY next_attempt_at LIMIT 5"
+            )
+        )
+        assert "deliveries_due" in plan
+        assert db.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+    finally:
+        db.close()
+
+
+async def test_database_file_is_private(store: SqliteStore, tmp_path: Path) -> None:
+    assert (tmp_path / "relay.db").stat().st_mode & 0o077 == 0

@@ -1,0 +1,221 @@
+"""The config loader: the issue's exact file, every error naming its key, ${VAR}."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relay.cli.check import describe
+from relay.config import ConfigError, FileTarget, HttpTarget, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ISSUE_CONFIG = """
+[server]
+listen = "127.0.0.1:8080"        # public ingress
+max_body_size = "1MiB"
+
+[storage]
+path = "relay.db"                # SQLite, WAL
+synchronous = "full"
+
+[retry]
+backoff = "exponential"
+base = 2
+unit = "1s"
+retries = 15
+jitter = 0.1
+# max_delay = "6h"
+# delays = ["30s", "2m", "10m", "1h", "6h", "24h"]
+timeout = "10s"
+
+[targets.crm]
+type = "http"
+url = "https://crm.example/api/leads"
+
+[targets.crm.retry]
+delays = ["30s", "2m", "10m", "1h", "6h", "24h"]
+
+[targets.audit]
+type = "file"
+path = "deliveries.jsonl"
+
+[routes.orders]
+path = "/hooks/orders"
+targets = ["crm", "audit"]
+"""
+
+
+def parse(data: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
+    return parse_config(data, environ or {}, base=Path("/srv/relay"))
+
+
+def test_the_issue_config_loads_with_paths_relative_to_its_folder(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "relay.toml"
+    path.parent.mkdir()
+    path.write_text(ISSUE_CONFIG)
+    config = load_config(path, {})
+    assert config.server.listen.port == 8080
+    assert config.server.max_body_size == 1 << 20
+    assert config.storage.path == path.parent / "relay.db"
+    assert config.storage.synchronous == "full"
+    assert isinstance(config.targets["audit"].settings, FileTarget)
+    assert config.targets["audit"].settings.path == path.parent / "deliveries.jsonl"
+    crm = config.targets["crm"]
+    assert isinstance(crm.settings, HttpTarget)
+    assert crm.retry.backoff == "list"
+    assert crm.retry.delays == (30, 120, 600, 3600, 21600, 86400)
+    assert crm.retry.retries == 6
+    assert crm.retry.timeout == 10  # inherited from [retry]
+    assert config.targets["audit"].retry.retries == 15
+    assert [t.target for t in config.routes["orders"].targets] == ["crm", "audit"]
+
+
+def test_check_prints_each_schedule(tmp_path: Path) -> None:
+    path = tmp_path / "relay.toml"
+    path.write_text(ISSUE_CONFIG)
+    text = describe(load_config(path, {}))
+    assert "route orders: POST /hooks/orders" in text
+    assert "15 retries, 2s … 9h06m, cycle 18h12m" in text
+    assert "6 retries, 30s … 1d00h, cycle 1d07h" in text
+    assert "delays: 30s 2m00s 10m00s 1h00m 6h00m 1d00h" in text
+
+
+def test_example_config_runs_as_is() -> None:
+    config = load_config(ROOT / "relay.example.toml", {})
+    assert config.server.listen.is_loopback
+    assert config.storage.path == ROOT / "relay.db"
+    assert any(isinstance(t.settings, FileTarget) for t in config.targets.values())
+
+
+BASE: dict[str, Any] = {
+    "targets": {"crm": {"type": "http", "url": "http://127.0.0.1:9/x"}},
+    "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+}
+
+
+def merged(**sections: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {key: dict(value) for key, value in BASE.items()}
+    for name, value in sections.items():
+        if name in data:
+            for key, inner in value.items():
+                data[name][key] = {**data[name].get(key, {}), **inner}
+        else:
+            data[name] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (merged(server={"lisen": "x"}), "server.lisen: unknown key (expected one of: listen,"),
+        (merged(server={"listen": "8080"}), 'server.listen: expected an address like "127.0.0.1'),
+        (merged(server={"max_body_size": "lots"}), "server.max_body_size: expected a size like"),
+        (merged(storage={"synchronous": "off"}), 'storage.synchronous: expected one of "full",'),
+        (merged(retry={"unit": "soon"}), 'retry.unit: expected a duration like "500ms"'),
+        (
+            merged(retry={"retries": -1}),
+            "retry.retries: expected an integer from 0 to 1000, got -1",
+        ),
+        (merged(retry={"jitter": 2}), "retry.jitter: expected a number from 0 to 1, got 2"),
+        (merged(retry={"delays": ["30s", "never"]}), "retry.delays[1]: expected a duration"),
+        (merged(retry={"backoff": "list"}), 'retry.delays: is required with backoff = "list"'),
+        (merged(targets={"crm": {"type": "ftp"}}), 'targets.crm.type: expected one of "http",'),
+        (merged(targets={"crm": {"url": "crm.example"}}), "targets.crm.url: expected an http://"),
+        (merged(targets={"crm": {"retry": {"base": "two"}}}), "targets.crm.retry.base: expected a"),
+        (
+            merged(targets={"crm": {"concurrency": 0}}),
+            "targets.crm.concurrency: expected an integer",
+        ),
+        (
+            merged(targets={"crm": {"headers": {"A": 1}}}),
+            "targets.crm.headers.A: expected a string",
+        ),
+        (merged(targets={"crm": {"colour": "red"}}), "targets.crm.colour: unknown key"),
+        (
+            merged(routes={"orders": {"path": "hooks"}}),
+            "routes.orders.path: expected a path starting",
+        ),
+        (
+            merged(routes={"orders": {"targets": ["crn"]}}),
+            'routes.orders.targets[0]: unknown target "crn"',
+        ),
+        (merged(routes={"orders": {"targets": []}}), "routes.orders.targets: expected a non-empty"),
+        (
+            merged(routes={"orders": {"idempotency_key": "{{ json. }}"}}),
+            "routes.orders.idempotency_key: template syntax error",
+        ),
+        (
+            merged(routes={"orders": {"targets": [{"target": "crm", "retry": {"retries": "x"}}]}}),
+            "routes.orders.targets[0].retry.retries: expected an integer",
+        ),
+        (
+            merged(routes={"orders": {"require_idempotency_key": "yes"}}),
+            "routes.orders.require_idempotency_key: expected true or false",
+        ),
+        (
+            merged(routes={"other": {"path": "/hooks/orders", "targets": ["crm"]}}),
+            'routes.other.path: "/hooks/orders" is already the path of routes.orders',
+        ),
+        (merged(logs={"level": "debug"}), "logs: unknown key"),
+    ],
+)
+def test_errors_name_the_key_and_what_is_expected(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(data)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_environment_references_are_substituted_and_remembered_as_secrets() -> None:
+    data = merged(targets={"crm": {"headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}})
+    config = parse(data, {"CRM_TOKEN": "s3cret-token"})
+    settings = config.targets["crm"].settings
+    assert isinstance(settings, HttpTarget)
+    assert settings.headers["Authorization"] == "Bearer s3cret-token"
+    assert "s3cret-token" in config.secrets
+
+
+def test_an_unset_variable_names_the_key_and_the_variable() -> None:
+    data = merged(targets={"crm": {"headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}})
+    with pytest.raises(
+        ConfigError,
+        match=r"targets\.crm\.headers\.Authorization: environment "
+        r"variable CRM_TOKEN is not set",
+    ):
+        parse(data)
+
+
+def test_dollar_escape_and_credentials(tmp_path: Path) -> None:
+    (tmp_path / "crm_token").write_text("from-credential\n")
+    data = merged(targets={"crm": {"headers": {"A": "$${x}", "B": "${file:crm_token}"}}})
+    settings = parse(data, {"CREDENTIALS_DIRECTORY": str(tmp_path)}).targets["crm"].settings
+    assert settings.headers == {"A": "${x}", "B": "from-credential"}
+
+
+def test_route_target_overrides_start_from_the_target_schedule() -> None:
+    data = merged(
+        targets={"crm": {"retry": {"delays": ["30s", "2m"]}}},
+        routes={"orders": {"targets": [{"target": "crm", "retry": {"retries": 4}}]}},
+    )
+    policy = parse(data).routes["orders"].targets[0].retry
+    assert policy.delays == (30, 120)
+    assert policy.retries == 4
+
+
+def test_check_exits_non_zero_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "relay.toml"
+    path.write_text('[server]\nlisen = "127.0.0.1:8080"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "relay", "check", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0
+    assert "server.lisen: unknown key" in result.stderr

@@ -1,0 +1,45 @@
+import pytest
+
+from relay.templates import TemplateError, compile_expression, compile_template, holds
+
+
+def test_renders_and_knows_its_variables() -> None:
+    template = compile_template("{{ json.event.id }}-{{ headers['X-A'] }}")
+    assert template.variables == {"json", "headers"}
+    assert template.render({"json": {"event": {"id": 7}}, "headers": {"X-A": "a"}}) == "7-a"
+
+
+def test_missing_field_is_an_error_unless_defaulted() -> None:
+    with pytest.raises(TemplateError, match=r"no attribute 'missing'|undefined"):
+        compile_template("{{ json.missing }}").render({"json": {}})
+    assert compile_template("{{ json.missing | default('x') }}").render({"json": {}}) == "x"
+
+
+def test_syntax_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="syntax error"):
+        compile_template("{{ json. }}")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ json.__class__.__mro__ }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ cycler.__init__.__globals__ }}",
+    ],
+)
+def test_sandbox_blocks_attribute_escapes(source: str) -> None:
+    with pytest.raises(TemplateError):
+        compile_template(source).render({"json": {}})
+
+
+def test_runaway_output_is_refused() -> None:
+    template = compile_template("{% for i in range(10000) %}{{ 'x' * 1000 }}{% endfor %}")
+    with pytest.raises(TemplateError, match="exceeds"):
+        template.render({})
+
+
+def test_conditions() -> None:
+    condition = compile_expression("json.Status == 'CONFIRMED'")
+    assert holds(condition, {"json": {"Status": "CONFIRMED"}})
+    assert not holds(condition, {"json": {"Status": "NEW"}})
