@@ -8,6 +8,7 @@ that commit's outcome.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 import orjson
@@ -16,6 +17,7 @@ from multidict import CIMultiDictProxy
 
 from relay.clock import Clock
 from relay.config import Config, RouteConfig
+from relay.metrics import Metrics
 from relay.payload import first_header, template_context
 from relay.store import NewDelivery, NewEvent, Status, Store, StoreError
 from relay.templates import TemplateError, holds
@@ -36,10 +38,12 @@ class Ingress:
         store: Store,
         clock: Clock,
         *,
+        metrics: Metrics | None = None,
         on_accepted: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._metrics = metrics or Metrics()
         self._on_accepted = on_accepted
         self._routes: Mapping[str, RouteConfig] = {}
         self.reconfigure(config)
@@ -55,19 +59,35 @@ class Ingress:
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
         route = self._routes.get(request.path)
         if route is None:
+            # The path is not a label: unknown paths must not grow the metrics.
+            self._count("", "not_found")
             return _error(404, "no route for this path")
+        response = await self._handle_route(request, route)
+        if response.status == 200:
+            self._metrics.ack_seconds.observe(time.perf_counter() - started)
+        return response
+
+    def _count(self, route: str, result: str) -> None:
+        self._metrics.received.labels(route, result).inc()
+
+    async def _handle_route(self, request: web.Request, route: RouteConfig) -> web.Response:
         if request.method != "POST":
+            self._count(route.name, "method_not_allowed")
             return _error(405, "only POST is accepted here", headers={"Allow": "POST"})
         body = await _read_body(request, route.max_body_size)
         if body is None:
+            self._count(route.name, "too_large")
             return _error(413, f"body larger than {route.max_body_size} bytes")
         headers = request.headers
         key = self._idempotency_key(route, request, body, headers)
         if key is not None and len(key) > MAX_KEY_LENGTH:
+            self._count(route.name, "bad_request")
             return _error(400, f"idempotency key longer than {MAX_KEY_LENGTH} characters")
         if key is None and route.require_idempotency_key:
+            self._count(route.name, "bad_request")
             return _error(400, "this route requires an idempotency key")
         now = self._clock.now()
         event = NewEvent(
@@ -90,12 +110,14 @@ class Ingress:
             accepted = await self._store.accept_event(event, deliveries, now)
         except StoreError as error:
             log.error("route %s: event not stored, answering 503: %s", route.name, error)
+            self._count(route.name, "unavailable")
             return _error(
                 503, "cannot store the event now", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
             )
         if not accepted.duplicate:
             self._on_accepted()
         status = "duplicate" if accepted.duplicate else "queued"
+        self._count(route.name, status)
         return _json(200, {"status": status, "id": str(accepted.event_id)})
 
     def _idempotency_key(

@@ -1,10 +1,19 @@
-"""Log setup, and the one line every delivery attempt writes."""
+"""Log setup (text or JSON lines on stdout), and the one line every attempt writes.
+
+Every line passes through the masker last, tracebacks included, so a
+configured secret cannot reach the journal by any path.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from datetime import UTC, datetime
+from typing import Any
 
+import orjson
+
+from relay.config import LogConfig
 from relay.retry import Next
 from relay.scheduler import AttemptReport
 from relay.secrets import Masker
@@ -13,47 +22,87 @@ from relay.views import iso
 attempt_log = logging.getLogger("relay.attempts")
 
 
-class _MaskingFormatter(logging.Formatter):
-    """Masks the finished line, tracebacks included: nothing escapes by another path."""
+def _timestamp(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
+
+class TextFormatter(logging.Formatter):
     def __init__(self, masker: Masker) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+        super().__init__()
         self.masker = masker
 
     def format(self, record: logging.LogRecord) -> str:
-        return self.masker.text(super().format(record))
+        line = f"{_timestamp(record)} {record.levelname} {record.name} {record.getMessage()}"
+        fields: dict[str, Any] | None = getattr(record, "fields", None)
+        if fields:
+            line += " " + " ".join(f"{key}={_text_value(value)}" for key, value in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return self.masker.text(line)
 
 
-def configure(level: str = "info", masker: Masker | None = None) -> None:
-    """Text lines on stdout (journald keeps them), secrets masked."""
+class JsonFormatter(logging.Formatter):
+    def __init__(self, masker: Masker) -> None:
+        super().__init__()
+        self.masker = masker
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return self.masker.text(orjson.dumps(entry).decode())
+
+
+def _text_value(value: object) -> str:
+    text = "-" if value is None else str(value)
+    if not text or any(c in text for c in ' "='):
+        return '"' + text.replace('"', '\\"') + '"'
+    return text
+
+
+def configure(config: LogConfig, masker: Masker | None = None) -> None:
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(_MaskingFormatter(masker or Masker()))
+    formatter = JsonFormatter if config.format == "json" else TextFormatter
+    handler.setFormatter(formatter(masker or Masker()))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(config.level.upper())
     # aiohttp logs each request at INFO; at webhook rates that drowns the attempt log.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def log_attempt(report: AttemptReport) -> None:
+def set_masker(masker: Masker) -> None:
+    """After a reload: mask the new config's secrets (and keep masking the old)."""
+    for handler in logging.getLogger().handlers:
+        formatter = handler.formatter
+        if isinstance(formatter, TextFormatter | JsonFormatter):
+            formatter.masker = formatter.masker.merged(masker)
+
+
+def attempt_fields(report: AttemptReport) -> dict[str, Any]:
     delivery = report.delivery
     decision = report.decision
-    if decision.next is Next.RETRY:
-        then = f"next={iso(decision.at)}"
-    else:
-        then = f"final={decision.next.value}"
-    fields = [
-        f"event={delivery.event_id}",
-        f"route={delivery.route}",
-        f"target={delivery.target}",
-        f"delivery={delivery.id}",
-        f"attempt={report.number}/{report.max_attempts}",
-        f"outcome={report.outcome.verdict.value}",
-        f"status={report.outcome.status or '-'}",
-        f"duration={report.duration * 1000:.0f}ms",
-        then,
-    ]
-    if report.outcome.error:
-        fields.append(f'error="{report.outcome.error}"')
-    level = logging.WARNING if decision.next is Next.DEAD else logging.INFO
-    attempt_log.log(level, " ".join(fields))
+    return {
+        "event": delivery.event_id,
+        "route": delivery.route,
+        "target": delivery.target,
+        "delivery": delivery.id,
+        "attempt": f"{report.number}/{report.max_attempts}",
+        "outcome": report.outcome.verdict.value,
+        "status": report.outcome.status,
+        "duration_ms": round(report.duration * 1000, 1),
+        "next": iso(decision.at) if decision.next is Next.RETRY else decision.next.value,
+        "error": report.outcome.error,
+    }
+
+
+def log_attempt(report: AttemptReport) -> None:
+    level = logging.WARNING if report.decision.next is Next.DEAD else logging.INFO
+    attempt_log.log(level, "attempt", extra={"fields": attempt_fields(report)})

@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from relay.config import RetryPolicy
 from relay.outcome import Outcome, Verdict
+from relay.units import format_duration
 
 # A Retry-After larger than this is not honoured in full unless the policy
 # sets its own max_delay: a target must not park a delivery for days.
@@ -73,3 +74,21 @@ def decide(
         cap = policy.max_delay if policy.max_delay is not None else DEFAULT_RETRY_AFTER_CAP
         delay = max(delay, min(outcome.retry_after, cap))
     return Decision(Next.RETRY, at=now + delay, reason=error)
+
+
+def describe_schedule(policy: RetryPolicy) -> str:
+    if not policy.retry_on_error or policy.retries == 0:
+        return "no retries: the first failure is final"
+    delays = schedule(policy)
+    if len(delays) == 1:
+        span = format_duration(delays[0])
+    else:
+        span = f"{format_duration(delays[0])} … {format_duration(delays[-1])}"
+    extras = [f"timeout {format_duration(policy.timeout)}"]
+    if policy.jitter:
+        extras.append(f"jitter ±{policy.jitter * 100:g}%")
+    return (
+        f"{policy.retries} retries, {span}, cycle {format_duration(sum(delays))}"
+        f" ({', '.join(extras)})\n"
+        f"      delays: {' '.join(format_duration(d) for d in delays)}"
+    )

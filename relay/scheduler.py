@@ -25,6 +25,7 @@ from relay.store import (
     ClaimedDelivery,
     Dead,
     Delivered,
+    FailureStreak,
     RetryAt,
     Status,
     Store,
@@ -61,6 +62,7 @@ class AttemptReport:
     outcome: Outcome
     decision: Decision
     duration: float
+    streak: FailureStreak  # the target's failed attempts in a row, before and after
 
 
 @dataclass
@@ -96,25 +98,49 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._paused: frozenset[str] = frozenset()
+        self._paused_read_at: float | None = None
+        self._running = False
         self.last_tick: float | None = None
 
     # Control
 
     def wake(self) -> None:
-        """Something may be due now (a new event, a change by the operator)."""
+        """Something may be due now (a new event, a retry asked for)."""
         self._wake.set()
+
+    def targets_changed(self) -> None:
+        """A target was paused or resumed in this process: re-read at once."""
+        self._paused_read_at = None
+        self._wake.set()
+
+    @property
+    def paused(self) -> frozenset[str]:
+        return self._paused
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    @property
+    def running(self) -> bool:
+        return self._running and not self._stopping
+
     async def run(self) -> None:
         """Run until `stop()`; never gives up on store errors, it waits and tries again."""
+        self._running = True
+        try:
+            await self._loop()
+        finally:
+            self._running = False
+
+    async def _loop(self) -> None:
         while not self._stopping:
             now = self._clock.now()
             self.last_tick = now
             until = now + self._poll_interval
             try:
+                await self._refresh_paused(now)
                 started = await self._dispatch(now)
                 due = await self._next_due()
             except StoreError as error:
@@ -127,7 +153,14 @@ class Scheduler:
 
     async def run_once(self) -> int:
         """Start every attempt that is due now; returns how many were started."""
+        self._paused_read_at = None
+        await self._refresh_paused(self._clock.now())
         return await self._dispatch(self._clock.now())
+
+    async def wait_idle(self) -> None:
+        """Wait until every attempt started so far has been recorded."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     async def drain(self) -> None:
         """Deliver until nothing is due or in flight, jumping the clock between due times.
@@ -136,6 +169,8 @@ class Scheduler:
         the system clock it waits in real time (use a short schedule).
         """
         while True:
+            self._paused_read_at = None
+            await self._refresh_paused(self._clock.now())
             await self._dispatch(self._clock.now())
             if self._tasks:
                 await self._wake.wait()
@@ -183,12 +218,20 @@ class Scheduler:
             else:
                 slots.concurrency = target.concurrency
 
+    async def _refresh_paused(self, now: float) -> None:
+        # Pause state lives in the store (the CLI may change it): read it at
+        # the poll interval, not on every wake-up.
+        last = self._paused_read_at
+        if last is None or now - last >= self._poll_interval or now < last:
+            self._paused = await self._store.paused_targets()
+            self._paused_read_at = now
+
     def _claimable(self) -> dict[str, int]:
         state = self._state
         return {
             name: min(slots.free, self._batch_size)
             for name, slots in state.slots.items()
-            if name in state.targets and slots.free > 0
+            if name in state.targets and slots.free > 0 and name not in self._paused
         }
 
     def _lease(self) -> float:
@@ -248,8 +291,8 @@ class Scheduler:
                 error=self._masker.optional(outcome.error),
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
             )
-            await self._record(delivery, attempt, then, now)
-            if self._on_attempt is not None:
+            streak = await self._record(delivery, attempt, then, now)
+            if self._on_attempt is not None and streak is not None:
                 self._on_attempt(
                     AttemptReport(
                         delivery=delivery,
@@ -258,6 +301,7 @@ class Scheduler:
                         outcome=outcome,
                         decision=decision,
                         duration=duration,
+                        streak=streak,
                     )
                 )
         finally:
@@ -300,18 +344,17 @@ class Scheduler:
 
     async def _record(
         self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
-    ) -> None:
+    ) -> FailureStreak | None:
         # The attempt happened; losing its record would resend it after the
         # lease expires. Keep trying while the store is unavailable.
         delay = 0.05
         while True:
             try:
-                await self._store.record_attempt(delivery, attempt, then, now)
-                return
+                return await self._store.record_attempt(delivery, attempt, then, now)
             except StoreError as error:
                 if self._stopping:
                     log.warning("attempt of delivery %d not recorded: %s", delivery.id, error)
-                    return
+                    return None
                 log.warning("cannot record attempt of delivery %d yet: %s", delivery.id, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

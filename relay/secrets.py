@@ -25,16 +25,26 @@ SENSITIVE_HEADERS = frozenset(
     }
 )
 
+# user:password@ in a URL, whatever the config says.
+_URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s:@]+(?::[^/\s@]*)?@")
+
 # Shorter values would mask innocent text ("1", "yes") everywhere.
 _MIN_SECRET_LENGTH = 4
 
 
 class Masker:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        values = sorted({s for s in secrets if len(s) >= _MIN_SECRET_LENGTH}, key=len, reverse=True)
+        self.secrets = frozenset(s for s in secrets if len(s) >= _MIN_SECRET_LENGTH)
+        # Longest first, so a secret containing another is masked whole.
+        values = sorted(self.secrets, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
 
+    def merged(self, other: Masker) -> Masker:
+        return Masker(self.secrets | other.secrets)
+
     def text(self, value: str) -> str:
+        if value and "://" in value and "@" in value:
+            value = _URL_CREDENTIALS.sub(r"\1***@", value)
         if self._pattern is None or not value:
             return value
         return self._pattern.sub(MASK, value)

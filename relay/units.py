@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -74,3 +75,24 @@ def format_size(size: int) -> str:
         if size >= factor and size % factor == 0:
             return f"{size // factor}{unit}"
     return f"{size}B"
+
+
+def parse_instant(text: str, now: float) -> float:
+    """A point in time: ISO 8601 ("2026-12-01T10:00:00Z"), Unix seconds, or an age
+    ("2h" = two hours before `now`)."""
+    value = text.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return now - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not a time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"time without a zone: {text!r} (add Z or +03:00)")
+    return moment.timestamp()

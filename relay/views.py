@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from relay.config import FileTarget, HttpTarget, TargetConfig
 from relay.secrets import Masker
-from relay.store import AttemptView, DeliveryView, EventDetail, EventView
+from relay.store import (
+    AttemptView,
+    DeliveryView,
+    EventDetail,
+    EventView,
+    LogEntry,
+    Stats,
+    Status,
+    TargetState,
+)
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -66,6 +77,74 @@ def event_detail(detail: EventDetail, masker: Masker) -> dict[str, Any]:
         result["body"] = None
         result["body_base64"] = base64.b64encode(detail.body).decode("ascii")
     for delivery in result["deliveries"]:
-        attempts = detail.attempts.get(int(delivery["id"]), ())
+        delivery_id = int(delivery["id"])
+        attempts = detail.attempts.get(delivery_id, ())
         delivery["attempts_log"] = [attempt_view(a, masker) for a in attempts]
+        delivery["history"] = [log_entry_view(e) for e in detail.log.get(delivery_id, ())]
     return result
+
+
+def log_entry_view(entry: LogEntry) -> dict[str, Any]:
+    return {"at": iso(entry.at), "kind": entry.kind, "detail": entry.detail}
+
+
+def _counts(counts: Mapping[Status, int]) -> dict[str, int]:
+    return {status.value: counts.get(status, 0) for status in Status}
+
+
+def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, Any]:
+    state = state or TargetState(name="")
+    return {
+        "last_success_at": iso(state.last_success_at),
+        "last_error_at": iso(state.last_error_at),
+        "last_error": masker.optional(state.last_error),
+        "consecutive_failures": state.consecutive_failures,
+    }
+
+
+def stats_view(stats: Stats, now: float, paused: frozenset[str], masker: Masker) -> dict[str, Any]:
+    oldest = stats.oldest_pending_received_at
+    targets = sorted(set(stats.counts_by_target) | set(stats.targets))
+    return {
+        "routes": {route: _counts(c) for route, c in sorted(stats.counts_by_route.items())},
+        "targets": {
+            name: {
+                **_counts(stats.counts_by_target.get(name, {})),
+                "paused": name in paused,
+                **target_state_view(stats.targets.get(name), masker),
+            }
+            for name in targets
+        },
+        "oldest_pending_age_seconds": round(now - oldest, 3) if oldest is not None else None,
+        "pending_after_first_attempt": stats.pending_after_first_attempt,
+        "dead": stats.dead,
+    }
+
+
+def target_view(
+    target: TargetConfig,
+    state: TargetState | None,
+    *,
+    paused: bool,
+    counts: Mapping[str, int],
+    schedule: str,
+    masker: Masker,
+) -> dict[str, Any]:
+    settings = target.settings
+    view: dict[str, Any] = {"name": target.name, "type": target.type}
+    if isinstance(settings, HttpTarget):
+        view["url"] = masker.text(settings.url)
+        view["method"] = settings.method
+        view["headers"] = dict(masker.headers(settings.headers.items()))
+    elif isinstance(settings, FileTarget):
+        view["path"] = str(settings.path)
+    view.update(
+        concurrency=target.concurrency,
+        schedule=schedule,
+        timeout_seconds=target.retry.timeout,
+        retry_on_error=target.retry.retry_on_error,
+        paused=paused,
+        deliveries=dict(counts),
+        **target_state_view(state, masker),
+    )
+    return view

@@ -30,15 +30,20 @@ def make_config(tmp_path: Path) -> ConfigFactory:
         retry: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
         storage: dict[str, Any] | None = None,
+        admin: dict[str, Any] | None = None,
+        alerts: dict[str, Any] | None = None,
         environ: dict[str, str] | None = None,
     ) -> Config:
         data = {
             "server": {"listen": "127.0.0.1:0", "shutdown_timeout": "5s", **(server or {})},
             "storage": {"path": "relay.db", **(storage or {})},
+            "admin": {"listen": "127.0.0.1:0", **(admin or {})},
             "retry": {"jitter": 0, **(retry or {})},
             "targets": targets,
             "routes": routes,
         }
+        if alerts:
+            data["alerts"] = alerts
         return parse_config(data, environ or {}, base=tmp_path)
 
     return make
@@ -67,9 +72,9 @@ async def start_relay() -> AsyncIterator[RelayFactory]:
     """Start relays in this process; each is stopped at the end of the test."""
     started: list[Relay] = []
 
-    async def start(config: Config, *, scheduler: bool = True, **kwargs: Any) -> Relay:
+    async def start(config: Config, *, background: bool = True, **kwargs: Any) -> Relay:
         relay = Relay(config, **kwargs)
-        await relay.start(scheduler=scheduler)
+        await relay.start(background=background)
         started.append(relay)
         return relay
 

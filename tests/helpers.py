@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -51,6 +52,8 @@ def to_toml(data: Mapping[str, Any], prefix: str = "") -> str:
 
 
 def write_config(path: Path, data: Mapping[str, Any]) -> Path:
+    """Write a relay config; the admin listener takes a free port unless told otherwise."""
+    data = {"admin": {"listen": "127.0.0.1:0"}, **data}
     path.write_text(to_toml(data), encoding="utf-8")
     return path
 
@@ -129,11 +132,15 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
 class RelayProcess:
     """`relay serve` in a subprocess, as a user runs it. Stopped by its own PID."""
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
+    def __init__(
+        self, config_path: Path, log_path: Path, env: Mapping[str, str] | None = None
+    ) -> None:
         self.config_path = config_path
         self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.admin_url = ""
 
     def start(self, timeout: float = 15.0) -> RelayProcess:
         log = self.log_path.open("ab")
@@ -142,6 +149,7 @@ class RelayProcess:
             [sys.executable, "-m", "relay", "serve", "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=self.env,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -150,6 +158,8 @@ class RelayProcess:
             match = re.search(r"ingress on (http://\S+?),", text)
             if match:
                 self.url = match.group(1)
+                admin = re.search(r"admin on (http://\S+?),", text)
+                self.admin_url = admin.group(1) if admin else ""
                 return self
             if self.process.poll() is not None:
                 raise AssertionError(f"relay serve exited {self.process.returncode}:\n{text}")
@@ -166,22 +176,40 @@ class RelayProcess:
             return self.process.returncode if self.process else 0
         return self.kill(signal.SIGTERM)
 
+    async def astop(self) -> int:
+        """Stop without blocking the test's event loop (its servers must keep answering)."""
+        return await asyncio.to_thread(self.stop)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
 
-def relay_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def relay_cli(
+    *args: str, check: bool = True, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "relay", *args],
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
+        env={**os.environ, **(env or {})},
     )
     if check and result.returncode != 0:
         raise AssertionError(f"relay {' '.join(args)} exited {result.returncode}: {result.stderr}")
     return result
 
 
-def relay_json(*args: str) -> Any:
-    return json.loads(relay_cli(*args, "--json").stdout)
+def relay_json(*args: str, env: Mapping[str, str] | None = None) -> Any:
+    return json.loads(relay_cli(*args, "--json", env=env).stdout)
+
+
+async def arelay_cli(
+    *args: str, check: bool = True, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`relay_cli` off the event loop, so in-test servers keep answering meanwhile."""
+    return await asyncio.to_thread(relay_cli, *args, check=check, env=env)
+
+
+async def arelay_json(*args: str, env: Mapping[str, str] | None = None) -> Any:
+    return json.loads((await arelay_cli(*args, "--json", env=env)).stdout)

@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from relay import __version__
-from relay.cli import check, events, serve
+from relay.cli import check, events, operate, serve
 from relay.cli.common import CommandError
 from relay.lockfile import AlreadyRunning
 from relay.store import StoreError
 
-COMMANDS = (serve, check, events)
+COMMANDS = (serve, check, events, operate)
 
 
 def parser() -> argparse.ArgumentParser:

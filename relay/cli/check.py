@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from relay.cli.common import add_config_option, read_config
-from relay.config import Config, FileTarget, HttpTarget, RetryPolicy
-from relay.retry import schedule
+from relay.config import Config, FileTarget, HttpTarget
+from relay.retry import describe_schedule
 from relay.secrets import Masker
-from relay.units import format_duration, format_size
+from relay.units import format_size
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,24 +21,6 @@ def run(args: argparse.Namespace) -> int:
     config = read_config(args)
     print(describe(config))
     return 0
-
-
-def describe_schedule(policy: RetryPolicy) -> str:
-    if not policy.retry_on_error or policy.retries == 0:
-        return "no retries: the first failure is final"
-    delays = schedule(policy)
-    if len(delays) == 1:
-        span = format_duration(delays[0])
-    else:
-        span = f"{format_duration(delays[0])} … {format_duration(delays[-1])}"
-    extras = [f"timeout {format_duration(policy.timeout)}"]
-    if policy.jitter:
-        extras.append(f"jitter ±{policy.jitter * 100:g}%")
-    return (
-        f"{policy.retries} retries, {span}, cycle {format_duration(sum(delays))}"
-        f" ({', '.join(extras)})\n"
-        f"      delays: {' '.join(format_duration(d) for d in delays)}"
-    )
 
 
 def describe(config: Config) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from relay import logs
 from relay.app import serve
@@ -13,11 +14,18 @@ from relay.secrets import Masker
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("serve", help="run relay: accept webhooks and deliver them")
     add_config_option(parser)
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="override [log] level",
+    )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     config = read_config(args)
-    logs.configure(args.log_level, Masker(config.secrets))
+    log_config = config.log
+    if args.log_level:
+        log_config = dataclasses.replace(log_config, level=args.log_level)
+    logs.configure(log_config, Masker(config.secrets))
     return run(serve(config))

@@ -2,10 +2,13 @@
 
 from relay.config.load import load_config, parse_config
 from relay.config.model import (
+    AdminConfig,
+    AlertsConfig,
     Config,
     FileTarget,
     HttpTarget,
     Listen,
+    LogConfig,
     RetryPolicy,
     RouteConfig,
     RouteTarget,
@@ -16,11 +19,14 @@ from relay.config.model import (
 from relay.config.reader import ConfigError
 
 __all__ = [
+    "AdminConfig",
+    "AlertsConfig",
     "Config",
     "ConfigError",
     "FileTarget",
     "HttpTarget",
     "Listen",
+    "LogConfig",
     "RetryPolicy",
     "RouteConfig",
     "RouteTarget",

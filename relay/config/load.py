@@ -12,10 +12,13 @@ from typing import Any
 import yarl
 
 from relay.config.model import (
+    AdminConfig,
+    AlertsConfig,
     Config,
     FileTarget,
     HttpTarget,
     Listen,
+    LogConfig,
     RetryPolicy,
     RouteConfig,
     RouteTarget,
@@ -53,6 +56,8 @@ def parse_config(
     root = Section(substitute(dict(data), environ, "", secrets), "")
     server = _server(root.section("server"))
     storage = _storage(root.section("storage"), base)
+    admin = _admin(root.section("admin"))
+    log = _log(root.section("log"))
     default_retry = _retry(root.section("retry"), RetryPolicy())
     targets = {
         name: _target(name, section, default_retry, base)
@@ -69,6 +74,7 @@ def parse_config(
             )
         paths[route.path] = name
         routes[name] = route
+    alerts = _alerts(root.section("alerts"), targets)
     root.done()
     return Config(
         server=server,
@@ -76,6 +82,9 @@ def parse_config(
         retry=default_retry,
         targets=MappingProxyType(targets),
         routes=MappingProxyType(routes),
+        admin=admin,
+        log=log,
+        alerts=alerts,
         secrets=frozenset(secrets),
         source=source,
     )
@@ -109,9 +118,51 @@ def _storage(section: Section, base: Path) -> StorageConfig:
         path=section.path("path", base, base / defaults.path),
         synchronous=section.choice("synchronous", ("full", "normal"), defaults.synchronous),
         busy_timeout=section.duration("busy_timeout", defaults.busy_timeout),
+        retention=section.duration("retention", defaults.retention),
     )
     section.done()
     return storage
+
+
+def _admin(section: Section) -> AdminConfig:
+    defaults = AdminConfig()
+    enabled = section.boolean("enabled", defaults.enabled)
+    listen = _listen(section, "listen", defaults.listen)
+    token = section.string("token", None, nonempty=False) or None
+    if enabled and token is None and not listen.is_loopback:
+        raise ConfigError(
+            section.key("token"),
+            f"is required when the admin listener ({listen}) is not on loopback",
+        )
+    if token is not None and len(token) < 16:
+        raise ConfigError(section.key("token"), "expected at least 16 characters")
+    section.done()
+    return AdminConfig(enabled=enabled, listen=listen, token=token)
+
+
+def _log(section: Section) -> LogConfig:
+    defaults = LogConfig()
+    log = LogConfig(
+        format=section.choice("format", ("text", "json"), defaults.format),
+        level=section.choice("level", ("debug", "info", "warning", "error"), defaults.level),
+    )
+    section.done()
+    return log
+
+
+def _alerts(section: Section, targets: Mapping[str, TargetConfig]) -> AlertsConfig:
+    defaults = AlertsConfig()
+    target = section.string("target", None)
+    if target is not None and target not in targets:
+        known = ", ".join(sorted(targets)) or "none"
+        raise ConfigError(section.key("target"), f'unknown target "{target}" (configured: {known})')
+    alerts = AlertsConfig(
+        target=target,
+        failing_after=section.integer("failing_after", defaults.failing_after, minimum=1),
+        group_window=section.duration("group_window", defaults.group_window),
+    )
+    section.done()
+    return alerts
 
 
 def _retry(section: Section, inherited: RetryPolicy) -> RetryPolicy:
@@ -232,6 +283,7 @@ def _route(
         idempotency_key=_template(section, "idempotency_key", key_source),
         require_idempotency_key=section.boolean("require_idempotency_key", False),
         max_body_size=section.size("max_body_size", server.max_body_size),
+        dedup_window=section.duration("dedup_window", None),
     )
     section.done()
     return route

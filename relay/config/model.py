@@ -43,6 +43,32 @@ class StorageConfig:
     # A write waiting longer than this for a lock held by another process
     # fails, and the sender gets 503 instead of waiting on us.
     busy_timeout: float = 5.0
+    # Finished events (every delivery delivered or skipped) older than this
+    # are removed; pending and dead ones never are.
+    retention: float = 30 * 86400.0
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    enabled: bool = True
+    listen: Listen = Listen("127.0.0.1", 8081)
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    target: str | None = None  # None: alerts are off
+    # Alert when a target has failed this many attempts in a row, and again
+    # when it next succeeds.
+    failing_after: int = 10
+    # Dead deliveries within this window make one alert, not one each.
+    group_window: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +133,9 @@ class RouteConfig:
     idempotency_key: Template | None = None
     require_idempotency_key: bool = False
     max_body_size: int = 1024 * 1024
+    # Keep this route's events (and so refuse their duplicates) at least this
+    # long, even past the storage retention.
+    dedup_window: float | None = None
 
     def policy_for(self, target: str) -> RetryPolicy | None:
         for route_target in self.targets:
@@ -122,6 +151,9 @@ class Config:
     retry: RetryPolicy
     targets: Mapping[str, TargetConfig]
     routes: Mapping[str, RouteConfig]
+    admin: AdminConfig = AdminConfig()
+    log: LogConfig = LogConfig()
+    alerts: AlertsConfig = AlertsConfig()
     # Every value that came from ${VAR} or ${file:...}: masked wherever shown.
     secrets: frozenset[str] = frozenset()
     source: Path | None = None

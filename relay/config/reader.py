@@ -241,8 +241,9 @@ def resolve_path(value: str, base: Path) -> Path:
     return path if path.is_absolute() else (base / path)
 
 
-# ${VAR} reads the environment; ${file:NAME} reads a systemd credential
-# ($CREDENTIALS_DIRECTORY/NAME); $$ is a literal dollar sign.
+# ${VAR} reads the environment (${VAR:-default} when it may be unset);
+# ${file:NAME} reads a systemd credential ($CREDENTIALS_DIRECTORY/NAME);
+# $$ is a literal dollar sign.
 _REFERENCE = re.compile(r"\$\$|\$\{([^}]*)\}")
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CREDENTIAL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -273,13 +274,21 @@ def _substitute_string(text: str, environ: Mapping[str, str], where: str, secret
         reference = match.group(1)
         if reference.startswith("file:"):
             value = _read_credential(reference[5:], environ, where)
-        elif _VAR_NAME.fullmatch(reference):
-            if reference not in environ:
-                raise ConfigError(where, f"environment variable {reference} is not set")
-            value = environ[reference]
+        elif _VAR_NAME.fullmatch(reference.split(":-", 1)[0]):
+            name, has_default, default = reference.partition(":-")
+            if environ.get(name):
+                value = environ[name]
+            elif has_default:
+                return default
+            elif name in environ:
+                raise ConfigError(where, f"environment variable {name} is empty")
+            else:
+                raise ConfigError(where, f"environment variable {name} is not set")
         else:
             raise ConfigError(
-                where, f"expected ${{VARIABLE}} or ${{file:NAME}}, got ${{{reference}}}"
+                where,
+                f"expected ${{VARIABLE}}, ${{VARIABLE:-default}} or ${{file:NAME}},"
+                f" got ${{{reference}}}",
             )
         if value:
             secrets.add(value)

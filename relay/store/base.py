@@ -183,6 +183,65 @@ class EventDetail:
     content_type: str | None
     body: bytes
     attempts: Mapping[int, tuple[AttemptView, ...]] = field(default_factory=dict)
+    log: Mapping[int, tuple[LogEntry, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """Something a person did to a delivery: "retry" (one more attempt) or "requeue"."""
+
+    delivery_id: int
+    at: float
+    kind: str
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class FailureStreak:
+    """A target's failed attempts in a row, before and after the one just recorded."""
+
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class TargetState:
+    name: str
+    paused: bool = False
+    last_success_at: float | None = None
+    last_error_at: float | None = None
+    last_error: str | None = None
+    consecutive_failures: int = 0
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which deliveries a bulk requeue takes; time bounds are on the event's arrival."""
+
+    status: Status = Status.DEAD
+    route: str | None = None
+    target: str | None = None
+    since: float | None = None
+    until: float | None = None
+    ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """Cheap counts (index-only) for metrics: deliveries not yet finished."""
+
+    counts: Mapping[tuple[str, Status], int]  # (target, status) for pending/in_flight/dead
+    oldest_pending_received_at: float | None
+
+
+@dataclass(frozen=True)
+class Stats:
+    counts_by_route: Mapping[str, Mapping[Status, int]]
+    counts_by_target: Mapping[str, Mapping[Status, int]]
+    oldest_pending_received_at: float | None
+    pending_after_first_attempt: int
+    dead: int
+    targets: Mapping[str, TargetState]
 
 
 @dataclass(frozen=True)
@@ -228,7 +287,10 @@ class Store(Protocol):
 
     async def record_attempt(
         self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
-    ) -> None: ...
+    ) -> FailureStreak:
+        """Record the attempt and move the delivery on, in one transaction; also
+        updates the target's health and returns its failure streak."""
+        ...
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
         """Give back leases without counting an attempt (shutdown, target gone)."""
@@ -242,3 +304,47 @@ class Store(Protocol):
     async def list_events(self, query: EventQuery) -> list[EventView]: ...
 
     async def get_event(self, event_id: int) -> EventDetail | None: ...
+
+    async def get_delivery(self, delivery_id: int) -> DeliveryView | None: ...
+
+    # Operator verbs
+
+    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+        """One more attempt, due now. The attempt count is kept and no cycle
+        starts: if it fails, a dead delivery stays dead and a pending one keeps
+        its schedule. Raises NotFound, or Conflict when delivered or in flight."""
+        ...
+
+    async def requeue(self, selection: Selection, now: float) -> list[int]:
+        """A fresh retry cycle for each selected delivery (history kept, the
+        requeue logged). Deliveries already pending are left as they are.
+        Returns the ids requeued."""
+        ...
+
+    async def set_paused(self, target: str, paused: bool, now: float) -> None: ...
+
+    async def paused_targets(self) -> frozenset[str]: ...
+
+    async def target_states(self) -> dict[str, TargetState]: ...
+
+    async def gauges(self) -> Gauges: ...
+
+    async def stats(self) -> Stats: ...
+
+    async def purge(
+        self, cutoffs: Mapping[str, float], default_cutoff: float, *, limit: int, dry_run: bool
+    ) -> int:
+        """Remove up to `limit` finished events (every delivery delivered or
+        skipped) received before their route's cutoff, with their deliveries
+        and attempts. Never touches pending or dead deliveries. With dry_run,
+        counts every event that would go instead."""
+        ...
+
+    async def heartbeat(self, now: float) -> None:
+        """A small durable write: proves the store is writable right now."""
+        ...
+
+    async def reclaim_space(self) -> int:
+        """Give pages freed by purges back to the file system, a bounded step at a
+        time; returns how many pages this step gave back."""
+        ...

@@ -81,6 +81,38 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX attempts_delivery ON attempts (delivery_id)",
         ],
     ),
+    (
+        2,
+        "target state (pause, health), delivery log, dead index by target",
+        [
+            """
+            CREATE TABLE targets (
+                name TEXT PRIMARY KEY,
+                paused INTEGER NOT NULL DEFAULT 0,
+                paused_at REAL,
+                last_success_at REAL,
+                last_error_at REAL,
+                last_error TEXT,
+                consecutive_failures INTEGER NOT NULL DEFAULT 0
+            )
+            """,
+            # What people did to a delivery (retry now, requeue), beside its attempts.
+            """
+            CREATE TABLE delivery_log (
+                id INTEGER PRIMARY KEY,
+                delivery_id INTEGER NOT NULL,
+                at REAL NOT NULL,
+                kind TEXT NOT NULL,
+                detail TEXT
+            )
+            """,
+            "CREATE INDEX delivery_log_delivery ON delivery_log (delivery_id)",
+            # One row, rewritten by the readiness check to prove the store takes writes.
+            "CREATE TABLE heartbeat (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
+            "DROP INDEX deliveries_dead",
+            "CREATE INDEX deliveries_dead ON deliveries (target, event_id) WHERE status = 'dead'",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -16,18 +16,26 @@ from relay.store.base import (
     AttemptRecord,
     AttemptView,
     ClaimedDelivery,
+    Conflict,
     Delivered,
     DeliveryView,
     EventDetail,
     EventQuery,
     EventView,
+    FailureStreak,
+    Gauges,
     Header,
+    LogEntry,
     NewDelivery,
     NewEvent,
+    NotFound,
     RetryAt,
+    Selection,
+    Stats,
     Status,
     StoreError,
     StoreUnavailable,
+    TargetState,
     Transition,
 )
 from relay.store.migrations import LATEST, migrate
@@ -80,24 +88,33 @@ class SqliteStore:
         self._busy_timeout = busy_timeout
         self._write_queue_timeout = write_queue_timeout
         self._writer = GroupCommitWriter(self._connect_writer)
+        # Two read connections (each is a thread): the scheduler's quick
+        # lookups never queue behind an operator's slow listing or stats.
         self._reader: aiosqlite.Connection | None = None
+        self._slow_reader: aiosqlite.Connection | None = None
 
     # Lifecycle
 
     async def open(self) -> None:
         try:
             await self._writer.start()
-            self._reader = await aiosqlite.connect(self.path, isolation_level=None)
-            await self._reader.execute("PRAGMA query_only = ON")
-            await self._reader.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            self._reader = await self._connect_reader()
+            self._slow_reader = await self._connect_reader()
         except sqlite3.Error as error:
             await self.close()
             raise unavailable(error) from None
 
+    async def _connect_reader(self) -> aiosqlite.Connection:
+        reader = await aiosqlite.connect(self.path, isolation_level=None)
+        await reader.execute("PRAGMA query_only = ON")
+        await reader.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        return reader
+
     async def close(self) -> None:
-        if self._reader is not None:
-            await self._reader.close()
-            self._reader = None
+        for reader in (self._reader, self._slow_reader):
+            if reader is not None:
+                await reader.close()
+        self._reader = self._slow_reader = None
         await self._writer.close()
 
     @property
@@ -114,6 +131,10 @@ class SqliteStore:
             self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout
         )
         try:
+            if connection.execute("PRAGMA page_count").fetchone()[0] == 0:
+                # Only a new, empty database can take this: it lets retention
+                # give freed pages back to the file system.
+                connection.execute("PRAGMA auto_vacuum = INCREMENTAL")
             mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise StoreError(f"{self.path}: cannot switch to WAL mode (got {mode})")
@@ -133,11 +154,14 @@ class SqliteStore:
     async def _write(self, job: Any, *, queue_timeout: float | None = None) -> Any:
         return await self._writer.run(job, queue_timeout=queue_timeout)
 
-    async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        if self._reader is None:
+    async def _read(
+        self, sql: str, params: Sequence[Any] = (), *, slow: bool = False
+    ) -> list[sqlite3.Row]:
+        reader = self._slow_reader if slow else self._reader
+        if reader is None:
             raise StoreUnavailable("store is not open")
         try:
-            return list(await self._reader.execute_fetchall(sql, params))
+            return list(await reader.execute_fetchall(sql, params))
         except sqlite3.Error as error:
             raise unavailable(error) from None
 
@@ -260,7 +284,7 @@ class SqliteStore:
 
     async def record_attempt(
         self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
-    ) -> None:
+    ) -> FailureStreak:
         # A manual attempt is one more try, not a step of the schedule.
         cycle = delivery.attempts_in_cycle + (0 if delivery.manual else 1)
         if isinstance(then, Delivered):
@@ -270,7 +294,9 @@ class SqliteStore:
         else:
             status, next_at, error = Status.DEAD, None, then.reason
 
-        def job(connection: sqlite3.Connection) -> None:
+        succeeded = isinstance(then, Delivered)
+
+        def job(connection: sqlite3.Connection) -> FailureStreak:
             connection.execute(
                 "INSERT INTO attempts (delivery_id, number, started_at, duration, outcome,"
                 " http_status, error, response, next_attempt_at) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -293,8 +319,10 @@ class SqliteStore:
                 " WHERE id = ? AND status = 'in_flight'",
                 (status.value, attempt.number, cycle, next_at, error, now, delivery.id),
             )
+            return _update_health(connection, delivery.target, succeeded, attempt, now)
 
-        await self._write(job)
+        streak: FailureStreak = await self._write(job)
+        return streak
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
         ids = list(delivery_ids)
@@ -336,7 +364,15 @@ class SqliteStore:
             if value is not None:
                 where.append(column)
                 params.append(value)
-        if query.status is not None or query.target is not None:
+        if query.status in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD):
+            # Rare states have partial indexes: collect their events directly.
+            sub = "SELECT event_id FROM deliveries WHERE status = ?"
+            params.append(query.status.value)
+            if query.target is not None:
+                sub += " AND target = ?"
+                params.append(query.target)
+            where.append(f"id IN ({sub})")
+        elif query.status is not None or query.target is not None:
             conditions = ["d.event_id = events.id"]
             if query.status is not None:
                 conditions.append("d.status = ?")
@@ -392,6 +428,15 @@ class SqliteStore:
                         next_attempt_at=attempt[8],
                     )
                 )
+        log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
+        if deliveries:
+            ids = [delivery.id for delivery in deliveries]
+            for entry in await self._read(
+                "SELECT delivery_id, at, kind, detail FROM delivery_log"
+                f" WHERE delivery_id IN ({_placeholders(len(ids))}) ORDER BY id",
+                ids,
+            ):
+                log[entry[0]].append(LogEntry(entry[0], entry[1], entry[2], entry[3]))
         return EventDetail(
             event=EventView(
                 id=row[0],
@@ -408,7 +453,236 @@ class SqliteStore:
             content_type=row[9],
             body=bytes(row[10]),
             attempts={key: tuple(value) for key, value in attempts.items()},
+            log={key: tuple(value) for key, value in log.items()},
         )
+
+    async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
+        rows = await self._read(
+            f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,), slow=True
+        )
+        return _delivery_view(rows[0]) if rows else None
+
+    # Operator verbs
+
+    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+        def job(connection: sqlite3.Connection) -> DeliveryView | str:
+            row = connection.execute(
+                "SELECT status, resume_status FROM deliveries WHERE id = ?", (delivery_id,)
+            ).fetchone()
+            if row is None:
+                return "missing"
+            status, resume_status = Status(row[0]), row[1]
+            if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
+                return status.value
+            if status is Status.PENDING and resume_status is None:
+                connection.execute(
+                    "UPDATE deliveries SET resume_status = 'pending', resume_at = next_attempt_at,"
+                    " next_attempt_at = ?, updated_at = ? WHERE id = ?",
+                    (now, now, delivery_id),
+                )
+            elif status is Status.DEAD:
+                connection.execute(
+                    "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
+                    " resume_at = NULL, next_attempt_at = ?, updated_at = ? WHERE id = ?",
+                    (now, now, delivery_id),
+                )
+            else:  # a retry is already waiting: asking twice is asking once
+                return _delivery_view(_select_delivery(connection, delivery_id))
+            _log(connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})")
+            return _delivery_view(_select_delivery(connection, delivery_id))
+
+        result = await self._write(job)
+        if result == "missing":
+            raise NotFound(f"no delivery {delivery_id}")
+        if isinstance(result, str):
+            raise Conflict(f"delivery {delivery_id} is {result}")
+        view: DeliveryView = result
+        return view
+
+    async def requeue(self, selection: Selection, now: float) -> list[int]:
+        if selection.status in (Status.PENDING, Status.IN_FLIGHT):
+            return []
+        where = ["status = ?"]
+        params: list[Any] = [selection.status.value]
+        for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        if selection.ids:
+            where.append(f"id IN ({_placeholders(len(selection.ids))})")
+            params += selection.ids
+        if selection.since is not None or selection.until is not None:
+            where.append(
+                "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
+            )
+            params += [
+                selection.since if selection.since is not None else float("-inf"),
+                selection.until if selection.until is not None else float("inf"),
+            ]
+
+        def job(connection: sqlite3.Connection) -> list[int]:
+            ids = [
+                row[0]
+                for row in connection.execute(
+                    "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
+                    " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
+                    " resume_at = NULL, updated_at = ?"
+                    f" WHERE {' AND '.join(where)} RETURNING id",
+                    [now, now, *params],
+                ).fetchall()
+            ]
+            _log(connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})")
+            return sorted(ids)
+
+        result: list[int] = await self._write(job)
+        return result
+
+    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+        def job(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT INTO targets (name, paused, paused_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
+                " paused_at = excluded.paused_at",
+                (target, int(paused), now if paused else None),
+            )
+
+        await self._write(job)
+
+    async def paused_targets(self) -> frozenset[str]:
+        rows = await self._read("SELECT name FROM targets WHERE paused")
+        return frozenset(row[0] for row in rows)
+
+    async def target_states(self) -> dict[str, TargetState]:
+        rows = await self._read(
+            "SELECT name, paused, last_success_at, last_error_at, last_error,"
+            " consecutive_failures FROM targets",
+            slow=True,
+        )
+        return {
+            row[0]: TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5])
+            for row in rows
+        }
+
+    async def gauges(self) -> Gauges:
+        counts: dict[tuple[str, Status], int] = {}
+        # One query per status, each reading only that status's partial index.
+        for status in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD):
+            for target, count in await self._read(
+                "SELECT target, COUNT(*) FROM deliveries WHERE status = ? GROUP BY target",
+                (status.value,),
+                slow=True,
+            ):
+                counts[(target, status)] = count
+        return Gauges(counts=counts, oldest_pending_received_at=await self._oldest_pending())
+
+    async def _oldest_pending(self) -> float | None:
+        # Delivery ids grow with arrival, and the partial due index holds
+        # them: the smallest is the longest-waiting, found without the table.
+        rows = await self._read(
+            "SELECT e.received_at FROM events e JOIN deliveries d ON d.event_id = e.id"
+            " WHERE d.id = (SELECT MIN(id) FROM deliveries WHERE status = 'pending')",
+            slow=True,
+        )
+        return rows[0][0] if rows else None
+
+    async def stats(self) -> Stats:
+        by_route: dict[str, dict[Status, int]] = {}
+        by_target: dict[str, dict[Status, int]] = {}
+        for route, target, status, count in await self._read(
+            "SELECT route, target, status, COUNT(*) FROM deliveries GROUP BY route, target, status",
+            slow=True,
+        ):
+            state = Status(status)
+            route_counts = by_route.setdefault(route, {})
+            route_counts[state] = route_counts.get(state, 0) + count
+            target_counts = by_target.setdefault(target, {})
+            target_counts[state] = target_counts.get(state, 0) + count
+        late = await self._read(
+            "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0", slow=True
+        )
+        return Stats(
+            counts_by_route=by_route,
+            counts_by_target=by_target,
+            oldest_pending_received_at=await self._oldest_pending(),
+            pending_after_first_attempt=late[0][0],
+            dead=sum(counts.get(Status.DEAD, 0) for counts in by_target.values()),
+            targets=await self.target_states(),
+        )
+
+    async def purge(
+        self, cutoffs: Mapping[str, float], default_cutoff: float, *, limit: int, dry_run: bool
+    ) -> int:
+        # A route with a longer window has an earlier cutoff; the default is the latest.
+        bound = "received_at < ?"
+        params: list[Any] = [default_cutoff]
+        if cutoffs:
+            cases = " ".join("WHEN ? THEN ?" for _ in cutoffs)
+            bound += f" AND received_at < CASE route {cases} ELSE ? END"
+            for route, cutoff in cutoffs.items():
+                params += [route, cutoff]
+            params.append(default_cutoff)
+        finished = (
+            "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
+            " AND d.status NOT IN ('delivered', 'skipped'))"
+        )
+        if dry_run:
+            rows = await self._read(
+                f"SELECT COUNT(*) FROM events WHERE {bound} AND {finished}", params, slow=True
+            )
+            count: int = rows[0][0]
+            return count
+
+        def job(connection: sqlite3.Connection) -> int:
+            event_ids = [
+                row[0]
+                for row in connection.execute(
+                    f"SELECT id FROM events WHERE {bound} AND {finished}"
+                    " ORDER BY received_at LIMIT ?",
+                    [*params, limit],
+                )
+            ]
+            if not event_ids:
+                return 0
+            marks = _placeholders(len(event_ids))
+            delivery_ids = [
+                row[0]
+                for row in connection.execute(
+                    f"SELECT id FROM deliveries WHERE event_id IN ({marks})", event_ids
+                )
+            ]
+            if delivery_ids:
+                dmarks = _placeholders(len(delivery_ids))
+                connection.execute(
+                    f"DELETE FROM attempts WHERE delivery_id IN ({dmarks})", delivery_ids
+                )
+                connection.execute(
+                    f"DELETE FROM delivery_log WHERE delivery_id IN ({dmarks})", delivery_ids
+                )
+                connection.execute(f"DELETE FROM deliveries WHERE id IN ({dmarks})", delivery_ids)
+            connection.execute(f"DELETE FROM events WHERE id IN ({marks})", event_ids)
+            return len(event_ids)
+
+        removed: int = await self._write(job)
+        return removed
+
+    async def heartbeat(self, now: float) -> None:
+        def job(connection: sqlite3.Connection) -> None:
+            connection.execute("INSERT OR REPLACE INTO heartbeat (id, at) VALUES (1, ?)", (now,))
+
+        await self._write(job)
+
+    async def reclaim_space(self) -> int:
+        def job(connection: sqlite3.Connection) -> int:
+            free: int = connection.execute("PRAGMA freelist_count").fetchone()[0]
+            # Python's sqlite3 steps this pragma once, and each step frees one
+            # page: ask page by page, a bounded number per transaction.
+            step = min(free, 2000)
+            for _ in range(step):
+                connection.execute("PRAGMA incremental_vacuum(1)")
+            return step
+
+        freed: int = await self._write(job)
+        return freed
 
     async def _deliveries_of(self, event_ids: Iterable[int]) -> dict[int, list[DeliveryView]]:
         ids = list(event_ids)
@@ -423,6 +697,51 @@ class SqliteStore:
         for row in rows:
             result.setdefault(row[1], []).append(_delivery_view(row))
         return result
+
+
+def _select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
+    row: Sequence[Any] = connection.execute(
+        f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
+    ).fetchone()
+    return row
+
+
+def _log(
+    connection: sqlite3.Connection, delivery_ids: Iterable[int], now: float, kind: str, detail: str
+) -> None:
+    connection.executemany(
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
+    )
+
+
+def _update_health(
+    connection: sqlite3.Connection,
+    target: str,
+    succeeded: bool,
+    attempt: AttemptRecord,
+    now: float,
+) -> FailureStreak:
+    row = connection.execute(
+        "SELECT consecutive_failures FROM targets WHERE name = ?", (target,)
+    ).fetchone()
+    before = row[0] if row else 0
+    if succeeded:
+        connection.execute(
+            "INSERT INTO targets (name, last_success_at, consecutive_failures) VALUES (?, ?, 0)"
+            " ON CONFLICT (name) DO UPDATE SET last_success_at = excluded.last_success_at,"
+            " consecutive_failures = 0",
+            (target, now),
+        )
+        return FailureStreak(before, 0)
+    connection.execute(
+        "INSERT INTO targets (name, last_error_at, last_error, consecutive_failures)"
+        " VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET"
+        " last_error_at = excluded.last_error_at, last_error = excluded.last_error,"
+        " consecutive_failures = consecutive_failures + 1",
+        (target, now, attempt.error),
+    )
+    return FailureStreak(before, before + 1)
 
 
 def _headers(raw: bytes) -> list[Header]:

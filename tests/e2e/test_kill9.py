@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 
 import aiohttp
-from helpers import RelayProcess, Sink, eventually, free_port, relay_json, write_config
+from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
 from pytest_aiohttp import AiohttpServer
 
 
@@ -72,7 +72,7 @@ async def test_kill_9_mid_burst_loses_nothing(
             return wanted <= {r.headers["X-Relay-Event-Id"] for r in sink.requests}
 
         await eventually(all_delivered, timeout=60)
-        stored = relay_json("events", "--limit", "100000", "--config", str(config))
+        stored = await arelay_json("events", "--limit", "100000", "--config", str(config))
         by_key = {event["idempotency_key"]: event for event in stored}
         for key, event_id in acked.items():
             assert by_key[key]["id"] == event_id
@@ -81,4 +81,4 @@ async def test_kill_9_mid_burst_loses_nothing(
         # Only attempts cut by a kill can repeat, and the target was down then.
         assert duplicates == 0
     finally:
-        relay.stop()
+        await relay.astop()

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from helpers import RelayProcess, Sink, eventually, relay_cli, relay_json, write_config
+from helpers import RelayProcess, Sink, arelay_cli, arelay_json, eventually, write_config
 from pytest_aiohttp import AiohttpServer
 
 
@@ -71,14 +71,14 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
             async with http.post(f"{relay.url}/hooks/none", data=b"{}") as response:
                 assert response.status == 404
 
-        def settled() -> list[dict[str, Any]]:
-            return relay_json("events", "--config", str(config))
+        async def settled() -> list[dict[str, Any]]:
+            return await arelay_json("events", "--config", str(config))
 
         async def all_final() -> bool:
-            return all(e["status"] in ("delivered", "dead") for e in settled())
+            return all(e["status"] in ("delivered", "dead") for e in await settled())
 
         await eventually(all_final, timeout=20)
-        events = {e["id"]: e for e in settled()}
+        events = {e["id"]: e for e in await settled()}
         assert len(events) == 4
         attempts = {name: events[ids[name]]["deliveries"] for name in ids}
         assert [(d["status"], d["attempts"]) for d in attempts["400"]] == [("dead", 1)]
@@ -110,20 +110,20 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
             "last_error",
         }
 
-        shown = relay_json("show", ids["503"], "--config", str(config))
+        shown = await arelay_json("show", ids["503"], "--config", str(config))
         assert json.loads(shown["body"]) == {"route": "503"}
         [delivery] = shown["deliveries"]
         assert [a["http_status"] for a in delivery["attempts_log"]] == [503] * 6
         assert [a["number"] for a in delivery["attempts_log"]] == [1, 2, 3, 4, 5, 6]
         assert delivery["last_error"].startswith("HTTP 503")
 
-        dead_only = relay_json("events", "--status", "dead", "--config", str(config))
+        dead_only = await arelay_json("events", "--status", "dead", "--config", str(config))
         assert {e["route"] for e in dead_only} == {"r400", "r503", "r302"}
         assert "attempt=6/6" in relay.log()
-        text = relay_cli("events", "--config", str(config)).stdout
+        text = (await arelay_cli("events", "--config", str(config))).stdout
         assert "flaky:delivered(4)" in text
     finally:
-        assert relay.stop() == 0
+        assert await relay.astop() == 0
     assert "stopped" in relay.log()
 
 
@@ -152,5 +152,5 @@ async def test_sigterm_finishes_the_attempt_in_flight(
     await sink.wait_for(1)
     code = await asyncio.get_running_loop().run_in_executor(None, relay.kill, signal.SIGTERM)
     assert code == 0
-    [event] = relay_json("events", "--config", str(config))
+    [event] = await arelay_json("events", "--config", str(config))
     assert event["status"] == "delivered"

@@ -53,7 +53,7 @@ async def test_full_default_cycle_against_a_target_that_always_answers_503(
 ) -> None:
     sink, url = await start_sink([503])
     clock = FakeClock()
-    relay = await start_relay(make_config(one_target(url), ROUTES), scheduler=False, clock=clock)
+    relay = await start_relay(make_config(one_target(url), ROUTES), background=False, clock=clock)
     event_id = await post(relay, http)
     await relay.scheduler.drain()
 
@@ -101,7 +101,7 @@ async def test_classification_by_status(
 
     sink, url = await start_sink(answer)
     config = make_config(one_target(url), ROUTES, retry={"retries": 2})
-    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    relay = await start_relay(config, background=False, clock=FakeClock())
     event_id = await post(relay, http)
     await relay.scheduler.drain()
     found = await detail(relay, event_id)
@@ -126,7 +126,7 @@ async def test_429_waits_at_least_retry_after(
 
     _sink, url = await start_sink(answer)
     relay = await start_relay(
-        make_config(one_target(url), ROUTES), scheduler=False, clock=FakeClock()
+        make_config(one_target(url), ROUTES), background=False, clock=FakeClock()
     )
     event_id = await post(relay, http)
     await relay.scheduler.drain()
@@ -144,7 +144,7 @@ async def test_connection_refused_is_retried(
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
     config = make_config(one_target(url), ROUTES, retry={"retries": 2})
-    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    relay = await start_relay(config, background=False, clock=FakeClock())
     event_id = await post(relay, http)
     await relay.scheduler.drain()
     found = await detail(relay, event_id)
@@ -166,7 +166,7 @@ async def test_timeout_is_retried(
 
     _sink, url = await start_sink(hang)
     config = make_config(one_target(url), ROUTES, retry={"timeout": "100ms"})
-    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    relay = await start_relay(config, background=False, clock=FakeClock())
     event_id = await post(relay, http)
     await relay.scheduler.drain()
     found = await detail(relay, event_id)
@@ -187,7 +187,7 @@ async def test_fan_out_retries_each_target_on_its_own(
     _sink, url = await start_sink([500, 503, 502, 200])
     targets = {**one_target(url), "audit": {"type": "file", "path": "audit.jsonl"}}
     routes = {"orders": {"path": "/hooks/orders", "targets": ["crm", "audit"]}}
-    relay = await start_relay(make_config(targets, routes), scheduler=False, clock=FakeClock())
+    relay = await start_relay(make_config(targets, routes), background=False, clock=FakeClock())
     event_id = await post(relay, http, headers={"Idempotency-Key": "order-7"})
     await relay.scheduler.drain()
     deliveries = {d.target: d for d in (await detail(relay, event_id)).event.deliveries}
@@ -207,7 +207,7 @@ async def test_outgoing_request_carries_body_and_dedup_headers(
     sink, url = await start_sink([200])
     targets = one_target(url, headers={"Authorization": "Bearer ${CRM_TOKEN}"})
     config = make_config(targets, ROUTES, environ={"CRM_TOKEN": "tok-123"})
-    relay = await start_relay(config, scheduler=False, clock=FakeClock())
+    relay = await start_relay(config, background=False, clock=FakeClock())
     body = b'{"z": 1,  "a": [1, 2]}'
     with_key = await post(relay, http, body, {"Idempotency-Key": "k-1"})
     without_key = await post(relay, http, body)
@@ -241,7 +241,7 @@ async def test_concurrency_limit_per_target(
 
     sink, url = await start_sink(slow)
     config = make_config(one_target(url, concurrency=2), ROUTES)
-    relay = await start_relay(config, scheduler=False)
+    relay = await start_relay(config, background=False)
     for _ in range(10):
         await post(relay, http)
     await relay.scheduler.drain()
@@ -265,6 +265,6 @@ async def test_stop_gives_back_leases_of_unfinished_attempts(
     event_id = await post(relay, http)
     await sink.wait_for(1)
     await relay.stop()
-    relay2 = await start_relay(config, scheduler=False)
+    relay2 = await start_relay(config, background=False)
     [delivery] = (await detail(relay2, event_id)).event.deliveries
     assert (delivery.status, delivery.attempts) == (Status.PENDING, 0)

@@ -19,7 +19,7 @@ def routes(**route: object) -> dict[str, object]:
 async def test_queued_then_duplicate(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
-    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
     url = relay.ingress_url + "/hooks/orders"
     headers = {"Idempotency-Key": "order-1", "Content-Type": "application/json"}
     async with http.post(url, data=b'{"id": 1}', headers=headers) as response:
@@ -38,7 +38,7 @@ async def test_queued_then_duplicate(
 async def test_body_headers_query_and_address_are_kept_as_sent(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
-    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
     body = b'{"b": 1,   "a": "\xd0\xbf"}'  # spacing and key order must survive
     async with http.post(
         relay.ingress_url + "/hooks/orders?src=shop&x=1",
@@ -59,7 +59,7 @@ async def test_unknown_path_wrong_method_and_oversized_body(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
     config = make_config(TARGETS, routes(max_body_size="1KiB"))
-    relay = await start_relay(config, scheduler=False)
+    relay = await start_relay(config, background=False)
     base = relay.ingress_url
     async with http.post(base + "/hooks/nope", data=b"{}") as response:
         assert response.status == 404
@@ -87,7 +87,7 @@ async def test_key_from_a_template_and_required_keys(
         TARGETS,
         routes(idempotency_key="{{ json.event.id }}", require_idempotency_key=True),
     )
-    relay = await start_relay(config, scheduler=False)
+    relay = await start_relay(config, background=False)
     url = relay.ingress_url + "/hooks/orders"
     async with http.post(url, json={"event": {"id": "evt_1"}}) as response:
         assert response.status == 200
@@ -105,7 +105,7 @@ async def test_key_from_a_template_and_required_keys(
 async def test_default_key_headers_in_order(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
-    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
     url = relay.ingress_url + "/hooks/orders"
     for headers in (
         {"X-Idempotency-Key": "a"},
@@ -131,7 +131,7 @@ async def test_when_filter_skips_a_target(
             }
         },
     )
-    relay = await start_relay(config, scheduler=False)
+    relay = await start_relay(config, background=False)
     url = relay.ingress_url + "/hooks/orders"
     async with http.post(url, json={"Status": "NEW"}) as response:
         new_id = int((await response.json())["id"])
@@ -153,7 +153,7 @@ async def test_503_with_retry_after_when_the_database_cannot_be_written(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
     config = make_config(TARGETS, routes(), storage={"busy_timeout": "200ms"})
-    relay = await start_relay(config, scheduler=False)
+    relay = await start_relay(config, background=False)
     url = relay.ingress_url + "/hooks/orders"
     locker = sqlite3.connect(config.storage.path, isolation_level=None)
     locker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
@@ -173,7 +173,7 @@ async def test_503_with_retry_after_when_the_database_cannot_be_written(
 async def test_503_when_the_disk_is_full(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
-    relay = await start_relay(make_config(TARGETS, routes()), scheduler=False)
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
     url = relay.ingress_url + "/hooks/orders"
     async with http.post(url, data=b"{}") as response:
         assert response.status == 200

@@ -24,6 +24,7 @@ from relay.store import (
     Status,
     StoreUnavailable,
 )
+from relay.store.migrations import MIGRATIONS
 
 T0 = 1_800_000_000.0
 
@@ -215,7 +216,8 @@ async def test_wal_mode_and_partial_due_index(store: SqliteStore, tmp_path: Path
             )
         )
         assert "deliveries_due" in plan
-        assert db.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+        versions = [row[0] for row in db.execute("SELECT version FROM schema_migrations")]
+        assert versions == [version for version, _, _ in MIGRATIONS]
     finally:
         db.close()
 

@@ -1,0 +1,290 @@
+"""The admin JSON API under /api/v1/, plus /healthz, /readyz and /metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from relay.admin.context import OPERATOR, Operator
+from relay.retry import describe_schedule
+from relay.store import (
+    Conflict,
+    DeliveryView,
+    EventQuery,
+    NotFound,
+    Selection,
+    Status,
+    StoreError,
+)
+from relay.units import parse_instant
+from relay.views import delivery_summary, event_detail, event_summary, stats_view, target_view
+
+MAX_PAGE = 500
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(Exception):
+    pass
+
+
+def json_response(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS),
+        content_type="application/json",
+    )
+
+
+def error(status: int, message: str) -> web.Response:
+    return json_response({"error": message}, status)
+
+
+def token_matches(header: str | None, token: str | None) -> bool:
+    """Constant-time: the comparison takes as long whatever part of the token is right."""
+    if token is None:
+        return True
+    if not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[7:].strip().encode(), token.encode())
+
+
+@web.middleware
+async def api_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every /api/ call needs the bearer token; store trouble becomes 503, bad input 400."""
+    if not request.path.startswith("/api/"):
+        return await handler(request)
+    operator = request.app[OPERATOR]
+    if not token_matches(request.headers.get("Authorization"), operator.config.admin.token):
+        response = error(401, "missing or wrong bearer token")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="relay"'
+        return response
+    try:
+        return await handler(request)
+    except BadRequest as problem:
+        return error(400, str(problem))
+    except NotFound as problem:
+        return error(404, str(problem))
+    except Conflict as problem:
+        return error(409, str(problem))
+    except StoreError as problem:
+        return error(503, f"store unavailable: {problem}")
+
+
+def _operator(request: web.Request) -> Operator:
+    return request.app[OPERATOR]
+
+
+def _int_id(value: str, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise NotFound(f"no {what} {value}") from None
+
+
+def _instant(value: Any, name: str, now: float) -> float | None:
+    if value in (None, ""):
+        return None
+    try:
+        return parse_instant(str(value), now)
+    except ValueError:
+        raise BadRequest(
+            f'{name}: expected an ISO 8601 time, a Unix time or an age like "2h"'
+        ) from None
+
+
+def _status(value: Any, name: str = "status") -> Status | None:
+    if value in (None, ""):
+        return None
+    try:
+        return Status(value)
+    except ValueError:
+        options = ", ".join(s.value for s in Status)
+        raise BadRequest(f"{name}: expected one of {options}") from None
+
+
+def event_query(params: Mapping[str, str], now: float) -> EventQuery:
+    limit_text = params.get("limit") or "50"
+    cursor = params.get("cursor") or None
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        raise BadRequest(f"limit: expected a number from 1 to {MAX_PAGE}")
+    if cursor is not None and not cursor.isdigit():
+        raise BadRequest("cursor: expected the next_cursor of a previous page")
+    return EventQuery(
+        status=_status(params.get("status")),
+        route=params.get("route") or None,
+        target=params.get("target") or None,
+        since=_instant(params.get("since"), "since", now),
+        until=_instant(params.get("until"), "until", now),
+        key=params.get("key") or None,
+        limit=int(limit_text),
+        before_id=int(cursor) if cursor else None,
+    )
+
+
+async def list_events(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    query = event_query(request.query, operator.clock.now())
+    events = await operator.store.list_events(query)
+    masker = operator.masker
+    next_cursor = str(events[-1].id) if len(events) == query.limit else None
+    return json_response(
+        {"events": [event_summary(e, masker) for e in events], "next_cursor": next_cursor}
+    )
+
+
+async def get_event(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    event_id = _int_id(request.match_info["event_id"], "event")
+    detail = await operator.store.get_event(event_id)
+    if detail is None:
+        raise NotFound(f"no event {event_id}")
+    return json_response(event_detail(detail, operator.masker))
+
+
+async def retry_delivery(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    delivery_id = _int_id(request.match_info["delivery_id"], "delivery")
+    delivery = await operator.store.retry_now(delivery_id, operator.clock.now())
+    operator.changed()
+    view = event_summary_delivery(delivery, operator)
+    return json_response({"delivery": view})
+
+
+def event_summary_delivery(delivery: DeliveryView, operator: Operator) -> dict[str, Any]:
+    view = delivery_summary(delivery, operator.masker)
+    view["event_id"] = str(delivery.event_id)
+    if delivery.target in operator.scheduler.paused:
+        view["note"] = "target is paused: the attempt waits for resume"
+    return view
+
+
+REQUEUE_KEYS = frozenset({"status", "route", "target", "since", "until", "ids"})
+
+
+async def requeue(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    now = operator.clock.now()
+    body: Any = {}
+    if request.can_read_body:
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+        except orjson.JSONDecodeError:
+            raise BadRequest("expected a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    unknown = set(body) - REQUEUE_KEYS
+    if unknown:
+        raise BadRequest(
+            f"{sorted(unknown)[0]}: unknown key (expected one of: "
+            f"{', '.join(sorted(REQUEUE_KEYS))})"
+        )
+    ids = body.get("ids") or []
+    if not isinstance(ids, list) or not all(str(i).isdigit() for i in ids):
+        raise BadRequest("ids: expected a list of delivery ids")
+    selection = Selection(
+        status=_status(body.get("status")) or Status.DEAD,
+        route=body.get("route") or None,
+        target=body.get("target") or None,
+        since=_instant(body.get("since"), "since", now),
+        until=_instant(body.get("until"), "until", now),
+        ids=tuple(int(i) for i in ids),
+    )
+    requeued = await operator.store.requeue(selection, now)
+    operator.changed()
+    return json_response({"requeued": len(requeued), "ids": [str(i) for i in requeued]})
+
+
+async def list_targets(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    config = operator.config
+    states = await operator.store.target_states()
+    gauges = await operator.store.gauges()
+    targets = [
+        target_view(
+            target,
+            states.get(name),
+            paused=name in operator.scheduler.paused,
+            counts={
+                s.value: gauges.counts.get((name, s), 0)
+                for s in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
+            },
+            schedule=describe_schedule(target.retry),
+            masker=operator.masker,
+        )
+        for name, target in config.targets.items()
+    ]
+    return json_response({"targets": targets})
+
+
+async def set_paused(request: web.Request, paused: bool) -> web.Response:
+    operator = _operator(request)
+    name = request.match_info["name"]
+    if name not in operator.config.targets:
+        raise NotFound(f"no target {name}")
+    await operator.store.set_paused(name, paused, operator.clock.now())
+    operator.changed()
+    return json_response({"target": name, "paused": paused})
+
+
+async def pause_target(request: web.Request) -> web.Response:
+    return await set_paused(request, True)
+
+
+async def resume_target(request: web.Request) -> web.Response:
+    return await set_paused(request, False)
+
+
+async def stats(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    result = await operator.store.stats()
+    return json_response(
+        stats_view(result, operator.clock.now(), operator.scheduler.paused, operator.masker)
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    problems = []
+    try:
+        await operator.store.heartbeat(operator.clock.now())
+    except StoreError as problem:
+        problems.append(f"store not writable: {problem}")
+    if not operator.scheduler.running:
+        problems.append("scheduler not running")
+    if problems:
+        return json_response({"status": "not ready", "problems": problems}, 503)
+    return json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    # If the store cannot be read, counters still count and gauges keep their last reading.
+    with contextlib.suppress(StoreError):
+        await operator.refresh_metrics()
+    return web.Response(
+        body=operator.metrics.render(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/v1/events", list_events)
+    app.router.add_get("/api/v1/events/{event_id}", get_event)
+    app.router.add_post("/api/v1/deliveries/{delivery_id}/retry", retry_delivery)
+    app.router.add_post("/api/v1/requeue", requeue)
+    app.router.add_get("/api/v1/targets", list_targets)
+    app.router.add_post("/api/v1/targets/{name}/pause", pause_target)
+    app.router.add_post("/api/v1/targets/{name}/resume", resume_target)
+    app.router.add_get("/api/v1/stats", stats)

@@ -1,0 +1,188 @@
+"""Alerts: tell a person when deliveries go dead or a target keeps failing.
+
+Alerts are ordinary events on an internal route, delivered to the target
+named in `[alerts] target` with its own retries, so an alert outlives a
+restart once created. Within a group window everything that happened makes
+one message. Nothing about the alert route or the alert target itself
+raises an alert: a broken alert channel cannot feed itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from relay.clock import Clock
+from relay.config import AlertsConfig
+from relay.outcome import Verdict
+from relay.retry import Next
+from relay.scheduler import AttemptReport
+from relay.store import NewDelivery, NewEvent, Store, StoreError
+
+log = logging.getLogger("relay.alerts")
+
+ALERTS_ROUTE = "_alerts"
+# One message lists this many dead deliveries; the count says how many in all.
+MAX_LISTED = 50
+
+
+@dataclass
+class _Window:
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    dead_count: int = 0
+    failing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    recovered: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.dead_count or self.failing or self.recovered)
+
+
+class Alerter:
+    def __init__(
+        self,
+        config: AlertsConfig,
+        store: Store,
+        clock: Clock,
+        *,
+        on_created: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._store = store
+        self._clock = clock
+        self._on_created = on_created
+        self._window = _Window()
+        self._flush_soon = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._stopping = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.target is not None
+
+    def observe(self, report: AttemptReport) -> None:
+        """Called for every recorded attempt; cheap, never blocks."""
+        target = self.config.target
+        delivery = report.delivery
+        if target is None or delivery.route == ALERTS_ROUTE:
+            return
+        window = self._window
+        if report.decision.next is Next.DEAD:
+            window.dead_count += 1
+            if len(window.dead) < MAX_LISTED:
+                window.dead.append(
+                    {
+                        "event_id": str(delivery.event_id),
+                        "delivery_id": str(delivery.id),
+                        "route": delivery.route,
+                        "target": delivery.target,
+                        "attempts": report.number,
+                        "error": report.decision.reason,
+                    }
+                )
+        if delivery.target != target:
+            threshold = self.config.failing_after
+            streak = report.streak
+            if report.outcome.verdict is not Verdict.SUCCESS and streak.after == threshold:
+                window.failing[delivery.target] = {
+                    "target": delivery.target,
+                    "failures": streak.after,
+                    "error": report.outcome.error,
+                }
+                window.recovered.pop(delivery.target, None)
+            elif report.outcome.verdict is Verdict.SUCCESS and streak.before >= threshold:
+                window.recovered[delivery.target] = {
+                    "target": delivery.target,
+                    "failures_before": streak.before,
+                }
+                window.failing.pop(delivery.target, None)
+        if self._window:
+            self._flush_soon.set()
+
+    async def run(self) -> None:
+        """Flush at most once per group window, while there is something to say."""
+        while not self._stopping:
+            await self._flush_soon.wait()
+            if self._stopping:
+                break
+            await self._clock.wait(self._stopped, self._clock.now() + self.config.group_window)
+            self._flush_soon.clear()
+            await self.flush()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._stopped.set()
+        self._flush_soon.set()
+        await self.flush()
+
+    async def flush(self) -> int | None:
+        """Turn what the window holds into one alert event; returns its id."""
+        window, self._window = self._window, _Window()
+        if not window or self.config.target is None:
+            return None
+        body = alert_body(window)
+        now = self._clock.now()
+        event = NewEvent(
+            route=ALERTS_ROUTE,
+            idempotency_key=None,
+            received_at=now,
+            remote_addr=None,
+            method="POST",
+            path="/_alerts",
+            query="",
+            headers=[("Content-Type", "application/json")],
+            content_type="application/json",
+            body=orjson.dumps(body),
+        )
+        try:
+            accepted = await self._store.accept_event(event, [NewDelivery(self.config.target)], now)
+        except StoreError as error:
+            log.error("alert not stored (%s): %s", error, body["summary"])
+            return None
+        log.warning("alert %s: %s", accepted.event_id, body["summary"])
+        if self._on_created is not None:
+            self._on_created(body)
+        return accepted.event_id
+
+
+def alert_body(window: _Window) -> dict[str, Any]:
+    parts = []
+    lines = []
+    if window.dead_count:
+        noun = "delivery" if window.dead_count == 1 else "deliveries"
+        parts.append(f"{window.dead_count} {noun} went dead")
+        for item in window.dead:
+            lines.append(
+                f"dead: event {item['event_id']} route {item['route']} → {item['target']}"
+                f" after {item['attempts']} attempts: {item['error']}"
+            )
+        if window.dead_count > len(window.dead):
+            lines.append(f"... and {window.dead_count - len(window.dead)} more")
+        ids = " ".join(item["delivery_id"] for item in window.dead)
+        lines.append(f"once the cause is fixed: relay requeue {ids}")
+    for item in window.failing.values():
+        parts.append(f"target {item['target']} is failing")
+        lines.append(
+            f"failing: target {item['target']} failed {item['failures']} attempts in a row;"
+            f" last error: {item['error']}"
+        )
+    for item in window.recovered.values():
+        parts.append(f"target {item['target']} recovered")
+        lines.append(
+            f"recovered: target {item['target']} delivered again"
+            f" after {item['failures_before']} failures"
+        )
+    summary = "relay: " + "; ".join(parts)
+    return {
+        "type": "relay.alert",
+        "summary": summary,
+        "text": "\n".join([summary, *lines]),
+        "dead_count": window.dead_count,
+        "dead": window.dead,
+        "failing": list(window.failing.values()),
+        "recovered": list(window.recovered.values()),
+    }

@@ -1,0 +1,236 @@
+"""Operator commands on the database: retry, requeue, pause, resume, stats, purge.
+
+They work with the daemon stopped; a running daemon picks their changes up
+within its poll interval (a second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from relay import retention
+from relay.cli.common import (
+    CommandError,
+    add_config_option,
+    add_json_option,
+    emit,
+    opened_store,
+    read_config,
+    run,
+    table,
+)
+from relay.config import Config
+from relay.secrets import Masker
+from relay.store import Conflict, NotFound, Selection, Status
+from relay.units import format_duration, parse_instant
+from relay.views import delivery_summary, stats_view
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    retry = commands.add_parser(
+        "retry", help="one more attempt now (the attempt count is kept; no new cycle)"
+    )
+    add_config_option(retry)
+    add_json_option(retry)
+    retry.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="+")
+    retry.set_defaults(handler=retry_deliveries)
+
+    requeue = commands.add_parser(
+        "requeue", help="a fresh retry cycle for dead deliveries (by filter or id)"
+    )
+    add_config_option(requeue)
+    add_json_option(requeue)
+    requeue.add_argument("--route", help="only deliveries of this route")
+    requeue.add_argument("--target", help="only deliveries to this target")
+    requeue.add_argument("--since", help='events received since (ISO time, or an age like "2h")')
+    requeue.add_argument("--until", help="events received before (ISO time, or an age)")
+    requeue.add_argument(
+        "--status",
+        default="dead",
+        choices=["dead", "delivered", "skipped"],
+        help="which deliveries to take (default dead; delivered sends again)",
+    )
+    requeue.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="*")
+    requeue.set_defaults(handler=requeue_deliveries)
+
+    for name, paused in (("pause", True), ("resume", False)):
+        parser = commands.add_parser(
+            name,
+            help="stop attempts to a target (its deliveries wait, no retries burned)"
+            if paused
+            else "let a paused target's deliveries flow again",
+        )
+        add_config_option(parser)
+        parser.add_argument("target")
+        parser.set_defaults(handler=pause_target, paused=paused)
+
+    stats = commands.add_parser("stats", help="counts by status per route and target, health")
+    add_config_option(stats)
+    add_json_option(stats)
+    stats.set_defaults(handler=show_stats)
+
+    purge = commands.add_parser("purge", help="remove finished events older than the retention now")
+    add_config_option(purge)
+    purge.add_argument("--dry-run", action="store_true", help="only count what would go")
+    purge.set_defaults(handler=purge_events)
+
+
+def _ids(values: list[str]) -> list[int]:
+    try:
+        return [int(value) for value in values]
+    except ValueError as error:
+        raise CommandError(f"not a delivery id: {error}") from None
+
+
+def retry_deliveries(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    ids = _ids(args.delivery_ids)
+
+    async def act() -> tuple[list[dict[str, Any]], list[str]]:
+        done, problems = [], []
+        masker = Masker(config.secrets)
+        async with opened_store(config) as store:
+            for delivery_id in ids:
+                try:
+                    delivery = await store.retry_now(delivery_id, time.time())
+                except (NotFound, Conflict) as error:
+                    problems.append(str(error))
+                    continue
+                done.append(delivery_summary(delivery, masker))
+        return done, problems
+
+    done, problems = run(act())
+    emit(
+        args,
+        done,
+        lambda rows: "\n".join(
+            f"delivery {d['id']} → {d['target']}: one more attempt queued"
+            f" ({d['attempts']} made so far)"
+            for d in rows
+        ),
+    )
+    if problems:
+        raise CommandError("; ".join(problems))
+    return 0
+
+
+def requeue_deliveries(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    now = time.time()
+    try:
+        since = parse_instant(args.since, now) if args.since else None
+        until = parse_instant(args.until, now) if args.until else None
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    selection = Selection(
+        status=Status(args.status),
+        route=args.route,
+        target=args.target,
+        since=since,
+        until=until,
+        ids=tuple(_ids(args.delivery_ids)),
+    )
+
+    async def act() -> list[int]:
+        async with opened_store(config) as store:
+            return await store.requeue(selection, now)
+
+    requeued = run(act())
+    emit(
+        args,
+        {"requeued": len(requeued), "ids": [str(i) for i in requeued]},
+        lambda data: (
+            f"requeued {data['requeued']} deliveries"
+            + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
+        ),
+    )
+    return 0
+
+
+def pause_target(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    if args.target not in config.targets:
+        raise CommandError(f"no target {args.target} in the config")
+
+    async def act() -> None:
+        async with opened_store(config) as store:
+            await store.set_paused(args.target, args.paused, time.time())
+
+    run(act())
+    print(f"target {args.target} {'paused' if args.paused else 'resumed'}")
+    return 0
+
+
+def show_stats(args: argparse.Namespace) -> int:
+    config = read_config(args)
+
+    async def fetch() -> dict[str, Any]:
+        async with opened_store(config) as store:
+            stats = await store.stats()
+            paused = await store.paused_targets()
+        return stats_view(stats, time.time(), paused, Masker(config.secrets))
+
+    emit(args, run(fetch()), lambda data: _stats_text(data, config))
+    return 0
+
+
+def _stats_text(data: dict[str, Any], config: Config) -> str:
+    statuses = [s.value for s in Status]
+    lines = ["by route:"]
+    lines.append(
+        table(
+            [
+                [route, *(str(counts[s]) for s in statuses)]
+                for route, counts in data["routes"].items()
+            ],
+            ["ROUTE", *(s.upper() for s in statuses)],
+        )
+    )
+    lines.append("\nby target:")
+    lines.append(
+        table(
+            [
+                [
+                    name,
+                    *(str(info[s]) for s in statuses),
+                    "yes" if info["paused"] else "",
+                    info["last_success_at"] or "-",
+                    str(info["consecutive_failures"]),
+                    info["last_error"] or "-",
+                ]
+                for name, info in data["targets"].items()
+            ],
+            [
+                "TARGET",
+                *(s.upper() for s in statuses),
+                "PAUSED",
+                "LAST SUCCESS",
+                "FAILS",
+                "LAST ERROR",
+            ],
+        )
+    )
+    age = data["oldest_pending_age_seconds"]
+    lines.append("")
+    lines.append(f"oldest pending: {format_duration(age) if age is not None else 'none'}")
+    lines.append(f"pending after their first attempt: {data['pending_after_first_attempt']}")
+    lines.append(f"dead: {data['dead']}")
+    return "\n".join(lines)
+
+
+def purge_events(args: argparse.Namespace) -> int:
+    config = read_config(args)
+
+    async def act() -> int:
+        async with opened_store(config) as store:
+            return await retention.purge(store, config, time.time(), dry_run=args.dry_run)
+
+    count = run(act())
+    keep = format_duration(config.storage.retention)
+    if args.dry_run:
+        print(f"would remove {count} finished events older than {keep}")
+    else:
+        print(f"removed {count} finished events older than {keep}")
+    return 0

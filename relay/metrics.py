@@ -1,0 +1,145 @@
+"""Prometheus metrics (`/metrics`): counters fed by ingress and the scheduler,
+gauges read from the store when scraped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from relay.store import Gauges, Status, TargetState
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class StoreSnapshot:
+    gauges: Gauges
+    targets: dict[str, TargetState]
+    paused: frozenset[str]
+    configured: tuple[str, ...]
+    now: float
+
+
+class Metrics:
+    def __init__(self) -> None:
+        # A registry of our own: several relays in one test process must not mix.
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.received = Counter(
+            "relay_events_received",
+            "Webhooks received, by route and result (queued, duplicate, rejected, too_large,"
+            " not_found, method_not_allowed, bad_request, unavailable).",
+            ["route", "result"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "relay_rejected",
+            "Webhooks refused by a route's verification, by reason.",
+            ["route", "reason"],
+            registry=registry,
+        )
+        self.ack_seconds = Histogram(
+            "relay_ingest_ack_seconds",
+            "Time from request to answer for stored webhooks (includes the durable commit).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.attempts = Counter(
+            "relay_attempts",
+            "Delivery attempts, by target and outcome (success, retry, fail).",
+            ["target", "outcome"],
+            registry=registry,
+        )
+        self.attempt_seconds = Histogram(
+            "relay_attempt_duration_seconds",
+            "Duration of delivery attempts, by target.",
+            ["target"],
+            buckets=ATTEMPT_BUCKETS,
+            registry=registry,
+        )
+        self.dead = Counter(
+            "relay_deliveries_dead",
+            "Deliveries that went dead, by route and target.",
+            ["route", "target"],
+            registry=registry,
+        )
+        self.alerts = Counter(
+            "relay_alerts", "Alerts created, by kind.", ["kind"], registry=registry
+        )
+        self.reloads = Counter(
+            "relay_config_reloads", "Config reloads, by result.", ["result"], registry=registry
+        )
+        self.purged = Counter(
+            "relay_purged_events", "Finished events removed by retention.", registry=registry
+        )
+        self.commits = Gauge(
+            "relay_store_commits",
+            "Write transactions committed since start (each one fsync).",
+            registry=registry,
+        )
+        self.committed_writes = Gauge(
+            "relay_store_committed_writes",
+            "Writes (events, attempts...) in those transactions: the group commit's batching.",
+            registry=registry,
+        )
+        self._snapshot: StoreSnapshot | None = None
+        registry.register(_StoreCollector(lambda: self._snapshot))
+
+    def set_snapshot(self, snapshot: StoreSnapshot) -> None:
+        self._snapshot = snapshot
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StoreCollector(Collector):
+    """Gauges from the last store snapshot; the /metrics handler refreshes it first."""
+
+    def __init__(self, snapshot: Callable[[], StoreSnapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return
+        deliveries = GaugeMetricFamily(
+            "relay_deliveries",
+            "Deliveries not yet finished, by target and status (pending, in_flight, dead).",
+            labels=["target", "status"],
+        )
+        targets = sorted(
+            set(snapshot.configured) | {target for target, _ in snapshot.gauges.counts}
+        )
+        for target in targets:
+            for status in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD):
+                count = snapshot.gauges.counts.get((target, status), 0)
+                deliveries.add_metric([target, status.value], count)
+        yield deliveries
+        oldest = snapshot.gauges.oldest_pending_received_at
+        yield GaugeMetricFamily(
+            "relay_oldest_pending_seconds",
+            "Age of the oldest event with a pending delivery (0 when none).",
+            value=max(0.0, snapshot.now - oldest) if oldest is not None else 0.0,
+        )
+        paused = GaugeMetricFamily(
+            "relay_target_paused", "1 when the target is paused.", labels=["target"]
+        )
+        failures = GaugeMetricFamily(
+            "relay_target_consecutive_failures",
+            "Failed attempts in a row, by target.",
+            labels=["target"],
+        )
+        for target in snapshot.configured:
+            paused.add_metric([target], 1.0 if target in snapshot.paused else 0.0)
+            state = snapshot.targets.get(target)
+            failures.add_metric([target], state.consecutive_failures if state else 0)
+        yield paused
+        yield failures

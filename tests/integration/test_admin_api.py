@@ -1,0 +1,283 @@
+"""The admin API over real HTTP: auth, listing, retry vs requeue, pause, stats, metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+
+from relay.app import Relay
+from relay.clock import FakeClock
+from relay.config import ConfigError
+
+TOKEN = "admin-token-0123456789"
+ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def post_event(relay: Relay, http: aiohttp.ClientSession, key: str) -> str:
+    async with http.post(
+        relay.ingress_url + "/hooks/orders", json={"key": key}, headers={"Idempotency-Key": key}
+    ) as response:
+        assert response.status == 200
+        event_id: str = (await response.json())["id"]
+        return event_id
+
+
+async def api(
+    http: aiohttp.ClientSession,
+    relay: Relay,
+    method: str,
+    path: str,
+    status: int = 200,
+    **kwargs: Any,
+) -> Any:
+    async with http.request(method, relay.admin_url + path, headers=auth(), **kwargs) as response:
+        assert response.status == status, await response.text()
+        return await response.json()
+
+
+@pytest.fixture
+async def relay_with_sink(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> tuple[Relay, Any]:
+    sink, url = await start_sink([503])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}},
+        ROUTES,
+        retry={"retries": 2},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    return relay, sink
+
+
+async def test_api_needs_the_token_health_does_not(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, _ = relay_with_sink
+    for path in ("/api/v1/events", "/api/v1/stats", "/api/v1/targets"):
+        async with http.get(relay.admin_url + path) as response:
+            assert response.status == 401
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        async with http.get(
+            relay.admin_url + path, headers={"Authorization": "Bearer wrong-token-0123456789"}
+        ) as r:
+            assert r.status == 401
+    async with http.post(relay.admin_url + "/api/v1/requeue") as response:
+        assert response.status == 401
+    async with http.get(relay.admin_url + "/healthz") as response:
+        assert response.status == 200
+    async with http.get(relay.admin_url + "/readyz") as response:
+        # background=False: the scheduler loop is not running, and readyz says so.
+        assert response.status == 503
+        assert "scheduler not running" in (await response.json())["problems"]
+
+
+def test_refuses_a_public_admin_listener_without_a_token(make_config: ConfigFactory) -> None:
+    with pytest.raises(ConfigError, match=r"admin\.token: is required when the admin listener"):
+        make_config(
+            {"a": {"type": "file", "path": "a"}},
+            {"r": {"path": "/r", "targets": ["a"]}},
+            admin={"listen": "0.0.0.0:8081"},
+        )
+
+
+async def test_events_listing_filters_and_cursor(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, _ = relay_with_sink
+    ids = [await post_event(relay, http, f"k{i}") for i in range(5)]
+    page = await api(http, relay, "GET", "/api/v1/events?limit=2")
+    assert [e["id"] for e in page["events"]] == [ids[4], ids[3]]
+    page2 = await api(http, relay, "GET", f"/api/v1/events?limit=2&cursor={page['next_cursor']}")
+    assert [e["id"] for e in page2["events"]] == [ids[2], ids[1]]
+    found = await api(http, relay, "GET", "/api/v1/events?key=k3")
+    assert [e["id"] for e in found["events"]] == [ids[3]]
+    assert (await api(http, relay, "GET", "/api/v1/events?route=nope"))["events"] == []
+    pending = await api(http, relay, "GET", "/api/v1/events?status=pending&target=crm")
+    assert len(pending["events"]) == 5
+    await api(http, relay, "GET", "/api/v1/events?status=weird", status=400)
+    await api(http, relay, "GET", "/api/v1/events?limit=0", status=400)
+    await api(http, relay, "GET", "/api/v1/events?since=yesterday", status=400)
+    detail = await api(http, relay, "GET", f"/api/v1/events/{ids[0]}")
+    assert detail["idempotency_key"] == "k0"
+    assert detail["deliveries"][0]["attempts_log"] == []
+    await api(http, relay, "GET", "/api/v1/events/999999", status=404)
+
+
+async def test_retry_adds_one_attempt_and_a_dead_delivery_stays_dead(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, sink = relay_with_sink
+    event_id = await post_event(relay, http, "k")
+    await relay.scheduler.drain()
+    [delivery] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    assert (delivery["status"], delivery["attempts"]) == ("dead", 3)
+
+    answer = await api(http, relay, "POST", f"/api/v1/deliveries/{delivery['id']}/retry")
+    assert answer["delivery"]["status"] == "pending"
+    await relay.scheduler.drain()
+    [after] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    assert (after["status"], after["attempts"]) == ("dead", 4)  # exactly one more
+    assert len(after["attempts_log"]) == 4
+    assert [h["kind"] for h in after["history"]] == ["retry"]
+    assert len(sink.requests) == 4
+
+    sink.script = [200]  # the target is fixed: the next manual attempt delivers
+    await api(http, relay, "POST", f"/api/v1/deliveries/{delivery['id']}/retry")
+    await relay.scheduler.drain()
+    [fixed] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    assert (fixed["status"], fixed["attempts"]) == ("delivered", 5)
+    await api(http, relay, "POST", f"/api/v1/deliveries/{delivery['id']}/retry", status=409)
+    await api(http, relay, "POST", "/api/v1/deliveries/424242/retry", status=404)
+
+
+async def test_retry_of_a_pending_delivery_keeps_its_schedule(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, _ = relay_with_sink
+    event_id = await post_event(relay, http, "k")
+    await relay.scheduler.run_once()
+    await relay.scheduler.wait_idle()
+    [delivery] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    assert (delivery["status"], delivery["attempts"]) == ("pending", 1)
+    scheduled = delivery["next_attempt_at"]
+    await api(http, relay, "POST", f"/api/v1/deliveries/{delivery['id']}/retry")
+    await relay.scheduler.run_once()  # due now, though the schedule said later
+    await relay.scheduler.wait_idle()
+    [after] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    assert (after["status"], after["attempts"]) == ("pending", 2)
+    assert after["next_attempt_at"] == scheduled
+    await relay.scheduler.drain()
+    [final] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    # The manual attempt did not use up a retry: 1 + 2 scheduled retries + 1 manual.
+    assert (final["status"], final["attempts"]) == ("dead", 4)
+
+
+async def test_requeue_starts_a_fresh_cycle_and_keeps_the_history(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, sink = relay_with_sink
+    ids = [await post_event(relay, http, f"k{i}") for i in range(3)]
+    await relay.scheduler.drain()
+    assert len(sink.requests) == 9
+    requeued = await api(http, relay, "POST", "/api/v1/requeue", json={"route": "orders"})
+    assert requeued["requeued"] == 3
+    again = await api(
+        http, relay, "POST", "/api/v1/requeue", json={"ids": requeued["ids"], "status": "dead"}
+    )
+    assert again["requeued"] == 0  # already pending: nothing to do
+    await relay.scheduler.drain()
+    detail = await api(http, relay, "GET", f"/api/v1/events/{ids[0]}")
+    [delivery] = detail["deliveries"]
+    # A fresh cycle: three more attempts (1 + 2 retries), six in all, then dead again.
+    assert (delivery["status"], delivery["attempts"]) == ("dead", 6)
+    assert [a["number"] for a in delivery["attempts_log"]] == [1, 2, 3, 4, 5, 6]
+    assert [h["kind"] for h in delivery["history"]] == ["requeue"]
+    sink.script = [200]
+    fixed = await api(http, relay, "POST", "/api/v1/requeue", json={})
+    assert fixed["requeued"] == 3
+    await relay.scheduler.drain()
+    events = (await api(http, relay, "GET", "/api/v1/events"))["events"]
+    assert {e["status"] for e in events} == {"delivered"}
+    await api(http, relay, "POST", "/api/v1/requeue", json={"colour": "red"}, status=400)
+
+
+async def test_pause_burns_no_attempts_and_resume_drains(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, sink = relay_with_sink
+    sink.script = [200]
+    await api(http, relay, "POST", "/api/v1/targets/crm/pause")
+    event_id = await post_event(relay, http, "k")
+    relay.clock.advance(3600)  # type: ignore[attr-defined]
+    await relay.scheduler.drain()
+    [delivery] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    assert (delivery["status"], delivery["attempts"]) == ("pending", 0)
+    assert sink.requests == []
+    targets = (await api(http, relay, "GET", "/api/v1/targets"))["targets"]
+    assert targets[0]["paused"] is True
+    assert targets[0]["deliveries"]["pending"] == 1
+    await api(http, relay, "POST", "/api/v1/targets/nope/pause", status=404)
+
+    await api(http, relay, "POST", "/api/v1/targets/crm/resume")
+    await relay.scheduler.drain()
+    [delivery] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    assert (delivery["status"], delivery["attempts"]) == ("delivered", 1)
+
+
+async def test_pause_survives_a_restart(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    config = make_config({"crm": {"type": "file", "path": "out"}}, ROUTES, admin={"token": TOKEN})
+    first = await start_relay(config, background=False)
+    await api(http, first, "POST", "/api/v1/targets/crm/pause")
+    await first.stop()
+    second = await start_relay(config, background=False)
+    await second.scheduler.drain()
+    assert second.scheduler.paused == frozenset({"crm"})
+
+
+async def test_stats(relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession) -> None:
+    relay, sink = relay_with_sink
+    for i in range(2):
+        await post_event(relay, http, f"k{i}")
+    await relay.scheduler.drain()
+    sink.script = [200]
+    await post_event(relay, http, "ok")
+    await relay.scheduler.run_once()
+    await relay.scheduler.wait_idle()
+    relay.clock.advance(90)  # type: ignore[attr-defined]
+    await post_event(relay, http, "waiting")
+    stats = await api(http, relay, "GET", "/api/v1/stats")
+    assert stats["routes"]["orders"]["dead"] == 2
+    assert stats["routes"]["orders"]["delivered"] == 1
+    assert stats["routes"]["orders"]["pending"] == 1
+    crm = stats["targets"]["crm"]
+    assert crm["dead"] == 2
+    assert crm["paused"] is False
+    assert crm["last_success_at"] is not None
+    assert crm["consecutive_failures"] == 0
+    assert crm["last_error"] == "HTTP 503"
+    assert stats["dead"] == 2
+    assert stats["oldest_pending_age_seconds"] == 0
+    assert stats["pending_after_first_attempt"] == 0
+
+
+async def metric(http: aiohttp.ClientSession, relay: Relay, line_start: str) -> float:
+    relay.operator.changed()  # skip the 5 s snapshot cache
+    async with http.get(relay.admin_url + "/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {line_start} in:\n{text}")
+
+
+async def test_metrics_show_the_dead_gauge_go_up_and_down(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, sink = relay_with_sink
+    dead = 'relay_deliveries{status="dead",target="crm"}'
+    assert await metric(http, relay, dead) == 0
+    await post_event(relay, http, "k")
+    await post_event(relay, http, "k")
+    assert await metric(http, relay, 'relay_events_received_total{result="queued"') == 1
+    assert await metric(http, relay, 'relay_events_received_total{result="duplicate"') == 1
+    await relay.scheduler.drain()
+    assert await metric(http, relay, dead) == 1
+    assert await metric(http, relay, 'relay_attempts_total{outcome="retry",target="crm"}') == 3
+    assert await metric(http, relay, 'relay_deliveries_dead_total{route="orders"') == 1
+    sink.script = [200]
+    await api(http, relay, "POST", "/api/v1/requeue", json={})
+    await relay.scheduler.drain()
+    assert await metric(http, relay, dead) == 0
+    assert await metric(http, relay, "relay_ingest_ack_seconds_count") == 2
+    assert await metric(http, relay, 'relay_target_paused{target="crm"}') == 0
+    assert await metric(http, relay, "relay_oldest_pending_seconds") == 0

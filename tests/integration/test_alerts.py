@@ -1,0 +1,120 @@
+"""Alerts: dead deliveries and failing targets reach a person, grouped, without loops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+
+from relay.alerts import ALERTS_ROUTE
+from relay.app import Relay
+from relay.clock import FakeClock
+from relay.store import EventQuery
+
+
+async def post_many(relay: Relay, http: aiohttp.ClientSession, count: int) -> None:
+    async def one(i: int) -> None:
+        async with http.post(
+            relay.ingress_url + "/hooks/orders", data=b"{}", headers={"Idempotency-Key": f"k{i}"}
+        ) as response:
+            assert response.status == 200
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+
+
+async def test_many_dead_deliveries_make_one_alert(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    crm, crm_url = await start_sink([503])
+    ops, ops_url = await start_sink([200])
+    config = make_config(
+        {
+            "crm": {"type": "http", "url": crm_url, "concurrency": 16, "retry": {"retries": 0}},
+            "ops": {"type": "http", "url": ops_url},
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        alerts={"target": "ops", "failing_after": 3},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    await post_many(relay, http, 500)
+    await relay.scheduler.drain()
+    await relay.alerter.flush()
+    await relay.scheduler.drain()
+
+    assert len(ops.requests) == 1
+    alert = json.loads(ops.requests[0].body)
+    assert ops.requests[0].headers["Content-Type"] == "application/json"
+    assert alert["dead_count"] == 500
+    assert len(alert["dead"]) == 50
+    assert alert["summary"] == "relay: 500 deliveries went dead; target crm is failing"
+    assert "relay requeue " in alert["text"]
+    assert alert["failing"] == [{"target": "crm", "failures": 3, "error": "HTTP 503"}]
+    first = alert["dead"][0]
+    assert first["route"] == "orders"
+    assert first["target"] == "crm"
+    assert "HTTP 503" in first["error"]
+
+    crm.script = [200]
+    async with http.post(relay.ingress_url + "/hooks/orders", data=b"{}") as response:
+        assert response.status == 200
+    await relay.scheduler.drain()
+    await relay.alerter.flush()
+    await relay.scheduler.drain()
+    assert len(ops.requests) == 2
+    recovered = json.loads(ops.requests[1].body)
+    assert recovered["recovered"] == [{"target": "crm", "failures_before": 500}]
+    assert recovered["dead_count"] == 0
+
+
+async def test_alerts_never_alert_about_themselves(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    _crm, crm_url = await start_sink([400])
+    _ops, ops_url = await start_sink([500])  # the alert channel itself is broken
+    config = make_config(
+        {
+            "crm": {"type": "http", "url": crm_url},
+            "ops": {"type": "http", "url": ops_url, "retry": {"retries": 1}},
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["crm", "ops"]}},
+        alerts={"target": "ops", "failing_after": 1},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    await post_many(relay, http, 1)
+    await relay.scheduler.drain()
+    assert await relay.alerter.flush() is not None  # crm's dead delivery
+    await relay.scheduler.drain()  # the alert fails twice and goes dead: no new alert
+    assert await relay.alerter.flush() is None
+    alerts = await relay.store.list_events(EventQuery(route=ALERTS_ROUTE))
+    assert len(alerts) == 1
+    assert alerts[0].deliveries[0].status.value == "dead"
+
+
+async def test_the_group_window_runs_on_its_own(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    crm, crm_url = await start_sink([404])
+    ops, ops_url = await start_sink([200])
+    config = make_config(
+        {"crm": {"type": "http", "url": crm_url}, "ops": {"type": "http", "url": ops_url}},
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        alerts={"target": "ops", "group_window": "300ms"},
+    )
+    relay = await start_relay(config)
+    await post_many(relay, http, 20)
+    await crm.wait_for(20)
+    await ops.wait_for(1)
+    await asyncio.sleep(0.5)  # past another window: nothing more to say
+    assert len(ops.requests) == 1
+    assert json.loads(ops.requests[0].body)["dead_count"] == 20
