@@ -1,0 +1,86 @@
+"""The attempt log line, in both formats, masked."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from relay import logs
+from relay.config import LogConfig
+from relay.outcome import Outcome
+from relay.retry import Decision, Next
+from relay.scheduler import AttemptReport
+from relay.secrets import Masker
+from relay.store import ClaimedDelivery, FailureStreak
+
+
+def report(error: str) -> AttemptReport:
+    delivery = ClaimedDelivery(
+        id=31,
+        event_id=12,
+        route="orders",
+        target="crm",
+        attempts=1,
+        attempts_in_cycle=1,
+        manual=False,
+        resume_status=None,
+        resume_at=None,
+        idempotency_key="k",
+        received_at=0.0,
+        remote_addr=None,
+        method="POST",
+        path="/",
+        query="",
+        headers=[],
+        content_type=None,
+        body=b"",
+    )
+    return AttemptReport(
+        delivery=delivery,
+        number=2,
+        max_attempts=7,
+        outcome=Outcome.retry(error, 503),
+        decision=Decision(Next.RETRY, at=120.0),
+        duration=0.0124,
+        streak=FailureStreak(1, 2),
+    )
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    yield stream
+    logging.getLogger().handlers.clear()
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_attempt_lines_carry_every_field_and_no_secret(form: str, captured: io.StringIO) -> None:
+    logs.configure(LogConfig(format=form), Masker(["s3cret-value"]))  # type: ignore[arg-type]
+    logging.getLogger().handlers[0].setStream(captured)  # type: ignore[attr-defined]
+    logs.log_attempt(report("HTTP 503 from https://x/s3cret-value"))
+    line = captured.getvalue().strip()
+    assert "s3cret-value" not in line
+    if form == "json":
+        entry = json.loads(line)
+        assert entry["event"] == 12
+        assert entry["attempt"] == "2/7"
+        assert entry["next"] == "1970-01-01T00:02:00.000Z"
+        assert entry["error"] == "HTTP 503 from https://x/***"
+        assert entry["level"] == "info"
+    else:
+        assert (
+            "attempt event=12 route=orders target=crm delivery=31 attempt=2/7 outcome=retry"
+            " status=503 duration_ms=12.4 next=1970-01-01T00:02:00.000Z"
+        ) in line
+        assert 'error="HTTP 503 from https://x/***"' in line
+
+
+def test_url_credentials_are_masked() -> None:
+    masker = Masker()
+    assert masker.text("cannot reach http://user:pw@host/x") == "cannot reach http://***@host/x"
+    assert masker.header("Authorization", "Bearer abc") == "***"
+    assert masker.header("X-Plain", "abc") == "abc"
