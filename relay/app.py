@@ -15,7 +15,7 @@ from aiohttp import web
 from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
-from relay.config import Config, Listen
+from relay.config import Config, Listen, StorageConfig
 from relay.ingress import Ingress
 from relay.lockfile import ProcessLock
 from relay.logs import log_attempt
@@ -30,8 +30,7 @@ from relay.targets import Target, build_target
 log = logging.getLogger("relay")
 
 
-def open_store(config: Config) -> SqliteStore:
-    storage = config.storage
+def open_store(storage: StorageConfig) -> SqliteStore:
     return SqliteStore(
         storage.path,
         synchronous=storage.synchronous,
@@ -67,7 +66,7 @@ class Relay:
         self.clock = clock or SystemClock()
         self.masker = Masker(config.secrets)
         self.metrics = Metrics()
-        self.store = open_store(config)
+        self.store = open_store(config.storage)
         self.targets: dict[str, Target] = {
             name: build_target(target) for name, target in config.targets.items()
         }

@@ -13,18 +13,15 @@ from collections.abc import Callable, Mapping
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDictProxy
 
 from relay.clock import Clock
 from relay.config import Config, RouteConfig
+from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.metrics import Metrics
-from relay.payload import first_header, template_context
-from relay.store import NewDelivery, NewEvent, Status, Store, StoreError
-from relay.templates import TemplateError, holds
+from relay.store import NewEvent, Store, StoreError
 
 log = logging.getLogger("relay.ingress")
 
-KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key", "webhook-id")
 MAX_KEY_LENGTH = 512
 # Seconds a sender is asked to wait after a 503: long enough for a full disk
 # or a lock to clear, short enough to fit Tilda's 5 s window on a retry.
@@ -81,8 +78,18 @@ class Ingress:
         if body is None:
             self._count(route.name, "too_large")
             return _error(413, f"body larger than {route.max_body_size} bytes")
-        headers = request.headers
-        key = self._idempotency_key(route, request, body, headers)
+        incoming = Incoming(
+            method=request.method,
+            path=request.path,
+            query=request.query_string,
+            raw_headers=[
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in request.raw_headers
+            ],
+            body=body,
+            remote=request.remote,
+        )
+        key = idempotency_key(route, incoming)
         if key is not None and len(key) > MAX_KEY_LENGTH:
             self._count(route.name, "bad_request")
             return _error(400, f"idempotency key longer than {MAX_KEY_LENGTH} characters")
@@ -94,18 +101,15 @@ class Ingress:
             route=route.name,
             idempotency_key=key,
             received_at=now,
-            remote_addr=request.remote,
-            method=request.method,
-            path=request.path,
-            query=request.query_string,
-            headers=[
-                (name.decode("latin-1"), value.decode("latin-1"))
-                for name, value in request.raw_headers
-            ],
-            content_type=request.headers.get("Content-Type"),
+            remote_addr=incoming.remote,
+            method=incoming.method,
+            path=incoming.path,
+            query=incoming.query,
+            headers=incoming.raw_headers,
+            content_type=incoming.content_type,
             body=body,
         )
-        deliveries = _deliveries(route, event, headers)
+        deliveries = plan_deliveries(route, incoming)
         try:
             accepted = await self._store.accept_event(event, deliveries, now)
         except StoreError as error:
@@ -119,57 +123,6 @@ class Ingress:
         status = "duplicate" if accepted.duplicate else "queued"
         self._count(route.name, status)
         return _json(200, {"status": status, "id": str(accepted.event_id)})
-
-    def _idempotency_key(
-        self,
-        route: RouteConfig,
-        request: web.Request,
-        body: bytes,
-        headers: CIMultiDictProxy[str],
-    ) -> str | None:
-        template = route.idempotency_key
-        if template is None:
-            return first_header(headers, KEY_HEADERS)
-        context = template_context(
-            template.variables,
-            body=body,
-            content_type=headers.get("Content-Type"),
-            headers=headers,
-            query=request.query_string,
-        )
-        try:
-            key = template.render(context).strip()
-        except TemplateError as error:
-            log.debug("route %s: no idempotency key: %s", route.name, error)
-            return None
-        return key or None
-
-
-def _deliveries(
-    route: RouteConfig, event: NewEvent, headers: CIMultiDictProxy[str]
-) -> list[NewDelivery]:
-    deliveries = []
-    for route_target in route.targets:
-        condition = route_target.when
-        if condition is None:
-            deliveries.append(NewDelivery(route_target.target))
-            continue
-        context = template_context(
-            condition.variables,
-            body=event.body,
-            content_type=event.content_type,
-            headers=headers,
-            query=event.query,
-        )
-        try:
-            if holds(condition, context):
-                deliveries.append(NewDelivery(route_target.target))
-            else:
-                reason = f"when: {condition.source} is false"
-                deliveries.append(NewDelivery(route_target.target, Status.SKIPPED, reason))
-        except TemplateError as error:
-            deliveries.append(NewDelivery(route_target.target, Status.DEAD, f"when: {error}"))
-    return deliveries
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes | None:

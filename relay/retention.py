@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 from relay.clock import Clock
 from relay.config import Config
@@ -21,20 +22,32 @@ BATCH = 500
 INTERVAL = 600.0
 
 
-def cutoffs(config: Config, now: float) -> tuple[dict[str, float], float]:
+def dedup_windows(config: Config) -> dict[str, float | None]:
+    return {route.name: route.dedup_window for route in config.routes.values()}
+
+
+def cutoffs(
+    retention: float, windows: Mapping[str, float | None], now: float
+) -> tuple[dict[str, float], float]:
     """Per-route cutoffs (routes keeping events longer for de-duplication), and the default."""
-    retention = config.storage.retention
     routes = {
-        route.name: now - route.dedup_window
-        for route in config.routes.values()
-        if route.dedup_window is not None and route.dedup_window > retention
+        route: now - window
+        for route, window in windows.items()
+        if window is not None and window > retention
     }
     return routes, now - retention
 
 
-async def purge(store: Store, config: Config, now: float, *, dry_run: bool = False) -> int:
+async def purge(
+    store: Store,
+    retention: float,
+    windows: Mapping[str, float | None],
+    now: float,
+    *,
+    dry_run: bool = False,
+) -> int:
     """Remove (or, dry, count) every finished event past retention; returns how many."""
-    route_cutoffs, default_cutoff = cutoffs(config, now)
+    route_cutoffs, default_cutoff = cutoffs(retention, windows, now)
     if dry_run:
         return await store.purge(route_cutoffs, default_cutoff, limit=0, dry_run=True)
     total = 0
@@ -60,7 +73,12 @@ class RetentionJob:
     async def run(self) -> None:
         while not self._stop.is_set():
             try:
-                removed = await purge(self.store, self.config, self._clock.now())
+                removed = await purge(
+                    self.store,
+                    self.config.storage.retention,
+                    dedup_windows(self.config),
+                    self._clock.now(),
+                )
             except StoreError as error:
                 log.warning("retention pass failed, will try again: %s", error)
             else:

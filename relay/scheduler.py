@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from relay.clock import Clock
 from relay.config import Config, RetryPolicy
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
+from relay.ratelimit import Pacer
 from relay.retry import Decision, Next, decide
 from relay.secrets import Masker
 from relay.store import (
@@ -43,13 +44,32 @@ LEASE_MARGIN = 60.0
 
 
 @dataclass
-class _TargetSlots:
+class _Lane:
+    """One target's room to send: attempts in flight against its concurrency,
+    and the pacers (its own rate, a rate shared with other targets)."""
+
     concurrency: int
+    own: Pacer | None = None
+    shared: Pacer | None = None
     in_flight: int = 0
+
+    @property
+    def pacers(self) -> list[Pacer]:
+        return [pacer for pacer in (self.own, self.shared) if pacer is not None]
 
     @property
     def free(self) -> int:
         return self.concurrency - self.in_flight
+
+    def allowed(self, now: float) -> int:
+        return min([self.free, *(pacer.available(now) for pacer in self.pacers)])
+
+    def take(self, count: int, now: float) -> None:
+        for pacer in self.pacers:
+            pacer.take(count, now)
+
+    def ready_at(self, now: float) -> float:
+        return max([now, *(pacer.ready_at(now) for pacer in self.pacers)])
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ class AttemptReport:
 class _State:
     config: Config
     targets: Mapping[str, Target]
-    slots: dict[str, _TargetSlots] = field(default_factory=dict)
+    lanes: dict[str, _Lane] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -94,7 +114,8 @@ class Scheduler:
         self._batch_size = batch_size
         self._on_attempt = on_attempt
         self._state = _State(config, targets)
-        self._sync_slots()
+        self._shared_pacers: dict[str, Pacer] = {}
+        self._sync_lanes()
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -142,7 +163,7 @@ class Scheduler:
             try:
                 await self._refresh_paused(now)
                 started = await self._dispatch(now)
-                due = await self._next_due()
+                due = await self._next_wake(now)
             except StoreError as error:
                 log.warning("scheduler cannot read the store: %s", error)
                 started, due = 0, None
@@ -176,7 +197,7 @@ class Scheduler:
                 await self._wake.wait()
                 self._wake.clear()
                 continue
-            due = await self._next_due()
+            due = await self._next_wake(self._clock.now())
             if due is None:
                 return
             await self._clock.wait(self._wake, due)
@@ -202,21 +223,30 @@ class Scheduler:
 
     def reconfigure(self, config: Config, targets: Mapping[str, Target]) -> None:
         """Switch to a new config; attempts in flight finish on the one they started with."""
-        self._state = _State(config, targets, self._state.slots)
+        self._state = _State(config, targets, self._state.lanes)
         self._masker = Masker(config.secrets)
-        self._sync_slots()
+        self._sync_lanes()
         self._wake.set()
 
     # Internals
 
-    def _sync_slots(self) -> None:
+    def _sync_lanes(self) -> None:
         state = self._state
+        now = self._clock.now()
         for name, target in state.config.targets.items():
-            slots = state.slots.get(name)
-            if slots is None:
-                state.slots[name] = _TargetSlots(target.concurrency)
-            else:
-                slots.concurrency = target.concurrency
+            lane = state.lanes.setdefault(name, _Lane(target.concurrency))
+            lane.concurrency = target.concurrency
+            if target.rate is None:
+                lane.own = None
+            elif lane.own is None or lane.own.rate != target.rate:
+                lane.own = Pacer(target.rate, now)
+            lane.shared = None
+            if target.shared_rate is not None:
+                group, rate = target.shared_rate
+                shared = self._shared_pacers.get(group)
+                if shared is None or shared.rate != rate:
+                    shared = self._shared_pacers[group] = Pacer(rate, now)
+                lane.shared = shared
 
     async def _refresh_paused(self, now: float) -> None:
         # Pause state lives in the store (the CLI may change it): read it at
@@ -226,13 +256,21 @@ class Scheduler:
             self._paused = await self._store.paused_targets()
             self._paused_read_at = now
 
-    def _claimable(self) -> dict[str, int]:
+    def _eligible(self) -> dict[str, _Lane]:
+        """Targets that may send now but for their pace: configured, unpaused, with room."""
         state = self._state
         return {
-            name: min(slots.free, self._batch_size)
-            for name, slots in state.slots.items()
-            if name in state.targets and slots.free > 0 and name not in self._paused
+            name: lane
+            for name, lane in state.lanes.items()
+            if name in state.targets and lane.free > 0 and name not in self._paused
         }
+
+    def _claimable(self, now: float) -> dict[str, int]:
+        limits = {
+            name: min(lane.allowed(now), self._batch_size)
+            for name, lane in self._eligible().items()
+        }
+        return {name: limit for name, limit in limits.items() if limit > 0}
 
     def _lease(self) -> float:
         timeouts = [t.retry.timeout for t in self._state.config.targets.values()]
@@ -241,13 +279,17 @@ class Scheduler:
         ]
         return max(timeouts, default=0.0) + LEASE_MARGIN
 
-    async def _next_due(self) -> float | None:
-        return await self._store.next_due(list(self._claimable()))
+    async def _next_wake(self, now: float) -> float | None:
+        """When something can next be sent: its due time, or later if its pace says so."""
+        lanes = self._eligible()
+        due = await self._store.next_due(list(lanes))
+        times = [max(at, lanes[name].ready_at(now)) for name, at in due.items()]
+        return min(times, default=None)
 
     async def _dispatch(self, now: float) -> int:
         if self._stopping:
             return 0
-        limits = self._claimable()
+        limits = self._claimable(now)
         if not limits:
             return 0
         claimed = await self._store.claim_due(now, now + self._lease(), limits)
@@ -257,7 +299,9 @@ class Scheduler:
             if target is None:  # reconfigured away while we were claiming
                 await self._store.release([delivery.id], now)
                 continue
-            state.slots[delivery.target].in_flight += 1
+            lane = state.lanes[delivery.target]
+            lane.in_flight += 1
+            lane.take(1, now)
             task = asyncio.create_task(
                 self._attempt(delivery, target, state), name=f"relay-attempt-{delivery.id}"
             )
@@ -305,9 +349,9 @@ class Scheduler:
                     )
                 )
         finally:
-            slots = state.slots.get(delivery.target)
-            if slots is not None:
-                slots.in_flight -= 1
+            lane = state.lanes.get(delivery.target)
+            if lane is not None:
+                lane.in_flight -= 1
             self._tasks.pop(delivery.id, None)
             self._wake.set()
 

@@ -7,6 +7,7 @@ template actually looks at `json` or `form`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,19 @@ class _Environment(SandboxedEnvironment):
     # A smaller range() than Jinja's default of 100,000 items: nobody needs a
     # long loop to shape a webhook, and nested loops multiply.
     MAX_RANGE = 10_000
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        plain_tojson = self.filters["tojson"]
+
+        def tojson(context: Any, value: Any, indent: int | None = None) -> Any:
+            # Name the missing field, instead of "StrictUndefined is not JSON serializable".
+            if isinstance(value, jinja2.Undefined):
+                value._fail_with_undefined_error()
+            return plain_tojson(context, value, indent)
+
+        tojson.jinja_pass_arg = plain_tojson.jinja_pass_arg  # type: ignore[attr-defined]
+        self.filters["tojson"] = tojson
 
 
 _PLAIN = _Environment(
@@ -80,7 +94,9 @@ def compile_expression(source: str) -> Template:
     Rendered through the same sandbox; the result is "1" when it holds and ""
     when it does not (see `holds`).
     """
-    return compile_template("{% if (" + source + ") %}1{% endif %}")
+    wrapped = compile_template("{% if (" + source + ") %}1{% endif %}")
+    # Messages ("when: ... is false") show the condition as the user wrote it.
+    return dataclasses.replace(wrapped, source=source)
 
 
 def holds(condition: Template, context: Mapping[str, Any]) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -96,3 +96,9 @@ def parse_instant(text: str, now: float) -> float:
     if moment.tzinfo is None:
         raise ValueError(f"time without a zone: {text!r} (add Z or +03:00)")
     return moment.timestamp()
+
+
+def format_instant(timestamp: float) -> str:
+    """UTC ISO 8601 with milliseconds: "2026-12-01T10:00:00.000Z"."""
+    moment = datetime.fromtimestamp(timestamp, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from relay.config import FileTarget, HttpTarget, TargetConfig
@@ -19,13 +18,11 @@ from relay.store import (
     Status,
     TargetState,
 )
+from relay.units import format_instant
 
 
 def iso(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    moment = datetime.fromtimestamp(timestamp, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return None if timestamp is None else format_instant(timestamp)
 
 
 def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
@@ -135,7 +132,9 @@ def target_view(
     if isinstance(settings, HttpTarget):
         view["url"] = masker.text(settings.url)
         view["method"] = settings.method
-        view["headers"] = dict(masker.headers(settings.headers.items()))
+        sources = [(name, template.source) for name, template in settings.headers.items()]
+        view["headers"] = dict(masker.headers(sources))
+        view["format"] = settings.format
     elif isinstance(settings, FileTarget):
         view["path"] = str(settings.path)
     view.update(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 
 def toml_value(value: Any) -> str:
@@ -69,7 +70,7 @@ def free_port() -> int:
 class Received:
     method: str
     path: str
-    headers: dict[str, str]
+    headers: CIMultiDict[str]
     body: bytes
     at: float
 
@@ -93,7 +94,9 @@ class Sink:
         number = len(self.requests)
         body = await request.read()
         self.requests.append(
-            Received(request.method, request.path_qs, dict(request.headers), body, time.time())
+            Received(
+                request.method, request.path_qs, CIMultiDict(request.headers), body, time.time()
+            )
         )
         self.arrived.set()
         if callable(self.script):

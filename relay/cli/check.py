@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from relay.cli.common import add_config_option, read_config
-from relay.config import Config, FileTarget, HttpTarget
+from relay.config import Config, FileTarget, HttpTarget, SmtpTarget, TargetConfig
 from relay.retry import describe_schedule
 from relay.secrets import Masker
 from relay.units import format_size
@@ -23,6 +23,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def where(target: TargetConfig, masker: Masker) -> str:
+    settings = target.settings
+    if isinstance(settings, HttpTarget):
+        body = "" if settings.format == "raw" else f", {settings.format} body"
+        return f"{settings.method} {masker.text(settings.url)}{body}"
+    if isinstance(settings, FileTarget):
+        return str(settings.path)
+    if isinstance(settings, SmtpTarget):
+        return f"{settings.host}:{settings.port} {settings.tls}, to {', '.join(settings.to)}"
+    return f"chat {settings.chat_id}, {settings.parse_mode}"
+
+
 def describe(config: Config) -> str:
     masker = Masker(config.secrets)
     server, storage = config.server, config.storage
@@ -35,15 +47,13 @@ def describe(config: Config) -> str:
         lines.append(f"route {route.name}: POST {masker.text(route.path)}")
         for route_target in route.targets:
             target = config.targets[route_target.target]
-            settings = target.settings
-            if isinstance(settings, HttpTarget):
-                where = f"{settings.method} {masker.text(settings.url)}"
-            elif isinstance(settings, FileTarget):
-                where = str(settings.path)
-            else:  # pragma: no cover - every type is listed above
-                where = ""
             condition = f" when {route_target.when.source}" if route_target.when else ""
-            lines.append(f"  → {target.name} ({target.type} {where}){condition}")
+            limits = f"concurrency {target.concurrency}"
+            if target.rate is not None:
+                limits += f", rate {target.rate}"
+            lines.append(
+                f"  → {target.name} ({target.type} {where(target, masker)}; {limits}){condition}"
+            )
             lines.append(f"      {describe_schedule(route_target.retry)}")
     unused = set(config.targets) - {t.target for r in config.routes.values() for t in r.targets}
     for name in sorted(unused):

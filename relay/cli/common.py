@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import orjson
 
 from relay.app import open_store
-from relay.config import Config, ConfigError, load_config
+from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.loops import loop_factory
 from relay.store import SqliteStore
 
@@ -58,14 +58,22 @@ def read_config(args: argparse.Namespace) -> Config:
         raise CommandError(f"config error: {error}") from None
 
 
+def read_operator_config(args: argparse.Namespace) -> OperatorConfig:
+    """For commands that work on the database: secrets of targets are not needed."""
+    try:
+        return load_operator_config(config_path(args, os.environ), os.environ)
+    except ConfigError as error:
+        raise CommandError(f"config error: {error}") from None
+
+
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(coroutine)
 
 
 @asynccontextmanager
-async def opened_store(config: Config) -> AsyncIterator[SqliteStore]:
-    store = open_store(config)
+async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[SqliteStore]:
+    store = open_store(config.storage)
     await store.open()
     try:
         yield store

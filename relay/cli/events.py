@@ -11,7 +11,7 @@ from relay.cli.common import (
     add_json_option,
     emit,
     opened_store,
-    read_config,
+    read_operator_config,
     run,
     table,
 )
@@ -43,7 +43,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def list_events(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_operator_config(args)
     query = EventQuery(
         status=Status(args.status) if args.status else None,
         route=args.route,
@@ -63,7 +63,7 @@ def list_events(args: argparse.Namespace) -> int:
 
 
 def show_event(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_operator_config(args)
     try:
         event_id = int(args.event_id)
     except ValueError:

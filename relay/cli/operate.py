@@ -17,11 +17,10 @@ from relay.cli.common import (
     add_json_option,
     emit,
     opened_store,
-    read_config,
+    read_operator_config,
     run,
     table,
 )
-from relay.config import Config
 from relay.secrets import Masker
 from relay.store import Conflict, NotFound, Selection, Status
 from relay.units import format_duration, parse_instant
@@ -85,7 +84,7 @@ def _ids(values: list[str]) -> list[int]:
 
 
 def retry_deliveries(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_operator_config(args)
     ids = _ids(args.delivery_ids)
 
     async def act() -> tuple[list[dict[str, Any]], list[str]]:
@@ -117,7 +116,7 @@ def retry_deliveries(args: argparse.Namespace) -> int:
 
 
 def requeue_deliveries(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_operator_config(args)
     now = time.time()
     try:
         since = parse_instant(args.since, now) if args.since else None
@@ -150,7 +149,7 @@ def requeue_deliveries(args: argparse.Namespace) -> int:
 
 
 def pause_target(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_operator_config(args)
     if args.target not in config.targets:
         raise CommandError(f"no target {args.target} in the config")
 
@@ -164,7 +163,7 @@ def pause_target(args: argparse.Namespace) -> int:
 
 
 def show_stats(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_operator_config(args)
 
     async def fetch() -> dict[str, Any]:
         async with opened_store(config) as store:
@@ -172,11 +171,11 @@ def show_stats(args: argparse.Namespace) -> int:
             paused = await store.paused_targets()
         return stats_view(stats, time.time(), paused, Masker(config.secrets))
 
-    emit(args, run(fetch()), lambda data: _stats_text(data, config))
+    emit(args, run(fetch()), _stats_text)
     return 0
 
 
-def _stats_text(data: dict[str, Any], config: Config) -> str:
+def _stats_text(data: dict[str, Any]) -> str:
     statuses = [s.value for s in Status]
     lines = ["by route:"]
     lines.append(
@@ -221,11 +220,17 @@ def _stats_text(data: dict[str, Any], config: Config) -> str:
 
 
 def purge_events(args: argparse.Namespace) -> int:
-    config = read_config(args)
+    config = read_operator_config(args)
 
     async def act() -> int:
         async with opened_store(config) as store:
-            return await retention.purge(store, config, time.time(), dry_run=args.dry_run)
+            return await retention.purge(
+                store,
+                config.storage.retention,
+                config.dedup_windows,
+                time.time(),
+                dry_run=args.dry_run,
+            )
 
     count = run(act())
     keep = format_duration(config.storage.retention)

@@ -9,13 +9,17 @@ from relay.config.model import (
     HttpTarget,
     Listen,
     LogConfig,
+    Rate,
     RetryPolicy,
     RouteConfig,
     RouteTarget,
     ServerConfig,
+    SmtpTarget,
     StorageConfig,
     TargetConfig,
+    TelegramTarget,
 )
+from relay.config.operator import OperatorConfig, load_operator_config
 from relay.config.reader import ConfigError
 
 __all__ = [
@@ -27,12 +31,17 @@ __all__ = [
     "HttpTarget",
     "Listen",
     "LogConfig",
+    "OperatorConfig",
+    "Rate",
     "RetryPolicy",
     "RouteConfig",
     "RouteTarget",
     "ServerConfig",
+    "SmtpTarget",
     "StorageConfig",
     "TargetConfig",
+    "TelegramTarget",
     "load_config",
+    "load_operator_config",
     "parse_config",
 ]

@@ -2,40 +2,39 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yarl
-
 from relay.config.model import (
     AdminConfig,
     AlertsConfig,
     Config,
-    FileTarget,
-    HttpTarget,
     Listen,
     LogConfig,
     RetryPolicy,
     RouteConfig,
     RouteTarget,
     ServerConfig,
+    SmtpTarget,
     StorageConfig,
     TargetConfig,
-    TargetSettings,
+    TelegramTarget,
 )
-from relay.config.reader import ConfigError, Section, describe, substitute
-from relay.templates import Template, compile_expression, compile_template
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
-_HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
+from relay.config.policy import parse_retry
+from relay.config.reader import ConfigError, Section, substitute
+from relay.config.targets import NAME, parse_target
 
 
 def load_config(path: Path, environ: Mapping[str, str]) -> Config:
     """Read and check the file at `path`; `environ` resolves ${VAR} references."""
+    data = read_toml(path)
+    return parse_config(data, environ, base=path.resolve().parent, source=path.resolve())
+
+
+def read_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -43,10 +42,9 @@ def load_config(path: Path, environ: Mapping[str, str]) -> Config:
     except OSError as error:
         raise ConfigError("", f"{path}: cannot read: {error.strerror}") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError("", f"{path}: invalid TOML: {error}") from None
-    return parse_config(data, environ, base=path.resolve().parent, source=path.resolve())
 
 
 def parse_config(
@@ -55,12 +53,12 @@ def parse_config(
     secrets: set[str] = set()
     root = Section(substitute(dict(data), environ, "", secrets), "")
     server = _server(root.section("server"))
-    storage = _storage(root.section("storage"), base)
+    storage = parse_storage(root.section("storage"), base)
     admin = _admin(root.section("admin"))
     log = _log(root.section("log"))
-    default_retry = _retry(root.section("retry"), RetryPolicy())
+    default_retry = parse_retry(root.section("retry"), RetryPolicy())
     targets = {
-        name: _target(name, section, default_retry, base)
+        name: parse_target(name, section, default_retry, base)
         for name, section in root.subsections("targets").items()
     }
     routes: dict[str, RouteConfig] = {}
@@ -76,6 +74,8 @@ def parse_config(
         routes[name] = route
     alerts = _alerts(root.section("alerts"), targets)
     root.done()
+    # Credentials are masked wherever they show, even when written in the file itself.
+    secrets |= _credentials(admin, targets)
     return Config(
         server=server,
         storage=storage,
@@ -88,6 +88,17 @@ def parse_config(
         secrets=frozenset(secrets),
         source=source,
     )
+
+
+def _credentials(admin: AdminConfig, targets: Mapping[str, TargetConfig]) -> set[str]:
+    found = {admin.token} if admin.token else set()
+    for target in targets.values():
+        settings = target.settings
+        if isinstance(settings, TelegramTarget):
+            found.add(settings.bot_token)
+        elif isinstance(settings, SmtpTarget) and settings.password:
+            found.add(settings.password)
+    return found
 
 
 def _server(section: Section) -> ServerConfig:
@@ -112,7 +123,7 @@ def _listen(section: Section, name: str, default: Listen) -> Listen:
     return Listen(host, int(port))
 
 
-def _storage(section: Section, base: Path) -> StorageConfig:
+def parse_storage(section: Section, base: Path) -> StorageConfig:
     defaults = StorageConfig()
     storage = StorageConfig(
         path=section.path("path", base, base / defaults.path),
@@ -165,98 +176,10 @@ def _alerts(section: Section, targets: Mapping[str, TargetConfig]) -> AlertsConf
     return alerts
 
 
-def _retry(section: Section, inherited: RetryPolicy) -> RetryPolicy:
-    """Read a retry table; keys it leaves out keep the `inherited` values.
-
-    A list of delays replaces the inherited schedule as a whole: its length
-    is the number of retries unless `retries` is set beside it, in which case
-    the last delay repeats.
-    """
-    raw_delays = section.take("delays", None)
-    backoff = section.choice("backoff", ("exponential", "list"), None)
-    if backoff is None:
-        backoff = "list" if raw_delays is not None else inherited.backoff
-    base = section.number("base", inherited.base, minimum=1.0, maximum=100.0)
-    unit = section.duration("unit", inherited.unit)
-    retries = section.integer("retries", None, minimum=0, maximum=1000)
-    jitter = section.number("jitter", inherited.jitter, minimum=0.0, maximum=1.0)
-    max_delay = section.duration("max_delay", inherited.max_delay)
-    timeout = section.duration("timeout", inherited.timeout)
-    retry_on_error = section.boolean("retry_on_error", inherited.retry_on_error)
-    delays: tuple[float, ...] = ()
-    if backoff == "list":
-        if raw_delays is None:
-            delays = inherited.delays
-            if not delays:
-                raise ConfigError(
-                    section.key("delays"), 'is required with backoff = "list" (e.g. ["30s", "2m"])'
-                )
-            if retries is None:
-                retries = inherited.retries
-        elif not isinstance(raw_delays, list) or not raw_delays:
-            raise section.error(
-                "delays", 'a non-empty list of durations like ["30s", "2m"]', raw_delays
-            )
-        else:
-            delays = tuple(
-                section.parse_duration_value(f"delays[{index}]", item)
-                for index, item in enumerate(raw_delays)
-            )
-    if retries is None:
-        if backoff == "list":
-            retries = len(delays)
-        elif inherited.backoff == "exponential":
-            retries = inherited.retries
-        else:
-            retries = RetryPolicy().retries
-    section.done()
-    return RetryPolicy(
-        backoff=backoff,
-        base=base,
-        unit=unit,
-        retries=retries,
-        jitter=jitter,
-        max_delay=max_delay,
-        delays=delays,
-        timeout=timeout,
-        retry_on_error=retry_on_error,
-    )
-
-
-def _target(name: str, section: Section, default_retry: RetryPolicy, base: Path) -> TargetConfig:
-    if not _NAME.fullmatch(name):
-        raise ConfigError(section.where, "expected a name of letters, digits, _ and -")
-    kind = section.choice("type", ("http", "file"))
-    retry = _retry(section.section("retry"), default_retry)
-    concurrency = section.integer("concurrency", 4, minimum=1, maximum=1000)
-    settings: TargetSettings
-    if kind == "http":
-        settings = _http_target(section)
-    else:
-        settings = FileTarget(path=section.path("path", base))
-    section.done()
-    return TargetConfig(name=name, retry=retry, settings=settings, concurrency=concurrency)
-
-
-def _http_target(section: Section) -> HttpTarget:
-    url = section.string("url")
-    try:
-        parsed = yarl.URL(url)
-    except (ValueError, TypeError):
-        parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-        raise section.error("url", "an http:// or https:// URL", url)
-    method = section.string("method", "POST").upper()
-    if method not in _HTTP_METHODS:
-        raise section.error("method", "one of " + ", ".join(_HTTP_METHODS), method)
-    headers = section.string_map("headers", {})
-    return HttpTarget(url=url, method=method, headers=MappingProxyType(headers))
-
-
 def _route(
     name: str, section: Section, targets: Mapping[str, TargetConfig], server: ServerConfig
 ) -> RouteConfig:
-    if not _NAME.fullmatch(name):
+    if not NAME.fullmatch(name):
         raise ConfigError(section.where, "expected a name of letters, digits, _ and -")
     path = section.string("path")
     if not path.startswith("/"):
@@ -275,12 +198,11 @@ def _route(
                 section.key(f"targets[{index}]"), f'target "{route_target.target}" is listed twice'
             )
         seen.add(route_target.target)
-    key_source = section.string("idempotency_key", None)
     route = RouteConfig(
         name=name,
         path=path,
         targets=route_targets,
-        idempotency_key=_template(section, "idempotency_key", key_source),
+        idempotency_key=section.template("idempotency_key", None),
         require_idempotency_key=section.boolean("require_idempotency_key", False),
         max_body_size=section.size("max_body_size", server.max_body_size),
         dedup_window=section.duration("dedup_window", None),
@@ -304,26 +226,7 @@ def _route_target(
         key = table.key("target") if isinstance(item, dict) else table.where
         raise ConfigError(key, f'unknown target "{name}" (configured: {known})')
     # A route-level override starts from the target's own schedule.
-    policy = _retry(table.section("retry"), targets[name].retry)
-    when_source = table.string("when", None)
-    when = _expression(table, "when", when_source)
+    policy = parse_retry(table.section("retry"), targets[name].retry)
+    when = table.expression("when", None)
     table.done()
     return RouteTarget(target=name, retry=policy, when=when)
-
-
-def _template(section: Section, name: str, source: str | None) -> Template | None:
-    if source is None:
-        return None
-    try:
-        return compile_template(source)
-    except ValueError as error:
-        raise ConfigError(section.key(name), str(error)) from None
-
-
-def _expression(section: Section, name: str, source: str | None) -> Template | None:
-    if source is None:
-        return None
-    try:
-        return compile_expression(source)
-    except ValueError as error:
-        raise ConfigError(section.key(name), f"{error} in {describe(source)}") from None

@@ -87,10 +87,34 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class Rate:
+    """At most `count` per `per` seconds, evenly spaced (no bursts), so that a
+    receiver counting requests in any sliding window never sees too many."""
+
+    count: int
+    per: float
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.per
+
+    def __str__(self) -> str:
+        unit = {1.0: "s", 60.0: "m", 3600.0: "h"}.get(self.per, f"{self.per:g}s")
+        return f"{self.count}/{unit}"
+
+
+HttpFormat = Literal["raw", "json", "form"]
+
+
+@dataclass(frozen=True)
 class HttpTarget:
     url: str
     method: str = "POST"
-    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Header values are templates (a plain value is a template with no tags).
+    headers: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
+    format: HttpFormat = "raw"
+    body: Template | None = None  # format = "json": must render valid JSON
+    form: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -98,7 +122,41 @@ class FileTarget:
     path: Path
 
 
-TargetSettings = HttpTarget | FileTarget
+SmtpTls = Literal["implicit", "starttls", "none"]
+
+
+@dataclass(frozen=True)
+class SmtpTarget:
+    host: str
+    port: int
+    tls: SmtpTls
+    sender: str  # the `from` key
+    to: tuple[str, ...]
+    subject: Template
+    text: Template
+    cc: tuple[str, ...] = ()
+    reply_to: Template | None = None
+    html: Template | None = None
+    username: str | None = None
+    password: str | None = None
+    tls_verify: bool = True
+    ca_file: Path | None = None
+
+
+TelegramParseMode = Literal["HTML", "MarkdownV2", "none"]
+
+
+@dataclass(frozen=True)
+class TelegramTarget:
+    bot_token: str
+    chat_id: str
+    text: Template
+    parse_mode: TelegramParseMode = "HTML"
+    disable_notification: bool = False
+    api_base: str = "https://api.telegram.org"
+
+
+TargetSettings = HttpTarget | FileTarget | SmtpTarget | TelegramTarget
 
 
 @dataclass(frozen=True)
@@ -107,13 +165,21 @@ class TargetConfig:
     retry: RetryPolicy
     settings: TargetSettings
     concurrency: int = 4
+    rate: Rate | None = None
+    # Limits shared with other targets (one Telegram bot behind several chats).
+    shared_rate: tuple[str, Rate] | None = None
 
     @property
     def type(self) -> str:
         return _TARGET_TYPES[type(self.settings)]
 
 
-_TARGET_TYPES: dict[type, str] = {HttpTarget: "http", FileTarget: "file"}
+_TARGET_TYPES: dict[type, str] = {
+    HttpTarget: "http",
+    FileTarget: "file",
+    SmtpTarget: "smtp",
+    TelegramTarget: "telegram",
+}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from relay.templates import Template, compile_expression, compile_template
 from relay.units import parse_duration, parse_size
 
 
@@ -201,6 +202,45 @@ class Section:
             return value
         return resolve_path(value, base)
 
+    def template(
+        self,
+        name: str,
+        default: Any = REQUIRED,
+        *,
+        html: bool = False,
+        compile_default: bool = False,
+    ) -> Any:
+        """A Jinja2 template, compiled now: a syntax error is a config error.
+
+        With `compile_default`, an absent key gets `default` compiled as its template.
+        """
+        source = self.string(name, default, nonempty=False)
+        if source is default and default is not REQUIRED and not compile_default:
+            return source
+        return self._compile(name, source, html=html)
+
+    def template_map(self, name: str, *, html: bool = False) -> dict[str, Template]:
+        return {
+            key: self._compile(f"{name}.{key}", value, html=html)
+            for key, value in self.string_map(name, {}).items()
+        }
+
+    def expression(self, name: str, default: Any = REQUIRED) -> Any:
+        """A condition such as `json.Status == 'PAID'`, compiled now."""
+        source = self.string(name, default)
+        if source is default and default is not REQUIRED:
+            return source
+        try:
+            return compile_expression(source)
+        except ValueError as error:
+            raise ConfigError(self.key(name), f"{error} in {describe(source)}") from None
+
+    def _compile(self, name: str, source: str, *, html: bool) -> Template:
+        try:
+            return compile_template(source, html=html)
+        except ValueError as error:
+            raise ConfigError(self.key(name), str(error)) from None
+
     def section(self, name: str) -> Section:
         value = self.take(name, {})
         if not isinstance(value, dict):
@@ -249,26 +289,44 @@ _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CREDENTIAL_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
-def substitute(tree: Any, environ: Mapping[str, str], where: str, secrets: set[str]) -> Any:
+def substitute(
+    tree: Any, environ: Mapping[str, str], where: str, secrets: set[str], *, strict: bool = True
+) -> Any:
     """Replace references in every string of a parsed TOML tree.
 
     Every value that came from a reference is added to `secrets`, so logs and
-    answers can mask it wherever it shows up later.
+    answers can mask it wherever it shows up later. With `strict=False` a
+    reference that cannot be resolved is left as it is written.
     """
     if isinstance(tree, dict):
         return {
-            key: substitute(value, environ, f"{where}.{key}" if where else key, secrets)
+            key: substitute(
+                value, environ, f"{where}.{key}" if where else key, secrets, strict=strict
+            )
             for key, value in tree.items()
         }
     if isinstance(tree, list):
-        return [substitute(item, environ, f"{where}[{i}]", secrets) for i, item in enumerate(tree)]
+        return [
+            substitute(item, environ, f"{where}[{i}]", secrets, strict=strict)
+            for i, item in enumerate(tree)
+        ]
     if isinstance(tree, str) and "$" in tree:
-        return _substitute_string(tree, environ, where, secrets)
+        return _substitute_string(tree, environ, where, secrets, strict)
     return tree
 
 
-def _substitute_string(text: str, environ: Mapping[str, str], where: str, secrets: set[str]) -> str:
+def _substitute_string(
+    text: str, environ: Mapping[str, str], where: str, secrets: set[str], strict: bool
+) -> str:
     def replace(match: re.Match[str]) -> str:
+        try:
+            return resolve(match)
+        except ConfigError:
+            if strict:
+                raise
+            return match.group(0)
+
+    def resolve(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         reference = match.group(1)

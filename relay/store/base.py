@@ -281,8 +281,9 @@ class Store(Protocol):
         """
         ...
 
-    async def next_due(self, targets: Collection[str]) -> float | None:
-        """The earliest time one of these targets has something to claim."""
+    async def next_due(self, targets: Collection[str]) -> dict[str, float]:
+        """For each of these targets with something waiting, the earliest time
+        it has something to claim."""
         ...
 
     async def record_attempt(

@@ -261,26 +261,28 @@ class SqliteStore:
         result: list[ClaimedDelivery] = await self._write(job)
         return result
 
-    async def next_due(self, targets: Collection[str]) -> float | None:
+    async def next_due(self, targets: Collection[str]) -> dict[str, float]:
         if not targets:
-            return None
+            return {}
         # One MIN per target and state: each is a single index probe, where a
         # MIN over `target IN (...)` would walk every pending row.
         parts = []
         params: list[Any] = []
         for target in targets:
             parts.append(
-                "SELECT MIN(next_attempt_at) AS t FROM deliveries"
+                "SELECT ? AS target, MIN(next_attempt_at) AS t FROM deliveries"
                 " WHERE status = 'pending' AND target = ?"
             )
             parts.append(
-                "SELECT MIN(lease_until) AS t FROM deliveries"
+                "SELECT ? AS target, MIN(lease_until) AS t FROM deliveries"
                 " WHERE status = 'in_flight' AND target = ?"
             )
-            params += [target, target]
-        rows = await self._read(f"SELECT MIN(t) FROM ({' UNION ALL '.join(parts)})", params)
-        value = rows[0][0]
-        return float(value) if value is not None else None
+            params += [target, target, target, target]
+        due: dict[str, float] = {}
+        for target, moment in await self._read(" UNION ALL ".join(parts), params):
+            if moment is not None:
+                due[target] = min(float(moment), due.get(target, float("inf")))
+        return due
 
     async def record_attempt(
         self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from relay.config import FileTarget as FileSettings
 from relay.config import HttpTarget as HttpSettings
+from relay.config import SmtpTarget as SmtpSettings
 from relay.config import TargetConfig
+from relay.config import TelegramTarget as TelegramSettings
 from relay.targets.base import Envelope, Target
 from relay.targets.file import FileTarget
 from relay.targets.http import HttpTarget
+from relay.targets.smtp import SmtpTarget
+from relay.targets.telegram import TelegramTarget
 
 
 def build_target(config: TargetConfig) -> Target:
@@ -16,6 +20,10 @@ def build_target(config: TargetConfig) -> Target:
         return HttpTarget(config.name, settings, concurrency=config.concurrency)
     if isinstance(settings, FileSettings):
         return FileTarget(config.name, settings.path)
+    if isinstance(settings, SmtpSettings):
+        return SmtpTarget(config.name, settings)
+    if isinstance(settings, TelegramSettings):
+        return TelegramTarget(config.name, settings, concurrency=config.concurrency)
     raise TypeError(f"no target type for {type(settings).__name__}")
 
 

@@ -1,16 +1,21 @@
 """What a target is: something that sends one delivery and says how it went.
 
-A target knows nothing of SQLite, schedules or routes. It gets an `Envelope`
-and returns an `Outcome`; the scheduler decides what happens next.
+A target knows nothing of SQLite, schedules or routes. It gets an `Envelope`,
+renders its templates, sends, and returns an `Outcome`; the scheduler decides
+what happens next. A template that fails for an event is an Outcome too (a
+permanent failure: retrying would render the same thing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from relay.outcome import Outcome
+from relay.payload import header_map, template_context
+from relay.templates import Template
+from relay.units import format_instant
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,13 @@ class Target(Protocol):
         """
         ...
 
+    def preview(self, envelope: Envelope) -> str:
+        """Exactly what `send` would send, as text, without sending it.
+
+        Raises TemplateError when a template fails for this payload.
+        """
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -53,3 +65,32 @@ def relay_headers(envelope: Envelope) -> dict[str, str]:
         "X-Relay-Event-Id": str(envelope.event_id),
         "X-Relay-Attempt": str(envelope.attempt),
     }
+
+
+def variables(templates: Iterable[Template | None]) -> frozenset[str]:
+    """Every context name these templates read: only those are built per send."""
+    names: set[str] = set()
+    for template in templates:
+        if template is not None:
+            names |= template.variables
+    return frozenset(names)
+
+
+def context(envelope: Envelope, wanted: Iterable[str]) -> dict[str, Any]:
+    return template_context(
+        wanted,
+        body=envelope.body,
+        content_type=envelope.content_type,
+        headers=header_map(envelope.headers),
+        query=envelope.query,
+        event={
+            "id": str(envelope.event_id),
+            "route": envelope.route,
+            "received_at": format_instant(envelope.received_at),
+            "idempotency_key": envelope.idempotency_key,
+        },
+    )
+
+
+def render_map(templates: Mapping[str, Template], values: Mapping[str, Any]) -> dict[str, str]:
+    return {key: template.render(values) for key, template in templates.items()}

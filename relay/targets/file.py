@@ -27,6 +27,9 @@ class FileTarget:
     async def close(self) -> None:
         pass
 
+    def preview(self, envelope: Envelope) -> str:
+        return f"append to {self._path}:\n" + orjson.dumps(_record(envelope)).decode()
+
     async def send(self, envelope: Envelope) -> Outcome:
         line = orjson.dumps(_record(envelope)) + b"\n"
         try:

@@ -1,19 +1,42 @@
-"""The `http` target: forward a delivery to a URL and classify the answer."""
+"""The `http` target: a CRM API or any URL. Forwards the body as it came, or
+builds a JSON or form body from templates; classifies the answer."""
 
 from __future__ import annotations
 
 import email.utils
 import ssl
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import aiohttp
+import orjson
+from multidict import CIMultiDictProxy
 
 from relay import __version__
 from relay.config import HttpTarget as HttpSettings
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
-from relay.targets.base import Envelope, relay_headers
+from relay.secrets import Masker
+from relay.targets.base import Envelope, context, relay_headers, render_map, variables
+from relay.templates import TemplateError
 
 USER_AGENT = f"relay/{__version__}"
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: bytes
+
+    def describe(self) -> str:
+        """For display (`relay render`): credential headers are masked."""
+        masker = Masker()
+        lines = [f"{self.method} {masker.text(self.url)}"]
+        lines += [f"{name}: {masker.header(name, value)}" for name, value in self.headers.items()]
+        return "\n".join([*lines, "", self.body.decode("utf-8", errors="replace")])
 
 
 class HttpTarget:
@@ -22,40 +45,83 @@ class HttpTarget:
         self._settings = settings
         self._concurrency = concurrency
         self._session: aiohttp.ClientSession | None = None
+        self._wanted = variables(
+            [*settings.headers.values(), settings.body, *settings.form.values()]
+        )
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self._concurrency * 2),
-            # Proxies from the environment would silently change where data goes.
-            trust_env=False,
-            auto_decompress=False,
-        )
+        self._session = client_session(self._concurrency)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
 
+    def prepare(self, envelope: Envelope) -> Request:
+        """The request to send; raises TemplateError when a template fails for this event."""
+        settings = self._settings
+        values = context(envelope, self._wanted) if self._wanted else {}
+        headers = {"User-Agent": USER_AGENT, **render_map(settings.headers, values)}
+        if settings.format == "json":
+            assert settings.body is not None
+            body = settings.body.render(values).encode()
+            try:
+                orjson.loads(body)
+            except orjson.JSONDecodeError as error:
+                raise TemplateError(f"body template did not produce valid JSON: {error}") from None
+            headers["Content-Type"] = "application/json"
+        elif settings.format == "form":
+            body = urlencode(render_map(settings.form, values)).encode()
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        else:
+            body = envelope.body
+            if envelope.content_type:
+                headers["Content-Type"] = envelope.content_type
+        headers.update(relay_headers(envelope))
+        return Request(settings.method, settings.url, headers, body)
+
+    def preview(self, envelope: Envelope) -> str:
+        return self.prepare(envelope).describe()
+
     async def send(self, envelope: Envelope) -> Outcome:
         assert self._session is not None, "target not started"
-        headers = {"User-Agent": USER_AGENT, **self._settings.headers, **relay_headers(envelope)}
-        if envelope.content_type:
-            headers["Content-Type"] = envelope.content_type
-        return await request(
-            self._session, self._settings.method, self._settings.url, envelope.body, headers
-        )
+        try:
+            prepared = self.prepare(envelope)
+        except TemplateError as error:
+            return Outcome.fail(str(error))
+        return await request(self._session, prepared)
 
 
-async def request(
-    session: aiohttp.ClientSession, method: str, url: str, body: bytes, headers: dict[str, str]
+def client_session(concurrency: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency * 2),
+        # Proxies from the environment would silently change where data goes.
+        trust_env=False,
+        auto_decompress=False,
+    )
+
+
+async def request(session: aiohttp.ClientSession, prepared: Request) -> Outcome:
+    """One HTTP request, classified by its status."""
+    return await exchange(session, prepared, classify)
+
+
+async def exchange(
+    session: aiohttp.ClientSession,
+    prepared: Request,
+    judge: Callable[[int, CIMultiDictProxy[str], bytes], Outcome],
 ) -> Outcome:
-    """One HTTP request, classified. Shared by every target that speaks HTTP."""
+    """Send a request; network trouble is a retry, the answer goes to `judge`."""
     try:
         async with session.request(
-            method, url, data=body, headers=headers, allow_redirects=False
+            prepared.method,
+            prepared.url,
+            data=prepared.body,
+            headers=prepared.headers,
+            allow_redirects=False,
         ) as response:
             excerpt = await read_excerpt(response)
-            return classify(response.status, response.headers, excerpt)
+            return judge(response.status, response.headers, excerpt)
     except aiohttp.ClientConnectorDNSError as error:
         return Outcome.retry(f"DNS lookup failed for {error.host}")
     except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError, ssl.SSLError) as error:
@@ -85,16 +151,14 @@ async def read_excerpt(response: aiohttp.ClientResponse) -> bytes:
     return b"".join(chunks)
 
 
-def classify(status: int, headers: aiohttp.typedefs.LooseHeaders, excerpt: bytes) -> Outcome:
+def classify(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:
     if 200 <= status < 300:
         return Outcome.success(status, excerpt)
     if 300 <= status < 400:
         return Outcome.fail(f"HTTP {status}: redirects are not followed", status, excerpt)
-    if status == 429:
-        retry_after = parse_retry_after(_header(headers, "Retry-After"))
-        return Outcome.retry(f"HTTP {status}", status, excerpt, retry_after)
-    if status >= 500:
-        retry_after = parse_retry_after(_header(headers, "Retry-After"))
+    if status == 429 or status >= 500:
+        # Bitrix24's QUERY_LIMIT_EXCEEDED is a 503: a retry, like every 5xx.
+        retry_after = parse_retry_after(headers.get("Retry-After"))
         return Outcome.retry(f"HTTP {status}", status, excerpt, retry_after)
     return Outcome.fail(f"HTTP {status}", status, excerpt)
 
@@ -111,12 +175,6 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (now if now is not None else time.time()))
-
-
-def _header(headers: aiohttp.typedefs.LooseHeaders, name: str) -> str | None:
-    getter = getattr(headers, "get", None)
-    value = getter(name) if getter is not None else None
-    return str(value) if value is not None else None
 
 
 def _reason(error: BaseException) -> str:

@@ -118,3 +118,36 @@ async def test_the_group_window_runs_on_its_own(
     await asyncio.sleep(0.5)  # past another window: nothing more to say
     assert len(ops.requests) == 1
     assert json.loads(ops.requests[0].body)["dead_count"] == 20
+
+
+async def test_alerts_to_telegram_use_the_alert_text(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    _crm, crm_url = await start_sink([400])
+    bot, bot_url = await start_sink([200], path="")
+    config = make_config(
+        {
+            "crm": {"type": "http", "url": crm_url},
+            "ops": {
+                "type": "telegram",
+                "bot_token": "1:AAtoken",
+                "chat_id": 5,
+                "api_base": bot_url.rstrip("/"),
+            },
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        alerts={"target": "ops"},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    await post_many(relay, http, 1)
+    await relay.scheduler.drain()
+    await relay.alerter.flush()
+    await relay.scheduler.drain()
+    [message] = bot.requests
+    assert message.path == "/bot1:AAtoken/sendMessage"
+    text = json.loads(message.body)["text"]
+    assert text.startswith("relay: 1 delivery went dead\ndead: event 1 route orders → crm")
+    assert "relay requeue 1" in text

@@ -59,8 +59,18 @@ async def test_purge_keeps_pending_dead_and_young_events(
     await relay.scheduler.drain()
     clock.advance(11 * DAY)  # old ones are 31 days old, young ones 11
 
-    assert await retention.purge(relay.store, config, clock.now(), dry_run=True) == 1
-    assert await retention.purge(relay.store, config, clock.now()) == 1
+    assert (
+        await retention.purge(
+            relay.store, 30 * DAY, retention.dedup_windows(config), clock.now(), dry_run=True
+        )
+        == 1
+    )
+    assert (
+        await retention.purge(
+            relay.store, config.storage.retention, retention.dedup_windows(config), clock.now()
+        )
+        == 1
+    )
     keys = {e.idempotency_key: e for e in await relay.store.list_events(EventQuery())}
     assert set(keys) == {"old-payment", "old-dead", "old-pending", "young-delivered"}
     assert keys["old-dead"].status is Status.DEAD
@@ -71,7 +81,9 @@ async def test_purge_keeps_pending_dead_and_young_events(
     assert (await post(relay, http, "/pay", "old-payment"))[0] == "duplicate"
     clock.advance(30 * DAY)
     await relay.scheduler.drain()
-    await retention.purge(relay.store, config, clock.now())
+    await retention.purge(
+        relay.store, config.storage.retention, retention.dedup_windows(config), clock.now()
+    )
     assert (await post(relay, http, "/pay", "old-payment"))[0] == "queued"
 
 
@@ -93,7 +105,12 @@ async def test_purged_space_is_given_back(
     db = sqlite3.connect(config.storage.path)
     full = db.execute("PRAGMA page_count").fetchone()[0]
     clock.advance(2 * DAY)
-    assert await retention.purge(relay.store, config, clock.now()) == 200
+    assert (
+        await retention.purge(
+            relay.store, config.storage.retention, retention.dedup_windows(config), clock.now()
+        )
+        == 200
+    )
     await relay.store.reclaim_space()
     assert db.execute("PRAGMA page_count").fetchone()[0] < full / 4
     db.close()

@@ -113,15 +113,15 @@ async def test_claim_leases_due_deliveries_per_target_limit(store: SqliteStore) 
 async def test_not_due_yet_is_not_claimed(store: SqliteStore) -> None:
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     assert await store.claim_due(T0 - 1, T0 + 60, {"crm": 10}) == []
-    assert await store.next_due(["crm"]) == T0
-    assert await store.next_due(["audit"]) is None
+    assert await store.next_due(["crm", "audit"]) == {"crm": T0}
+    assert await store.next_due(["audit"]) == {}
 
 
 async def test_expired_lease_is_claimed_again(store: SqliteStore) -> None:
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     [first] = await store.claim_due(T0, T0 + 30, {"crm": 10})
     assert await store.claim_due(T0 + 29, T0 + 59, {"crm": 10}) == []
-    assert await store.next_due(["crm"]) == T0 + 30
+    assert await store.next_due(["crm"]) == {"crm": T0 + 30}
     [again] = await store.claim_due(T0 + 31, T0 + 61, {"crm": 10})
     assert again.id == first.id
 

@@ -176,7 +176,7 @@ def test_environment_references_are_substituted_and_remembered_as_secrets() -> N
     config = parse(data, {"CRM_TOKEN": "s3cret-token"})
     settings = config.targets["crm"].settings
     assert isinstance(settings, HttpTarget)
-    assert settings.headers["Authorization"] == "Bearer s3cret-token"
+    assert settings.headers["Authorization"].source == "Bearer s3cret-token"
     assert "s3cret-token" in config.secrets
 
 
@@ -194,7 +194,10 @@ def test_dollar_escape_and_credentials(tmp_path: Path) -> None:
     (tmp_path / "crm_token").write_text("from-credential\n")
     data = merged(targets={"crm": {"headers": {"A": "$${x}", "B": "${file:crm_token}"}}})
     settings = parse(data, {"CREDENTIALS_DIRECTORY": str(tmp_path)}).targets["crm"].settings
-    assert settings.headers == {"A": "${x}", "B": "from-credential"}
+    assert {k: v.source for k, v in settings.headers.items()} == {
+        "A": "${x}",
+        "B": "from-credential",
+    }
 
 
 def test_route_target_overrides_start_from_the_target_schedule() -> None:

@@ -1,0 +1,101 @@
+"""`relay render`: try a route's templates on a sample payload, sending nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from relay.cli.common import CommandError, add_config_option, read_config
+from relay.incoming import Incoming, idempotency_key, plan_deliveries
+from relay.secrets import Masker
+from relay.store import Status
+from relay.targets import Envelope, build_target
+from relay.templates import TemplateError
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "render",
+        help="show what each target of a route would send for a sample body (sends nothing)",
+    )
+    add_config_option(parser)
+    parser.add_argument("route", metavar="ROUTE")
+    parser.add_argument("--body", metavar="FILE", required=True, help="the body ('-': stdin)")
+    parser.add_argument("--content-type", help="default: guessed (JSON, else form)")
+    parser.add_argument(
+        "--header", metavar="K:V", action="append", default=[], help="a request header"
+    )
+    parser.set_defaults(handler=render)
+
+
+def render(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    route = config.routes.get(args.route)
+    if route is None:
+        known = ", ".join(sorted(config.routes)) or "none"
+        raise CommandError(f"no route {args.route} (configured: {known})")
+    body = sys.stdin.buffer.read() if args.body == "-" else _read(Path(args.body))
+    headers = []
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise CommandError(f"--header expects NAME:VALUE, got {item!r}")
+        headers.append((name.strip(), value.strip()))
+    content_type = args.content_type or _guess(body)
+    if not any(name.lower() == "content-type" for name, _ in headers):
+        headers.append(("Content-Type", content_type))
+    incoming = Incoming("POST", route.path, "", headers, body)
+    masker = Masker(config.secrets)
+    key = idempotency_key(route, incoming)
+    print(f"route {route.name}: POST {masker.text(route.path)}")
+    print(f"idempotency key: {key if key is not None else '(none)'}")
+    envelope = Envelope(
+        event_id=0,
+        delivery_id=0,
+        route=route.name,
+        target="",
+        attempt=1,
+        idempotency_key=key or "0",
+        received_at=time.time(),
+        method="POST",
+        path=route.path,
+        query="",
+        headers=headers,
+        content_type=content_type,
+        body=body,
+    )
+    failed = False
+    for planned in plan_deliveries(route, incoming):
+        target = config.targets[planned.target]
+        print(f"\n=== {target.name} ({target.type})")
+        if planned.status is Status.SKIPPED:
+            print(f"skipped: {planned.reason}")
+            continue
+        if planned.status is Status.DEAD:
+            print(f"would be dead: {planned.reason}")
+            failed = True
+            continue
+        try:
+            preview = build_target(target).preview(envelope)
+        except TemplateError as error:
+            print(f"would be dead: {error}")
+            failed = True
+            continue
+        print(masker.text(preview))
+    return 1 if failed else 0
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise CommandError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _guess(body: bytes) -> str:
+    stripped = body.lstrip()
+    if stripped[:1] in (b"{", b"["):
+        return "application/json"
+    return "application/x-www-form-urlencoded"

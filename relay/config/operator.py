@@ -1,0 +1,67 @@
+"""What the operator commands need: the database, and the names in the config.
+
+`relay events`, `retry`, `pause`... work on the database. They must not
+refuse to run because a target's secret (a CRM token, a bot token) lives
+only in the service's environment: here, references that cannot be resolved
+outside [storage] are left as written, and targets are known by name only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from relay.config.load import parse_storage, read_toml
+from relay.config.model import StorageConfig
+from relay.config.reader import Section, substitute
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    storage: StorageConfig
+    targets: frozenset[str]
+    # Each route's dedup_window (None: the storage retention applies).
+    dedup_windows: Mapping[str, float | None]
+    secrets: frozenset[str]
+    source: Path
+
+
+def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConfig:
+    data = read_toml(path)
+    base = path.resolve().parent
+    secrets: set[str] = set()
+    storage_table = substitute(data.get("storage", {}), environ, "storage", secrets)
+    rest = substitute(
+        {k: v for k, v in data.items() if k != "storage"}, environ, "", secrets, strict=False
+    )
+    storage = parse_storage(Section(storage_table, "storage"), base)
+    routes = rest.get("routes", {}) if isinstance(rest.get("routes"), dict) else {}
+    windows: dict[str, float | None] = {}
+    for name, table in routes.items():
+        if isinstance(table, dict):
+            windows[name] = Section(table, f"routes.{name}").duration("dedup_window", None)
+    targets = rest.get("targets", {})
+    return OperatorConfig(
+        storage=storage,
+        targets=frozenset(targets if isinstance(targets, dict) else ()),
+        dedup_windows=MappingProxyType(windows),
+        secrets=frozenset(secrets | _inline_credentials(rest)),
+        source=path.resolve(),
+    )
+
+
+def _inline_credentials(tree: dict[str, object]) -> set[str]:
+    """Credentials written in the file itself, to mask them all the same."""
+    found: set[str] = set()
+    admin = tree.get("admin")
+    if isinstance(admin, dict) and isinstance(admin.get("token"), str):
+        found.add(admin["token"])
+    targets = tree.get("targets")
+    for table in targets.values() if isinstance(targets, dict) else ():
+        if isinstance(table, dict):
+            for key in ("bot_token", "password"):
+                if isinstance(table.get(key), str):
+                    found.add(table[key])
+    return found

@@ -1,0 +1,201 @@
+"""`[targets.NAME]` tables: the keys common to every target, then each type's own."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from types import MappingProxyType
+
+import yarl
+
+from relay.config.model import (
+    FileTarget,
+    HttpTarget,
+    Rate,
+    RetryPolicy,
+    SmtpTarget,
+    TargetConfig,
+    TargetSettings,
+    TelegramTarget,
+)
+from relay.config.policy import parse_retry
+from relay.config.reader import ConfigError, Section
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
+HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
+_RATE = re.compile(r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
+_RATE_UNITS = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+}
+_EMAIL = re.compile(r"[^@\s<>]+@[^@\s<>]+|.*<[^@\s<>]+@[^@\s<>]+>")
+
+# Telegram's own limits: about one message a second to a chat, thirty a
+# second per bot. Sending within them needs no setting.
+TELEGRAM_CHAT_RATE = Rate(1, 1.0)
+TELEGRAM_BOT_RATE = Rate(30, 1.0)
+
+# What a Telegram text becomes when none is set: an alert's text, else the body.
+DEFAULT_TELEGRAM_TEXT = "{{ json.text | default(body) }}"
+DEFAULT_MAIL_SUBJECT = "{{ json.summary | default('relay: event ' ~ event.id) }}"
+DEFAULT_MAIL_TEXT = "{{ json.text | default(body) }}"
+
+
+def parse_target(
+    name: str, section: Section, default_retry: RetryPolicy, base: Path
+) -> TargetConfig:
+    if not NAME.fullmatch(name):
+        raise ConfigError(section.where, "expected a name of letters, digits, _ and -")
+    kind = section.choice("type", ("http", "file", "smtp", "telegram"))
+    retry = parse_retry(section.section("retry"), default_retry)
+    settings: TargetSettings
+    shared_rate = None
+    if kind == "http":
+        settings = _http(section)
+    elif kind == "file":
+        settings = FileTarget(path=section.path("path", base))
+    elif kind == "smtp":
+        settings = _smtp(section, base)
+    else:
+        settings = _telegram(section)
+        bot = hashlib.sha256(settings.bot_token.encode()).hexdigest()[:12]
+        shared_rate = (f"telegram-bot-{bot}", TELEGRAM_BOT_RATE)
+    default_concurrency = 1 if kind == "telegram" else 4
+    concurrency = section.integer("concurrency", default_concurrency, minimum=1, maximum=1000)
+    rate = _rate(section, "rate")
+    if rate is None and kind == "telegram":
+        rate = TELEGRAM_CHAT_RATE
+    section.done()
+    return TargetConfig(
+        name=name,
+        retry=retry,
+        settings=settings,
+        concurrency=concurrency,
+        rate=rate,
+        shared_rate=shared_rate,
+    )
+
+
+def _rate(section: Section, name: str) -> Rate | None:
+    value = section.string(name, None)
+    if value is None:
+        return None
+    match = _RATE.fullmatch(value)
+    if match is None or int(match.group(1)) == 0:
+        raise section.error(name, 'a rate like "2/s", "120/m" or "5000/h"', value)
+    return Rate(int(match.group(1)), _RATE_UNITS[match.group(2)])
+
+
+def _url(section: Section, name: str, default: object = None) -> str:
+    url: str = section.string(name) if default is None else section.string(name, default)
+    try:
+        parsed = yarl.URL(url)
+    except (ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise section.error(name, "an http:// or https:// URL", url)
+    return url
+
+
+def _http(section: Section) -> HttpTarget:
+    url = _url(section, "url")
+    method = section.string("method", "POST").upper()
+    if method not in HTTP_METHODS:
+        raise section.error("method", "one of " + ", ".join(HTTP_METHODS), method)
+    headers = section.template_map("headers")
+    body_format = section.choice("format", ("raw", "json", "form"), "raw")
+    body = section.template("body", None)
+    form = section.template_map("form")
+    if body_format == "json" and body is None:
+        raise ConfigError(section.key("body"), 'is required with format = "json"')
+    if body_format == "form" and not form:
+        raise ConfigError(section.key("form"), 'is required with format = "form"')
+    if body_format != "json" and body is not None:
+        raise ConfigError(section.key("body"), 'is used only with format = "json"')
+    if body_format != "form" and form:
+        raise ConfigError(section.key("form"), 'is used only with format = "form"')
+    return HttpTarget(
+        url=url,
+        method=method,
+        headers=MappingProxyType(headers),
+        format=body_format,
+        body=body,
+        form=MappingProxyType(form),
+    )
+
+
+def _addresses(section: Section, name: str, *, required: bool) -> tuple[str, ...]:
+    value = section.take(name) if required else section.take(name, None)
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise section.error(name, "a list of mail addresses", value)
+    for item in items:
+        if not _EMAIL.fullmatch(item.strip()):
+            raise section.error(name, 'mail addresses like "sales@example.com"', item)
+    return tuple(item.strip() for item in items)
+
+
+def _smtp(section: Section, base: Path) -> SmtpTarget:
+    host = section.string("host")
+    tls = section.choice("tls", ("implicit", "starttls", "none"), "starttls")
+    default_port = {"implicit": 465, "starttls": 587, "none": 25}[tls]
+    port = section.integer("port", default_port, minimum=1, maximum=65535)
+    username = section.string("username", None)
+    password = section.string("password", None, nonempty=False)
+    if (username is None) != (password is None):
+        missing = "password" if password is None else "username"
+        raise ConfigError(
+            section.key(missing),
+            "is required with " + ("username" if missing == "password" else "password"),
+        )
+    sender = section.string("from")
+    if not _EMAIL.fullmatch(sender):
+        raise section.error("from", 'a mail address like "relay@example.com"', sender)
+    ca_file = section.path("ca_file", base, None)
+    return SmtpTarget(
+        host=host,
+        port=port,
+        tls=tls,
+        sender=sender,
+        to=_addresses(section, "to", required=True),
+        cc=_addresses(section, "cc", required=False),
+        reply_to=section.template("reply_to", None),
+        subject=section.template("subject", DEFAULT_MAIL_SUBJECT, compile_default=True),
+        text=section.template("text", DEFAULT_MAIL_TEXT, compile_default=True),
+        html=section.template("html", None, html=True),
+        username=username,
+        password=password,
+        tls_verify=section.boolean("tls_verify", True),
+        ca_file=ca_file,
+    )
+
+
+def _telegram(section: Section) -> TelegramTarget:
+    token = section.string("bot_token")
+    if not re.fullmatch(r"\d+:[A-Za-z0-9_-]+", token):
+        # Never echo the value: it is a credential.
+        raise ConfigError(section.key("bot_token"), 'expected a bot token like "123456:ABC-..."')
+    chat = section.take("chat_id")
+    if isinstance(chat, bool) or not isinstance(chat, int | str) or not str(chat).strip():
+        raise section.error("chat_id", 'a chat id like -1001234567890 or "@channel"', chat)
+    parse_mode = section.choice("parse_mode", ("HTML", "MarkdownV2", "none"), "HTML")
+    text = section.template(
+        "text", DEFAULT_TELEGRAM_TEXT, html=parse_mode == "HTML", compile_default=True
+    )
+    return TelegramTarget(
+        bot_token=token,
+        chat_id=str(chat).strip(),
+        text=text,
+        parse_mode=parse_mode,
+        disable_notification=section.boolean("disable_notification", False),
+        api_base=_url(section, "api_base", "https://api.telegram.org").rstrip("/"),
+    )

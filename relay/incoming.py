@@ -1,0 +1,100 @@
+"""One webhook as relay sees it before storing: its parts, parsed once, on demand.
+
+Ingress and `relay render` share this: the idempotency key, the `when`
+filters and (later) source profiles read the same parsed body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from multidict import CIMultiDictProxy
+
+from relay.config import RouteConfig
+from relay.payload import first_header, header_map, parse_form, parse_json, parse_query
+from relay.store import NewDelivery, Status
+from relay.templates import Template, TemplateError, holds
+
+KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key", "webhook-id")
+
+
+@dataclass
+class Incoming:
+    method: str
+    path: str
+    query: str
+    raw_headers: Sequence[tuple[str, str]]
+    body: bytes
+    remote: str | None = None
+    headers: CIMultiDictProxy[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.headers = header_map(self.raw_headers)
+
+    @property
+    def content_type(self) -> str | None:
+        return self.headers.get("Content-Type")
+
+    @cached_property
+    def json(self) -> Any:
+        return parse_json(self.body)
+
+    @cached_property
+    def form(self) -> dict[str, str] | None:
+        return parse_form(self.content_type, self.body)
+
+    @cached_property
+    def query_fields(self) -> dict[str, str]:
+        return parse_query(self.query)
+
+    def context(self, wanted: Iterable[str]) -> dict[str, Any]:
+        names = set(wanted)
+        values: dict[str, Any] = {"headers": self.headers}
+        if "json" in names:
+            values["json"] = self.json
+        if "form" in names:
+            values["form"] = self.form
+        if "query" in names:
+            values["query"] = self.query_fields
+        if "body" in names:
+            values["body"] = self.body.decode("utf-8", errors="replace")
+        return values
+
+    def render(self, template: Template) -> str:
+        return template.render(self.context(template.variables))
+
+
+def idempotency_key(route: RouteConfig, incoming: Incoming) -> str | None:
+    """The route's key template, else the first of the usual key headers."""
+    if route.idempotency_key is None:
+        return first_header(incoming.headers, KEY_HEADERS)
+    try:
+        key = incoming.render(route.idempotency_key).strip()
+    except TemplateError:
+        return None
+    return key or None
+
+
+def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]:
+    """One delivery per target: pending, or skipped by its `when`, or dead when
+    the condition itself cannot be evaluated for this payload."""
+    deliveries = []
+    for route_target in route.targets:
+        condition = route_target.when
+        if condition is None:
+            deliveries.append(NewDelivery(route_target.target))
+            continue
+        try:
+            matched = holds(condition, incoming.context(condition.variables))
+        except TemplateError as error:
+            deliveries.append(NewDelivery(route_target.target, Status.DEAD, f"when: {error}"))
+            continue
+        if matched:
+            deliveries.append(NewDelivery(route_target.target))
+        else:
+            reason = f"when: {condition.source} is false"
+            deliveries.append(NewDelivery(route_target.target, Status.SKIPPED, reason))
+    return deliveries

@@ -1,0 +1,135 @@
+"""The `telegram` target: Bot API sendMessage to one chat.
+
+Telegram's rules: a 429 carries its wait in `parameters.retry_after`; 400
+(chat not found, can't parse entities), 401, 403 (bot blocked) and 404 are
+permanent; 5xx and network errors are retried. Text over 4096 characters is
+cut with a visible marker, never refused. The bot token is part of the URL
+path, so the URL never appears in an error, a log or the attempt log.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from multidict import CIMultiDictProxy
+
+from relay.config import TelegramTarget as TelegramSettings
+from relay.outcome import Outcome
+from relay.targets.base import Envelope, context, variables
+from relay.targets.http import USER_AGENT, Request, client_session, exchange, parse_retry_after
+from relay.templates import TemplateError
+
+MAX_TEXT = 4096
+CUT_MARKER = "\n… (cut: the message was longer than Telegram allows)"
+PERMANENT = {400, 401, 403, 404}
+# Tags Telegram's HTML mode knows; a cut inside one must close it again.
+_TAG = re.compile(r"<(/?)([a-zA-Z-]+)[^>]*>")
+
+
+class TelegramTarget:
+    def __init__(self, name: str, settings: TelegramSettings, *, concurrency: int) -> None:
+        self.name = name
+        self._settings = settings
+        self._concurrency = concurrency
+        self._wanted = variables([settings.text])
+        self._session: Any = None
+
+    async def start(self) -> None:
+        self._session = client_session(self._concurrency)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def payload(self, envelope: Envelope) -> dict[str, Any]:
+        settings = self._settings
+        text = settings.text.render(context(envelope, self._wanted))
+        if not text.strip():
+            raise TemplateError("text template rendered an empty message")
+        payload: dict[str, Any] = {
+            "chat_id": settings.chat_id,
+            "text": cut(text, html=settings.parse_mode == "HTML"),
+        }
+        if settings.parse_mode != "none":
+            payload["parse_mode"] = settings.parse_mode
+        if settings.disable_notification:
+            payload["disable_notification"] = True
+        return payload
+
+    def preview(self, envelope: Envelope) -> str:
+        url = f"{self._settings.api_base}/bot***/sendMessage"
+        return (
+            f"POST {url}\n\n"
+            + orjson.dumps(self.payload(envelope), option=orjson.OPT_INDENT_2).decode()
+        )
+
+    async def send(self, envelope: Envelope) -> Outcome:
+        assert self._session is not None, "target not started"
+        try:
+            payload = self.payload(envelope)
+        except TemplateError as error:
+            return Outcome.fail(str(error))
+        settings = self._settings
+        prepared = Request(
+            "POST",
+            f"{settings.api_base}/bot{settings.bot_token}/sendMessage",
+            {"Content-Type": "application/json", "User-Agent": USER_AGENT},
+            orjson.dumps(payload),
+        )
+        return await exchange(self._session, prepared, judge)
+
+
+def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:
+    try:
+        answer = orjson.loads(excerpt)
+    except orjson.JSONDecodeError:
+        answer = None  # a long success answer is cut at 2 KiB; the status says enough
+    answer = answer if isinstance(answer, dict) else {}
+    description = str(answer.get("description") or f"HTTP {status}")
+    if 200 <= status < 300:
+        return Outcome.success(status, excerpt)
+    if status == 429:
+        parameters = answer.get("parameters")
+        wait = parameters.get("retry_after") if isinstance(parameters, dict) else None
+        retry_after = (
+            float(wait)
+            if isinstance(wait, int | float)
+            else parse_retry_after(headers.get("Retry-After"))
+        )
+        return Outcome.retry(f"Telegram: {description}", status, excerpt, retry_after)
+    if status >= 500:
+        return Outcome.retry(f"Telegram: {description}", status, excerpt)
+    if status in PERMANENT:
+        return Outcome.fail(f"Telegram: {description}", status, excerpt)
+    return Outcome.fail(f"Telegram: unexpected HTTP {status}: {description}", status, excerpt)
+
+
+def cut(text: str, *, html: bool, limit: int = MAX_TEXT) -> str:
+    """Text that fits Telegram's limit; a cut one ends with a visible marker.
+
+    In HTML mode the cut never leaves half a tag or entity, and tags left open
+    are closed, so the shortened message still parses.
+    """
+    if len(text) <= limit:
+        return text
+    room = limit - len(CUT_MARKER)
+    while True:
+        head = text[:room]
+        if html:
+            head = re.sub(r"<[^>]*$", "", head)  # half a tag
+            head = re.sub(r"&[a-zA-Z0-9#]*$", "", head)  # half an entity
+            open_tags: list[str] = []
+            for closing, name in _TAG.findall(head):
+                if closing:
+                    if name in open_tags:
+                        open_tags.remove(name)
+                else:
+                    open_tags.append(name)
+            head += "".join(f"</{name}>" for name in reversed(open_tags))
+        result = head + CUT_MARKER
+        if len(result) <= limit:
+            return result
+        room -= len(result) - limit

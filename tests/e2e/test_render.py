@@ -1,0 +1,101 @@
+"""`relay render`: what each target would send for a sample form, nothing sent or stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import relay_cli, write_config
+
+ENV = {
+    "BOT_TOKEN": "123456:AAsecret-bot",
+    "CRM_TOKEN": "crm-secret-token-1",
+    "SMTP_PW": "mail-pw-99",
+}
+
+
+def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "targets": {
+                "crm": {
+                    "type": "http",
+                    "url": "https://b24.example/rest/1/${CRM_TOKEN}/crm.lead.add",
+                    "format": "form",
+                    "form": {
+                        "fields[TITLE]": "Lead {{ form.name }}",
+                        "fields[PHONE][0][VALUE]": "{{ form.phone }}",
+                    },
+                    "headers": {"Authorization": "Bearer ${CRM_TOKEN}"},
+                },
+                "sales": {
+                    "type": "telegram",
+                    "bot_token": "${BOT_TOKEN}",
+                    "chat_id": "-100500",
+                    "text": "Lead: {{ form.name }} ({{ form.phone }})",
+                },
+                "manager": {
+                    "type": "smtp",
+                    "host": "mail.example",
+                    "username": "relay",
+                    "password": "${SMTP_PW}",
+                    "from": "relay@shop.example",
+                    "to": ["boss@shop.example"],
+                    "subject": "Lead {{ form.name }}",
+                    "text": "Phone: {{ form.phone }}",
+                },
+                "vip": {"type": "http", "url": "https://vip.example/hook"},
+            },
+            "routes": {
+                "lead": {
+                    "path": "/hooks/lead",
+                    "idempotency_key": "{{ form.tranid }}",
+                    "targets": [
+                        "crm",
+                        "sales",
+                        "manager",
+                        {"target": "vip", "when": "form.vip == 'yes'"},
+                    ],
+                }
+            },
+        },
+    )
+    body = tmp_path / "form.txt"
+    body.write_text("name=Anna&phone=%2B7999&tranid=42:1&vip=no")
+    result = relay_cli("render", "lead", "--body", str(body), "--config", str(config), env=ENV)
+    out = result.stdout
+    assert "idempotency key: 42:1" in out
+    assert "POST https://b24.example/rest/1/***/crm.lead.add" in out
+    assert "fields%5BTITLE%5D=Lead+Anna&fields%5BPHONE%5D%5B0%5D%5BVALUE%5D=%2B7999" in out
+    assert "Authorization: ***" in out
+    assert "POST https://api.telegram.org/bot***/sendMessage" in out
+    assert '"text": "Lead: Anna (+7999)"' in out
+    assert "Subject: Lead Anna" in out
+    assert "Phone: +7999" in out
+    assert "=== vip (http)\nskipped: when: form.vip == 'yes' is false" in out
+    for secret in ENV.values():
+        assert secret not in out
+    assert not (tmp_path / "relay.db").exists()  # nothing stored
+
+
+def test_render_reports_a_failing_template(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "targets": {
+                "crm": {
+                    "type": "http",
+                    "url": "https://crm.example/x",
+                    "format": "json",
+                    "body": '{"email": {{ json.email | tojson }}}',
+                }
+            },
+            "routes": {"lead": {"path": "/hooks/lead", "targets": ["crm"]}},
+        },
+    )
+    body = tmp_path / "b.json"
+    body.write_text('{"name": "no email here"}')
+    result = relay_cli("render", "lead", "--body", str(body), "--config", str(config), check=False)
+    assert result.returncode == 1
+    assert "would be dead: template error" in result.stdout
+    assert "email" in result.stdout

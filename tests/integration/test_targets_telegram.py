@@ -1,0 +1,221 @@
+"""The telegram target against a local stand-in for the Bot API."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from conftest import ConfigFactory, RelayFactory
+from pytest_aiohttp import AiohttpServer
+
+from relay.app import Relay
+from relay.clock import FakeClock
+from relay.store import EventQuery, Status
+from relay.targets.telegram import CUT_MARKER, MAX_TEXT, cut
+
+TOKEN = "123456:AAH-secret-bot-token"
+
+
+class BotApi:
+    """Answers sendMessage from a script of (status, body) pairs; the last repeats."""
+
+    def __init__(self, clock: FakeClock, script: list[tuple[int, dict[str, Any]]] | None = None):
+        self.clock = clock
+        self.script = script or [(200, {"ok": True, "result": {"message_id": 1}})]
+        self.calls: list[tuple[float, str, dict[str, Any]]] = []
+
+    async def send_message(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        self.calls.append((self.clock.now(), request.match_info["token"], payload))
+        status, body = self.script[min(len(self.calls) - 1, len(self.script) - 1)]
+        return web.json_response(body, status=status)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/bot{token}/sendMessage", self.send_message)
+        return app
+
+
+@pytest.fixture
+async def bot(aiohttp_server: AiohttpServer) -> tuple[BotApi, str, FakeClock]:
+    clock = FakeClock()
+    api = BotApi(clock)
+    server = await aiohttp_server(api.app())
+    return api, str(server.make_url("")).rstrip("/"), clock
+
+
+def chat_target(api_base: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "telegram",
+        "bot_token": "${BOT_TOKEN}",
+        "chat_id": -100123,
+        "api_base": api_base,
+        "text": "New lead: <b>{{ form.name }}</b>",
+        **extra,
+    }
+
+
+async def start(
+    make_config: ConfigFactory, start_relay: RelayFactory, targets: dict[str, Any], clock: FakeClock
+) -> Relay:
+    routes = {"lead": {"path": "/hooks/lead", "targets": list(targets)}}
+    config = make_config(targets, routes, environ={"BOT_TOKEN": TOKEN})
+    return await start_relay(config, background=False, clock=clock)
+
+
+async def submit(relay: Relay, http: aiohttp.ClientSession, name: str = "<Anna & Co>") -> None:
+    async with http.post(relay.ingress_url + "/hooks/lead", data={"name": name}) as response:
+        assert response.status == 200
+
+
+async def test_sends_html_escaped_text(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    api, base, clock = bot
+    relay = await start(make_config, start_relay, {"sales": chat_target(base)}, clock)
+    await submit(relay, http)
+    await relay.scheduler.drain()
+    [(_, token, payload)] = api.calls
+    assert token == TOKEN
+    assert payload == {
+        "chat_id": "-100123",
+        "parse_mode": "HTML",
+        "text": "New lead: <b>&lt;Anna &amp; Co&gt;</b>",
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "description"),
+    [
+        (400, "Bad Request: chat not found"),
+        (400, "Bad Request: can't parse entities"),
+        (403, "Forbidden: bot was blocked by the user"),
+    ],
+)
+async def test_permanent_errors(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+    status: int,
+    description: str,
+) -> None:
+    api, base, clock = bot
+    api.script = [(status, {"ok": False, "error_code": status, "description": description})]
+    relay = await start(make_config, start_relay, {"sales": chat_target(base)}, clock)
+    await submit(relay, http)
+    await relay.scheduler.drain()
+    [event] = await relay.store.list_events(EventQuery())
+    delivery = event.deliveries[0]
+    assert (delivery.status, delivery.attempts) == (Status.DEAD, 1)
+    assert delivery.last_error == f"Telegram: {description}"
+
+
+async def test_429_waits_for_retry_after_and_errors_never_show_the_token(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api, base, clock = bot
+    api.script = [
+        (
+            429,
+            {
+                "ok": False,
+                "error_code": 429,
+                "description": "Too Many Requests: retry after 37",
+                "parameters": {"retry_after": 37},
+            },
+        ),
+        (502, {"ok": False, "description": "Bad Gateway"}),
+        (200, {"ok": True}),
+    ]
+    relay = await start(make_config, start_relay, {"sales": chat_target(base)}, clock)
+    caplog.set_level(logging.INFO)
+    await submit(relay, http)
+    await relay.scheduler.drain()
+    first, second, third = (at for at, _, _ in api.calls)
+    assert second - first >= 37
+    assert third > second
+    [event] = await relay.store.list_events(EventQuery())
+    detail = await relay.store.get_event(event.id)
+    assert detail is not None
+    attempts = detail.attempts[event.deliveries[0].id]
+    assert [a.http_status for a in attempts] == [429, 502, 200]
+    # What relay logged (the stand-in's own access log is not relay's), and stored.
+    logged = [
+        f"{r.getMessage()} {getattr(r, 'fields', '')}"
+        for r in caplog.records
+        if r.name.startswith("relay")
+    ]
+    text = "".join(logged) + "".join(f"{a.error}{a.response!r}" for a in attempts)
+    assert "Too Many Requests" in text
+    assert TOKEN not in text
+    assert "secret-bot-token" not in text
+
+
+async def test_long_text_is_cut_visibly_not_refused(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    api, base, clock = bot
+    relay = await start(make_config, start_relay, {"sales": chat_target(base)}, clock)
+    await submit(relay, http, name="x" * 6000)
+    await relay.scheduler.drain()
+    text = api.calls[0][2]["text"]
+    assert len(text) <= MAX_TEXT
+    assert text.endswith("</b>" + CUT_MARKER)  # the open <b> was closed before the marker
+
+
+def test_cutting_never_leaves_half_a_tag_or_entity() -> None:
+    room = MAX_TEXT - len(CUT_MARKER)
+    for split in range(room - 8, room + 2):  # the cut lands in the entity, then in the tag
+        text = "<b>" + "a" * (split - 3) + "&amp;<i>" + "x" * 100 + "</i></b>"
+        result = cut(text, html=True)
+        assert len(result) <= MAX_TEXT
+        assert result.endswith(CUT_MARKER)
+        body = result[: -len(CUT_MARKER)]
+        assert body.count("<b>") == body.count("</b>")
+        assert body.count("<i>") == body.count("</i>")
+        inner = body.removesuffix("</b>").removesuffix("</i>")
+        assert not any(inner.endswith(p) for p in ("&", "&a", "&am", "&amp", "<", "<i"))
+    assert cut("short", html=True) == "short"
+
+
+async def test_stays_within_telegram_limits_without_being_told(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    api, base, clock = bot
+    targets = {
+        "sales": chat_target(base, concurrency=4),
+        "support": chat_target(base, chat_id=-100999),
+    }
+    relay = await start(make_config, start_relay, targets, clock)
+    for i in range(5):
+        await submit(relay, http, name=f"n{i}")
+    await relay.scheduler.drain()
+    by_chat: dict[str, list[float]] = {}
+    for at, _, payload in api.calls:
+        by_chat.setdefault(payload["chat_id"], []).append(at)
+    for times in by_chat.values():
+        assert len(times) == 5
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert min(gaps) >= 1.0 - 1e-6  # one message a second per chat
+    [event] = await relay.store.list_events(EventQuery(limit=1))
+    assert all(d.attempts == 1 for d in event.deliveries)  # waiting is not an attempt
+    assert json.loads(json.dumps(api.calls[0][2]))["chat_id"] in ("-100123", "-100999")
