@@ -187,6 +187,7 @@ class Relay:
         if ingress is not None:
             # Stops listening and lets requests waiting on a commit get their answer.
             await ingress.cleanup()
+        await self.ingress.close()
         await self.scheduler.stop(self.config.server.shutdown_timeout)
         self.retention.stop()
         await self.alerter.stop()

@@ -67,15 +67,18 @@ class Incoming:
         return template.render(self.context(template.variables))
 
 
-def idempotency_key(route: RouteConfig, incoming: Incoming) -> str | None:
-    """The route's key template, else the first of the usual key headers."""
-    if route.idempotency_key is None:
-        return first_header(incoming.headers, KEY_HEADERS)
-    try:
-        key = incoming.render(route.idempotency_key).strip()
-    except TemplateError:
-        return None
-    return key or None
+def idempotency_key(
+    route: RouteConfig, incoming: Incoming, source_key: str | None = None
+) -> str | None:
+    """The route's key template if it has one; else the key its source profile
+    found (the provider's own event id); else the first of the usual key headers."""
+    if route.idempotency_key is not None:
+        try:
+            key = incoming.render(route.idempotency_key).strip()
+        except TemplateError:
+            return None
+        return key or None
+    return source_key or first_header(incoming.headers, KEY_HEADERS)
 
 
 def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]:

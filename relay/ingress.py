@@ -7,18 +7,23 @@ that commit's outcome.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
 
 from relay.clock import Clock
-from relay.config import Config, RouteConfig
+from relay.config import Answer, Config, RouteConfig
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.metrics import Metrics
-from relay.store import NewEvent, Store, StoreError
+from relay.netaddr import Network, client_address, within
+from relay.secrets import Masker
+from relay.sources import Ping, Reject, Source, build_source
+from relay.store import NewEvent, Rejection, Store, StoreError
 
 log = logging.getLogger("relay.ingress")
 
@@ -26,6 +31,22 @@ MAX_KEY_LENGTH = 512
 # Seconds a sender is asked to wait after a 503: long enough for a full disk
 # or a lock to clear, short enough to fit Tilda's 5 s window on a retry.
 RETRY_AFTER_SECONDS = 5
+# At most this many rejections a second per route are written down; a flood
+# of forged requests is counted in the metrics but cannot flood the disk.
+REJECTIONS_LOGGED_PER_SECOND = 10
+
+
+@dataclass(frozen=True)
+class _Route:
+    config: RouteConfig
+    source: Source
+
+
+@dataclass(frozen=True)
+class _Settings:
+    routes: Mapping[str, _Route]
+    trusted_proxies: tuple[Network, ...]
+    masker: Masker
 
 
 class Ingress:
@@ -42,27 +63,42 @@ class Ingress:
         self._clock = clock
         self._metrics = metrics or Metrics()
         self._on_accepted = on_accepted
-        self._routes: Mapping[str, RouteConfig] = {}
+        self._rejections_logged: dict[str, tuple[int, int]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
         # One assignment: a request sees either the old routes or the new ones.
-        self._routes = {route.path: route for route in config.routes.values()}
+        self._settings = _Settings(
+            routes={
+                route.path: _Route(route, build_source(route.source))
+                for route in config.routes.values()
+            },
+            trusted_proxies=config.server.trusted_proxies,
+            masker=Masker(config.secrets),
+        )
+
+    async def close(self) -> None:
+        """Wait for rejections still being written down."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     def application(self) -> web.Application:
-        largest = max((route.max_body_size for route in self._routes.values()), default=1)
+        routes = self._settings.routes.values()
+        largest = max((route.config.max_body_size for route in routes), default=1)
         app = web.Application(client_max_size=largest)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        route = self._routes.get(request.path)
+        settings = self._settings
+        route = settings.routes.get(request.path)
         if route is None:
             # The path is not a label: unknown paths must not grow the metrics.
             self._count("", "not_found")
             return _error(404, "no route for this path")
-        response = await self._handle_route(request, route)
+        response = await self._handle_route(request, route, settings)
         if response.status == 200:
             self._metrics.ack_seconds.observe(time.perf_counter() - started)
         return response
@@ -70,7 +106,22 @@ class Ingress:
     def _count(self, route: str, result: str) -> None:
         self._metrics.received.labels(route, result).inc()
 
-    async def _handle_route(self, request: web.Request, route: RouteConfig) -> web.Response:
+    async def _handle_route(
+        self, request: web.Request, bundle: _Route, settings: _Settings
+    ) -> web.Response:
+        route = bundle.config
+        remote = client_address(
+            request.remote, request.headers.get("X-Forwarded-For"), settings.trusted_proxies
+        )
+        if route.allow_ips and not within(remote, route.allow_ips):
+            return self._reject(
+                route,
+                request,
+                remote,
+                settings.masker,
+                Reject("ip_not_allowed", f"{remote} is not in allow_ips"),
+                403,
+            )
         if request.method != "POST":
             self._count(route.name, "method_not_allowed")
             return _error(405, "only POST is accepted here", headers={"Allow": "POST"})
@@ -87,16 +138,22 @@ class Ingress:
                 for name, value in request.raw_headers
             ],
             body=body,
-            remote=request.remote,
+            remote=remote,
         )
-        key = idempotency_key(route, incoming)
+        now = self._clock.now()
+        check = bundle.source.check(incoming, now)
+        if isinstance(check, Ping):
+            self._count(route.name, "ping")
+            return _answer(check.answer)
+        if isinstance(check, Reject):
+            return self._reject(route, request, remote, settings.masker, check, 401)
+        key = idempotency_key(route, incoming, check.key)
         if key is not None and len(key) > MAX_KEY_LENGTH:
             self._count(route.name, "bad_request")
             return _error(400, f"idempotency key longer than {MAX_KEY_LENGTH} characters")
         if key is None and route.require_idempotency_key:
             self._count(route.name, "bad_request")
             return _error(400, "this route requires an idempotency key")
-        now = self._clock.now()
         event = NewEvent(
             route=route.name,
             idempotency_key=key,
@@ -122,7 +179,62 @@ class Ingress:
             self._on_accepted()
         status = "duplicate" if accepted.duplicate else "queued"
         self._count(route.name, status)
+        answer = route.response or bundle.source.answer
+        if answer is not None:
+            return _answer(answer)
         return _json(200, {"status": status, "id": str(accepted.event_id)})
+
+    def _reject(
+        self,
+        route: RouteConfig,
+        request: web.Request,
+        remote: str | None,
+        masker: Masker,
+        rejection: Reject,
+        status: int,
+    ) -> web.Response:
+        self._count(route.name, "rejected")
+        self._metrics.rejected.labels(route.name, rejection.reason).inc()
+        log.warning(
+            "route %s: refused a request from %s: %s%s",
+            route.name,
+            remote,
+            rejection.reason,
+            f" ({rejection.detail})" if rejection.detail else "",
+        )
+        if self._may_log_rejection(route.name):
+            record = Rejection(
+                route=route.name,
+                at=self._clock.now(),
+                remote_addr=remote,
+                reason=rejection.reason,
+                detail=masker.text(rejection.detail),
+                headers=masker.headers(
+                    (name.decode("latin-1"), value.decode("latin-1"))
+                    for name, value in request.raw_headers
+                ),
+            )
+            task = asyncio.create_task(self._store_rejection(record))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        # The sender learns only that it was refused, not which check failed.
+        return _error(status, "forbidden" if status == 403 else "unauthorized")
+
+    def _may_log_rejection(self, route: str) -> bool:
+        second = int(time.monotonic())
+        last_second, count = self._rejections_logged.get(route, (second, 0))
+        if last_second != second:
+            count = 0
+        if count >= REJECTIONS_LOGGED_PER_SECOND:
+            return False
+        self._rejections_logged[route] = (second, count + 1)
+        return True
+
+    async def _store_rejection(self, rejection: Rejection) -> None:
+        try:
+            await self._store.record_rejection(rejection)
+        except StoreError as error:
+            log.warning("rejection on route %s not recorded: %s", rejection.route, error)
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes | None:
@@ -150,6 +262,14 @@ def _json(status: int, payload: object, headers: Mapping[str, str] | None = None
         body=orjson.dumps(payload),
         content_type="application/json",
         headers=headers,
+    )
+
+
+def _answer(answer: Answer) -> web.Response:
+    return web.Response(
+        status=answer.status,
+        body=answer.body,
+        headers={"Content-Type": answer.content_type},
     )
 
 

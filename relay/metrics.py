@@ -32,8 +32,8 @@ class Metrics:
         registry = self.registry
         self.received = Counter(
             "relay_events_received",
-            "Webhooks received, by route and result (queued, duplicate, rejected, too_large,"
-            " not_found, method_not_allowed, bad_request, unavailable).",
+            "Webhooks received, by route and result (queued, duplicate, ping, rejected,"
+            " too_large, not_found, method_not_allowed, bad_request, unavailable).",
             ["route", "result"],
             registry=registry,
         )

@@ -14,6 +14,7 @@ from relay.store import (
     EventDetail,
     EventView,
     LogEntry,
+    Rejection,
     Stats,
     Status,
     TargetState,
@@ -147,3 +148,14 @@ def target_view(
         **target_state_view(state, masker),
     )
     return view
+
+
+def rejection_view(rejection: Rejection, masker: Masker) -> dict[str, Any]:
+    return {
+        "route": rejection.route,
+        "at": iso(rejection.at),
+        "remote_addr": rejection.remote_addr,
+        "reason": rejection.reason,
+        "detail": masker.text(rejection.detail),
+        "headers": [list(pair) for pair in masker.headers(rejection.headers)],
+    }

@@ -22,7 +22,14 @@ from relay.store import (
     StoreError,
 )
 from relay.units import parse_instant
-from relay.views import delivery_summary, event_detail, event_summary, stats_view, target_view
+from relay.views import (
+    delivery_summary,
+    event_detail,
+    event_summary,
+    rejection_view,
+    stats_view,
+    target_view,
+)
 
 MAX_PAGE = 500
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -247,6 +254,18 @@ async def stats(request: web.Request) -> web.Response:
     )
 
 
+async def list_rejections(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    limit_text = request.query.get("limit") or "100"
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        raise BadRequest(f"limit: expected a number from 1 to {MAX_PAGE}")
+    found = await operator.store.list_rejections(
+        request.query.get("route") or None, int(limit_text)
+    )
+    masker = operator.masker
+    return json_response({"rejections": [rejection_view(r, masker) for r in found]})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "alive"})
 
@@ -288,3 +307,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/v1/targets/{name}/pause", pause_target)
     app.router.add_post("/api/v1/targets/{name}/resume", resume_target)
     app.router.add_get("/api/v1/stats", stats)
+    app.router.add_get("/api/v1/rejections", list_rejections)

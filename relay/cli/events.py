@@ -17,7 +17,7 @@ from relay.cli.common import (
 )
 from relay.secrets import Masker
 from relay.store import EventQuery, Status
-from relay.views import event_detail, event_summary
+from relay.views import event_detail, event_summary, rejection_view
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +34,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     events.add_argument("--key", help="only the event with this idempotency key")
     events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     events.set_defaults(handler=list_events)
+
+    rejections = commands.add_parser(
+        "rejections", help="requests relay refused (bad signature, address not allowed...)"
+    )
+    add_config_option(rejections)
+    add_json_option(rejections)
+    rejections.add_argument("--route", help="only this route")
+    rejections.add_argument("--limit", type=int, default=100, help="at most this many")
+    rejections.set_defaults(handler=list_rejections)
 
     show = commands.add_parser("show", help="one event: headers, body, deliveries, attempts")
     add_config_option(show)
@@ -60,6 +69,31 @@ def list_events(args: argparse.Namespace) -> int:
 
     emit(args, run(fetch()), _events_text)
     return 0
+
+
+def list_rejections(args: argparse.Namespace) -> int:
+    config = read_operator_config(args)
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with opened_store(config) as store:
+            found = await store.list_rejections(args.route, max(1, args.limit))
+        masker = Masker(config.secrets)
+        return [rejection_view(r, masker) for r in found]
+
+    emit(args, run(fetch()), _rejections_text)
+    return 0
+
+
+def _rejections_text(rejections: list[dict[str, Any]]) -> str:
+    lines = []
+    for item in rejections:
+        detail = f" ({item['detail']})" if item["detail"] else ""
+        lines.append(
+            f"{item['at']}  {item['route']}  from {item['remote_addr'] or '-'}:"
+            f" {item['reason']}{detail}"
+        )
+        lines += [f"    {name}: {value}" for name, value in item["headers"]]
+    return "\n".join(lines) if lines else "(none)"
 
 
 def show_event(args: argparse.Namespace) -> int:

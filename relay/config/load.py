@@ -25,6 +25,13 @@ from relay.config.model import (
 )
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section, substitute
+from relay.config.sources import (
+    minimum_dedup_window,
+    parse_answer,
+    parse_networks,
+    parse_source,
+    source_secrets,
+)
 from relay.config.targets import NAME, parse_target
 
 
@@ -76,6 +83,8 @@ def parse_config(
     root.done()
     # Credentials are masked wherever they show, even when written in the file itself.
     secrets |= _credentials(admin, targets)
+    for route in routes.values():
+        secrets |= source_secrets(route.source)
     return Config(
         server=server,
         storage=storage,
@@ -107,6 +116,7 @@ def _server(section: Section) -> ServerConfig:
         listen=_listen(section, "listen", defaults.listen),
         max_body_size=section.size("max_body_size", defaults.max_body_size),
         shutdown_timeout=section.duration("shutdown_timeout", defaults.shutdown_timeout),
+        trusted_proxies=parse_networks(section, "trusted_proxies"),
     )
     section.done()
     return server
@@ -198,6 +208,11 @@ def _route(
                 section.key(f"targets[{index}]"), f'target "{route_target.target}" is listed twice'
             )
         seen.add(route_target.target)
+    source = parse_source(section)
+    dedup_window = section.duration("dedup_window", None)
+    floor = minimum_dedup_window(source)
+    if floor is not None and (dedup_window is None or dedup_window < floor):
+        dedup_window = floor
     route = RouteConfig(
         name=name,
         path=path,
@@ -205,7 +220,10 @@ def _route(
         idempotency_key=section.template("idempotency_key", None),
         require_idempotency_key=section.boolean("require_idempotency_key", False),
         max_body_size=section.size("max_body_size", server.max_body_size),
-        dedup_window=section.duration("dedup_window", None),
+        dedup_window=dedup_window,
+        source=source,
+        allow_ips=parse_networks(section, "allow_ips"),
+        response=parse_answer(section, "response"),
     )
     section.done()
     return route

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
@@ -34,6 +35,8 @@ class ServerConfig:
     max_body_size: int = 1024 * 1024
     # How long SIGTERM waits for attempts in flight before releasing them.
     shutdown_timeout: float = 30.0
+    # Peers whose X-Forwarded-For is believed (nginx, Caddy in front of relay).
+    trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,83 @@ class RouteTarget:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """What a sender is told when its webhook is taken (or pinged)."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+# Source profiles: who sends to a route, how it proves it, what it expects back.
+# Several secrets may be given at once, so one can be rotated without loss.
+
+
+@dataclass(frozen=True)
+class GenericSource:
+    tokens: tuple[str, ...] = ()
+    token_header: str = "X-Relay-Token"
+    token_query: str = "token"
+
+
+@dataclass(frozen=True)
+class TildaSource:
+    api_keys: tuple[str, ...] = ()
+    api_key_header: str = "X-Tilda-Api-Key"
+    api_key_field: str = "api_key"
+
+
+@dataclass(frozen=True)
+class TbankSource:
+    passwords: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WooCommerceSource:
+    secrets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TelegramSource:
+    secret_tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CdekSource:
+    pass
+
+
+@dataclass(frozen=True)
+class StandardWebhooksSource:
+    secrets: tuple[bytes, ...]  # decoded from "whsec_<base64>"
+    tolerance: float = 300.0
+
+
+HmacAlgorithm = Literal["sha1", "sha256", "sha512"]
+
+
+@dataclass(frozen=True)
+class HmacSource:
+    header: str
+    secrets: tuple[str, ...]
+    algorithm: HmacAlgorithm = "sha256"
+    encoding: Literal["hex", "base64"] = "hex"
+    prefix: str = ""
+
+
+SourceSettings = (
+    GenericSource
+    | TildaSource
+    | TbankSource
+    | WooCommerceSource
+    | TelegramSource
+    | CdekSource
+    | StandardWebhooksSource
+    | HmacSource
+)
+
+
+@dataclass(frozen=True)
 class RouteConfig:
     name: str
     path: str
@@ -202,6 +282,9 @@ class RouteConfig:
     # Keep this route's events (and so refuse their duplicates) at least this
     # long, even past the storage retention.
     dedup_window: float | None = None
+    source: SourceSettings = GenericSource()
+    allow_ips: tuple[IPv4Network | IPv6Network, ...] = ()
+    response: Answer | None = None  # overrides the source's own answer
 
     def policy_for(self, target: str) -> RetryPolicy | None:
         for route_target in self.targets:

@@ -58,10 +58,16 @@ def _inline_credentials(tree: dict[str, object]) -> set[str]:
     admin = tree.get("admin")
     if isinstance(admin, dict) and isinstance(admin.get("token"), str):
         found.add(admin["token"])
-    targets = tree.get("targets")
-    for table in targets.values() if isinstance(targets, dict) else ():
-        if isinstance(table, dict):
-            for key in ("bot_token", "password"):
-                if isinstance(table.get(key), str):
-                    found.add(table[key])
+    for group, keys in (
+        ("targets", ("bot_token", "password")),
+        ("routes", ("token", "api_key", "password", "secret", "secret_token")),
+    ):
+        tables = tree.get(group)
+        for table in tables.values() if isinstance(tables, dict) else ():
+            if not isinstance(table, dict):
+                continue
+            for key in keys:
+                value = table.get(key)
+                values = value if isinstance(value, list) else [value]
+                found.update(v for v in values if isinstance(v, str))
     return found

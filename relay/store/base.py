@@ -245,6 +245,22 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Rejection:
+    """A request relay refused (bad signature, address not allowed...), headers masked."""
+
+    route: str
+    at: float
+    remote_addr: str | None
+    reason: str
+    detail: str
+    headers: Sequence[Header]
+
+
+# Rejections kept per route: enough to answer "what did relay see?".
+REJECTIONS_KEPT = 100
+
+
+@dataclass(frozen=True)
 class EventQuery:
     status: Status | None = None
     route: str | None = None
@@ -340,6 +356,12 @@ class Store(Protocol):
         and attempts. Never touches pending or dead deliveries. With dry_run,
         counts every event that would go instead."""
         ...
+
+    async def record_rejection(self, rejection: Rejection) -> None:
+        """Keep a refused request for the operator; only the last REJECTIONS_KEPT per route."""
+        ...
+
+    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]: ...
 
     async def heartbeat(self, now: float) -> None:
         """A small durable write: proves the store is writable right now."""

@@ -113,6 +113,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX deliveries_dead ON deliveries (target, event_id) WHERE status = 'dead'",
         ],
     ),
+    (
+        3,
+        "rejections: what relay refused, the last 100 per route",
+        [
+            """
+            CREATE TABLE rejections (
+                id INTEGER PRIMARY KEY,
+                route TEXT NOT NULL,
+                at REAL NOT NULL,
+                remote_addr TEXT,
+                reason TEXT NOT NULL,
+                detail TEXT,
+                headers BLOB NOT NULL
+            )
+            """,
+            "CREATE INDEX rejections_route ON rejections (route, id)",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -12,6 +12,7 @@ import aiosqlite
 import orjson
 
 from relay.store.base import (
+    REJECTIONS_KEPT,
     Accepted,
     AttemptRecord,
     AttemptView,
@@ -29,6 +30,7 @@ from relay.store.base import (
     NewDelivery,
     NewEvent,
     NotFound,
+    Rejection,
     RetryAt,
     Selection,
     Stats,
@@ -666,6 +668,43 @@ class SqliteStore:
 
         removed: int = await self._write(job)
         return removed
+
+    async def record_rejection(self, rejection: Rejection) -> None:
+        headers = orjson.dumps(rejection.headers)
+
+        def job(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT INTO rejections (route, at, remote_addr, reason, detail, headers)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    rejection.route,
+                    rejection.at,
+                    rejection.remote_addr,
+                    rejection.reason,
+                    rejection.detail,
+                    headers,
+                ),
+            )
+            connection.execute(
+                "DELETE FROM rejections WHERE route = ? AND id <= (SELECT id FROM rejections"
+                " WHERE route = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (rejection.route, rejection.route, REJECTIONS_KEPT),
+            )
+
+        await self._write(job)
+
+    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]:
+        sql = "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
+        params: list[Any] = []
+        if route is not None:
+            sql += " WHERE route = ?"
+            params.append(route)
+        sql += " ORDER BY id DESC LIMIT ?"
+        params.append(limit)
+        return [
+            Rejection(row[0], row[1], row[2], row[3], row[4] or "", _headers(row[5]))
+            for row in await self._read(sql, params, slow=True)
+        ]
 
     async def heartbeat(self, now: float) -> None:
         def job(connection: sqlite3.Connection) -> None:

@@ -54,7 +54,15 @@ async def test_cli_and_api_drive_a_running_relay_and_never_show_a_secret(
                     "url": f"http://relay:${{PROXY_PASS}}@127.0.0.1:{free_port()}/x",
                 },
             },
-            "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm", "bot", "proxy"]}},
+            "routes": {
+                "orders": {"path": "/hooks/orders", "targets": ["crm", "bot", "proxy"]},
+                "tg": {
+                    "path": "/hooks/tg",
+                    "targets": ["crm"],
+                    "source": "telegram",
+                    "secret_token": "${BOT_TOKEN}",
+                },
+            },
         },
     )
     env = dict(SECRETS)
@@ -123,7 +131,7 @@ async def test_cli_and_api_drive_a_running_relay_and_never_show_a_secret(
             retried = await arelay_json("retry", *proxy_ids, "--config", str(config), env=env)
             assert retried[0]["status"] == "pending"
 
-        for args in (("events",), ("show", event_id), ("stats",)):
+        for args in (("events",), ("show", event_id), ("stats",), ("rejections",)):
             outputs.append((await arelay_cli(*args, "--config", str(config), env=env)).stdout)
             outputs.append(
                 (await arelay_cli(*args, "--json", "--config", str(config), env=env)).stdout

@@ -1,0 +1,150 @@
+"""A route's `source` and its options, read from the route table itself.
+
+[routes.payments]
+path = "/hooks/tbank"
+source = "tbank"
+password = "${TBANK_PASSWORD}"       # or a list, to rotate without losing events
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+from ipaddress import IPv4Network, IPv6Network
+
+from relay.config.model import (
+    Answer,
+    CdekSource,
+    GenericSource,
+    HmacSource,
+    SourceSettings,
+    StandardWebhooksSource,
+    TbankSource,
+    TelegramSource,
+    TildaSource,
+    WooCommerceSource,
+)
+from relay.config.reader import ConfigError, Section, describe
+
+SOURCES = (
+    "generic",
+    "tilda",
+    "tbank",
+    "woocommerce",
+    "telegram",
+    "cdek",
+    "standard-webhooks",
+    "hmac",
+)
+
+# T-Bank resends a notification for up to a month: its duplicates must be
+# recognised that long, whatever the storage retention.
+TBANK_DEDUP_WINDOW = 30 * 86400.0
+
+
+def parse_source(section: Section) -> SourceSettings:
+    kind = section.choice("source", SOURCES, "generic")
+    if kind == "generic":
+        return GenericSource(
+            tokens=_secrets(section, "token", required=False),
+            token_header=section.string("token_header", "X-Relay-Token"),
+            token_query=section.string("token_query", "token"),
+        )
+    if kind == "tilda":
+        return TildaSource(
+            api_keys=_secrets(section, "api_key", required=False),
+            api_key_header=section.string("api_key_header", "X-Tilda-Api-Key"),
+            api_key_field=section.string("api_key_field", "api_key"),
+        )
+    if kind == "tbank":
+        return TbankSource(passwords=_secrets(section, "password"))
+    if kind == "woocommerce":
+        return WooCommerceSource(secrets=_secrets(section, "secret"))
+    if kind == "telegram":
+        return TelegramSource(secret_tokens=_secrets(section, "secret_token"))
+    if kind == "cdek":
+        return CdekSource()
+    if kind == "standard-webhooks":
+        return StandardWebhooksSource(
+            secrets=tuple(_whsec(section, value) for value in _secrets(section, "secret")),
+            tolerance=section.duration("tolerance", 300.0),
+        )
+    return HmacSource(
+        header=section.string("header"),
+        secrets=_secrets(section, "secret"),
+        algorithm=section.choice("algorithm", ("sha1", "sha256", "sha512"), "sha256"),
+        encoding=section.choice("encoding", ("hex", "base64"), "hex"),
+        prefix=section.string("prefix", "", nonempty=False),
+    )
+
+
+def _secrets(section: Section, name: str, *, required: bool = True) -> tuple[str, ...]:
+    """One secret, or a list of them (old and new, while rotating)."""
+    value = section.take(name) if required else section.take(name, None)
+    if value is None:
+        return ()
+    values = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(values, list)
+        or not values
+        or not all(isinstance(v, str) and v for v in values)
+    ):
+        # Never print the value: it is a secret.
+        raise ConfigError(section.key(name), "expected a non-empty string or a list of them")
+    return tuple(values)
+
+
+def _whsec(section: Section, value: str) -> bytes:
+    try:
+        return base64.b64decode(value.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(
+            section.key("secret"), 'expected a secret like "whsec_<base64>"'
+        ) from None
+
+
+def parse_networks(section: Section, name: str) -> tuple[IPv4Network | IPv6Network, ...]:
+    values = section.string_list(name, ())
+    networks = []
+    for index, value in enumerate(values):
+        try:
+            networks.append(ipaddress.ip_network(value.strip(), strict=False))
+        except ValueError:
+            raise ConfigError(
+                section.key(f"{name}[{index}]"),
+                f'expected an address or network like "91.194.226.0/23", got {describe(value)}',
+            ) from None
+    return tuple(networks)
+
+
+def parse_answer(section: Section, name: str) -> Answer | None:
+    if not section.has(name):
+        return None
+    table = section.section(name)
+    answer = Answer(
+        status=table.integer("status", 200, minimum=200, maximum=299),
+        body=table.string("body", "", nonempty=False).encode(),
+        content_type=table.string("content_type", "text/plain"),
+    )
+    table.done()
+    return answer
+
+
+def source_secrets(source: SourceSettings) -> set[str]:
+    """The credentials in a source's settings, to be masked wherever they show."""
+    if isinstance(source, GenericSource):
+        return set(source.tokens)
+    if isinstance(source, TildaSource):
+        return set(source.api_keys)
+    if isinstance(source, TbankSource):
+        return set(source.passwords)
+    if isinstance(source, WooCommerceSource | HmacSource):
+        return set(source.secrets)
+    if isinstance(source, TelegramSource):
+        return set(source.secret_tokens)
+    return set()
+
+
+def minimum_dedup_window(source: SourceSettings) -> float | None:
+    return TBANK_DEDUP_WINDOW if isinstance(source, TbankSource) else None

@@ -1,0 +1,263 @@
+"""The source profiles: how each provider proves itself, names its events, wants its answer."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from typing import Any
+
+from relay.config import (
+    Answer,
+    CdekSource,
+    GenericSource,
+    HmacSource,
+    StandardWebhooksSource,
+    TbankSource,
+    TelegramSource,
+    TildaSource,
+    WooCommerceSource,
+)
+from relay.incoming import Incoming
+from relay.sources.base import Accept, Check, Ping, Reject, joined_key, matches_any, text_answer
+
+
+def _field(data: Any, *path: str) -> Any:
+    for name in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(name)
+    return data
+
+
+class Generic:
+    """Any sender; optionally a shared token in a header or the query string."""
+
+    answer: Answer | None = None
+
+    def __init__(self, settings: GenericSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        settings = self.settings
+        if settings.tokens:
+            given = incoming.headers.get(settings.token_header)
+            if given is None:
+                given = incoming.query_fields.get(settings.token_query)
+            if given is None:
+                return Reject(
+                    "missing_token",
+                    f"no {settings.token_header} header or ?{settings.token_query}=",
+                )
+            if not matches_any(given, settings.tokens):
+                return Reject("bad_token")
+        return Accept()
+
+
+class Tilda:
+    """Tilda forms: urlencoded fields; `test=test` when the webhook is connected."""
+
+    answer: Answer | None = text_answer("ok")
+
+    def __init__(self, settings: TildaSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        form = incoming.form or {}
+        if form.get("test") == "test":
+            return Ping(text_answer("ok"))
+        settings = self.settings
+        if settings.api_keys:
+            given = incoming.headers.get(settings.api_key_header) or form.get(
+                settings.api_key_field
+            )
+            if not given:
+                return Reject("missing_api_key")
+            if not matches_any(given, settings.api_keys):
+                return Reject("bad_api_key")
+        return Accept(form.get("tranid") or None)
+
+
+class Tbank:
+    """T-Bank acquiring notifications, signed with a Token over the root fields."""
+
+    answer: Answer | None = text_answer("OK")  # anything else makes T-Bank send it again
+
+    def __init__(self, settings: TbankSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        data = incoming.json
+        if not isinstance(data, dict):
+            return Reject("not_json", "a T-Bank notification is a JSON object")
+        given = data.get("Token")
+        if not isinstance(given, str):
+            return Reject("missing_signature", "no Token field")
+        expected = [tbank_token(data, password) for password in self.settings.passwords]
+        if not matches_any(given.lower(), expected):
+            return Reject("bad_signature")
+        return Accept(joined_key(data.get("PaymentId"), data.get("Status")))
+
+
+def tbank_token(data: dict[str, Any], password: str) -> str:
+    """T-Bank's Token: root fields but Token and nested objects, plus Password,
+    sorted by name, values concatenated (booleans as true/false), SHA-256 hex."""
+    fields = {
+        name: value
+        for name, value in data.items()
+        if name != "Token" and not isinstance(value, dict | list)
+    }
+    fields["Password"] = password
+    joined = "".join(_tbank_value(fields[name]) for name in sorted(fields))
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def _tbank_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    return str(value)
+
+
+_WOO_PING = re.compile(rb"webhook_id=\d+")
+
+
+class WooCommerce:
+    """WooCommerce: base64 HMAC-SHA256 of the body in X-WC-Webhook-Signature."""
+
+    answer: Answer | None = None
+
+    def __init__(self, settings: WooCommerceSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        if _WOO_PING.fullmatch(incoming.body.strip()):
+            # Sent unsigned when the webhook is created or saved.
+            return Ping(text_answer("ok"))
+        given = incoming.headers.get("X-WC-Webhook-Signature")
+        if not given:
+            return Reject("missing_signature", "no X-WC-Webhook-Signature header")
+        expected = [
+            base64.b64encode(hmac.digest(secret.encode(), incoming.body, "sha256")).decode()
+            for secret in self.settings.secrets
+        ]
+        if not matches_any(given.strip(), expected):
+            return Reject("bad_signature")
+        delivery = incoming.headers.get("X-WC-Webhook-Delivery-ID")
+        if delivery:
+            return Accept(delivery)
+        data = incoming.json
+        return Accept(
+            joined_key(
+                incoming.headers.get("X-WC-Webhook-Topic"),
+                _field(data, "id"),
+                _field(data, "date_modified_gmt") or _field(data, "date_modified"),
+            )
+        )
+
+
+class Telegram:
+    """Telegram bot updates: the secret token set with setWebhook, in a header."""
+
+    answer: Answer | None = text_answer("")  # a JSON body could be read as a Bot API call
+
+    def __init__(self, settings: TelegramSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        given = incoming.headers.get("X-Telegram-Bot-Api-Secret-Token")
+        if given is None:
+            return Reject("missing_token", "no X-Telegram-Bot-Api-Secret-Token header")
+        if not matches_any(given, self.settings.secret_tokens):
+            return Reject("bad_token")
+        update_id = _field(incoming.json, "update_id")
+        return Accept(str(update_id) if update_id is not None else None)
+
+
+class Cdek:
+    """CDEK v2 webhooks: unsigned (use a secret path and allow_ips); CDEK never retries."""
+
+    answer: Answer | None = None
+
+    def __init__(self, settings: CdekSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        data = incoming.json
+        return Accept(
+            joined_key(
+                _field(data, "uuid"),
+                _field(data, "attributes", "code"),
+                _field(data, "attributes", "status_date_time"),
+            )
+        )
+
+
+class StandardWebhooks:
+    """Standard Webhooks: v1 HMAC-SHA256 of id.timestamp.body, with a replay window."""
+
+    answer: Answer | None = None
+
+    def __init__(self, settings: StandardWebhooksSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        headers = incoming.headers
+        webhook_id = headers.get("webhook-id")
+        timestamp = headers.get("webhook-timestamp")
+        signatures = headers.get("webhook-signature")
+        if not webhook_id or not timestamp or not signatures:
+            return Reject("missing_signature", "webhook-id, -timestamp and -signature needed")
+        try:
+            sent_at = int(timestamp)
+        except ValueError:
+            return Reject("bad_timestamp")
+        if abs(now - sent_at) > self.settings.tolerance:
+            return Reject("stale_timestamp", f"timestamp {sent_at} is outside the tolerance")
+        signed = f"{webhook_id}.{timestamp}.".encode() + incoming.body
+        expected = [
+            base64.b64encode(hmac.digest(secret, signed, "sha256")).decode()
+            for secret in self.settings.secrets
+        ]
+        given = [
+            candidate.partition(",")[2]
+            for candidate in signatures.split()
+            if candidate.startswith("v1,")
+        ]
+        if not any(matches_any(signature, expected) for signature in given):
+            return Reject("bad_signature")
+        return Accept(webhook_id)
+
+
+class Hmac:
+    """Any sender signing the raw body with an HMAC in one header."""
+
+    answer: Answer | None = None
+
+    def __init__(self, settings: HmacSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        settings = self.settings
+        given = incoming.headers.get(settings.header)
+        if not given:
+            return Reject("missing_signature", f"no {settings.header} header")
+        if settings.prefix:
+            if not given.startswith(settings.prefix):
+                return Reject("bad_signature", f"signature does not start with {settings.prefix}")
+            given = given[len(settings.prefix) :]
+        expected = []
+        for secret in settings.secrets:
+            digest = hmac.digest(secret.encode(), incoming.body, settings.algorithm)
+            if settings.encoding == "hex":
+                expected.append(digest.hex())
+            else:
+                expected.append(base64.b64encode(digest).decode())
+        given = given.strip()
+        if settings.encoding == "hex":
+            given = given.lower()
+        if not matches_any(given, expected):
+            return Reject("bad_signature")
+        return Accept()
