@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import random
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +17,19 @@ from aiohttp import web
 from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
-from relay.config import Config, Listen, StorageConfig
+from relay.config import Config, ConfigError, Listen, StorageConfig, load_config
 from relay.ingress import Ingress
 from relay.lockfile import ProcessLock
-from relay.logs import log_attempt
+from relay.logs import log_attempt, set_masker
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.secrets import Masker
-from relay.store import SqliteStore
+from relay.store import SqliteStore, Status
+from relay.systemd import Notifier, watchdog
 from relay.targets import Target, build_target
+from relay.units import format_instant
 
 log = logging.getLogger("relay")
 
@@ -136,6 +140,7 @@ class Relay:
         self.alerter.observe(report)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks = [task for task in self._tasks if not task.done()]
         self._tasks.append(asyncio.create_task(coroutine, name=name))
 
     async def _listen(self, name: str, app: web.Application, listen: Listen) -> None:
@@ -155,15 +160,17 @@ class Relay:
             self._opened.append(self._lock.release)
             await self.store.open()
             self._opened.append(self.store.close)
-            recovered = await self.store.recover_orphans(self.clock.now())
+            now = self.clock.now()
+            recovered = await self.store.recover_orphans(now)
             if recovered:
                 log.warning(
                     "%d deliveries were in flight when relay last stopped; retrying them",
                     recovered,
                 )
+            await self._report_unconfigured()
+            self._opened.append(self._close_targets)
             for target in self.targets.values():
                 await target.start()
-                self._opened.append(target.close)
             if background:
                 self._spawn(self.scheduler.run(), "scheduler")
                 self._spawn(self.alerter.run(), "alerts")
@@ -180,6 +187,84 @@ class Relay:
         except BaseException:
             await self.stop()
             raise
+
+    async def _report_unconfigured(self) -> None:
+        waiting = await self.store.flag_unconfigured(list(self.config.targets), self.clock.now())
+        for target, count in sorted(waiting.items()):
+            log.warning(
+                "%d deliveries wait for target %s, which is not in the config:"
+                " they are kept until it is back",
+                count,
+                target,
+            )
+
+    async def _close_targets(self) -> None:
+        for target in self.targets.values():
+            await target.close()
+
+    async def reload(self, config: Config) -> list[str]:
+        """Switch to `config` while running. Routes, targets, templates and policies
+        change at once; attempts in flight finish on the targets they started with.
+        Returns the keys whose change needs a restart (those keep their old value)."""
+        old = self.config
+        needs_restart = []
+        if config.server.listen != old.server.listen:
+            needs_restart.append("server.listen")
+        if (config.admin.listen, config.admin.enabled) != (old.admin.listen, old.admin.enabled):
+            needs_restart.append("admin.listen")
+        if config.storage != old.storage:
+            needs_restart.append("storage")
+        config = dataclasses.replace(
+            config,
+            server=dataclasses.replace(config.server, listen=old.server.listen),
+            admin=dataclasses.replace(
+                config.admin, listen=old.admin.listen, enabled=old.admin.enabled
+            ),
+            storage=old.storage,
+        )
+        targets: dict[str, Target] = {}
+        fresh: list[Target] = []
+        try:
+            for name, target_config in config.targets.items():
+                current = self.targets.get(name)
+                if current is not None and old.targets.get(name) == target_config:
+                    targets[name] = current
+                    continue
+                target = build_target(target_config)
+                await target.start()
+                fresh.append(target)
+                targets[name] = target
+        except BaseException:
+            for target in fresh:
+                await target.close()
+            raise
+        retired = [t for name, t in self.targets.items() if targets.get(name) is not t]
+        self.config = config
+        self.masker = Masker(config.secrets)
+        self.targets = targets
+        self.scheduler.reconfigure(config, targets)
+        self.ingress.reconfigure(config)
+        self.alerter.config = config.alerts
+        self.retention.config = config
+        set_masker(self.masker)
+        for target in retired:
+            self._spawn(self._retire(target), "retire-target")
+        await self._report_unconfigured()
+        return needs_restart
+
+    async def _retire(self, target: Target) -> None:
+        await self.scheduler.until_unused(target)
+        await target.close()
+
+    async def status_line(self) -> str:
+        """One line for systemd's STATUS: pending, dead, last delivery."""
+        gauges = await self.store.gauges()
+        states = await self.store.target_states()
+        pending = sum(n for (_, status), n in gauges.counts.items() if status is Status.PENDING)
+        dead = sum(n for (_, status), n in gauges.counts.items() if status is Status.DEAD)
+        last = max((s.last_success_at or 0.0 for s in states.values()), default=0.0)
+        when = format_instant(last) if last else "none yet"
+        return f"pending {pending}, dead {dead}, last delivery {when}"
 
     async def stop(self) -> None:
         """Stop taking webhooks, finish what is in flight, close everything."""
@@ -203,14 +288,17 @@ class Relay:
                 await result
 
 
-async def serve(config: Config) -> int:
-    """`relay serve`: run until SIGTERM or SIGINT, then stop cleanly and return 0."""
+async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int:
+    """`relay serve`: run until SIGTERM or SIGINT; SIGHUP re-reads the config."""
+    notifier = Notifier(environ)
     relay = Relay(config)
     await relay.start()
     stop = asyncio.Event()
+    reload = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)
     admin = f", admin on {relay.admin_url}" if config.admin.enabled else ""
     log.info(
         "relay ready: ingress on %s%s, %d routes, %d targets, database %s",
@@ -220,8 +308,41 @@ async def serve(config: Config) -> int:
         len(config.targets),
         config.storage.path,
     )
-    await stop.wait()
+    notifier.ready(await relay.status_line())
+    pinger = asyncio.create_task(
+        watchdog(notifier, relay.scheduler.alive, relay.status_line), name="watchdog"
+    )
+    while not stop.is_set():
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(reload.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        if reload.is_set() and not stop.is_set():
+            reload.clear()
+            await _reload(relay, notifier)
+    notifier.stopping()
     log.info("stopping: finishing attempts in flight (up to %gs)", config.server.shutdown_timeout)
     await relay.stop()
+    pinger.cancel()
     log.info("stopped")
     return 0
+
+
+async def _reload(relay: Relay, notifier: Notifier) -> None:
+    notifier.reloading()
+    source = relay.config.source
+    try:
+        if source is None:
+            raise ConfigError("", "the running config was not read from a file")
+        config = load_config(source, os.environ)
+        needs_restart = await relay.reload(config)
+    except ConfigError as error:
+        relay.metrics.reloads.labels("failed").inc()
+        log.error("reload failed, still running the previous config: %s", error)
+        notifier.send("READY=1", f"STATUS=reload failed (previous config kept): {error}")
+        return
+    relay.metrics.reloads.labels("ok").inc()
+    log.info("reloaded %s: %d routes, %d targets", source, len(config.routes), len(config.targets))
+    for key in needs_restart:
+        log.warning("%s changed: it takes effect at the next restart", key)
+    notifier.ready(await relay.status_line())

@@ -84,9 +84,9 @@ class Ingress:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     def application(self) -> web.Application:
-        routes = self._settings.routes.values()
-        largest = max((route.config.max_body_size for route in routes), default=1)
-        app = web.Application(client_max_size=largest)
+        # Each route's own limit is enforced in `_read_body`, before reading;
+        # aiohttp's app-wide one would not follow a reload that raises it.
+        app = web.Application(client_max_size=1 << 40)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 

@@ -119,10 +119,12 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._task_targets: dict[asyncio.Task[None], Target] = {}
         self._paused: frozenset[str] = frozenset()
         self._paused_read_at: float | None = None
         self._running = False
         self.last_tick: float | None = None
+        self._ticked = time.monotonic()
 
     # Control
 
@@ -159,6 +161,7 @@ class Scheduler:
         while not self._stopping:
             now = self._clock.now()
             self.last_tick = now
+            self._ticked = time.monotonic()
             until = now + self._poll_interval
             try:
                 await self._refresh_paused(now)
@@ -221,12 +224,24 @@ class Scheduler:
             except StoreError as error:
                 log.warning("could not release %d leases: %s", len(unfinished), error)
 
+    def alive(self, within: float) -> bool:
+        """Running, and ticked within the last `within` seconds (for the watchdog)."""
+        return self.running and time.monotonic() - self._ticked < within
+
     def reconfigure(self, config: Config, targets: Mapping[str, Target]) -> None:
         """Switch to a new config; attempts in flight finish on the one they started with."""
         self._state = _State(config, targets, self._state.lanes)
         self._masker = Masker(config.secrets)
         self._sync_lanes()
         self._wake.set()
+
+    async def until_unused(self, target: Target) -> None:
+        """Wait until no attempt in flight is using this target object."""
+        while True:
+            using = [task for task, used in self._task_targets.items() if used is target]
+            if not using:
+                return
+            await asyncio.gather(*using, return_exceptions=True)
 
     # Internals
 
@@ -306,6 +321,8 @@ class Scheduler:
                 self._attempt(delivery, target, state), name=f"relay-attempt-{delivery.id}"
             )
             self._tasks[delivery.id] = task
+            self._task_targets[task] = target
+            task.add_done_callback(self._task_targets.pop)
         return len(claimed)
 
     def _policy(self, state: _State, delivery: ClaimedDelivery) -> RetryPolicy:

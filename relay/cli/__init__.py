@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from relay import __version__
-from relay.cli import check, events, operate, render, serve
+from relay.cli import check, events, operate, render, serve, setup
 from relay.cli.common import CommandError
 from relay.lockfile import AlreadyRunning
 from relay.store import StoreError
 
-COMMANDS = (serve, check, events, operate, render)
+COMMANDS = (serve, check, events, operate, render, setup)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from relay.advice import warnings
 from relay.cli.common import add_config_option, read_config
 from relay.config import Config, FileTarget, HttpTarget, SmtpTarget, TargetConfig
 from relay.retry import describe_schedule
@@ -20,6 +21,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def run(args: argparse.Namespace) -> int:
     config = read_config(args)
     print(describe(config))
+    for warning in warnings(config):
+        print(f"warning: {warning}")
     return 0
 
 

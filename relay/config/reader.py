@@ -48,6 +48,10 @@ def describe(value: object) -> str:
 class Section:
     """One TOML table being read; `where` is its dotted name ("" for the root)."""
 
+    # When set, every dotted key asked for is added here: the docs test uses it
+    # to list every key the loader knows.
+    asked_keys: set[str] | None = None
+
     def __init__(self, data: Mapping[str, Any], where: str) -> None:
         self._data = dict(data)
         self._asked: list[str] = []
@@ -65,6 +69,8 @@ class Section:
     def take(self, name: str, default: Any = REQUIRED) -> Any:
         if name not in self._asked:
             self._asked.append(name)
+        if Section.asked_keys is not None:
+            Section.asked_keys.add(self.key(name))
         if name in self._data:
             return self._data.pop(name)
         if default is REQUIRED:

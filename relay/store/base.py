@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Protocol
 
 
@@ -357,11 +358,21 @@ class Store(Protocol):
         counts every event that would go instead."""
         ...
 
+    async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
+        """Mark pending deliveries whose target is not in the config (they wait,
+        never dropped, until it comes back); returns how many per target."""
+        ...
+
     async def record_rejection(self, rejection: Rejection) -> None:
         """Keep a refused request for the operator; only the last REJECTIONS_KEPT per route."""
         ...
 
     async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]: ...
+
+    async def backup(self, destination: Path) -> int:
+        """A consistent copy of the whole store at `destination` while it is in use;
+        returns how many events the copy holds."""
+        ...
 
     async def heartbeat(self, now: float) -> None:
         """A small durable write: proves the store is writable right now."""

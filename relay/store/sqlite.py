@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -70,6 +71,9 @@ WHERE id IN (
     ORDER BY lease_until LIMIT ?)
 {_CLAIM_RETURNING}
 """
+
+
+UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 
 
 def _placeholders(count: int) -> str:
@@ -669,6 +673,27 @@ class SqliteStore:
         removed: int = await self._write(job)
         return removed
 
+    async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
+        names = list(configured)
+
+        def job(connection: sqlite3.Connection) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for target, count in connection.execute(
+                "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
+                f" AND target NOT IN ({_placeholders(len(names))}) GROUP BY target",
+                names,
+            ).fetchall():
+                counts[target] = count
+                connection.execute(
+                    "UPDATE deliveries SET last_error = ?, updated_at = ?"
+                    " WHERE status = 'pending' AND target = ?",
+                    (UNCONFIGURED.format(target=target), now, target),
+                )
+            return counts
+
+        result: dict[str, int] = await self._write(job)
+        return result
+
     async def record_rejection(self, rejection: Rejection) -> None:
         headers = orjson.dumps(rejection.headers)
 
@@ -705,6 +730,40 @@ class SqliteStore:
             Rejection(row[0], row[1], row[2], row[3], row[4] or "", _headers(row[5]))
             for row in await self._read(sql, params, slow=True)
         ]
+
+    async def backup(self, destination: Path) -> int:
+        return await asyncio.to_thread(self._backup, destination)
+
+    def _backup(self, destination: Path) -> int:
+        # SQLite's online backup, in one step: one read snapshot of the whole
+        # database (WAL lets writers go on meanwhile), written to a temporary
+        # file that becomes the destination only once complete and synced.
+        partial = destination.with_name(destination.name + ".partial")
+        partial.unlink(missing_ok=True)
+        try:
+            source = sqlite3.connect(self.path, timeout=self._busy_timeout)
+            try:
+                copy = sqlite3.connect(partial)
+                try:
+                    source.backup(copy)
+                    copy.execute("PRAGMA journal_mode = DELETE")
+                    if copy.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                        raise StoreError(f"{partial}: the copy failed its integrity check")
+                    events: int = copy.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+                finally:
+                    copy.close()
+            finally:
+                source.close()
+            with partial.open("rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(partial, destination)
+        except sqlite3.Error as error:
+            partial.unlink(missing_ok=True)
+            raise unavailable(error) from None
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            raise StoreError(f"cannot write {destination}: {error.strerror or error}") from None
+        return events
 
     async def heartbeat(self, now: float) -> None:
         def job(connection: sqlite3.Connection) -> None:

@@ -1,0 +1,74 @@
+"""`relay init` (a starter config) and `relay backup` (a consistent copy of the database)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from importlib import resources
+from pathlib import Path
+
+from relay.cli.common import (
+    CommandError,
+    add_config_option,
+    opened_store,
+    read_operator_config,
+    run,
+)
+from relay.units import format_size
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    init = commands.add_parser(
+        "init", help="write a commented starter config: a Tilda form to a CRM, Telegram and mail"
+    )
+    init.add_argument("path", metavar="PATH", nargs="?", default="relay.toml", type=Path)
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.set_defaults(handler=write_starter)
+
+    backup = commands.add_parser(
+        "backup", help="a consistent copy of the database, safe while relay runs"
+    )
+    add_config_option(backup)
+    backup.add_argument("destination", metavar="DEST", type=Path)
+    backup.add_argument("--force", action="store_true", help="overwrite an existing file")
+    backup.set_defaults(handler=make_backup)
+
+
+def starter_config() -> str:
+    return resources.files("relay").joinpath("starter.toml").read_text(encoding="utf-8")
+
+
+def write_starter(args: argparse.Namespace) -> int:
+    path: Path = args.path
+    if path.exists() and not args.force:
+        raise CommandError(f"{path} exists (use --force to overwrite it)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # It will hold no secrets (they come from ${VARS}), but keep it private anyway.
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(starter_config())
+    print(f"wrote {path}")
+    print("next: set the variables it names (see the top of the file), then:")
+    print(f"  relay check --config {path}")
+    return 0
+
+
+def make_backup(args: argparse.Namespace) -> int:
+    config = read_operator_config(args)
+    destination: Path = args.destination
+    if destination.exists() and not args.force:
+        raise CommandError(f"{destination} exists (use --force to overwrite it)")
+    if destination.resolve() == config.storage.path.resolve():
+        raise CommandError("the destination is the database itself")
+
+    async def act() -> int:
+        async with opened_store(config) as store:
+            return await store.backup(destination)
+
+    events = run(act())
+    size = destination.stat().st_size
+    print(
+        f"backed up {config.storage.path} to {destination}: {events} events,"
+        f" {format_size(size) if size % 1024 == 0 else f'{size} bytes'}"
+    )
+    return 0

@@ -1,0 +1,80 @@
+"""Configs that between them use every target type and source profile, so that
+parsing them asks for every key the loader knows."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from relay.config import parse_config
+from relay.config.reader import Section
+from relay.config.sources import SOURCES
+
+TARGETS: dict[str, dict[str, Any]] = {
+    "http": {"type": "http", "url": "https://crm.example/x"},
+    "file": {"type": "file", "path": "out.jsonl"},
+    "smtp": {
+        "type": "smtp",
+        "host": "smtp.example",
+        "from": "a@example.com",
+        "to": ["b@example.com"],
+        "username": "u",
+        "password": "p",
+    },
+    "telegram": {"type": "telegram", "bot_token": "1:AA", "chat_id": 1},
+}
+SOURCE_OPTIONS: dict[str, dict[str, Any]] = {
+    "tbank": {"password": "p"},
+    "woocommerce": {"secret": "s"},
+    "telegram": {"secret_token": "t"},
+    "standard-webhooks": {"secret": "whsec_c2VjcmV0"},
+    "hmac": {"header": "X-Sig", "secret": "s"},
+}
+
+
+def every_key() -> set[str]:
+    """Every dotted key the loader asks for, with names and indexes generalised:
+    targets.NAME.url, routes.NAME.targets[].when, retry.base..."""
+    Section.asked_keys = set()
+    try:
+        routes = {
+            f"r_{source}": {
+                "path": f"/{source}",
+                "targets": ["http", {"target": "file", "when": "true", "retry": {"retries": 1}}],
+                "source": source,
+                "response": {"status": 200, "body": "ok"},
+                **SOURCE_OPTIONS.get(source, {}),
+            }
+            for source in SOURCES
+        }
+        parse_config(
+            {
+                "server": {},
+                "storage": {},
+                "admin": {},
+                "log": {},
+                "retry": {},
+                "alerts": {"target": "http"},
+                "targets": {name: {**table, "retry": {}} for name, table in TARGETS.items()},
+                "routes": routes,
+            },
+            {},
+            base=Path("/tmp"),
+        )
+        asked = set(Section.asked_keys)
+    finally:
+        Section.asked_keys = None
+    keys = set()
+    for key in asked:
+        key = re.sub(r"^targets\.[^.]+\.", "targets.NAME.", key)
+        key = re.sub(r"^routes\.[^.]+\.targets\[\d+\]", "routes.NAME.targets[]", key)
+        key = re.sub(r"^routes\.[^.]+\.", "routes.NAME.", key)
+        key = re.sub(r"^(targets\.NAME|routes\.NAME\.targets\[\])\.retry\.", "retry.", key)
+        key = re.sub(r"\[\d+\]$", "", key)
+        if key.startswith(("targets.NAME.headers.", "targets.NAME.form.")):
+            continue
+        if "." not in key or re.fullmatch(r"(routes|targets)\.[^.]+", key):
+            continue  # a table's own name, not a key in it
+        keys.add(key)
+    return keys

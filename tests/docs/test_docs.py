@@ -1,0 +1,128 @@
+"""Docs that cannot drift: every config key and every command is documented."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from kitchen_sink import every_key
+
+from relay.cli import parser
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+EXAMPLE = (ROOT / "relay.example.toml").read_text(encoding="utf-8")
+
+
+def test_every_config_key_is_in_the_reference() -> None:
+    keys = every_key()
+    assert len(keys) > 60  # the kitchen sink really covers the loader
+    missing = sorted(key for key in keys if f"`{key}`" not in REFERENCE)
+    assert missing == []
+
+
+def test_every_config_key_is_in_the_example_config() -> None:
+    missing = sorted(
+        key
+        for key in every_key()
+        if not re.search(
+            rf"(^|[\s#{{,]){re.escape(key.rsplit('.', 1)[-1])}\s*=", EXAMPLE, re.MULTILINE
+        )
+    )
+    assert missing == []
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    subparsers = next(
+        action for action in parser()._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    return dict(subparsers.choices)
+
+
+def test_every_command_and_option_is_in_the_reference() -> None:
+    found = commands()
+    assert {
+        "serve",
+        "check",
+        "events",
+        "show",
+        "retry",
+        "requeue",
+        "stats",
+        "purge",
+        "backup",
+        "init",
+        "render",
+        "pause",
+        "resume",
+        "rejections",
+    } <= set(found)
+    for name, command in found.items():
+        section = re.search(
+            rf"^### [^\n]*`relay {name}\b[^\n]*\n.*?(?=^### |\Z)",
+            REFERENCE,
+            re.MULTILINE | re.DOTALL,
+        )
+        assert section is not None, f"relay {name} has no section"
+        for action in command._actions:
+            for option in action.option_strings:
+                if option.startswith("--") and option != "--help":
+                    if option == "--config":
+                        continue  # documented once, for every command
+                    assert option in section.group(0), f"relay {name} {option} undocumented"
+
+
+def test_every_command_is_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name in commands():
+        assert f"relay {name}" in readme, f"relay {name} missing from the README"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
+    relay = shutil.which("relay")
+    assert relay is not None
+    unit = (ROOT / "systemd" / "relay.service").read_text()
+    # verify checks that ExecStart exists: point it at this environment's relay.
+    copy = tmp_path / "relay.service"
+    copy.write_text(unit.replace("/usr/local/bin/relay", relay))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Unknown" not in result.stderr, result.stderr
+    assert "ignoring" not in result.stderr, result.stderr
+    for directive in (
+        "Type=notify",
+        "WatchdogSec=",
+        "ExecReload=",
+        "Restart=on-failure",
+        "StateDirectory=relay",
+        "DynamicUser=yes",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "PrivateDevices=yes",
+        "RestrictAddressFamilies=",
+        "SystemCallFilter=@system-service",
+        "CapabilityBoundingSet=",
+        "EnvironmentFile=",
+        "LoadCredential=",
+        "TimeoutStopSec=",
+    ):
+        assert directive in unit
+    stop = int(re.search(r"^TimeoutStopSec=(\d+)s", unit, re.MULTILINE).group(1))
+    assert stop > 30  # longer than the default server.shutdown_timeout
+
+
+def test_every_directive_is_explained() -> None:
+    lines = (ROOT / "systemd" / "relay.service").read_text().splitlines()
+    for index, line in enumerate(lines):
+        if "=" in line and not line.startswith(("#", "[")) and line.strip():
+            before = lines[max(0, index - 6) : index]
+            assert any(previous.startswith("#") for previous in before), f"unexplained: {line}"
