@@ -255,6 +255,9 @@ class Relay:
     async def _retire(self, target: Target) -> None:
         await self.scheduler.until_unused(target)
         await target.close()
+        # An attempt that was in flight during the reload has just written its
+        # own error over the "not configured" note: put the note back.
+        await self._report_unconfigured()
 
     async def status_line(self) -> str:
         """One line for systemd's STATUS: pending, dead, last delivery."""

@@ -6,7 +6,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from relay.config import FileTarget, HttpTarget, TargetConfig
+from relay.config import FileTarget, HttpTarget, SmtpTarget, TargetConfig, TelegramTarget
 from relay.secrets import Masker
 from relay.store import (
     AttemptView,
@@ -138,8 +138,14 @@ def target_view(
         view["format"] = settings.format
     elif isinstance(settings, FileTarget):
         view["path"] = str(settings.path)
+    elif isinstance(settings, SmtpTarget):
+        view["host"] = f"{settings.host}:{settings.port} ({settings.tls})"
+        view["to"] = list(settings.to)
+    elif isinstance(settings, TelegramTarget):
+        view["chat_id"] = settings.chat_id
     view.update(
         concurrency=target.concurrency,
+        rate=str(target.rate) if target.rate is not None else None,
         schedule=schedule,
         timeout_seconds=target.retry.timeout,
         retry_on_error=target.retry.retry_on_error,

@@ -53,8 +53,9 @@ def to_toml(data: Mapping[str, Any], prefix: str = "") -> str:
 
 
 def write_config(path: Path, data: Mapping[str, Any]) -> Path:
-    """Write a relay config; the admin listener takes a free port unless told otherwise."""
+    """Write a relay config; both listeners take free ports unless told otherwise."""
     data = {"admin": {"listen": "127.0.0.1:0"}, **data}
+    data["server"] = {"listen": "127.0.0.1:0", **data.get("server", {})}
     path.write_text(to_toml(data), encoding="utf-8")
     return path
 

@@ -246,6 +246,16 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class HourlyActivity:
+    """Attempts and deliveries gone dead in one hour (`hour` is its start)."""
+
+    hour: float
+    attempts: int
+    failed: int
+    dead: int
+
+
+@dataclass(frozen=True)
 class Rejection:
     """A request relay refused (bad signature, address not allowed...), headers masked."""
 
@@ -337,6 +347,14 @@ class Store(Protocol):
         """A fresh retry cycle for each selected delivery (history kept, the
         requeue logged). Deliveries already pending are left as they are.
         Returns the ids requeued."""
+        ...
+
+    async def count(self, selection: Selection) -> int:
+        """How many deliveries a requeue of `selection` would take."""
+        ...
+
+    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
+        """Per hour from `since`: attempts made, failed, and deliveries gone dead."""
         ...
 
     async def set_paused(self, target: str, paused: bool, now: float) -> None: ...

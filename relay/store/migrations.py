@@ -131,6 +131,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX rejections_route ON rejections (route, id)",
         ],
     ),
+    (
+        4,
+        "attempts by time, for the dashboard's last 24 hours",
+        ["CREATE INDEX attempts_started ON attempts (started_at)"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

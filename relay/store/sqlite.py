@@ -27,6 +27,7 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     Header,
+    HourlyActivity,
     LogEntry,
     NewDelivery,
     NewEvent,
@@ -510,23 +511,7 @@ class SqliteStore:
     async def requeue(self, selection: Selection, now: float) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
-        where = ["status = ?"]
-        params: list[Any] = [selection.status.value]
-        for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
-            if value is not None:
-                where.append(clause)
-                params.append(value)
-        if selection.ids:
-            where.append(f"id IN ({_placeholders(len(selection.ids))})")
-            params += selection.ids
-        if selection.since is not None or selection.until is not None:
-            where.append(
-                "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
-            )
-            params += [
-                selection.since if selection.since is not None else float("-inf"),
-                selection.until if selection.until is not None else float("inf"),
-            ]
+        where, params = _selection_where(selection)
 
         def job(connection: sqlite3.Connection) -> list[int]:
             ids = [
@@ -535,7 +520,7 @@ class SqliteStore:
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
                     " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
                     " resume_at = NULL, updated_at = ?"
-                    f" WHERE {' AND '.join(where)} RETURNING id",
+                    f" WHERE {where} RETURNING id",
                     [now, now, *params],
                 ).fetchall()
             ]
@@ -544,6 +529,34 @@ class SqliteStore:
 
         result: list[int] = await self._write(job)
         return result
+
+    async def count(self, selection: Selection) -> int:
+        where, params = _selection_where(selection)
+        rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {where}", params, slow=True)
+        count: int = rows[0][0]
+        return count
+
+    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
+        start = since - since % 3600
+        rows = await self._read(
+            "SELECT CAST((started_at - ?) / 3600 AS INTEGER) AS slot, COUNT(*),"
+            " SUM(outcome != 'success'),"
+            " SUM(outcome != 'success' AND next_attempt_at IS NULL)"
+            " FROM attempts WHERE started_at >= ? AND started_at < ? GROUP BY slot",
+            (start, start, until),
+            slow=True,
+        )
+        found = {row[0]: row for row in rows}
+        hours = int((until - start) // 3600) + 1
+        return [
+            HourlyActivity(
+                hour=start + slot * 3600,
+                attempts=found[slot][1] if slot in found else 0,
+                failed=found[slot][2] if slot in found else 0,
+                dead=found[slot][3] if slot in found else 0,
+            )
+            for slot in range(hours)
+        ]
 
     async def set_paused(self, target: str, paused: bool, now: float) -> None:
         def job(connection: sqlite3.Connection) -> None:
@@ -684,9 +697,10 @@ class SqliteStore:
                 names,
             ).fetchall():
                 counts[target] = count
+                # In flight too: a lease given back unused keeps the note.
                 connection.execute(
                     "UPDATE deliveries SET last_error = ?, updated_at = ?"
-                    " WHERE status = 'pending' AND target = ?",
+                    " WHERE status IN ('pending', 'in_flight') AND target = ?",
                     (UNCONFIGURED.format(target=target), now, target),
                 )
             return counts
@@ -797,6 +811,27 @@ class SqliteStore:
         for row in rows:
             result.setdefault(row[1], []).append(_delivery_view(row))
         return result
+
+
+def _selection_where(selection: Selection) -> tuple[str, list[Any]]:
+    where = ["status = ?"]
+    params: list[Any] = [selection.status.value]
+    for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
+    if selection.ids:
+        where.append(f"id IN ({_placeholders(len(selection.ids))})")
+        params += selection.ids
+    if selection.since is not None or selection.until is not None:
+        where.append(
+            "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
+        )
+        params += [
+            selection.since if selection.since is not None else float("-inf"),
+            selection.until if selection.until is not None else float("inf"),
+        ]
+    return " AND ".join(where), params
 
 
 def _select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:

@@ -1,0 +1,564 @@
+"""The Deliveries dashboard: server-rendered pages on the admin listener.
+
+Sign in with the admin token for a signed session cookie (HttpOnly,
+SameSite=Strict, Secure behind TLS); every form that changes something
+carries a CSRF token. No build step, no CDN: the templates, a stylesheet and
+one small script ship in the package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+import orjson
+from aiohttp import web
+
+from relay.admin.context import OPERATOR, Operator
+from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
+from relay.payload import parse_form
+from relay.retry import describe_schedule
+from relay.store import Conflict, EventQuery, NotFound, Selection, Status, StoreError
+from relay.units import format_instant, parse_instant
+from relay.views import event_detail, event_summary, rejection_view, stats_view, target_view
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 50
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SESSIONS = web.AppKey("sessions", Sessions)
+TEMPLATES = web.AppKey("templates", jinja2.Environment)
+
+# Paths that are not dashboard pages: the API has its own bearer token.
+OPEN_PREFIXES = ("/api/", "/static/", "/login")
+OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+
+SECURITY_HEADERS = {
+    # Scripts and styles only from here: no inline code, nothing from elsewhere.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self';"
+    " script-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+MESSAGES = {
+    "retried": "One more attempt is queued for delivery {id}.",
+    "requeued": "Requeued {n}: each starts a fresh retry cycle.",
+    "paused": "Target {name} is paused: its deliveries wait, no retries are spent.",
+    "resumed": "Target {name} is resumed.",
+    "signed_out": "Signed out.",
+}
+
+
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _load_static() -> dict[str, tuple[bytes, str]]:
+    types = {".css": "text/css", ".js": "text/javascript"}
+    return {
+        path.name: (path.read_bytes(), types[path.suffix])
+        for path in (HERE / "static").iterdir()
+        if path.suffix in types
+    }
+
+
+def add_dashboard(app: web.Application, operator: Operator) -> None:
+    app[SESSIONS] = Sessions(lambda: operator.config.admin.token)
+    app[TEMPLATES] = _templates()
+    app.middlewares.append(guard)
+    app.middlewares.append(store_errors)
+    static = _load_static()
+
+    async def serve_static(request: web.Request) -> web.Response:
+        found = static.get(request.match_info["name"])
+        if found is None:
+            raise web.HTTPNotFound()
+        body, content_type = found
+        return web.Response(
+            body=body,
+            content_type=content_type,
+            headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"},
+        )
+
+    router = app.router
+    router.add_get("/static/{name}", serve_static)
+    router.add_get("/login", login_page)
+    router.add_post("/login", login)
+    router.add_post("/logout", logout)
+    router.add_get("/", overview)
+    router.add_get("/deliveries", deliveries)
+    router.add_get("/dead", dead_letter)
+    router.add_post("/dead/requeue", requeue_dead)
+    router.add_get("/events/{event_id}", event_page)
+    router.add_post("/deliveries/{delivery_id}/retry", retry_delivery)
+    router.add_post("/deliveries/{delivery_id}/requeue", requeue_delivery)
+    router.add_get("/targets", targets_page)
+    router.add_post("/targets/{name}/pause", pause_target)
+    router.add_post("/targets/{name}/resume", resume_target)
+    router.add_get("/rejections", rejections_page)
+
+
+# Sessions, CSRF, headers
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    path = request.path
+    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+        return await handler(request)
+    operator = request.app[OPERATOR]
+    sessions = request.app[SESSIONS]
+    session = sessions.valid(request.cookies.get(SESSION_COOKIE), time.time())
+    fresh: str | None = None
+    if session is None:
+        if operator.config.admin.token is not None:
+            if request.method != "GET":
+                return _plain(403, "Sign in first.")
+            target = "/login?" + urlencode({"next": request.path_qs})
+            raise web.HTTPFound(target)
+        # No token (loopback only): everyone is signed in, but forms still
+        # need a session to bind their CSRF token to.
+        fresh = sessions.issue(time.time())
+        session = sessions.valid(fresh, time.time())
+        assert session is not None
+    if request.method == "POST":
+        form = await request.post()
+        given = form.get("csrf")
+        if not sessions.csrf_matches(session, given if isinstance(given, str) else None):
+            return _plain(403, "This form has expired or did not come from this dashboard.")
+    request["session"] = session
+    response = await handler(request)
+    if fresh is not None:
+        _set_cookie(request, response, SESSION_COOKIE, fresh, SESSION_SECONDS)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def _secure(request: web.Request) -> bool:
+    return request.secure or request.headers.get("X-Forwarded-Proto") == "https"
+
+
+def _set_cookie(
+    request: web.Request, response: web.StreamResponse, name: str, value: str, max_age: int
+) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path="/",
+        httponly=True,
+        samesite="Strict",
+        secure=_secure(request),
+    )
+
+
+def _plain(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text, headers=SECURITY_HEADERS)
+
+
+def _render(request: web.Request, name: str, **context: Any) -> web.Response:
+    operator = request.app[OPERATOR]
+    session = request.get("session")
+    done = request.query.get("done", "")
+    message = MESSAGES.get(done, "")
+    if message:
+        values = {key: request.query.get(key, "") for key in ("id", "n", "name")}
+        message = message.format(**values)
+    base = {
+        "title": context.get("title", "relay"),
+        "page": context.get("page", ""),
+        "signed_in": session is not None,
+        "token_set": operator.config.admin.token is not None,
+        "csrf": request.app[SESSIONS].csrf(session) if session else "",
+        "dead_total": context.pop("dead_total", None),
+        "done": message,
+        "problem": context.pop("problem", ""),
+    }
+    html = request.app[TEMPLATES].get_template(name).render(**{**base, **context})
+    status = context.get("status", 200)
+    return web.Response(
+        text=html, content_type="text/html", status=status, headers=SECURITY_HEADERS
+    )
+
+
+def _back(path: str, **params: object) -> web.HTTPSeeOther:
+    query = urlencode({k: v for k, v in params.items() if v is not None})
+    return web.HTTPSeeOther(f"{path}?{query}" if query else path)
+
+
+# Sign in and out
+
+
+async def login_page(request: web.Request) -> web.StreamResponse:
+    operator = request.app[OPERATOR]
+    if operator.config.admin.token is None:
+        raise web.HTTPFound("/")
+    login_csrf = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
+    response = _render(
+        request,
+        "login.html",
+        title="Sign in",
+        login_csrf=login_csrf,
+        next=_safe_next(request.query.get("next")),
+        problem="Wrong token." if request.query.get("failed") else "",
+    )
+    _set_cookie(request, response, LOGIN_COOKIE, login_csrf, 3600)
+    return response
+
+
+def _safe_next(value: str | None) -> str:
+    """Only a path on this dashboard: never an open redirect to another site."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    return value
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    form = await request.post()
+    sessions = request.app[SESSIONS]
+    cookie = request.cookies.get(LOGIN_COOKIE)
+    given_csrf = form.get("csrf")
+    if (
+        not cookie
+        or not isinstance(given_csrf, str)
+        or not secrets.compare_digest(cookie, given_csrf)
+    ):
+        return _plain(403, "This form has expired: open the sign-in page again.")
+    token = form.get("token")
+    next_path = _safe_next(str(form.get("next") or "/"))
+    if not isinstance(token, str) or not sessions.token_matches(token):
+        await asyncio.sleep(0.5)  # guessing tokens stays slow
+        raise web.HTTPSeeOther("/login?" + urlencode({"failed": "1", "next": next_path}))
+    response = web.HTTPSeeOther(next_path)
+    _set_cookie(request, response, SESSION_COOKIE, sessions.issue(time.time()), SESSION_SECONDS)
+    response.del_cookie(LOGIN_COOKIE, path="/")
+    raise response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    response = web.HTTPSeeOther("/login?done=signed_out")
+    response.del_cookie(SESSION_COOKIE, path="/")
+    raise response
+
+
+# Pages
+
+
+def _operator(request: web.Request) -> Operator:
+    return request.app[OPERATOR]
+
+
+async def overview(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    now = operator.clock.now()
+    stats = stats_view(
+        await operator.store.stats(), now, operator.scheduler.paused, operator.masker
+    )
+    activity = await operator.store.activity(now - 23 * 3600, now)
+    pending = sum(info["pending"] for info in stats["targets"].values())
+    return _render(
+        request,
+        "overview.html",
+        title="Overview",
+        page="overview",
+        stats=stats,
+        pending_total=pending,
+        chart=_chart(activity),
+        dead_total=stats["dead"],
+    )
+
+
+def _chart(activity: list[Any]) -> dict[str, Any]:
+    width, height, gap = 480, 120, 2
+    bar_width = width / max(len(activity), 1) - gap
+    peak = max((hour.attempts for hour in activity), default=0) or 1
+    bars = []
+    for index, hour in enumerate(activity):
+        ok = hour.attempts - hour.failed
+        bars.append(
+            {
+                "x": round(index * (bar_width + gap), 1),
+                "ok_height": round(height * ok / peak, 1),
+                "failed_height": round(height * hour.failed / peak, 1),
+                "attempts": hour.attempts,
+                "failed": hour.failed,
+                "dead": hour.dead,
+                "label": format_instant(hour.hour)[11:16] + " UTC",
+            }
+        )
+    return {
+        "width": width,
+        "height": height,
+        "bar_width": round(bar_width, 1),
+        "bars": bars,
+        "first": bars[0]["label"] if bars else "",
+        "total_attempts": sum(hour.attempts for hour in activity),
+        "total_dead": sum(hour.dead for hour in activity),
+    }
+
+
+FILTERS = ("q", "status", "route", "target", "since", "until")
+
+
+def _filters(request: web.Request) -> dict[str, str]:
+    return {name: request.query.get(name, "").strip() for name in FILTERS}
+
+
+def _instant(value: str, now: float) -> float | None:
+    if not value:
+        return None
+    try:
+        return parse_instant(value, now)
+    except ValueError:
+        return None
+
+
+async def _listing(
+    request: web.Request, *, status: Status | None, template: str, **extra: Any
+) -> web.Response:
+    operator = _operator(request)
+    filters = _filters(request)
+    now = operator.clock.now()
+    if status is None and filters["status"] in {s.value for s in Status}:
+        status = Status(filters["status"])
+    search = filters["q"]
+    cursor = request.query.get("cursor", "")
+    query = EventQuery(
+        status=status,
+        route=filters["route"] or None,
+        target=filters["target"] or None,
+        since=_instant(filters["since"], now),
+        until=_instant(filters["until"], now),
+        key=search or None,
+        limit=PAGE_SIZE,
+        before_id=int(cursor) if cursor.isdigit() else None,
+    )
+    events = await operator.store.list_events(query)
+    if not events and search.isdigit() and await operator.store.get_event(int(search)):
+        raise web.HTTPFound(f"/events/{int(search)}")  # the search was an event id
+    masker = operator.masker
+    next_page = None
+    if len(events) == PAGE_SIZE:
+        params = {k: v for k, v in filters.items() if v} | {"cursor": str(events[-1].id)}
+        next_page = f"{request.path}?{urlencode(params)}"
+    config = operator.config
+    return _render(
+        request,
+        template,
+        events=[event_summary(event, masker) for event in events],
+        filters=filters,
+        next_page=next_page,
+        statuses=[s.value for s in Status],
+        routes=sorted(config.routes),
+        targets=sorted(config.targets),
+        **extra,
+    )
+
+
+async def deliveries(request: web.Request) -> web.Response:
+    return await _listing(
+        request,
+        status=None,
+        template="deliveries.html",
+        title="Deliveries",
+        page="deliveries",
+        heading="Deliveries",
+        action="/deliveries",
+        show_status=True,
+        auto_refresh=True,
+    )
+
+
+def _selection(fields: Mapping[str, str], now: float) -> Selection:
+    return Selection(
+        status=Status.DEAD,
+        route=fields.get("route") or None,
+        target=fields.get("target") or None,
+        since=_instant(fields.get("since", ""), now),
+        until=_instant(fields.get("until", ""), now),
+    )
+
+
+async def dead_letter(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    filters = _filters(request)
+    total = await operator.store.count(_selection(filters, operator.clock.now()))
+    fields = [
+        (k, v) for k, v in filters.items() if v and k in ("route", "target", "since", "until")
+    ]
+    return await _listing(
+        request,
+        status=Status.DEAD,
+        template="dead.html",
+        title="Dead letter",
+        page="dead",
+        heading="Dead letter",
+        action="/dead",
+        show_status=False,
+        auto_refresh=True,
+        total=total,
+        filter_fields=fields,
+        dead_total=total if not fields else None,
+    )
+
+
+async def requeue_dead(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    form = await request.post()
+    fields = {k: str(form.get(k, "")).strip() for k in ("route", "target", "since", "until")}
+    selection = _selection(fields, operator.clock.now())
+    kept = [(k, v) for k, v in fields.items() if v]
+    if form.get("confirm") != "yes":
+        count = await operator.store.count(selection)
+        return _render(
+            request,
+            "confirm.html",
+            title="Requeue",
+            page="dead",
+            count=count,
+            filter_fields=kept,
+            description=", ".join(f"{k} {v}" for k, v in kept),
+            back=("?" + urlencode(kept)) if kept else "",
+        )
+    requeued = await operator.store.requeue(selection, operator.clock.now())
+    operator.changed()
+    raise _back("/dead", done="requeued", n=len(requeued), **dict(kept))
+
+
+async def event_page(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    raw_id = request.match_info["event_id"]
+    detail = await operator.store.get_event(int(raw_id)) if raw_id.isdigit() else None
+    if detail is None:
+        raise web.HTTPNotFound(text=f"No event {raw_id}.")
+    event = event_detail(detail, operator.masker)
+    pretty_json = None
+    form_fields = None
+    if event["body"] is not None:
+        try:
+            pretty_json = orjson.dumps(
+                orjson.loads(event["body"]), option=orjson.OPT_INDENT_2
+            ).decode()
+        except orjson.JSONDecodeError:
+            fields = parse_form(event["content_type"], event["body"].encode())
+            form_fields = list(fields.items()) if fields else None
+    return _render(
+        request,
+        "event.html",
+        title=f"Event {event['id']}",
+        page="deliveries",
+        event=event,
+        pretty_json=pretty_json,
+        form_fields=form_fields,
+    )
+
+
+async def retry_delivery(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    delivery_id = _delivery_id(request)
+    try:
+        delivery = await operator.store.retry_now(delivery_id, operator.clock.now())
+    except NotFound:
+        raise web.HTTPNotFound(text=f"No delivery {delivery_id}.") from None
+    except Conflict as problem:
+        return _plain(409, str(problem))
+    operator.changed()
+    raise _back(f"/events/{delivery.event_id}", done="retried", id=delivery_id)
+
+
+async def requeue_delivery(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    delivery_id = _delivery_id(request)
+    delivery = await operator.store.get_delivery(delivery_id)
+    if delivery is None:
+        raise web.HTTPNotFound(text=f"No delivery {delivery_id}.")
+    requeued = await operator.store.requeue(Selection(ids=(delivery_id,)), operator.clock.now())
+    operator.changed()
+    raise _back(f"/events/{delivery.event_id}", done="requeued", n=len(requeued))
+
+
+def _delivery_id(request: web.Request) -> int:
+    raw = request.match_info["delivery_id"]
+    if not raw.isdigit():
+        raise web.HTTPNotFound(text=f"No delivery {raw}.")
+    return int(raw)
+
+
+async def targets_page(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    config = operator.config
+    states = await operator.store.target_states()
+    gauges = await operator.store.gauges()
+    statuses = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
+    targets = [
+        target_view(
+            target,
+            states.get(name),
+            paused=name in operator.scheduler.paused,
+            counts={s.value: gauges.counts.get((name, s), 0) for s in statuses},
+            schedule=describe_schedule(target.retry).split("\n")[0],
+            masker=operator.masker,
+        )
+        for name, target in config.targets.items()
+    ]
+    return _render(request, "targets.html", title="Targets", page="targets", targets=targets)
+
+
+async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
+    operator = _operator(request)
+    name = request.match_info["name"]
+    if name not in operator.config.targets:
+        raise web.HTTPNotFound(text=f"No target {name}.")
+    await operator.store.set_paused(name, paused, operator.clock.now())
+    operator.changed()
+    raise _back("/targets", done="paused" if paused else "resumed", name=name)
+
+
+async def pause_target(request: web.Request) -> web.StreamResponse:
+    return await _set_paused(request, True)
+
+
+async def resume_target(request: web.Request) -> web.StreamResponse:
+    return await _set_paused(request, False)
+
+
+async def rejections_page(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    route = request.query.get("route", "").strip() or None
+    found = await operator.store.list_rejections(route, 200)
+    masker = operator.masker
+    return _render(
+        request,
+        "rejections.html",
+        title="Rejections",
+        page="rejections",
+        rejections=[rejection_view(r, masker) for r in found],
+        routes=sorted(operator.config.routes),
+        route=route or "",
+    )
+
+
+@web.middleware
+async def store_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The store cannot be read: say so instead of a bare 500."""
+    if request.path.startswith("/api/"):
+        return await handler(request)
+    try:
+        return await handler(request)
+    except StoreError as problem:
+        return _plain(503, f"The database cannot be read right now: {problem}")
