@@ -11,10 +11,10 @@ from pytest_aiohttp import AiohttpServer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import Sink
-
 from relay.app import Relay
 from relay.config import Config, parse_config
+
+from helpers import Sink
 
 ConfigFactory = Callable[..., Config]
 

@@ -34,6 +34,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SESSIONS = web.AppKey("sessions", Sessions)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
+SESSION = web.RequestKey("session", str)
 
 # Paths that are not dashboard pages: the API has its own bearer token.
 OPEN_PREFIXES = ("/api/", "/static/", "/login")
@@ -141,7 +142,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = form.get("csrf")
         if not sessions.csrf_matches(session, given if isinstance(given, str) else None):
             return _plain(403, "This form has expired or did not come from this dashboard.")
-    request["session"] = session
+    request[SESSION] = session
     response = await handler(request)
     if fresh is not None:
         _set_cookie(request, response, SESSION_COOKIE, fresh, SESSION_SECONDS)
@@ -173,7 +174,7 @@ def _plain(status: int, text: str) -> web.Response:
 
 def _render(request: web.Request, name: str, **context: Any) -> web.Response:
     operator = request.app[OPERATOR]
-    session = request.get("session")
+    session = request.get(SESSION)
     done = request.query.get("done", "")
     message = MESSAGES.get(done, "")
     if message:
@@ -284,7 +285,7 @@ async def overview(request: web.Request) -> web.Response:
 
 
 def _chart(activity: list[Any]) -> dict[str, Any]:
-    width, height, gap = 480, 120, 2
+    width, height, gap = 960, 120, 4
     bar_width = width / max(len(activity), 1) - gap
     peak = max((hour.attempts for hour in activity), default=0) or 1
     bars = []

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,6 +101,7 @@ class SqliteStore:
         # lookups never queue behind an operator's slow listing or stats.
         self._reader: aiosqlite.Connection | None = None
         self._slow_reader: aiosqlite.Connection | None = None
+        self._snapshot_lock = asyncio.Lock()
 
     # Lifecycle
 
@@ -160,6 +163,24 @@ class SqliteStore:
 
     async def _write(self, job: Any, *, queue_timeout: float | None = None) -> Any:
         return await self._writer.run(job, queue_timeout=queue_timeout)
+
+    @asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[None]:
+        """Several reads that must agree (an event, its deliveries, their attempts):
+        one read transaction on the slow reader, one reader at a time."""
+        reader = self._slow_reader
+        if reader is None:
+            raise StoreUnavailable("store is not open")
+        async with self._snapshot_lock:
+            try:
+                await reader.execute("BEGIN")
+            except sqlite3.Error as error:
+                raise unavailable(error) from None
+            try:
+                yield
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    await reader.execute("COMMIT")
 
     async def _read(
         self, sql: str, params: Sequence[Any] = (), *, slow: bool = False
@@ -395,8 +416,9 @@ class SqliteStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(query.limit)
-        rows = await self._read(sql, params)
-        deliveries = await self._deliveries_of([row[0] for row in rows])
+        async with self._snapshot():
+            rows = await self._read(sql, params, slow=True)
+            deliveries = await self._deliveries_of([row[0] for row in rows])
         return [
             EventView(
                 id=row[0],
@@ -410,7 +432,13 @@ class SqliteStore:
         ]
 
     async def get_event(self, event_id: int) -> EventDetail | None:
-        rows = await self._read(f"SELECT {_EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,))
+        async with self._snapshot():
+            return await self._event_detail(event_id)
+
+    async def _event_detail(self, event_id: int) -> EventDetail | None:
+        rows = await self._read(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,), slow=True
+        )
         if not rows:
             return None
         row = rows[0]
@@ -423,6 +451,7 @@ class SqliteStore:
                 " response, next_attempt_at FROM attempts"
                 f" WHERE delivery_id IN ({_placeholders(len(ids))}) ORDER BY id",
                 ids,
+                slow=True,
             ):
                 attempts[attempt[0]].append(
                     AttemptView(
@@ -444,6 +473,7 @@ class SqliteStore:
                 "SELECT delivery_id, at, kind, detail FROM delivery_log"
                 f" WHERE delivery_id IN ({_placeholders(len(ids))}) ORDER BY id",
                 ids,
+                slow=True,
             ):
                 log[entry[0]].append(LogEntry(entry[0], entry[1], entry[2], entry[3]))
         return EventDetail(
@@ -585,6 +615,10 @@ class SqliteStore:
         }
 
     async def gauges(self) -> Gauges:
+        async with self._snapshot():
+            return await self._gauges()
+
+    async def _gauges(self) -> Gauges:
         counts: dict[tuple[str, Status], int] = {}
         # One query per status, each reading only that status's partial index.
         for status in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD):
@@ -607,6 +641,10 @@ class SqliteStore:
         return rows[0][0] if rows else None
 
     async def stats(self) -> Stats:
+        async with self._snapshot():
+            return await self._stats()
+
+    async def _stats(self) -> Stats:
         by_route: dict[str, dict[Status, int]] = {}
         by_target: dict[str, dict[Status, int]] = {}
         for route, target, status, count in await self._read(
@@ -807,6 +845,7 @@ class SqliteStore:
             f"SELECT {_DELIVERY_COLUMNS} FROM deliveries"
             f" WHERE event_id IN ({_placeholders(len(ids))}) ORDER BY id",
             ids,
+            slow=True,
         )
         for row in rows:
             result.setdefault(row[1], []).append(_delivery_view(row))

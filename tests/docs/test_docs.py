@@ -9,9 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kitchen_sink import every_key
 
 from relay.cli import parser
+
+from kitchen_sink import every_key
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")

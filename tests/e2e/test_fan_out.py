@@ -12,8 +12,9 @@ from urllib.parse import parse_qs
 import aiohttp
 from aiohttp import web
 from aiosmtpd.controller import Controller
-from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
 from pytest_aiohttp import AiohttpServer
+
+from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
 
 FORM = {
     "name": "Анна Петрова",

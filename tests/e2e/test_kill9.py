@@ -7,8 +7,9 @@ import contextlib
 from pathlib import Path
 
 import aiohttp
-from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
 from pytest_aiohttp import AiohttpServer
+
+from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
 
 
 async def burst(

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from pytest_aiohttp import AiohttpServer
+
 from helpers import (
     RelayProcess,
     Sink,
@@ -17,7 +19,6 @@ from helpers import (
     relay_cli,
     write_config,
 )
-from pytest_aiohttp import AiohttpServer
 
 SECRETS = {
     "RELAY_ADMIN_TOKEN": "adm-9f8e7d6c5b4a3210",

@@ -10,8 +10,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from helpers import RelayProcess, Sink, arelay_cli, arelay_json, eventually, write_config
 from pytest_aiohttp import AiohttpServer
+
+from helpers import RelayProcess, Sink, arelay_cli, arelay_json, eventually, write_config
 
 
 async def start(aiohttp_server: AiohttpServer, script: Any) -> tuple[Sink, str]:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
 from pytest_aiohttp import AiohttpServer
+
+from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
 from unit.test_watchdog import NotifySocket
 
 

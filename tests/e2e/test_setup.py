@@ -7,8 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import aiohttp
-from helpers import RelayProcess, Sink, arelay_cli, relay_cli, write_config
 from pytest_aiohttp import AiohttpServer
+
+from helpers import RelayProcess, Sink, arelay_cli, relay_cli, write_config
 
 STARTER_ENV = {
     "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",

@@ -6,11 +6,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.config import ConfigError
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 TOKEN = "admin-token-0123456789"
 ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}

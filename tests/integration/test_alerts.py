@@ -6,12 +6,13 @@ import asyncio
 import json
 
 import aiohttp
-from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 from relay.alerts import ALERTS_ROUTE
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.store import EventQuery
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 
 async def post_many(relay: Relay, http: aiohttp.ClientSession, count: int) -> None:

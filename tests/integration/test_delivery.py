@@ -9,12 +9,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import ConfigFactory, RelayFactory, SinkFactory
-from helpers import free_port
 
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.store import EventDetail, Status
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import free_port
 
 
 async def post(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import sqlite3
 
 import aiohttp
-from conftest import ConfigFactory, RelayFactory
 
 from relay.store import EventQuery, Status
+
+from conftest import ConfigFactory, RelayFactory
 
 TARGETS = {"audit": {"type": "file", "path": "out.jsonl"}}
 

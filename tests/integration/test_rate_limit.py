@@ -7,10 +7,11 @@ from collections import deque
 
 import aiohttp
 from aiohttp import web
-from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 from relay.clock import FakeClock
 from relay.store import EventQuery
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 
 async def test_a_burst_to_a_rate_limited_crm_is_paced(

@@ -6,13 +6,14 @@ import sqlite3
 from pathlib import Path
 
 import aiohttp
-from conftest import ConfigFactory, RelayFactory
-from helpers import relay_cli
 
 from relay import retention
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.store import EventQuery, Status
+
+from conftest import ConfigFactory, RelayFactory
+from helpers import relay_cli
 
 DAY = 86400.0
 

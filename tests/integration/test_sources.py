@@ -11,12 +11,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import ConfigFactory, RelayFactory
 
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.config import ConfigError
 from relay.store import EventQuery
+
+from conftest import ConfigFactory, RelayFactory
 
 TBANK_PASSWORD = "tbank-pass-1"
 WOO_SECRET = "woo-secret-1"

@@ -8,11 +8,12 @@ from urllib.parse import parse_qs
 
 import aiohttp
 from aiohttp import web
-from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.store import EventDetail
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
 
 TILDA_FORM = "name=%D0%90%D0%BD%D0%BD%D0%B0&phone=%2B79990001122&formid=form1&tranid=77:1"
 

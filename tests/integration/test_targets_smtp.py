@@ -15,12 +15,13 @@ import pytest
 import trustme
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
-from conftest import ConfigFactory, RelayFactory
-from helpers import free_port
 
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.store import EventQuery, Status
+
+from conftest import ConfigFactory, RelayFactory
+from helpers import free_port
 
 FORM = "name=%3Cb%3EAnna%3C%2Fb%3E&email=anna%40example.com&comment=Call+me&tranid=1:1"
 

@@ -10,13 +10,14 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import ConfigFactory, RelayFactory
 from pytest_aiohttp import AiohttpServer
 
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.store import EventQuery, Status
 from relay.targets.telegram import CUT_MARKER, MAX_TEXT, cut
+
+from conftest import ConfigFactory, RelayFactory
 
 TOKEN = "123456:AAH-secret-bot-token"
 
