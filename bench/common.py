@@ -32,6 +32,7 @@ request = function()
   wrk.headers["Idempotency-Key"] = string.format("k-%d-%d", PREFIX, counter)
   return wrk.format()
 end
+DELAY
 done = function(summary, latency, requests)
   io.write(string.format(
     "RESULT {\"requests\": %d, \"non2xx\": %d, \"errors\": %d, \"seconds\": %f, "
@@ -98,11 +99,27 @@ def cpu_prefix(cpu: int | None) -> list[str]:
 
 
 def run_wrk(
-    url: str, *, connections: int, seconds: float, prefix: int, cpu: int | None
+    url: str,
+    *,
+    connections: int,
+    seconds: float,
+    prefix: int,
+    cpu: int | None,
+    rate: float | None = None,
 ) -> WrkResult:
+    """wrk with ~1 KiB JSON POSTs and unique idempotency keys; `rate` (requests a
+    second, all connections together) paces it instead of going flat out."""
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
-    script = WRK_SCRIPT.replace("BODY", json.dumps(body_1kib())).replace("PREFIX", str(prefix))
+    pacing = ""
+    if rate is not None:
+        # Each connection waits this long before each request (wrk's delay hook).
+        pacing = f"delay = function() return {connections * 1000 / rate:.3f} end"
+    script = (
+        WRK_SCRIPT.replace("BODY", json.dumps(body_1kib()))
+        .replace("PREFIX", str(prefix))
+        .replace("DELAY", pacing)
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import random
@@ -48,7 +49,7 @@ def lock_path(database: Path) -> Path:
     return database.with_name(database.name + ".lock")
 
 
-def _url(runner: web.AppRunner) -> str:
+def _url(runner: web.BaseRunner) -> str:
     host, port = runner.addresses[0][:2]
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}"
@@ -108,7 +109,7 @@ class Relay:
             store_stats=lambda: self.store.write_stats,
         )
         self._lock = ProcessLock(lock_path(config.storage.path))
-        self._runners: dict[str, web.AppRunner] = {}
+        self._runners: dict[str, web.BaseRunner] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._opened: list[Callable[[], object]] = []
 
@@ -143,8 +144,12 @@ class Relay:
         self._tasks = [task for task in self._tasks if not task.done()]
         self._tasks.append(asyncio.create_task(coroutine, name=name))
 
-    async def _listen(self, name: str, app: web.Application, listen: Listen) -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    async def _listen(self, name: str, app: web.Application | web.Server, listen: Listen) -> None:
+        runner: web.BaseRunner
+        if isinstance(app, web.Server):
+            runner = web.ServerRunner(app, handle_signals=False)
+        else:
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         self._runners[name] = runner
         await web.TCPSite(runner, listen.host, listen.port, backlog=1024).start()
@@ -175,7 +180,7 @@ class Relay:
                 self._spawn(self.scheduler.run(), "scheduler")
                 self._spawn(self.alerter.run(), "alerts")
                 self._spawn(self.retention.run(), "retention")
-            await self._listen("ingress", self.ingress.application(), self.config.server.listen)
+            await self._listen("ingress", self.ingress.server(), self.config.server.listen)
             admin = self.config.admin
             if admin.enabled:
                 await self._listen("admin", admin_application(self.operator), admin.listen)
@@ -296,6 +301,13 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int
     notifier = Notifier(environ)
     relay = Relay(config)
     await relay.start()
+    # Everything built so far lives as long as the process: keep it out of the
+    # collector's way, and collect the young generation less often. Each
+    # request allocates a few hundred short-lived objects, and at Python's
+    # default threshold (700) the collector would run every couple of requests.
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
     stop = asyncio.Event()
     reload = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,7 +7,7 @@ filters and (later) source profiles read the same parsed body.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -29,10 +29,14 @@ class Incoming:
     raw_headers: Sequence[tuple[str, str]]
     body: bytes
     remote: str | None = None
-    headers: CIMultiDictProxy[str] = field(init=False)
+    # The same headers, case-insensitive, when the server already has them.
+    header_view: CIMultiDictProxy[str] | None = None
 
-    def __post_init__(self) -> None:
-        self.headers = header_map(self.raw_headers)
+    @cached_property
+    def headers(self) -> CIMultiDictProxy[str]:
+        if self.header_view is not None:
+            return self.header_view
+        return header_map(self.raw_headers)
 
     @property
     def content_type(self) -> str | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from relay.clock import Clock
 from relay.config import Answer, Config, RouteConfig
@@ -34,6 +35,7 @@ RETRY_AFTER_SECONDS = 5
 # At most this many rejections a second per route are written down; a flood
 # of forged requests is counted in the metrics but cannot flood the disk.
 REJECTIONS_LOGGED_PER_SECOND = 10
+JSON_HEADERS = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json"}))
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Ingress:
         self._metrics = metrics or Metrics()
         self._on_accepted = on_accepted
         self._rejections_logged: dict[str, tuple[int, int]] = {}
+        self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.reconfigure(config)
 
@@ -83,14 +86,16 @@ class Ingress:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
-    def application(self) -> web.Application:
-        # Each route's own limit is enforced in `_read_body`, before reading;
-        # aiohttp's app-wide one would not follow a reload that raises it.
-        app = web.Application(client_max_size=1 << 40)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
+    def server(self) -> web.Server:
+        """aiohttp's low-level server: no router, no middlewares, no Application.
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+        Ingress matches its routes itself (a dict lookup that a reload swaps at
+        once), and skipping aiohttp's web-application layer saves about a third
+        of the HTTP stack's time per request.
+        """
+        return web.Server(self.handle, access_log=None)
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         started = time.perf_counter()
         settings = self._settings
         route = settings.routes.get(request.path)
@@ -100,14 +105,14 @@ class Ingress:
             return _error(404, "no route for this path")
         response = await self._handle_route(request, route, settings)
         if response.status == 200:
-            self._metrics.ack_seconds.observe(time.perf_counter() - started)
+            self._counters.observe_ack(time.perf_counter() - started)
         return response
 
     def _count(self, route: str, result: str) -> None:
-        self._metrics.received.labels(route, result).inc()
+        self._counters.count(route, result)
 
     async def _handle_route(
-        self, request: web.Request, bundle: _Route, settings: _Settings
+        self, request: web.BaseRequest, bundle: _Route, settings: _Settings
     ) -> web.Response:
         route = bundle.config
         remote = client_address(
@@ -139,6 +144,7 @@ class Ingress:
             ],
             body=body,
             remote=remote,
+            header_view=request.headers,
         )
         now = self._clock.now()
         check = bundle.source.check(incoming, now)
@@ -182,12 +188,13 @@ class Ingress:
         answer = route.response or bundle.source.answer
         if answer is not None:
             return _answer(answer)
-        return _json(200, {"status": status, "id": str(accepted.event_id)})
+        body = b'{"status":"%s","id":"%d"}' % (status.encode(), accepted.event_id)
+        return web.Response(body=body, headers=JSON_HEADERS)
 
     def _reject(
         self,
         route: RouteConfig,
-        request: web.Request,
+        request: web.BaseRequest,
         remote: str | None,
         masker: Masker,
         rejection: Reject,
@@ -237,13 +244,21 @@ class Ingress:
             log.warning("rejection on route %s not recorded: %s", rejection.route, error)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes | None:
-    """The raw body, or None when it is larger than `limit` (read no further)."""
+async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The raw body, or None when it is larger than `limit` (read no further).
+
+    Each route's own limit applies, checked against Content-Length before
+    reading anything, and against the bytes read for a chunked body.
+    """
     length = request.content_length
     if length is not None:
         if length > limit:
             return None
-        return await request.read()
+        try:
+            return await request.content.readexactly(length)
+        except asyncio.IncompleteReadError:
+            # The sender went away mid-body: nothing to store, nobody to answer.
+            raise web.HTTPBadRequest(text="incomplete body") from None
     chunks: list[bytes] = []
     size = 0
     while True:

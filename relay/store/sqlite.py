@@ -14,6 +14,7 @@ from typing import Any, Literal
 import aiosqlite
 import orjson
 
+from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
     Accepted,
@@ -198,62 +199,7 @@ class SqliteStore:
     async def accept_event(
         self, event: NewEvent, deliveries: Sequence[NewDelivery], now: float
     ) -> Accepted:
-        headers = orjson.dumps(event.headers)
-
-        def job(connection: sqlite3.Connection) -> Accepted:
-            values = (
-                event.route,
-                event.idempotency_key,
-                event.received_at,
-                event.remote_addr,
-                event.method,
-                event.path,
-                event.query,
-                headers,
-                event.content_type,
-                event.body,
-            )
-            if event.idempotency_key is None:
-                cursor = connection.execute(
-                    "INSERT INTO events (route, idempotency_key, received_at, remote_addr, method,"
-                    " path, query, headers, content_type, body) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                    values,
-                )
-                event_id = cursor.lastrowid
-                assert event_id is not None
-            else:
-                rows = connection.execute(
-                    "INSERT INTO events (route, idempotency_key, received_at, remote_addr, method,"
-                    " path, query, headers, content_type, body) VALUES (?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT (idempotency_key, route) WHERE idempotency_key IS NOT NULL"
-                    " DO NOTHING RETURNING id",
-                    values,
-                ).fetchall()
-                if not rows:
-                    existing = connection.execute(
-                        "SELECT id FROM events WHERE idempotency_key = ? AND route = ?",
-                        (event.idempotency_key, event.route),
-                    ).fetchone()
-                    return Accepted(existing[0], duplicate=True)
-                event_id = rows[0][0]
-            connection.executemany(
-                "INSERT INTO deliveries (event_id, route, target, status, next_attempt_at,"
-                " last_error, updated_at) VALUES (?,?,?,?,?,?,?)",
-                [
-                    (
-                        event_id,
-                        event.route,
-                        delivery.target,
-                        delivery.status.value,
-                        now if delivery.status is Status.PENDING else None,
-                        delivery.reason,
-                        now,
-                    )
-                    for delivery in deliveries
-                ],
-            )
-            return Accepted(event_id, duplicate=False)
-
+        job = AcceptJob(event, deliveries, now)
         result: Accepted = await self._write(job, queue_timeout=self._write_queue_timeout)
         return result
 

@@ -55,6 +55,7 @@ def unavailable(error: BaseException) -> StoreError:
 class _Pending:
     job: Job[Any]
     future: asyncio.Future[Any]
+    deadline: float  # loop time after which, still untaken, the job gives up
     taken: bool = field(default=False)
 
 
@@ -72,6 +73,7 @@ class GroupCommitWriter:
         self._queue: list[_Pending] = []
         self._has_work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
         self._closing = False
         # Counters for metrics and benchmarks: batches committed, jobs in them.
         self.batches = 0
@@ -92,16 +94,29 @@ class GroupCommitWriter:
         """
         if self._closing or self._task is None:
             raise StoreUnavailable("store is closed")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        pending = _Pending(job, future)
-        self._queue.append(pending)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        deadline = loop.time() + queue_timeout if queue_timeout is not None else float("inf")
+        self._queue.append(_Pending(job, future, deadline))
         self._has_work.set()
-        if queue_timeout is not None:
-            await asyncio.wait((future,), timeout=queue_timeout)
-            if not future.done() and not pending.taken:
-                future.cancel()
-                raise StoreUnavailable(f"no write slot within {queue_timeout:g}s")
+        if queue_timeout is not None and self._sweeper is None:
+            # One timer for the whole queue, not one per request: at thousands
+            # of webhooks a second a timer each costs more than the commit.
+            self._sweeper = loop.call_later(queue_timeout / 2, self._sweep, queue_timeout / 2)
         return await future
+
+    def _sweep(self, every: float) -> None:
+        """Fail the jobs that waited past their deadline without joining a transaction."""
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        for pending in self._queue:
+            if not pending.taken and not pending.future.done() and now >= pending.deadline:
+                waited = every * 2
+                pending.future.set_exception(
+                    StoreUnavailable(f"no write slot within {waited:g}s: the database is busy")
+                )
+        if self._queue:
+            self._sweeper = asyncio.get_running_loop().call_later(every, self._sweep, every)
 
     async def close(self) -> None:
         """Commit what is queued, then close the connection and the thread."""
@@ -109,6 +124,9 @@ class GroupCommitWriter:
         self._has_work.set()
         if self._task is not None:
             await self._task
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._connection is not None:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._connection.close)
@@ -164,10 +182,30 @@ class GroupCommitWriter:
         assert connection is not None
         connection.execute("BEGIN IMMEDIATE")
         try:
-            results = [job(connection) for job in jobs]
+            results = _run_jobs(connection, jobs)
             connection.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
             raise
         return results
+
+
+def _run_jobs(connection: sqlite3.Connection, jobs: list[Job[Any]]) -> list[Any]:
+    """Run jobs in order; a run of jobs of one kind that can be done together
+    (a `run_many` static method) is done in one call."""
+    results: list[Any] = []
+    index = 0
+    while index < len(jobs):
+        kind = type(jobs[index])
+        run_many = getattr(kind, "run_many", None)
+        if run_many is None:
+            results.append(jobs[index](connection))
+            index += 1
+            continue
+        end = index + 1
+        while end < len(jobs) and type(jobs[end]) is kind:
+            end += 1
+        results.extend(run_many(connection, jobs[index:end]))
+        index = end
+    return results

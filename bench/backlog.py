@@ -1,0 +1,216 @@
+"""Backlog: a million pending deliveries (the target was down), then it comes back.
+
+    python bench/backlog.py [--events 1000000] [--concurrency 32]
+
+1. Fills a database with pending deliveries through the store's own write path,
+   timing one scheduler tick (claim 100 due deliveries and give them back,
+   plus the next-due lookup) at 1k, 100k and 1M pending: it should not grow.
+2. Starts `relay serve` (CPU 1) on that database with the target up (a local
+   sink on CPU 0): time until it listens, the drain rate, relay's RSS
+   sampled through the run, and the database size per event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, Server, free_port, print_table, write_json
+
+from relay.store import NewDelivery, NewEvent, SqliteStore
+from relay.store.accept import AcceptJob
+from relay.store.migrations import migrate
+
+CHECKPOINTS = (1_000, 100_000, 1_000_000)
+BODY = (b'{"event":"order.created","order":{"id":%d,"currency":"RUB","total":1990}}').ljust(512)
+
+
+def fill(path: Path, start: int, stop: int) -> None:
+    """Pending deliveries, written the way ingress writes them (many per commit)."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("PRAGMA synchronous = NORMAL")  # only to fill faster
+    migrate(connection)
+    now = time.time()
+    headers = [("Content-Type", "application/json"), ("Idempotency-Key", "x")]
+    for first in range(start, stop, 5000):
+        jobs = [
+            AcceptJob(
+                NewEvent(
+                    "orders",
+                    f"order-{n}",
+                    now,
+                    "127.0.0.1",
+                    "POST",
+                    "/hooks/orders",
+                    "",
+                    headers,
+                    "application/json",
+                    BODY % n,
+                ),
+                [NewDelivery("crm")],
+                now,
+            )
+            for n in range(first, min(first + 5000, stop))
+        ]
+        connection.execute("BEGIN IMMEDIATE")
+        AcceptJob.run_many(connection, jobs)
+        connection.execute("COMMIT")
+    connection.close()
+
+
+async def tick_cost(path: Path, repeats: int = 30) -> float:
+    """Median seconds of one scheduler tick against this database."""
+    store = SqliteStore(path, synchronous="normal")
+    await store.open()
+    try:
+        timings = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            claimed = await store.claim_due(time.time() + 10, time.time() + 60, {"crm": 100})
+            await store.next_due(["crm"])
+            timings.append(time.perf_counter() - started)
+            await store.release([c.id for c in claimed], time.time())
+        return statistics.median(timings)
+    finally:
+        await store.close()
+
+
+def config(folder: Path, port: int, admin_port: int, sink_port: int, concurrency: int) -> Path:
+    path = folder / "relay.toml"
+    path.write_text(f"""
+[server]
+listen = "127.0.0.1:{port}"
+shutdown_timeout = "2s"
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+
+[storage]
+path = "relay.db"
+
+[log]
+level = "warning"   # a million attempt lines are not the point here
+
+[targets.crm]
+type = "http"
+url = "http://127.0.0.1:{sink_port}/hook"
+concurrency = {concurrency}
+
+[routes.orders]
+path = "/hooks/orders"
+targets = ["crm"]
+""")
+    return path
+
+
+def pending(admin_port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/api/v1/stats", timeout=30) as r:
+        import json
+
+        stats = json.load(r)
+    crm = stats["targets"].get("crm", {})
+    return int(crm.get("pending", 0)) + int(crm.get("in_flight", 0))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    checkpoints = [n for n in CHECKPOINTS if n < args.events] + [args.events]
+    ticks = {}
+    with tempfile.TemporaryDirectory(prefix="relay-backlog-") as tmp:
+        folder = Path(tmp)
+        database = folder / "relay.db"
+        done = 0
+        fill_started = time.perf_counter()
+        for checkpoint in checkpoints:
+            fill(database, done, checkpoint)
+            done = checkpoint
+            ticks[checkpoint] = asyncio.run(tick_cost(database))
+            print(
+                f"{checkpoint:>9} pending: one tick (claim 100, next due) takes"
+                f" {ticks[checkpoint] * 1000:.2f} ms",
+                flush=True,
+            )
+        print(f"filled in {time.perf_counter() - fill_started:.0f}s")
+        size = sum(p.stat().st_size for p in folder.glob("relay.db*"))
+
+        port, admin_port, sink_port = free_port(), free_port(), free_port()
+        sink = Server(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "sink_server.py"),
+                str(sink_port),
+                str(folder / "arrivals.txt"),
+            ],
+            sink_port,
+            cpu=0,
+        )
+        path = config(folder, port, admin_port, sink_port, args.concurrency)
+        started = time.perf_counter()
+        relay = Server([sys.executable, "-m", "relay", "serve", "--config", str(path)], port, cpu=1)
+        start_seconds = time.perf_counter() - started
+        rss: list[float] = []
+        try:
+            drain_started = time.perf_counter()
+            left = args.events
+            next_poll = 0.0
+            while left > 0 and time.perf_counter() - drain_started < 3600:
+                rss.append(relay.rss_mib())
+                if time.perf_counter() >= next_poll:
+                    left = pending(admin_port)
+                    next_poll = time.perf_counter() + 2
+                time.sleep(0.5)
+            drain_seconds = time.perf_counter() - drain_started
+        finally:
+            relay.stop()
+            sink.stop()
+        delivered = sum(1 for _ in (folder / "arrivals.txt").open())
+
+    rate = delivered / drain_seconds
+    rows = [[f"{n:,}", f"{ticks[n] * 1000:.2f}"] for n in checkpoints]
+    print_table("scheduler tick vs backlog", ["pending", "tick ms"], rows)
+    print_table(
+        f"backlog of {args.events:,} pending deliveries, target back (concurrency"
+        f" {args.concurrency})",
+        ["start s", "drain s", "delivered/s", "RSS max MiB", "RSS median MiB", "DB bytes/event"],
+        [
+            [
+                f"{start_seconds:.2f}",
+                f"{drain_seconds:.0f}",
+                f"{rate:.0f}",
+                f"{max(rss):.0f}",
+                f"{statistics.median(rss):.0f}",
+                f"{size / args.events:.0f}",
+            ]
+        ],
+    )
+    result = {
+        "args": vars(args),
+        "tick_seconds": ticks,
+        "start_seconds": start_seconds,
+        "drain_seconds": drain_seconds,
+        "delivered": delivered,
+        "delivered_per_s": rate,
+        "rss_max_mib": max(rss),
+        "db_bytes_per_event": size / args.events,
+    }
+    print(f"results: {write_json('backlog', result)}")
+    return 0 if delivered >= args.events else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""End to end: webhooks in through relay, out to an HTTP target, at a steady rate.
+
+    python bench/end_to_end.py [--seconds 60] [--rates 1000,2000,2500,3000]
+
+relay runs on CPU 1; wrk (paced) and the target (a local aiohttp sink that
+answers 200) share CPU 0. For each rate: received and delivered per second
+over the load window, whether delivery kept up (the backlog at the end under
+one second of traffic), and the ingest→delivered latency (the sink's arrival
+time minus the event's received_at). The highest rate that keeps up is then
+run again at half that rate for the latency figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, Server, free_port, print_table, run_wrk, write_json
+
+
+def relay_config(
+    folder: Path, port: int, admin_port: int, sink_port: int, concurrency: int
+) -> Path:
+    path = folder / "relay.toml"
+    path.write_text(f"""
+[server]
+listen = "127.0.0.1:{port}"
+shutdown_timeout = "2s"
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+
+[storage]
+path = "relay.db"
+synchronous = "full"
+
+[targets.crm]
+type = "http"
+url = "http://127.0.0.1:{sink_port}/hook"
+concurrency = {concurrency}
+
+[routes.orders]
+path = "/hooks/orders"
+targets = ["crm"]
+""")
+    return path
+
+
+def delivered_so_far(admin_port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/api/v1/stats", timeout=10) as r:
+        stats = json.load(r)
+    return int(stats["targets"].get("crm", {}).get("delivered", 0))
+
+
+def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="relay-e2e-") as tmp:
+        folder = Path(tmp)
+        port, admin_port, sink_port = free_port(), free_port(), free_port()
+        arrivals = folder / "arrivals.txt"
+        sink = Server(
+            [sys.executable, str(ROOT / "bench" / "sink_server.py"), str(sink_port), str(arrivals)],
+            sink_port,
+            cpu=0,
+        )
+        config = relay_config(folder, port, admin_port, sink_port, concurrency)
+        relay = Server(
+            [sys.executable, "-m", "relay", "serve", "--config", str(config)], port, cpu=1
+        )
+        try:
+            result = run_wrk(
+                f"http://127.0.0.1:{port}/hooks/orders",
+                connections=64,
+                seconds=seconds,
+                prefix=round_number,
+                cpu=0,
+                rate=rate,
+            )
+            delivered_in_window = delivered_so_far(admin_port)
+            deadline = time.monotonic() + 60
+            while delivered_so_far(admin_port) < result.acked and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            relay.stop()
+            sink.stop()
+        database = sqlite3.connect(folder / "relay.db")
+        received = dict(database.execute("SELECT id, received_at FROM events"))
+        database.close()
+        latencies = sorted(
+            float(at) - received[int(event)]
+            for event, at in (line.split() for line in arrivals.read_text().splitlines())
+            if event.isdigit() and int(event) in received
+        )
+    got = result.acked / result.seconds
+    out = delivered_in_window / result.seconds
+    return {
+        "target_rate": rate,
+        "received_per_s": got,
+        "delivered_per_s": out,
+        "backlog_at_end": result.acked - delivered_in_window,
+        "kept_up": float(result.acked - delivered_in_window <= max(got, 1.0)),
+        "latency_p50_ms": _percentile(latencies, 50) * 1000,
+        "latency_p99_ms": _percentile(latencies, 99) * 1000,
+        "ack_p99_ms": result.p99,
+        "lost": float(max(0, result.acked - len(received))),
+    }
+
+
+def _percentile(values: list[float], percent: float) -> float:
+    if not values:
+        return float("nan")
+    index = min(len(values) - 1, round(percent / 100 * (len(values) - 1)))
+    return values[index]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--rates", default="1000,2000,2500,3000,4000")
+    parser.add_argument("--concurrency", type=int, default=32, help="the target's concurrency")
+    args = parser.parse_args()
+    rows = []
+    runs = []
+    best = None
+    for number, rate in enumerate(float(r) for r in args.rates.split(",")):
+        run = run_at(rate, args.seconds, args.concurrency, number)
+        runs.append(run)
+        print(
+            f"target {rate:.0f}/s: received {run['received_per_s']:.0f}/s, delivered"
+            f" {run['delivered_per_s']:.0f}/s, backlog at end {run['backlog_at_end']:.0f},"
+            f" latency p99 {run['latency_p99_ms']:.0f} ms",
+            flush=True,
+        )
+        if run["kept_up"] and run["lost"] == 0:
+            best = run
+    half = None
+    if best is not None:
+        half = run_at(best["received_per_s"] / 2, args.seconds, args.concurrency, 99)
+        runs.append(half)
+    for run in runs:
+        rows.append(
+            [
+                f"{run['target_rate']:.0f}",
+                f"{run['received_per_s']:.0f}",
+                f"{run['delivered_per_s']:.0f}",
+                f"{run['backlog_at_end']:.0f}",
+                "yes" if run["kept_up"] else "no",
+                f"{run['latency_p50_ms']:.0f}",
+                f"{run['latency_p99_ms']:.0f}",
+                f"{run['ack_p99_ms']:.1f}",
+                f"{run['lost']:.0f}",
+            ]
+        )
+    print_table(
+        f"end to end, one HTTP target (concurrency {args.concurrency}), {args.seconds:g}s a rate",
+        [
+            "rate",
+            "received/s",
+            "delivered/s",
+            "backlog",
+            "kept up",
+            "e2e p50 ms",
+            "e2e p99 ms",
+            "ack p99 ms",
+            "lost",
+        ],
+        rows,
+    )
+    if best is not None and half is not None:
+        print(
+            f"\nhighest rate kept up: {best['received_per_s']:.0f}/s;"
+            f" at half of it ({half['received_per_s']:.0f}/s) ingest→delivered"
+            f" p50 {half['latency_p50_ms']:.0f} ms, p99 {half['latency_p99_ms']:.0f} ms"
+        )
+    median_lost = statistics.median(run["lost"] for run in runs) if runs else 0
+    print(f"results: {write_json('end_to_end', {'args': vars(args), 'runs': runs})}")
+    return 1 if median_lost else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

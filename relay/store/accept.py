@@ -1,0 +1,157 @@
+"""Storing accepted webhooks, many per statement.
+
+Every request waiting for the same group commit is stored by one pass: one
+query finds which idempotency keys the database already holds, then one
+`executemany` writes the new events and one their deliveries. Row ids are
+given here (the transaction holds the write lock, so nobody else can take
+them), which is what lets deliveries be written in bulk beside their events.
+The UNIQUE index on (key, route) stays the last line against duplicates.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from relay.store.base import Accepted, NewDelivery, NewEvent, Status
+
+# SQLite's limit on bound variables is 32766; keep lookups well under it.
+_LOOKUP_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class AcceptJob:
+    event: NewEvent
+    deliveries: Sequence[NewDelivery]
+    now: float
+
+    def __call__(self, connection: sqlite3.Connection) -> Accepted:
+        return self.run_many(connection, [self])[0]
+
+    @staticmethod
+    def run_many(connection: sqlite3.Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:
+        # Optimistic first: a resent webhook is rare, so insert as if every key
+        # were new and let the UNIQUE index say otherwise; only then look the
+        # keys up. The savepoint undoes the failed attempt, not the batch.
+        connection.execute("SAVEPOINT accept")
+        try:
+            results = AcceptJob._insert(connection, jobs, {})
+        except sqlite3.IntegrityError:
+            connection.execute("ROLLBACK TO accept")
+            results = AcceptJob._insert(connection, jobs, _stored_keys(connection, jobs))
+        connection.execute("RELEASE accept")
+        return results
+
+    @staticmethod
+    def _insert(
+        connection: sqlite3.Connection,
+        jobs: Sequence[AcceptJob],
+        stored: dict[tuple[str, str | None], int],
+    ) -> list[Accepted]:
+        next_event = _next_id(connection, "events")
+        next_delivery = _next_id(connection, "deliveries")
+        results: list[Accepted] = []
+        event_rows = []
+        delivery_rows = []
+        for job in jobs:
+            event = job.event
+            identity = (event.route, event.idempotency_key)
+            if event.idempotency_key is not None and identity in stored:
+                results.append(Accepted(stored[identity], duplicate=True))
+                continue
+            event_id = next_event
+            next_event += 1
+            if event.idempotency_key is not None:
+                stored[identity] = event_id  # a second copy in this same batch
+            event_rows.append(
+                (
+                    event_id,
+                    event.route,
+                    event.idempotency_key,
+                    event.received_at,
+                    event.remote_addr,
+                    event.method,
+                    event.path,
+                    event.query,
+                    orjson.dumps(event.headers),
+                    event.content_type,
+                    event.body,
+                )
+            )
+            for delivery in job.deliveries:
+                pending = delivery.status is Status.PENDING
+                delivery_rows.append(
+                    (
+                        next_delivery,
+                        event_id,
+                        event.route,
+                        delivery.target,
+                        delivery.status.value,
+                        job.now if pending else None,
+                        delivery.reason,
+                        job.now,
+                    )
+                )
+                next_delivery += 1
+            results.append(Accepted(event_id, duplicate=False))
+        _insert_rows(connection, _EVENTS, event_rows)
+        _insert_rows(connection, _DELIVERIES, delivery_rows)
+        return results
+
+
+_EVENTS = (
+    "INSERT INTO events (id, route, idempotency_key, received_at, remote_addr, method,"
+    " path, query, headers, content_type, body) VALUES "
+)
+_DELIVERIES = (
+    "INSERT INTO deliveries (id, event_id, route, target, status, next_attempt_at,"
+    " last_error, updated_at) VALUES "
+)
+# Rows per statement: SQLite binds at most 32766 values.
+_ROWS_PER_STATEMENT = 256
+
+
+def _insert_rows(connection: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
+    """Many rows in one statement (one step), not one step per row as
+    `executemany` does: each step releases and takes back the GIL, and on a
+    busy core every such handover is a thread switch."""
+    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+        chunk = rows[start : start + _ROWS_PER_STATEMENT]
+        connection.execute(_statement(head, len(chunk[0]), len(chunk)), _flatten(chunk))
+
+
+@functools.lru_cache(maxsize=64)
+def _statement(head: str, columns: int, count: int) -> str:
+    row = "(" + ",".join("?" * columns) + ")"
+    return head + ",".join([row] * count)
+
+
+def _flatten(rows: list[tuple[Any, ...]]) -> list[Any]:
+    return [value for row in rows for value in row]
+
+
+def _next_id(connection: sqlite3.Connection, table: str) -> int:
+    # MAX of the rowid is one step down the table's B-tree.
+    row = connection.execute(f"SELECT MAX(id) FROM {table}").fetchone()
+    return int(row[0] or 0) + 1
+
+
+def _stored_keys(
+    connection: sqlite3.Connection, jobs: Sequence[AcceptJob]
+) -> dict[tuple[str, str | None], int]:
+    keys = sorted({job.event.idempotency_key for job in jobs if job.event.idempotency_key})
+    found: dict[tuple[str, str | None], int] = {}
+    for start in range(0, len(keys), _LOOKUP_CHUNK):
+        chunk = keys[start : start + _LOOKUP_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for key, route, event_id in connection.execute(
+            f"SELECT idempotency_key, route, id FROM events WHERE idempotency_key IN ({marks})",
+            chunk,
+        ):
+            found[(route, key)] = event_id
+    return found
