@@ -14,7 +14,14 @@ from typing import Any
 from multidict import CIMultiDictProxy
 
 from relay.config import RouteConfig
-from relay.payload import first_header, header_map, parse_form, parse_json, parse_query
+from relay.payload import (
+    first_header,
+    header_map,
+    parse_form,
+    parse_json,
+    parse_query,
+    storable,
+)
 from relay.store import NewDelivery, Status
 from relay.templates import Template, TemplateError, holds
 
@@ -97,7 +104,8 @@ def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]
         try:
             matched = holds(condition, incoming.context(condition.variables))
         except TemplateError as error:
-            deliveries.append(NewDelivery(route_target.target, Status.DEAD, f"when: {error}"))
+            reason = storable(f"when: {error}")
+            deliveries.append(NewDelivery(route_target.target, Status.DEAD, reason))
             continue
         if matched:
             deliveries.append(NewDelivery(route_target.target))

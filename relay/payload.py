@@ -16,6 +16,20 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 
+def storable(text: str) -> str:
+    """Text safe to store: bytes that were not valid UTF-8 (which aiohttp hands
+    over as lone surrogates) become U+FFFD instead of failing the insert."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:  # bytes smuggled in as surrogates: each one bad byte, one U+FFFD
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = text.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "replace")
+    return text
+
+
 def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";", 1)[0].strip().lower()
 

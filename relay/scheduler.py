@@ -307,7 +307,9 @@ class Scheduler:
         limits = self._claimable(now)
         if not limits:
             return 0
-        claimed = await self._store.claim_due(now, now + self._lease(), limits)
+        claimed = await self._store.claim_due(
+            now, now + self._lease(), limits, exclude=list(self._tasks)
+        )
         state = self._state
         for delivery in claimed:
             target = state.targets.get(delivery.target)

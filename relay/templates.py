@@ -7,6 +7,7 @@ template actually looks at `json` or `form`.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,12 @@ from jinja2.sandbox import SandboxedEnvironment
 # Output beyond this is an error, not a silently truncated message: a
 # template that runs away (a loop over a huge list) must not eat the memory.
 MAX_OUTPUT_CHARS = 1024 * 1024
+# Calls, attribute and item lookups one render may make. Rendering runs on
+# the event loop: nested loops over a large payload must end in an error,
+# not stall every webhook behind them.
+MAX_OPERATIONS = 200_000
+
+_budget: contextvars.ContextVar[list[int]] = contextvars.ContextVar("template_budget")
 
 
 class TemplateError(Exception):
@@ -43,6 +50,30 @@ class _Environment(SandboxedEnvironment):
         tojson.jinja_pass_arg = plain_tojson.jinja_pass_arg  # type: ignore[attr-defined]
         self.filters["tojson"] = tojson
 
+    def _spend(self, amount: int = 1) -> None:
+        budget = _budget.get(None)
+        if budget is not None:
+            budget[0] -= amount
+            if budget[0] < 0:
+                raise TemplateError(
+                    f"template too expensive: more than {MAX_OPERATIONS} operations"
+                )
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        self._spend()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        self._spend()
+        return super().getitem(obj, argument)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        __self._spend()
+        result = super().call(__context, __obj, *args, **kwargs)
+        if isinstance(result, range):
+            __self._spend(len(result))  # a loop over it costs as much
+        return result
+
 
 _PLAIN = _Environment(
     undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
@@ -57,6 +88,7 @@ class Template:
     _compiled: jinja2.Template = field(repr=False, compare=False)
 
     def render(self, context: Mapping[str, Any]) -> str:
+        token = _budget.set([MAX_OPERATIONS])
         try:
             pieces: list[str] = []
             size = 0
@@ -73,6 +105,8 @@ class Template:
             raise TemplateError(f"template error: {error}") from None
         except Exception as error:  # anything a sandboxed expression can raise
             raise TemplateError(f"template error: {type(error).__name__}: {error}") from None
+        finally:
+            _budget.reset(token)
         return "".join(pieces)
 
 

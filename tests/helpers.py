@@ -173,7 +173,15 @@ class RelayProcess:
     def kill(self, signum: int = signal.SIGKILL) -> int:
         assert self.process is not None
         self.process.send_signal(signum)
-        return self.process.wait(timeout=30)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(
+                f"relay did not exit within 30 s of signal {signum}; its log ends:\n"
+                + self.log()[-3000:]
+            ) from None
 
     def stop(self) -> int:
         if self.process is None or self.process.poll() is not None:

@@ -117,6 +117,7 @@ def _server(section: Section) -> ServerConfig:
         max_body_size=section.size("max_body_size", defaults.max_body_size),
         shutdown_timeout=section.duration("shutdown_timeout", defaults.shutdown_timeout),
         trusted_proxies=parse_networks(section, "trusted_proxies"),
+        read_timeout=section.duration("read_timeout", defaults.read_timeout),
     )
     section.done()
     return server

@@ -37,6 +37,9 @@ class ServerConfig:
     shutdown_timeout: float = 30.0
     # Peers whose X-Forwarded-For is believed (nginx, Caddy in front of relay).
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
+    # A sender has this long to deliver its body: a client trickling bytes
+    # (slow-loris) must not hold a connection and its memory for ever.
+    read_timeout: float = 10.0
 
 
 @dataclass(frozen=True)

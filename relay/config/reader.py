@@ -6,6 +6,7 @@ left: a typo such as `server.lisen` is an error, not a silently ignored line.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -19,9 +20,17 @@ class ConfigError(Exception):
     """An invalid config: one line that names the key and what was expected."""
 
     def __init__(self, key: str, problem: str) -> None:
+        key, problem = _one_line(key), _one_line(problem)
         super().__init__(f"{key}: {problem}" if key else problem)
         self.key = key
         self.problem = problem
+
+
+def _one_line(text: str) -> str:
+    """Control characters (a key may hold a newline) escaped: the error stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 class _Missing:
@@ -35,7 +44,7 @@ REQUIRED: Any = _Missing()
 def describe(value: object) -> str:
     """A value as it would look in TOML, for error messages."""
     if isinstance(value, str):
-        return f'"{value}"'
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):

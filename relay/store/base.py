@@ -299,12 +299,18 @@ class Store(Protocol):
         ...
 
     async def claim_due(
-        self, now: float, lease_until: float, limits: Mapping[str, int]
+        self,
+        now: float,
+        lease_until: float,
+        limits: Mapping[str, int],
+        exclude: Collection[int] = (),
     ) -> list[ClaimedDelivery]:
         """Lease up to limits[target] due deliveries of each target, oldest due first.
 
         Due means pending with next_attempt_at <= now, or in flight with an
-        expired lease (its process died mid-attempt).
+        expired lease (its process died mid-attempt) — except the `exclude`d
+        ones, attempts this very process still has under way (a clock that
+        jumps ahead must not make them look abandoned).
         """
         ...
 

@@ -71,7 +71,7 @@ _CLAIM_EXPIRED = f"""
 UPDATE deliveries SET lease_until = ?, updated_at = ?
 WHERE id IN (
     SELECT id FROM deliveries
-    WHERE status = 'in_flight' AND target = ? AND lease_until <= ?
+    WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {{exclude}}
     ORDER BY lease_until LIMIT ?)
 {_CLAIM_RETURNING}
 """
@@ -206,17 +206,25 @@ class SqliteStore:
     # Scheduler
 
     async def claim_due(
-        self, now: float, lease_until: float, limits: Mapping[str, int]
+        self,
+        now: float,
+        lease_until: float,
+        limits: Mapping[str, int],
+        exclude: Collection[int] = (),
     ) -> list[ClaimedDelivery]:
         wanted = {target: limit for target, limit in limits.items() if limit > 0}
         if not wanted:
             return []
+        skip = list(exclude)
+        expired = _CLAIM_EXPIRED.format(
+            exclude=f"AND id NOT IN ({_placeholders(len(skip))})" if skip else ""
+        )
 
         def job(connection: sqlite3.Connection) -> list[ClaimedDelivery]:
             rows: list[Any] = []
             for target, limit in wanted.items():
                 found = connection.execute(
-                    _CLAIM_EXPIRED, (lease_until, now, target, now, limit)
+                    expired, (lease_until, now, target, now, *skip, limit)
                 ).fetchall()
                 if len(found) < limit:
                     found += connection.execute(

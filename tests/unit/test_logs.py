@@ -84,3 +84,10 @@ def test_url_credentials_are_masked() -> None:
     assert masker.text("cannot reach http://user:pw@host/x") == "cannot reach http://***@host/x"
     assert masker.header("Authorization", "Bearer abc") == "***"
     assert masker.header("X-Plain", "abc") == "abc"
+
+
+def test_storable_text_replaces_what_utf8_cannot_hold() -> None:
+    from relay.payload import storable
+
+    assert storable("plain ключ") == "plain ключ"
+    assert storable("x/\udcff") == "x/\ufffd"

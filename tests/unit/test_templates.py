@@ -43,3 +43,18 @@ def test_conditions() -> None:
     condition = compile_expression("json.Status == 'CONFIRMED'")
     assert holds(condition, {"json": {"Status": "CONFIRMED"}})
     assert not holds(condition, {"json": {"Status": "NEW"}})
+
+
+def test_runaway_loops_without_output_are_refused_too() -> None:
+    nested = compile_template(
+        "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}"
+    )
+    with pytest.raises(TemplateError, match="too expensive"):
+        nested.render({})
+    lookups = compile_template(
+        "{% for a in json.l %}{% for b in json.l %}{{ b.x }}{% endfor %}{% endfor %}"
+    )
+    with pytest.raises(TemplateError, match="too expensive"):
+        lookups.render({"json": {"l": [{"x": ""}] * 3000}})
+    # The budget is per render: an ordinary template is not charged for the last one.
+    assert compile_template("{{ json.a }}").render({"json": {"a": 1}}) == "1"
