@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -131,6 +132,18 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
+
+
+async def post_events(url: str, count: int, *, parallel: int = 32) -> None:
+    """POST `count` empty JSON events with keys k0…k{count-1}; each must be accepted."""
+    connector = aiohttp.TCPConnector(limit=parallel)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def one(i: int) -> None:
+            async with http.post(url, data=b"{}", headers={"Idempotency-Key": f"k{i}"}) as response:
+                assert response.status == 200, await response.text()
+
+        await asyncio.gather(*(one(i) for i in range(count)))
 
 
 class RelayProcess:

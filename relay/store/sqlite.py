@@ -29,7 +29,6 @@ from relay.store.base import (
     EventView,
     FailureStreak,
     Gauges,
-    Header,
     HourlyActivity,
     LogEntry,
     NewDelivery,
@@ -46,42 +45,23 @@ from relay.store.base import (
     Transition,
 )
 from relay.store.migrations import LATEST, migrate
+from relay.store.rows import (
+    CLAIM_DUE,
+    CLAIM_EXPIRED,
+    DELIVERY_COLUMNS,
+    EVENT_COLUMNS,
+    claimed_delivery,
+    decode_headers,
+    delivery_view,
+    insert_log,
+    placeholders,
+    select_delivery,
+    selection_where,
+    update_health,
+)
 from relay.store.writer import GroupCommitWriter, unavailable
 
-_EVENT_COLUMNS = (
-    "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
-    " content_type, body"
-)
-_DELIVERY_COLUMNS = (
-    "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
-    " updated_at"
-)
-_CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
-)
-_CLAIM_DUE = f"""
-UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
-    ORDER BY next_attempt_at LIMIT ?)
-{_CLAIM_RETURNING}
-"""
-_CLAIM_EXPIRED = f"""
-UPDATE deliveries SET lease_until = ?, updated_at = ?
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {{exclude}}
-    ORDER BY lease_until LIMIT ?)
-{_CLAIM_RETURNING}
-"""
-
-
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
-
-
-def _placeholders(count: int) -> str:
-    return ",".join("?" * count)
 
 
 class SqliteStore:
@@ -216,8 +196,8 @@ class SqliteStore:
         if not wanted:
             return []
         skip = list(exclude)
-        expired = _CLAIM_EXPIRED.format(
-            exclude=f"AND id NOT IN ({_placeholders(len(skip))})" if skip else ""
+        expired = CLAIM_EXPIRED.format(
+            exclude=f"AND id NOT IN ({placeholders(len(skip))})" if skip else ""
         )
 
         def job(connection: sqlite3.Connection) -> list[ClaimedDelivery]:
@@ -228,17 +208,15 @@ class SqliteStore:
                 ).fetchall()
                 if len(found) < limit:
                     found += connection.execute(
-                        _CLAIM_DUE, (lease_until, now, target, now, limit - len(found))
+                        CLAIM_DUE, (lease_until, now, target, now, limit - len(found))
                     ).fetchall()
                 rows += found
             if not rows:
                 return []
             event_ids = sorted({row[1] for row in rows})
-            sql = (
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE id IN ({_placeholders(len(event_ids))})"
-            )
+            sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN ({placeholders(len(event_ids))})"
             events = {row[0]: row for row in connection.execute(sql, event_ids)}
-            return [_claimed(row, events[row[1]]) for row in rows if row[1] in events]
+            return [claimed_delivery(row, events[row[1]]) for row in rows if row[1] in events]
 
         result: list[ClaimedDelivery] = await self._write(job)
         return result
@@ -303,7 +281,7 @@ class SqliteStore:
                 " WHERE id = ? AND status = 'in_flight'",
                 (status.value, attempt.number, cycle, next_at, error, now, delivery.id),
             )
-            return _update_health(connection, delivery.target, succeeded, attempt, now)
+            return update_health(connection, delivery.target, succeeded, attempt, now)
 
         streak: FailureStreak = await self._write(job)
         return streak
@@ -316,7 +294,7 @@ class SqliteStore:
         def job(connection: sqlite3.Connection) -> None:
             connection.execute(
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL, updated_at = ?"
-                f" WHERE status = 'in_flight' AND id IN ({_placeholders(len(ids))})",
+                f" WHERE status = 'in_flight' AND id IN ({placeholders(len(ids))})",
                 [now, *ids],
             )
 
@@ -391,7 +369,7 @@ class SqliteStore:
 
     async def _event_detail(self, event_id: int) -> EventDetail | None:
         rows = await self._read(
-            f"SELECT {_EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,), slow=True
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,), slow=True
         )
         if not rows:
             return None
@@ -403,7 +381,7 @@ class SqliteStore:
             for attempt in await self._read(
                 "SELECT delivery_id, number, started_at, duration, outcome, http_status, error,"
                 " response, next_attempt_at FROM attempts"
-                f" WHERE delivery_id IN ({_placeholders(len(ids))}) ORDER BY id",
+                f" WHERE delivery_id IN ({placeholders(len(ids))}) ORDER BY id",
                 ids,
                 slow=True,
             ):
@@ -425,7 +403,7 @@ class SqliteStore:
             ids = [delivery.id for delivery in deliveries]
             for entry in await self._read(
                 "SELECT delivery_id, at, kind, detail FROM delivery_log"
-                f" WHERE delivery_id IN ({_placeholders(len(ids))}) ORDER BY id",
+                f" WHERE delivery_id IN ({placeholders(len(ids))}) ORDER BY id",
                 ids,
                 slow=True,
             ):
@@ -442,7 +420,7 @@ class SqliteStore:
             method=row[5],
             path=row[6],
             query=row[7],
-            headers=_headers(row[8]),
+            headers=decode_headers(row[8]),
             content_type=row[9],
             body=bytes(row[10]),
             attempts={key: tuple(value) for key, value in attempts.items()},
@@ -451,9 +429,9 @@ class SqliteStore:
 
     async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
         rows = await self._read(
-            f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,), slow=True
+            f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,), slow=True
         )
-        return _delivery_view(rows[0]) if rows else None
+        return delivery_view(rows[0]) if rows else None
 
     # Operator verbs
 
@@ -480,9 +458,11 @@ class SqliteStore:
                     (now, now, delivery_id),
                 )
             else:  # a retry is already waiting: asking twice is asking once
-                return _delivery_view(_select_delivery(connection, delivery_id))
-            _log(connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})")
-            return _delivery_view(_select_delivery(connection, delivery_id))
+                return delivery_view(select_delivery(connection, delivery_id))
+            insert_log(
+                connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})"
+            )
+            return delivery_view(select_delivery(connection, delivery_id))
 
         result = await self._write(job)
         if result == "missing":
@@ -495,7 +475,7 @@ class SqliteStore:
     async def requeue(self, selection: Selection, now: float) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
-        where, params = _selection_where(selection)
+        where, params = selection_where(selection)
 
         def job(connection: sqlite3.Connection) -> list[int]:
             ids = [
@@ -508,14 +488,16 @@ class SqliteStore:
                     [now, now, *params],
                 ).fetchall()
             ]
-            _log(connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})")
+            insert_log(
+                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})"
+            )
             return sorted(ids)
 
         result: list[int] = await self._write(job)
         return result
 
     async def count(self, selection: Selection) -> int:
-        where, params = _selection_where(selection)
+        where, params = selection_where(selection)
         rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {where}", params, slow=True)
         count: int = rows[0][0]
         return count
@@ -656,7 +638,7 @@ class SqliteStore:
             ]
             if not event_ids:
                 return 0
-            marks = _placeholders(len(event_ids))
+            marks = placeholders(len(event_ids))
             delivery_ids = [
                 row[0]
                 for row in connection.execute(
@@ -664,7 +646,7 @@ class SqliteStore:
                 )
             ]
             if delivery_ids:
-                dmarks = _placeholders(len(delivery_ids))
+                dmarks = placeholders(len(delivery_ids))
                 connection.execute(
                     f"DELETE FROM attempts WHERE delivery_id IN ({dmarks})", delivery_ids
                 )
@@ -685,7 +667,7 @@ class SqliteStore:
             counts: dict[str, int] = {}
             for target, count in connection.execute(
                 "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
-                f" AND target NOT IN ({_placeholders(len(names))}) GROUP BY target",
+                f" AND target NOT IN ({placeholders(len(names))}) GROUP BY target",
                 names,
             ).fetchall():
                 counts[target] = count
@@ -733,7 +715,7 @@ class SqliteStore:
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(limit)
         return [
-            Rejection(row[0], row[1], row[2], row[3], row[4] or "", _headers(row[5]))
+            Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))
             for row in await self._read(sql, params, slow=True)
         ]
 
@@ -796,119 +778,11 @@ class SqliteStore:
         if not ids:
             return result
         rows = await self._read(
-            f"SELECT {_DELIVERY_COLUMNS} FROM deliveries"
-            f" WHERE event_id IN ({_placeholders(len(ids))}) ORDER BY id",
+            f"SELECT {DELIVERY_COLUMNS} FROM deliveries"
+            f" WHERE event_id IN ({placeholders(len(ids))}) ORDER BY id",
             ids,
             slow=True,
         )
         for row in rows:
-            result.setdefault(row[1], []).append(_delivery_view(row))
+            result.setdefault(row[1], []).append(delivery_view(row))
         return result
-
-
-def _selection_where(selection: Selection) -> tuple[str, list[Any]]:
-    where = ["status = ?"]
-    params: list[Any] = [selection.status.value]
-    for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
-        if value is not None:
-            where.append(clause)
-            params.append(value)
-    if selection.ids:
-        where.append(f"id IN ({_placeholders(len(selection.ids))})")
-        params += selection.ids
-    if selection.since is not None or selection.until is not None:
-        where.append(
-            "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
-        )
-        params += [
-            selection.since if selection.since is not None else float("-inf"),
-            selection.until if selection.until is not None else float("inf"),
-        ]
-    return " AND ".join(where), params
-
-
-def _select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
-    row: Sequence[Any] = connection.execute(
-        f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
-    ).fetchone()
-    return row
-
-
-def _log(
-    connection: sqlite3.Connection, delivery_ids: Iterable[int], now: float, kind: str, detail: str
-) -> None:
-    connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
-    )
-
-
-def _update_health(
-    connection: sqlite3.Connection,
-    target: str,
-    succeeded: bool,
-    attempt: AttemptRecord,
-    now: float,
-) -> FailureStreak:
-    row = connection.execute(
-        "SELECT consecutive_failures FROM targets WHERE name = ?", (target,)
-    ).fetchone()
-    before = row[0] if row else 0
-    if succeeded:
-        connection.execute(
-            "INSERT INTO targets (name, last_success_at, consecutive_failures) VALUES (?, ?, 0)"
-            " ON CONFLICT (name) DO UPDATE SET last_success_at = excluded.last_success_at,"
-            " consecutive_failures = 0",
-            (target, now),
-        )
-        return FailureStreak(before, 0)
-    connection.execute(
-        "INSERT INTO targets (name, last_error_at, last_error, consecutive_failures)"
-        " VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET"
-        " last_error_at = excluded.last_error_at, last_error = excluded.last_error,"
-        " consecutive_failures = consecutive_failures + 1",
-        (target, now, attempt.error),
-    )
-    return FailureStreak(before, before + 1)
-
-
-def _headers(raw: bytes) -> list[Header]:
-    return [(str(name), str(value)) for name, value in orjson.loads(raw)]
-
-
-def _delivery_view(row: Sequence[Any]) -> DeliveryView:
-    return DeliveryView(
-        id=row[0],
-        event_id=row[1],
-        target=row[2],
-        status=Status(row[3]),
-        attempts=row[4],
-        attempts_in_cycle=row[5],
-        next_attempt_at=row[6],
-        last_error=row[7],
-        updated_at=row[8],
-    )
-
-
-def _claimed(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDelivery:
-    resume_status = delivery[6]
-    return ClaimedDelivery(
-        id=delivery[0],
-        event_id=delivery[1],
-        route=delivery[2],
-        target=delivery[3],
-        attempts=delivery[4],
-        attempts_in_cycle=delivery[5],
-        manual=resume_status is not None,
-        resume_status=Status(resume_status) if resume_status is not None else None,
-        resume_at=delivery[7],
-        idempotency_key=event[2],
-        received_at=event[3],
-        remote_addr=event[4],
-        method=event[5],
-        path=event[6],
-        query=event[7],
-        headers=_headers(event[8]),
-        content_type=event[9],
-        body=bytes(event[10]),
-    )

@@ -39,23 +39,35 @@ class Request:
         return "\n".join([*lines, "", self.body.decode("utf-8", errors="replace")])
 
 
-class HttpTarget:
+class SessionOwner:
+    """A target that sends over its own aiohttp session, opened by `start`."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+        self._client: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._client = client_session(self._concurrency)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._client is not None, "target not started"
+        return self._client
+
+
+class HttpTarget(SessionOwner):
     def __init__(self, name: str, settings: HttpSettings, *, concurrency: int) -> None:
+        super().__init__(concurrency)
         self.name = name
         self._settings = settings
-        self._concurrency = concurrency
-        self._session: aiohttp.ClientSession | None = None
         self._wanted = variables(
             [*settings.headers.values(), settings.body, *settings.form.values()]
         )
-
-    async def start(self) -> None:
-        self._session = client_session(self._concurrency)
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     def prepare(self, envelope: Envelope) -> Request:
         """The request to send; raises TemplateError when a template fails for this event."""
@@ -84,12 +96,12 @@ class HttpTarget:
         return self.prepare(envelope).describe()
 
     async def send(self, envelope: Envelope) -> Outcome:
-        assert self._session is not None, "target not started"
+        session = self.session
         try:
             prepared = self.prepare(envelope)
         except TemplateError as error:
             return Outcome.fail(str(error))
-        return await request(self._session, prepared)
+        return await request(session, prepared)
 
 
 def client_session(concurrency: int) -> aiohttp.ClientSession:

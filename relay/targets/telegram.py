@@ -18,7 +18,7 @@ from multidict import CIMultiDictProxy
 from relay.config import TelegramTarget as TelegramSettings
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, context, variables
-from relay.targets.http import USER_AGENT, Request, client_session, exchange, parse_retry_after
+from relay.targets.http import USER_AGENT, Request, SessionOwner, exchange, parse_retry_after
 from relay.templates import TemplateError
 
 MAX_TEXT = 4096
@@ -28,21 +28,12 @@ PERMANENT = {400, 401, 403, 404}
 _TAG = re.compile(r"<(/?)([a-zA-Z-]+)[^>]*>")
 
 
-class TelegramTarget:
+class TelegramTarget(SessionOwner):
     def __init__(self, name: str, settings: TelegramSettings, *, concurrency: int) -> None:
+        super().__init__(concurrency)
         self.name = name
         self._settings = settings
-        self._concurrency = concurrency
         self._wanted = variables([settings.text])
-        self._session: Any = None
-
-    async def start(self) -> None:
-        self._session = client_session(self._concurrency)
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     def payload(self, envelope: Envelope) -> dict[str, Any]:
         settings = self._settings
@@ -67,7 +58,7 @@ class TelegramTarget:
         )
 
     async def send(self, envelope: Envelope) -> Outcome:
-        assert self._session is not None, "target not started"
+        session = self.session
         try:
             payload = self.payload(envelope)
         except TemplateError as error:
@@ -79,7 +70,7 @@ class TelegramTarget:
             {"Content-Type": "application/json", "User-Agent": USER_AGENT},
             orjson.dumps(payload),
         )
-        return await exchange(self._session, prepared, judge)
+        return await exchange(session, prepared, judge)
 
 
 def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:

@@ -14,6 +14,7 @@ from relay.store import EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from figures import record_figures
+from helpers import post_events
 
 pytestmark = pytest.mark.chaos
 
@@ -46,14 +47,7 @@ async def test_jumps_back_and_forth_lose_nothing_and_send_nothing_early(
         retry={"retries": 5},
     )
     relay = await start_relay(config, background=False, clock=clock)
-    async with aiohttp.ClientSession() as http:
-        for i in range(20):
-            async with http.post(
-                relay.ingress_url + "/hooks/orders",
-                data=b"{}",
-                headers={"Idempotency-Key": f"k{i}"},
-            ) as response:
-                assert response.status == 200
+    await post_events(relay.ingress_url + "/hooks/orders", 20)
     await relay.scheduler.run_once()
     await relay.scheduler.wait_idle()  # 20 first attempts failed: due again in 10 minutes
     scheduled = {

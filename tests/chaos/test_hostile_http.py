@@ -15,6 +15,7 @@ from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory
 from figures import record_figures
+from helpers import post_events
 
 pytestmark = pytest.mark.chaos
 
@@ -98,14 +99,7 @@ async def test_a_slow_body_is_cut_off_and_others_are_served_meanwhile(relay: Rel
 
     trickling = asyncio.create_task(trickle())
     started = time.monotonic()
-    async with aiohttp.ClientSession() as http:
-        for i in range(20):
-            async with http.post(
-                relay.ingress_url + "/hooks/orders",
-                data=b"{}",
-                headers={"Idempotency-Key": f"k{i}"},
-            ) as response:
-                assert response.status == 200
+    await post_events(relay.ingress_url + "/hooks/orders", 20)
     served_in = time.monotonic() - started
     answers = []
     for reader, writer in lorises:

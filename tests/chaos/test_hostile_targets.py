@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 
 from relay.app import Relay
@@ -19,6 +18,7 @@ from relay.store import EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from figures import record_figures
+from helpers import post_events
 
 pytestmark = pytest.mark.chaos
 
@@ -150,14 +150,7 @@ async def test_misbehaving_targets(
     )
     relay: Relay = await start_relay(config, poll_interval=0.05)
     started = time.monotonic()
-    async with aiohttp.ClientSession() as http:
-        for i in range(20):
-            async with http.post(
-                relay.ingress_url + "/hooks/orders",
-                data=b"{}",
-                headers={"Idempotency-Key": f"k{i}"},
-            ) as response:
-                assert response.status == 200
+    await post_events(relay.ingress_url + "/hooks/orders", 20)
     await healthy.wait_for(20, timeout=5)
     healthy_seconds = time.monotonic() - started
     # The healthy target was served while the others hung, reset, dribbled.

@@ -6,6 +6,7 @@ import argparse
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,8 @@ def test_every_command_is_in_the_readme() -> None:
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
-    relay = shutil.which("relay")
+    # The relay beside this interpreter: PATH may not include the venv's bin.
+    relay = shutil.which("relay", path=str(Path(sys.executable).parent))
     assert relay is not None
     unit = (ROOT / "systemd" / "relay.service").read_text()
     # verify checks that ExecStart exists: point it at this environment's relay.

@@ -8,21 +8,11 @@ import json
 import aiohttp
 
 from relay.alerts import ALERTS_ROUTE
-from relay.app import Relay
 from relay.clock import FakeClock
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
-
-
-async def post_many(relay: Relay, http: aiohttp.ClientSession, count: int) -> None:
-    async def one(i: int) -> None:
-        async with http.post(
-            relay.ingress_url + "/hooks/orders", data=b"{}", headers={"Idempotency-Key": f"k{i}"}
-        ) as response:
-            assert response.status == 200
-
-    await asyncio.gather(*(one(i) for i in range(count)))
+from helpers import post_events
 
 
 async def test_many_dead_deliveries_make_one_alert(
@@ -42,7 +32,7 @@ async def test_many_dead_deliveries_make_one_alert(
         alerts={"target": "ops", "failing_after": 3},
     )
     relay = await start_relay(config, background=False, clock=FakeClock())
-    await post_many(relay, http, 500)
+    await post_events(relay.ingress_url + "/hooks/orders", 500)
     await relay.scheduler.drain()
     await relay.alerter.flush()
     await relay.scheduler.drain()
@@ -89,7 +79,7 @@ async def test_alerts_never_alert_about_themselves(
         alerts={"target": "ops", "failing_after": 1},
     )
     relay = await start_relay(config, background=False, clock=FakeClock())
-    await post_many(relay, http, 1)
+    await post_events(relay.ingress_url + "/hooks/orders", 1)
     await relay.scheduler.drain()
     assert await relay.alerter.flush() is not None  # crm's dead delivery
     await relay.scheduler.drain()  # the alert fails twice and goes dead: no new alert
@@ -113,7 +103,7 @@ async def test_the_group_window_runs_on_its_own(
         alerts={"target": "ops", "group_window": "300ms"},
     )
     relay = await start_relay(config)
-    await post_many(relay, http, 20)
+    await post_events(relay.ingress_url + "/hooks/orders", 20)
     await crm.wait_for(20)
     await ops.wait_for(1)
     await asyncio.sleep(0.5)  # past another window: nothing more to say
@@ -143,7 +133,7 @@ async def test_alerts_to_telegram_use_the_alert_text(
         alerts={"target": "ops"},
     )
     relay = await start_relay(config, background=False, clock=FakeClock())
-    await post_many(relay, http, 1)
+    await post_events(relay.ingress_url + "/hooks/orders", 1)
     await relay.scheduler.drain()
     await relay.alerter.flush()
     await relay.scheduler.drain()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 
 import aiohttp
@@ -12,6 +11,7 @@ from relay.clock import FakeClock
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import post_events
 
 
 async def test_a_burst_to_a_rate_limited_crm_is_paced(
@@ -42,18 +42,7 @@ async def test_a_burst_to_a_rate_limited_crm_is_paced(
         {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
     )
     relay = await start_relay(config, background=False, clock=clock)
-    connector = aiohttp.TCPConnector(limit=32)
-    async with aiohttp.ClientSession(connector=connector) as burst:
-
-        async def one(i: int) -> None:
-            async with burst.post(
-                relay.ingress_url + "/hooks/orders",
-                data=b"{}",
-                headers={"Idempotency-Key": f"k{i}"},
-            ) as response:
-                assert response.status == 200
-
-        await asyncio.gather(*(one(i) for i in range(1000)))
+    await post_events(relay.ingress_url + "/hooks/orders", 1000)
     started = clock.now()
     await relay.scheduler.drain()
     elapsed = clock.now() - started

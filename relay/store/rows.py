@@ -1,0 +1,159 @@
+"""SQL text and row mapping shared by the SQLite store's reads and write jobs."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from relay.store.base import (
+    AttemptRecord,
+    ClaimedDelivery,
+    DeliveryView,
+    FailureStreak,
+    Header,
+    Selection,
+    Status,
+)
+
+EVENT_COLUMNS = (
+    "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
+    " content_type, body"
+)
+DELIVERY_COLUMNS = (
+    "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
+    " updated_at"
+)
+CLAIM_RETURNING = (
+    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
+)
+CLAIM_DUE = f"""
+UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
+WHERE id IN (
+    SELECT id FROM deliveries
+    WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
+    ORDER BY next_attempt_at LIMIT ?)
+{CLAIM_RETURNING}
+"""
+CLAIM_EXPIRED = f"""
+UPDATE deliveries SET lease_until = ?, updated_at = ?
+WHERE id IN (
+    SELECT id FROM deliveries
+    WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {{exclude}}
+    ORDER BY lease_until LIMIT ?)
+{CLAIM_RETURNING}
+"""
+
+
+def placeholders(count: int) -> str:
+    return ",".join("?" * count)
+
+
+def selection_where(selection: Selection) -> tuple[str, list[Any]]:
+    where = ["status = ?"]
+    params: list[Any] = [selection.status.value]
+    for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
+    if selection.ids:
+        where.append(f"id IN ({placeholders(len(selection.ids))})")
+        params += selection.ids
+    if selection.since is not None or selection.until is not None:
+        where.append(
+            "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
+        )
+        params += [
+            selection.since if selection.since is not None else float("-inf"),
+            selection.until if selection.until is not None else float("inf"),
+        ]
+    return " AND ".join(where), params
+
+
+def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
+    row: Sequence[Any] = connection.execute(
+        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
+    ).fetchone()
+    return row
+
+
+def insert_log(
+    connection: sqlite3.Connection, delivery_ids: Iterable[int], now: float, kind: str, detail: str
+) -> None:
+    connection.executemany(
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
+    )
+
+
+def update_health(
+    connection: sqlite3.Connection,
+    target: str,
+    succeeded: bool,
+    attempt: AttemptRecord,
+    now: float,
+) -> FailureStreak:
+    row = connection.execute(
+        "SELECT consecutive_failures FROM targets WHERE name = ?", (target,)
+    ).fetchone()
+    before = row[0] if row else 0
+    if succeeded:
+        connection.execute(
+            "INSERT INTO targets (name, last_success_at, consecutive_failures) VALUES (?, ?, 0)"
+            " ON CONFLICT (name) DO UPDATE SET last_success_at = excluded.last_success_at,"
+            " consecutive_failures = 0",
+            (target, now),
+        )
+        return FailureStreak(before, 0)
+    connection.execute(
+        "INSERT INTO targets (name, last_error_at, last_error, consecutive_failures)"
+        " VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET"
+        " last_error_at = excluded.last_error_at, last_error = excluded.last_error,"
+        " consecutive_failures = consecutive_failures + 1",
+        (target, now, attempt.error),
+    )
+    return FailureStreak(before, before + 1)
+
+
+def decode_headers(raw: bytes) -> list[Header]:
+    return [(str(name), str(value)) for name, value in orjson.loads(raw)]
+
+
+def delivery_view(row: Sequence[Any]) -> DeliveryView:
+    return DeliveryView(
+        id=row[0],
+        event_id=row[1],
+        target=row[2],
+        status=Status(row[3]),
+        attempts=row[4],
+        attempts_in_cycle=row[5],
+        next_attempt_at=row[6],
+        last_error=row[7],
+        updated_at=row[8],
+    )
+
+
+def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDelivery:
+    resume_status = delivery[6]
+    return ClaimedDelivery(
+        id=delivery[0],
+        event_id=delivery[1],
+        route=delivery[2],
+        target=delivery[3],
+        attempts=delivery[4],
+        attempts_in_cycle=delivery[5],
+        manual=resume_status is not None,
+        resume_status=Status(resume_status) if resume_status is not None else None,
+        resume_at=delivery[7],
+        idempotency_key=event[2],
+        received_at=event[3],
+        remote_addr=event[4],
+        method=event[5],
+        path=event[6],
+        query=event[7],
+        headers=decode_headers(event[8]),
+        content_type=event[9],
+        body=bytes(event[10]),
+    )
