@@ -136,9 +136,14 @@ def _flatten(rows: list[tuple[Any, ...]]) -> list[Any]:
 
 
 def _next_id(connection: sqlite3.Connection, table: str) -> int:
-    # MAX of the rowid is one step down the table's B-tree.
-    row = connection.execute(f"SELECT MAX(id) FROM {table}").fetchone()
-    return int(row[0] or 0) + 1
+    # MAX of the rowid is one step down the table's B-tree; the high-water mark
+    # covers ids whose rows a purge has deleted (they are never given again).
+    row = connection.execute(
+        f"SELECT max(coalesce((SELECT MAX(id) FROM {table}), 0),"
+        " coalesce((SELECT last_id FROM id_high_water WHERE name = ?), 0))",
+        (table,),
+    ).fetchone()
+    return int(row[0]) + 1
 
 
 def _stored_keys(

@@ -136,6 +136,28 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "attempts by time, for the dashboard's last 24 hours",
         ["CREATE INDEX attempts_started ON attempts (started_at)"],
     ),
+    (
+        5,
+        "the highest event and delivery ids ever given, so a purge never lets one be given again",
+        [
+            # Receivers de-duplicate on X-Relay-Event-Id (and on the event id as
+            # Idempotency-Key when the sender gave none): an id must name one
+            # event forever, even after the newest ones are purged.
+            """
+            CREATE TABLE id_high_water (name TEXT PRIMARY KEY, last_id INTEGER NOT NULL)
+            WITHOUT ROWID
+            """,
+            *(
+                f"""
+                CREATE TRIGGER {table}_high_water AFTER DELETE ON {table} BEGIN
+                    INSERT INTO id_high_water (name, last_id) VALUES ('{table}', old.id)
+                    ON CONFLICT (name) DO UPDATE SET last_id = max(last_id, excluded.last_id);
+                END
+                """
+                for table in ("events", "deliveries")
+            ),
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

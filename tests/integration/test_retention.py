@@ -143,3 +143,33 @@ async def test_cli_purge(
     assert "would remove 1 finished events" in dry.stdout
     assert "removed 1 finished events" in relay_cli("purge", "--config", str(path)).stdout
     assert "would remove 0" in relay_cli("purge", "--dry-run", "--config", str(path)).stdout
+
+
+async def test_ids_are_never_given_twice_after_everything_is_purged(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    # A keyless event goes out with Idempotency-Key = its event id: an id given
+    # again after a purge would look like a resend to a receiver that remembers.
+    config = make_config(
+        {"ok": {"type": "file", "path": "ok.jsonl"}},
+        {"done": {"path": "/done", "targets": ["ok"]}},
+        storage={"retention": "30d"},
+    )
+    clock = FakeClock()
+    relay = await start_relay(config, background=False, clock=clock)
+    first = [await post(relay, http, "/done", f"k{i}") for i in range(3)]
+    await relay.scheduler.drain()
+    before = await relay.store.list_events(EventQuery())
+    last_delivery = max(d.id for e in before for d in e.deliveries)
+    clock.advance(31 * DAY)
+    removed = await retention.purge(
+        relay.store, config.storage.retention, retention.dedup_windows(config), clock.now()
+    )
+    assert removed == 3
+    assert await relay.store.list_events(EventQuery()) == []
+
+    status, new_id = await post(relay, http, "/done", "after-purge")
+    assert status == "queued"
+    assert int(new_id) > max(int(event_id) for _, event_id in first)
+    (after,) = await relay.store.list_events(EventQuery())
+    assert min(d.id for d in after.deliveries) > last_delivery
