@@ -90,6 +90,15 @@ class _State:
     config: Config
     targets: Mapping[str, Target]
     lanes: dict[str, _Lane] = field(default_factory=dict)
+    # How long a claim holds a delivery: the longest attempt this config allows,
+    # plus the margin. Fixed per config, so worked out once, not per claim.
+    lease: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        config = self.config
+        timeouts = [t.retry.timeout for t in config.targets.values()]
+        timeouts += [rt.retry.timeout for route in config.routes.values() for rt in route.targets]
+        self.lease = max(timeouts, default=0.0) + LEASE_MARGIN
 
 
 class Scheduler:
@@ -287,13 +296,6 @@ class Scheduler:
         }
         return {name: limit for name, limit in limits.items() if limit > 0}
 
-    def _lease(self) -> float:
-        timeouts = [t.retry.timeout for t in self._state.config.targets.values()]
-        timeouts += [
-            rt.retry.timeout for route in self._state.config.routes.values() for rt in route.targets
-        ]
-        return max(timeouts, default=0.0) + LEASE_MARGIN
-
     async def _next_wake(self, now: float) -> float | None:
         """When something can next be sent: its due time, or later if its pace says so."""
         lanes = self._eligible()
@@ -308,8 +310,9 @@ class Scheduler:
         if not limits:
             return 0
         claimed = await self._store.claim_due(
-            now, now + self._lease(), limits, exclude=list(self._tasks)
+            now, now + self._state.lease, limits, exclude=list(self._tasks)
         )
+        # Read after the claim: a reload may have swapped the targets meanwhile.
         state = self._state
         for delivery in claimed:
             target = state.targets.get(delivery.target)

@@ -375,13 +375,15 @@ class SqliteStore:
             return None
         row = rows[0]
         deliveries = tuple((await self._deliveries_of([event_id])).get(event_id, ()))
-        attempts: dict[int, list[AttemptView]] = {delivery.id: [] for delivery in deliveries}
-        if deliveries:
-            ids = [delivery.id for delivery in deliveries]
+        ids = [delivery.id for delivery in deliveries]
+        attempts: dict[int, list[AttemptView]] = {delivery_id: [] for delivery_id in ids}
+        log: dict[int, list[LogEntry]] = {delivery_id: [] for delivery_id in ids}
+        if ids:
+            marks = placeholders(len(ids))
             for attempt in await self._read(
                 "SELECT delivery_id, number, started_at, duration, outcome, http_status, error,"
-                " response, next_attempt_at FROM attempts"
-                f" WHERE delivery_id IN ({placeholders(len(ids))}) ORDER BY id",
+                f" response, next_attempt_at FROM attempts WHERE delivery_id IN ({marks})"
+                " ORDER BY id",
                 ids,
                 slow=True,
             ):
@@ -398,12 +400,9 @@ class SqliteStore:
                         next_attempt_at=attempt[8],
                     )
                 )
-        log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
-        if deliveries:
-            ids = [delivery.id for delivery in deliveries]
             for entry in await self._read(
                 "SELECT delivery_id, at, kind, detail FROM delivery_log"
-                f" WHERE delivery_id IN ({placeholders(len(ids))}) ORDER BY id",
+                f" WHERE delivery_id IN ({marks}) ORDER BY id",
                 ids,
                 slow=True,
             ):
