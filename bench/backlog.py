@@ -20,12 +20,19 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, Server, free_port, print_table, write_json
+from common import (
+    ROOT,
+    Server,
+    crm_counts,
+    free_port,
+    print_table,
+    relay_to_sink_config,
+    write_json,
+)
 
 from relay.store import NewDelivery, NewEvent, SqliteStore
 from relay.store.accept import AcceptJob
@@ -86,41 +93,9 @@ async def tick_cost(path: Path, repeats: int = 30) -> float:
         await store.close()
 
 
-def config(folder: Path, port: int, admin_port: int, sink_port: int, concurrency: int) -> Path:
-    path = folder / "relay.toml"
-    path.write_text(f"""
-[server]
-listen = "127.0.0.1:{port}"
-shutdown_timeout = "2s"
-
-[admin]
-listen = "127.0.0.1:{admin_port}"
-
-[storage]
-path = "relay.db"
-
-[log]
-level = "warning"   # a million attempt lines are not the point here
-
-[targets.crm]
-type = "http"
-url = "http://127.0.0.1:{sink_port}/hook"
-concurrency = {concurrency}
-
-[routes.orders]
-path = "/hooks/orders"
-targets = ["crm"]
-""")
-    return path
-
-
 def pending(admin_port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/api/v1/stats", timeout=30) as r:
-        import json
-
-        stats = json.load(r)
-    crm = stats["targets"].get("crm", {})
-    return int(crm.get("pending", 0)) + int(crm.get("in_flight", 0))
+    counts = crm_counts(admin_port)
+    return counts.get("pending", 0) + counts.get("in_flight", 0)
 
 
 def main() -> int:
@@ -158,7 +133,10 @@ def main() -> int:
             sink_port,
             cpu=0,
         )
-        path = config(folder, port, admin_port, sink_port, args.concurrency)
+        # A million attempt lines in the log are not the point here.
+        path = relay_to_sink_config(
+            folder, port, admin_port, sink_port, args.concurrency, log_level="warning"
+        )
         started = time.perf_counter()
         relay = Server([sys.executable, "-m", "relay", "serve", "--config", str(path)], port, cpu=1)
         start_seconds = time.perf_counter() - started

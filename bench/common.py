@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -212,3 +213,49 @@ def write_json(name: str, data: object) -> Path:
 
 def peak_children_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def relay_to_sink_config(
+    folder: Path,
+    port: int,
+    admin_port: int,
+    sink_port: int,
+    concurrency: int,
+    *,
+    log_level: str = "info",
+) -> Path:
+    """relay with one route into one HTTP target, `crm`, at the local sink."""
+    path = folder / "relay.toml"
+    path.write_text(f"""
+[server]
+listen = "127.0.0.1:{port}"
+shutdown_timeout = "2s"
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+
+[storage]
+path = "relay.db"
+synchronous = "full"
+
+[log]
+level = "{log_level}"
+
+[targets.crm]
+type = "http"
+url = "http://127.0.0.1:{sink_port}/hook"
+concurrency = {concurrency}
+
+[routes.orders]
+path = "/hooks/orders"
+targets = ["crm"]
+""")
+    return path
+
+
+def crm_counts(admin_port: int, timeout: float = 30.0) -> dict[str, int]:
+    """Deliveries to `crm` by status, from the admin API's stats."""
+    url = f"http://127.0.0.1:{admin_port}/api/v1/stats"
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        stats = json.load(response)
+    return {k: int(v) for k, v in stats["targets"].get("crm", {}).items() if isinstance(v, int)}

@@ -13,52 +13,29 @@ run again at half that rate for the latency figure.
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, Server, free_port, print_table, run_wrk, write_json
-
-
-def relay_config(
-    folder: Path, port: int, admin_port: int, sink_port: int, concurrency: int
-) -> Path:
-    path = folder / "relay.toml"
-    path.write_text(f"""
-[server]
-listen = "127.0.0.1:{port}"
-shutdown_timeout = "2s"
-
-[admin]
-listen = "127.0.0.1:{admin_port}"
-
-[storage]
-path = "relay.db"
-synchronous = "full"
-
-[targets.crm]
-type = "http"
-url = "http://127.0.0.1:{sink_port}/hook"
-concurrency = {concurrency}
-
-[routes.orders]
-path = "/hooks/orders"
-targets = ["crm"]
-""")
-    return path
+from common import (
+    ROOT,
+    Server,
+    crm_counts,
+    free_port,
+    print_table,
+    relay_to_sink_config,
+    run_wrk,
+    write_json,
+)
 
 
 def delivered_so_far(admin_port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/api/v1/stats", timeout=10) as r:
-        stats = json.load(r)
-    return int(stats["targets"].get("crm", {}).get("delivered", 0))
+    return crm_counts(admin_port, timeout=10).get("delivered", 0)
 
 
 def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> dict[str, float]:
@@ -71,7 +48,7 @@ def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> 
             sink_port,
             cpu=0,
         )
-        config = relay_config(folder, port, admin_port, sink_port, concurrency)
+        config = relay_to_sink_config(folder, port, admin_port, sink_port, concurrency)
         relay = Server(
             [sys.executable, "-m", "relay", "serve", "--config", str(config)], port, cpu=1
         )
