@@ -11,7 +11,6 @@ import orjson
 from aiohttp import web
 
 from relay.admin.context import OPERATOR, Operator
-from relay.retry import describe_schedule
 from relay.store import (
     Conflict,
     DeliveryView,
@@ -28,7 +27,6 @@ from relay.views import (
     event_summary,
     rejection_view,
     stats_view,
-    target_view,
 )
 
 MAX_PAGE = 500
@@ -156,8 +154,7 @@ async def get_event(request: web.Request) -> web.Response:
 async def retry_delivery(request: web.Request) -> web.Response:
     operator = _operator(request)
     delivery_id = _int_id(request.match_info["delivery_id"], "delivery")
-    delivery = await operator.store.retry_now(delivery_id, operator.clock.now())
-    operator.changed()
+    delivery = await operator.retry(delivery_id)
     view = event_summary_delivery(delivery, operator)
     return json_response({"delivery": view})
 
@@ -201,40 +198,18 @@ async def requeue(request: web.Request) -> web.Response:
         until=_instant(body.get("until"), "until", now),
         ids=tuple(int(i) for i in ids),
     )
-    requeued = await operator.store.requeue(selection, now)
-    operator.changed()
+    requeued = await operator.requeue(selection)
     return json_response({"requeued": len(requeued), "ids": [str(i) for i in requeued]})
 
 
 async def list_targets(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    config = operator.config
-    states = await operator.store.target_states()
-    gauges = await operator.store.gauges()
-    targets = [
-        target_view(
-            target,
-            states.get(name),
-            paused=name in operator.scheduler.paused,
-            counts={
-                s.value: gauges.counts.get((name, s), 0)
-                for s in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
-            },
-            schedule=describe_schedule(target.retry),
-            masker=operator.masker,
-        )
-        for name, target in config.targets.items()
-    ]
-    return json_response({"targets": targets})
+    return json_response({"targets": await _operator(request).target_views()})
 
 
 async def set_paused(request: web.Request, paused: bool) -> web.Response:
     operator = _operator(request)
     name = request.match_info["name"]
-    if name not in operator.config.targets:
-        raise NotFound(f"no target {name}")
-    await operator.store.set_paused(name, paused, operator.clock.now())
-    operator.changed()
+    await operator.set_paused(name, paused)
     return json_response({"target": name, "paused": paused})
 
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from relay.clock import Clock
 from relay.config import Config
 from relay.metrics import Metrics, StoreSnapshot
+from relay.retry import describe_schedule
 from relay.scheduler import Scheduler
 from relay.secrets import Masker
-from relay.store import Store
+from relay.store import DeliveryView, NotFound, Selection, Status, Store
+from relay.views import target_view
 
 # /metrics reads the store at most this often, however often it is scraped.
 SNAPSHOT_TTL = 5.0
@@ -60,6 +63,44 @@ class Operator:
         """An operator changed the store: metrics re-read it, the scheduler looks again."""
         self._snapshot_at = float("-inf")
         self.scheduler.targets_changed()
+
+    # What a person may do, from the API or the dashboard alike: each change
+    # is followed by `changed()`, so the scheduler acts on it at once.
+
+    async def retry(self, delivery_id: int) -> DeliveryView:
+        delivery = await self.store.retry_now(delivery_id, self.clock.now())
+        self.changed()
+        return delivery
+
+    async def requeue(self, selection: Selection) -> list[int]:
+        requeued = await self.store.requeue(selection, self.clock.now())
+        self.changed()
+        return requeued
+
+    async def set_paused(self, target: str, paused: bool) -> None:
+        if target not in self.config.targets:
+            raise NotFound(f"no target {target}")
+        await self.store.set_paused(target, paused, self.clock.now())
+        self.changed()
+
+    async def target_views(self) -> list[dict[str, Any]]:
+        """Every configured target: settings (secrets masked), schedule, pause, health, counts."""
+        config = self.config
+        masker = self.masker
+        states = await self.store.target_states()
+        gauges = await self.store.gauges()
+        statuses = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
+        return [
+            target_view(
+                target,
+                states.get(name),
+                paused=name in self.scheduler.paused,
+                counts={s.value: gauges.counts.get((name, s), 0) for s in statuses},
+                schedule=describe_schedule(target.retry),
+                masker=masker,
+            )
+            for name, target in config.targets.items()
+        ]
 
 
 OPERATOR = web.AppKey("operator", Operator)

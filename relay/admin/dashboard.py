@@ -23,10 +23,9 @@ from aiohttp import web
 from relay.admin.context import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.payload import parse_form
-from relay.retry import describe_schedule
 from relay.store import Conflict, EventQuery, NotFound, Selection, Status, StoreError
 from relay.units import format_instant, parse_instant
-from relay.views import event_detail, event_summary, rejection_view, stats_view, target_view
+from relay.views import event_detail, event_summary, rejection_view, stats_view
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -436,8 +435,7 @@ async def requeue_dead(request: web.Request) -> web.StreamResponse:
             description=", ".join(f"{k} {v}" for k, v in kept),
             back=("?" + urlencode(kept)) if kept else "",
         )
-    requeued = await operator.store.requeue(selection, operator.clock.now())
-    operator.changed()
+    requeued = await operator.requeue(selection)
     raise _back("/dead", done="requeued", n=len(requeued), **dict(kept))
 
 
@@ -473,12 +471,11 @@ async def retry_delivery(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     delivery_id = _delivery_id(request)
     try:
-        delivery = await operator.store.retry_now(delivery_id, operator.clock.now())
+        delivery = await operator.retry(delivery_id)
     except NotFound:
         raise web.HTTPNotFound(text=f"No delivery {delivery_id}.") from None
     except Conflict as problem:
         return _plain(409, str(problem))
-    operator.changed()
     raise _back(f"/events/{delivery.event_id}", done="retried", id=delivery_id)
 
 
@@ -488,8 +485,7 @@ async def requeue_delivery(request: web.Request) -> web.StreamResponse:
     delivery = await operator.store.get_delivery(delivery_id)
     if delivery is None:
         raise web.HTTPNotFound(text=f"No delivery {delivery_id}.")
-    requeued = await operator.store.requeue(Selection(ids=(delivery_id,)), operator.clock.now())
-    operator.changed()
+    requeued = await operator.requeue(Selection(ids=(delivery_id,)))
     raise _back(f"/events/{delivery.event_id}", done="requeued", n=len(requeued))
 
 
@@ -501,32 +497,19 @@ def _delivery_id(request: web.Request) -> int:
 
 
 async def targets_page(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    config = operator.config
-    states = await operator.store.target_states()
-    gauges = await operator.store.gauges()
-    statuses = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
-    targets = [
-        target_view(
-            target,
-            states.get(name),
-            paused=name in operator.scheduler.paused,
-            counts={s.value: gauges.counts.get((name, s), 0) for s in statuses},
-            schedule=describe_schedule(target.retry).split("\n")[0],
-            masker=operator.masker,
-        )
-        for name, target in config.targets.items()
-    ]
+    targets = await _operator(request).target_views()
+    for target in targets:
+        target["schedule"] = target["schedule"].split("\n")[0]  # the full one is in the API
     return _render(request, "targets.html", title="Targets", page="targets", targets=targets)
 
 
 async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
     operator = _operator(request)
     name = request.match_info["name"]
-    if name not in operator.config.targets:
-        raise web.HTTPNotFound(text=f"No target {name}.")
-    await operator.store.set_paused(name, paused, operator.clock.now())
-    operator.changed()
+    try:
+        await operator.set_paused(name, paused)
+    except NotFound:
+        raise web.HTTPNotFound(text=f"No target {name}.") from None
     raise _back("/targets", done="paused" if paused else "resumed", name=name)
 
 
