@@ -7,6 +7,7 @@ Reject(reason) not from who it claims to be: 401, nothing stored
 
 from __future__ import annotations
 
+import base64
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +41,18 @@ class Source(Protocol):
     answer: Answer | None
 
     def check(self, incoming: Incoming, now: float) -> Check: ...
+
+
+def hmac_signatures(
+    secrets: Iterable[str | bytes], message: bytes, algorithm: str, encoding: str
+) -> list[str]:
+    """The signature each accepted secret gives `message`, hex or base64."""
+    signatures = []
+    for secret in secrets:
+        key = secret.encode() if isinstance(secret, str) else secret
+        digest = hmac.digest(key, message, algorithm)
+        signatures.append(digest.hex() if encoding == "hex" else base64.b64encode(digest).decode())
+    return signatures
 
 
 def matches_any(given: str | bytes | None, expected: Iterable[str | bytes]) -> bool:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
 import re
 from typing import Any
 
@@ -20,7 +18,16 @@ from relay.config import (
     WooCommerceSource,
 )
 from relay.incoming import Incoming
-from relay.sources.base import Accept, Check, Ping, Reject, joined_key, matches_any, text_answer
+from relay.sources.base import (
+    Accept,
+    Check,
+    Ping,
+    Reject,
+    hmac_signatures,
+    joined_key,
+    matches_any,
+    text_answer,
+)
 
 
 def _field(data: Any, *path: str) -> Any:
@@ -139,10 +146,7 @@ class WooCommerce:
         given = incoming.headers.get("X-WC-Webhook-Signature")
         if not given:
             return Reject("missing_signature", "no X-WC-Webhook-Signature header")
-        expected = [
-            base64.b64encode(hmac.digest(secret.encode(), incoming.body, "sha256")).decode()
-            for secret in self.settings.secrets
-        ]
+        expected = hmac_signatures(self.settings.secrets, incoming.body, "sha256", "base64")
         if not matches_any(given.strip(), expected):
             return Reject("bad_signature")
         delivery = incoming.headers.get("X-WC-Webhook-Delivery-ID")
@@ -217,10 +221,7 @@ class StandardWebhooks:
         if abs(now - sent_at) > self.settings.tolerance:
             return Reject("stale_timestamp", f"timestamp {sent_at} is outside the tolerance")
         signed = f"{webhook_id}.{timestamp}.".encode() + incoming.body
-        expected = [
-            base64.b64encode(hmac.digest(secret, signed, "sha256")).decode()
-            for secret in self.settings.secrets
-        ]
+        expected = hmac_signatures(self.settings.secrets, signed, "sha256", "base64")
         given = [
             candidate.partition(",")[2]
             for candidate in signatures.split()
@@ -248,13 +249,9 @@ class Hmac:
             if not given.startswith(settings.prefix):
                 return Reject("bad_signature", f"signature does not start with {settings.prefix}")
             given = given[len(settings.prefix) :]
-        expected = []
-        for secret in settings.secrets:
-            digest = hmac.digest(secret.encode(), incoming.body, settings.algorithm)
-            if settings.encoding == "hex":
-                expected.append(digest.hex())
-            else:
-                expected.append(base64.b64encode(digest).decode())
+        expected = hmac_signatures(
+            settings.secrets, incoming.body, settings.algorithm, settings.encoding
+        )
         given = given.strip()
         if settings.encoding == "hex":
             given = given.lower()
