@@ -344,7 +344,9 @@ class Scheduler:
             number = delivery.attempts + 1
             started_at = self._clock.now()
             began = time.perf_counter()
-            outcome = await self._send(target, _envelope(delivery, number), policy.timeout)
+            outcome = await self._send(
+                target, _envelope(delivery, number, started_at), policy.timeout
+            )
             duration = time.perf_counter() - began
             now = self._clock.now()
             decision, then = self._decide(policy, delivery, outcome, now)
@@ -432,7 +434,7 @@ def _max_attempts(policy: RetryPolicy, delivery: ClaimedDelivery) -> int:
     return before_cycle + 1 + (policy.retries if policy.retry_on_error else 0)
 
 
-def _envelope(delivery: ClaimedDelivery, number: int) -> Envelope:
+def _envelope(delivery: ClaimedDelivery, number: int, now: float) -> Envelope:
     return Envelope(
         event_id=delivery.event_id,
         delivery_id=delivery.id,
@@ -447,4 +449,5 @@ def _envelope(delivery: ClaimedDelivery, number: int) -> Envelope:
         headers=delivery.headers,
         content_type=delivery.content_type,
         body=delivery.body,
+        sent_at=now,
     )

@@ -65,6 +65,7 @@ def render(args: argparse.Namespace) -> int:
         headers=headers,
         content_type=content_type,
         body=body,
+        sent_at=time.time(),
     )
     failed = False
     for planned in plan_deliveries(route, incoming):

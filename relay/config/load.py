@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,6 +13,7 @@ from relay.config.model import (
     AdminConfig,
     AlertsConfig,
     Config,
+    HttpTarget,
     Listen,
     LogConfig,
     RetryPolicy,
@@ -107,6 +109,9 @@ def _credentials(admin: AdminConfig, targets: Mapping[str, TargetConfig]) -> set
             found.add(settings.bot_token)
         elif isinstance(settings, SmtpTarget) and settings.password:
             found.add(settings.password)
+        elif isinstance(settings, HttpTarget):
+            # The base64 part of "whsec_...": masked whether or not the prefix shows.
+            found |= {base64.b64encode(key).decode() for key in settings.sign}
     return found
 
 

@@ -121,6 +121,9 @@ class HttpTarget:
     format: HttpFormat = "raw"
     body: Template | None = None  # format = "json": must render valid JSON
     form: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
+    # Standard Webhooks signing keys (decoded from "whsec_<base64>"): one
+    # signature each, so a receiver rotating its secret accepts old or new.
+    sign: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -47,39 +47,41 @@ def parse_source(section: Section) -> SourceSettings:
     kind = section.choice("source", SOURCES, "generic")
     if kind == "generic":
         return GenericSource(
-            tokens=_secrets(section, "token", required=False),
+            tokens=secret_list(section, "token", required=False),
             token_header=section.string("token_header", "X-Relay-Token"),
             token_query=section.string("token_query", "token"),
         )
     if kind == "tilda":
         return TildaSource(
-            api_keys=_secrets(section, "api_key", required=False),
+            api_keys=secret_list(section, "api_key", required=False),
             api_key_header=section.string("api_key_header", "X-Tilda-Api-Key"),
             api_key_field=section.string("api_key_field", "api_key"),
         )
     if kind == "tbank":
-        return TbankSource(passwords=_secrets(section, "password"))
+        return TbankSource(passwords=secret_list(section, "password"))
     if kind == "woocommerce":
-        return WooCommerceSource(secrets=_secrets(section, "secret"))
+        return WooCommerceSource(secrets=secret_list(section, "secret"))
     if kind == "telegram":
-        return TelegramSource(secret_tokens=_secrets(section, "secret_token"))
+        return TelegramSource(secret_tokens=secret_list(section, "secret_token"))
     if kind == "cdek":
         return CdekSource()
     if kind == "standard-webhooks":
         return StandardWebhooksSource(
-            secrets=tuple(_whsec(section, value) for value in _secrets(section, "secret")),
+            secrets=tuple(
+                whsec(section, "secret", value) for value in secret_list(section, "secret")
+            ),
             tolerance=section.duration("tolerance", 300.0),
         )
     return HmacSource(
         header=section.string("header"),
-        secrets=_secrets(section, "secret"),
+        secrets=secret_list(section, "secret"),
         algorithm=section.choice("algorithm", ("sha1", "sha256", "sha512"), "sha256"),
         encoding=section.choice("encoding", ("hex", "base64"), "hex"),
         prefix=section.string("prefix", "", nonempty=False),
     )
 
 
-def _secrets(section: Section, name: str, *, required: bool = True) -> tuple[str, ...]:
+def secret_list(section: Section, name: str, *, required: bool = True) -> tuple[str, ...]:
     """One secret, or a list of them (old and new, while rotating)."""
     value = section.take(name) if required else section.take(name, None)
     if value is None:
@@ -95,13 +97,16 @@ def _secrets(section: Section, name: str, *, required: bool = True) -> tuple[str
     return tuple(values)
 
 
-def _whsec(section: Section, value: str) -> bytes:
+def whsec(section: Section, name: str, value: str) -> bytes:
+    """A Standard Webhooks secret: "whsec_" and the base64 of the key bytes."""
     try:
-        return base64.b64decode(value.removeprefix("whsec_"), validate=True)
+        key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
     except (binascii.Error, ValueError):
-        raise ConfigError(
-            section.key("secret"), 'expected a secret like "whsec_<base64>"'
-        ) from None
+        key = b""
+    if not key:
+        # Never print the value: it is a secret.
+        raise ConfigError(section.key(name), 'expected a secret like "whsec_<base64>"')
+    return key
 
 
 def parse_networks(section: Section, name: str) -> tuple[IPv4Network | IPv6Network, ...]:

@@ -21,6 +21,7 @@ from relay.config.model import (
 )
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section
+from relay.config.sources import secret_list, whsec
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
 HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
@@ -121,6 +122,9 @@ def _http(section: Section) -> HttpTarget:
         raise ConfigError(section.key("body"), 'is used only with format = "json"')
     if body_format != "form" and form:
         raise ConfigError(section.key("form"), 'is used only with format = "form"')
+    sign = tuple(
+        whsec(section, "sign", value) for value in secret_list(section, "sign", required=False)
+    )
     return HttpTarget(
         url=url,
         method=method,
@@ -128,6 +132,7 @@ def _http(section: Section) -> HttpTarget:
         format=body_format,
         body=body,
         form=MappingProxyType(form),
+        sign=sign,
     )
 
 

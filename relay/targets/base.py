@@ -34,6 +34,8 @@ class Envelope:
     headers: Sequence[tuple[str, str]]
     content_type: str | None
     body: bytes
+    # When this attempt starts (the scheduler's clock): what a signature is dated.
+    sent_at: float
 
 
 class Target(Protocol):

@@ -18,6 +18,7 @@ from relay import __version__
 from relay.config import HttpTarget as HttpSettings
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.secrets import Masker
+from relay.signing import signature_headers
 from relay.targets.base import Envelope, context, relay_headers, render_map, variables
 from relay.templates import TemplateError
 
@@ -90,6 +91,11 @@ class HttpTarget(SessionOwner):
             if envelope.content_type:
                 headers["Content-Type"] = envelope.content_type
         headers.update(relay_headers(envelope))
+        if settings.sign:
+            # Last: the signature covers the body exactly as it goes out.
+            headers.update(
+                signature_headers(settings.sign, envelope.delivery_id, envelope.sent_at, body)
+            )
         return Request(settings.method, settings.url, headers, body)
 
     def preview(self, envelope: Envelope) -> str:

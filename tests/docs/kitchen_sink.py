@@ -12,7 +12,11 @@ from relay.config.reader import Section
 from relay.config.sources import SOURCES
 
 TARGETS: dict[str, dict[str, Any]] = {
-    "http": {"type": "http", "url": "https://crm.example/x"},
+    "http": {
+        "type": "http",
+        "url": "https://crm.example/x",
+        "sign": "whsec_c2VjcmV0",
+    },
     "file": {"type": "file", "path": "out.jsonl"},
     "smtp": {
         "type": "smtp",
