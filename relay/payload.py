@@ -7,13 +7,13 @@ template reads, and only those are built. The raw body is never changed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from relay.multipart import parse_multipart
 
 
 def storable(text: str) -> str:
@@ -57,30 +57,6 @@ def parse_form(content_type: str | None, body: bytes) -> dict[str, str] | None:
     fields: dict[str, str] = {}
     for name, value in parse_qsl(text, keep_blank_values=True):
         fields.setdefault(name, value)
-    return fields
-
-
-def parse_multipart(content_type: str, body: bytes) -> dict[str, str] | None:
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
-    try:
-        message = BytesParser(policy=HTTP).parsebytes(head + body)
-        if not message.is_multipart():
-            return None
-        fields: dict[str, str] = {}
-        for part in message.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            if not isinstance(name, str) or part.get_filename():
-                continue
-            payload = part.get_payload(decode=True)
-            raw = payload if isinstance(payload, bytes) else b""
-            charset = part.get_content_charset() or "utf-8"
-            try:
-                text = raw.decode(charset, errors="replace")
-            except LookupError:  # a charset Python does not know
-                text = raw.decode("utf-8", errors="replace")
-            fields.setdefault(name, text)
-    except Exception:  # hostile or broken multipart: no fields rather than a crash
-        return None
     return fields
 
 
