@@ -19,6 +19,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from relay.clock import Clock
 from relay.config import Answer, Config, RouteConfig
+from relay.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.metrics import Metrics
 from relay.netaddr import Network, client_address, within
@@ -98,7 +99,16 @@ class Ingress:
         """
         # Webhooks are single requests: idle keep-alive connections are closed
         # after a minute rather than kept for an hour (aiohttp's default).
-        return web.Server(self.handle, access_log=None, keepalive_timeout=60, max_headers=100)
+        return web.Server(
+            self.handle,
+            access_log=None,
+            keepalive_timeout=60,
+            max_headers=100,
+            # Compressed bodies are inflated by relay itself, within the route's
+            # limit (relay/encoding.py): aiohttp's inflation had no bound and
+            # made Content-Length count the wrong bytes.
+            auto_decompress=False,
+        )
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         started = time.perf_counter()
@@ -135,12 +145,28 @@ class Ingress:
         if request.method != "POST":
             self._count(route.name, "method_not_allowed")
             return _error(405, "only POST is accepted here", headers={"Allow": "POST"})
+        coding = coding_of(request.headers.get("Content-Encoding"))
+        if coding is None:
+            self._count(route.name, "unsupported_encoding")
+            return _error(
+                415,
+                f"Content-Encoding must be one of {ACCEPT_ENCODING}, or none",
+                headers={"Accept-Encoding": ACCEPT_ENCODING},
+            )
         try:
             async with asyncio.timeout(settings.read_timeout):
                 body = await _read_body(request, route.max_body_size)
         except TimeoutError:
             self._count(route.name, "timeout")
             return _error(408, f"body not received within {settings.read_timeout:g}s")
+        if body is not None and coding:
+            try:
+                body = inflate(coding, body, route.max_body_size)
+            except BodyTooLarge:
+                body = None
+            except BadEncoding as error:
+                self._count(route.name, "bad_request")
+                return _error(400, f"body is not valid {coding}: {error}")
         if body is None:
             self._count(route.name, "too_large")
             return _error(413, f"body larger than {route.max_body_size} bytes")
