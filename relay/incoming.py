@@ -13,6 +13,7 @@ from typing import Any
 
 from multidict import CIMultiDictProxy
 
+from relay.canonical import payload_digest
 from relay.config import RouteConfig
 from relay.payload import (
     first_header,
@@ -56,6 +57,11 @@ class Incoming:
     @cached_property
     def form(self) -> dict[str, str] | None:
         return parse_form(self.content_type, self.body)
+
+    @property
+    def digest(self) -> bytes:
+        """The payload's digest (relay.canonical), reusing the JSON already parsed."""
+        return payload_digest(self.body, self.content_type, self.json)
 
     @cached_property
     def query_fields(self) -> dict[str, str]:

@@ -26,7 +26,7 @@ from relay.netaddr import Network, client_address, within
 from relay.payload import storable
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source, build_source
-from relay.store import NewEvent, Rejection, Store, StoreError
+from relay.store import Accepted, NewEvent, Rejection, Store, StoreError
 
 log = logging.getLogger("relay.ingress")
 
@@ -208,16 +208,27 @@ class Ingress:
             headers=incoming.raw_headers,
             content_type=storable(content_type) if content_type is not None else None,
             body=body,
+            digest=incoming.digest if key is not None else None,
         )
         deliveries = plan_deliveries(route, incoming)
         try:
-            accepted = await self._store.accept_event(event, deliveries, now)
+            accepted = await self._store.accept_event(
+                event, deliveries, now, refuse_conflict=route.key_conflict == "reject"
+            )
         except StoreError as error:
             log.error("route %s: event not stored, answering 503: %s", route.name, error)
             self._count(route.name, "unavailable")
             return _error(
                 503, "cannot store the event now", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
             )
+        if accepted.conflict_of is not None:
+            self._key_conflict(route, event, accepted)
+            if accepted.refused:
+                return _error(
+                    422,
+                    f"idempotency key {event.idempotency_key!r} was already used for event"
+                    f" {accepted.conflict_of} with a different payload",
+                )
         if not accepted.duplicate:
             self._on_accepted()
         status = "duplicate" if accepted.duplicate else "queued"
@@ -227,6 +238,21 @@ class Ingress:
             return _answer(answer)
         body = b'{"status":"%s","id":"%d"}' % (status.encode(), accepted.event_id)
         return web.Response(body=body, headers=JSON_HEADERS)
+
+    def _key_conflict(self, route: RouteConfig, event: NewEvent, accepted: Accepted) -> None:
+        self._metrics.key_conflicts.labels(route.name).inc()
+        if accepted.refused:
+            self._count(route.name, "key_conflict")
+            outcome = 'refused with 422 (key_conflict = "reject")'
+        else:
+            outcome = f"stored as event {accepted.event_id}, flagged as a key conflict"
+        log.warning(
+            "route %s: idempotency key %r already names event %d, whose payload differs: %s",
+            route.name,
+            event.idempotency_key,
+            accepted.conflict_of,
+            outcome,
+        )
 
     def _reject(
         self,

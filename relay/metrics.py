@@ -41,6 +41,13 @@ class Metrics:
         # Counted per request as plain integers, exported when scraped.
         self.ingress = IngressCounters()
         registry.register(_IngressCollector(self.ingress))
+        self.key_conflicts = Counter(
+            "relay_key_conflicts",
+            "Webhooks whose idempotency key was already held by an event with other"
+            " content: stored as new events (or refused with 422 where the route says so).",
+            ["route"],
+            registry=registry,
+        )
         self.rejected = Counter(
             "relay_rejected",
             "Webhooks refused by a route's verification, by reason.",
@@ -129,6 +136,7 @@ class _IngressCollector(Collector):
             "relay_events_received",
             "Webhooks received, by route and result (queued, duplicate, ping, rejected,"
             " too_large, timeout, not_found, method_not_allowed, unsupported_encoding, bad_request,"
+            " key_conflict,"
             " unavailable).",
             labels=["route", "result"],
         )

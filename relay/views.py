@@ -42,6 +42,9 @@ def event_summary(event: EventView, masker: Masker) -> dict[str, Any]:
         "id": str(event.id),
         "route": event.route,
         "idempotency_key": masker.optional(event.idempotency_key),
+        # Set when the key already named that event and this payload differs:
+        # a different notification under a reused key, kept, not dropped.
+        "key_conflict_of": str(event.conflict_of) if event.conflict_of is not None else None,
         "received_at": iso(event.received_at),
         "status": event.status.value,
         "deliveries": [delivery_summary(d, masker) for d in event.deliveries],

@@ -122,7 +122,7 @@ def _events_text(events: list[dict[str, Any]]) -> str:
             event["received_at"],
             event["route"],
             event["status"],
-            event["idempotency_key"] or "-",
+            _key_text(event),
             " ".join(f"{d['target']}:{d['status']}({d['attempts']})" for d in event["deliveries"]),
         ]
         for event in events
@@ -130,11 +130,17 @@ def _events_text(events: list[dict[str, Any]]) -> str:
     return table(rows, ["ID", "RECEIVED", "ROUTE", "STATUS", "KEY", "DELIVERIES"])
 
 
+def _key_text(event: dict[str, Any]) -> str:
+    key = event["idempotency_key"] or "-"
+    conflict = event.get("key_conflict_of")
+    return f"{key} (KEY CONFLICT: differs from event {conflict})" if conflict else key
+
+
 def _event_text(event: dict[str, Any]) -> str:
     lines = [
         f"event {event['id']}  route {event['route']}  {event['status']}",
         f"received {event['received_at']} from {event['remote_addr'] or '-'}",
-        f"idempotency key: {event['idempotency_key'] or '-'}",
+        f"idempotency key: {_key_text(event)}",
         f"{event['method']} {event['path']}{'?' + event['query'] if event['query'] else ''}",
     ]
     lines += [f"  {name}: {value}" for name, value in event["headers"]]

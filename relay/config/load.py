@@ -230,6 +230,9 @@ def _route(
         source=source,
         allow_ips=parse_networks(section, "allow_ips"),
         response=parse_answer(section, "response"),
+        key_conflict="reject"
+        if section.choice("key_conflict", ("store", "reject"), "store") == "reject"
+        else "store",
     )
     section.done()
     return route

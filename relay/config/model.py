@@ -291,6 +291,9 @@ class RouteConfig:
     source: SourceSettings = GenericSource()
     allow_ips: tuple[IPv4Network | IPv6Network, ...] = ()
     response: Answer | None = None  # overrides the source's own answer
+    # A stored key arriving with other content: "store" it as a new event
+    # flagged as a key conflict, or "reject" it with 422.
+    key_conflict: Literal["store", "reject"] = "store"
 
     def policy_for(self, target: str) -> RetryPolicy | None:
         for route_target in self.targets:

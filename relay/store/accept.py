@@ -18,10 +18,30 @@ from typing import Any
 
 import orjson
 
+from relay.canonical import payload_digest
 from relay.store.base import Accepted, NewDelivery, NewEvent, Status
 
 # SQLite's limit on bound variables is 32766; keep lookups well under it.
 _LOOKUP_CHUNK = 500
+
+
+@dataclass
+class _Holder:
+    """A stored event (or one earlier in this batch) that holds a key."""
+
+    event_id: int
+    variant: int
+    _digest: bytes | None
+    # Only for rows stored before digests were kept: the digest is worked out
+    # from them once, when a key they hold comes again.
+    _body: bytes = b""
+    _content_type: str | None = None
+
+    @property
+    def digest(self) -> bytes:
+        if self._digest is None:
+            self._digest = payload_digest(self._body, self._content_type)
+        return self._digest
 
 
 @dataclass(frozen=True)
@@ -29,6 +49,7 @@ class AcceptJob:
     event: NewEvent
     deliveries: Sequence[NewDelivery]
     now: float
+    refuse_conflict: bool = False
 
     def __call__(self, connection: sqlite3.Connection) -> Accepted:
         return self.run_many(connection, [self])[0]
@@ -51,7 +72,7 @@ class AcceptJob:
     def _insert(
         connection: sqlite3.Connection,
         jobs: Sequence[AcceptJob],
-        stored: dict[tuple[str, str | None], int],
+        stored: dict[tuple[str, str], list[_Holder]],
     ) -> list[Accepted]:
         next_event = _next_id(connection, "events")
         next_delivery = _next_id(connection, "deliveries")
@@ -60,14 +81,34 @@ class AcceptJob:
         delivery_rows = []
         for job in jobs:
             event = job.event
-            identity = (event.route, event.idempotency_key)
-            if event.idempotency_key is not None and identity in stored:
-                results.append(Accepted(stored[identity], duplicate=True))
-                continue
+            variant = 0
+            conflict_of = None
+            holders = None
+            if event.idempotency_key is not None:
+                holders = stored.setdefault((event.route, event.idempotency_key), [])
+            if holders:
+                digest = _digest_of(event)
+                same = next((h for h in holders if h.digest == digest), None)
+                if same is not None:
+                    results.append(Accepted(same.event_id, duplicate=True))
+                    continue
+                first = holders[0].event_id
+                if job.refuse_conflict:
+                    results.append(
+                        Accepted(first, duplicate=False, conflict_of=first, refused=True)
+                    )
+                    continue
+                # Same key, other content: a different notification. Stored as
+                # the key's next variant, never answered "duplicate".
+                variant = max(h.variant for h in holders) + 1
+                conflict_of = first
             event_id = next_event
             next_event += 1
-            if event.idempotency_key is not None:
-                stored[identity] = event_id  # a second copy in this same batch
+            if holders is not None:
+                # A second copy in this same batch compares against this one.
+                holders.append(
+                    _Holder(event_id, variant, event.digest, event.body, event.content_type)
+                )
             event_rows.append(
                 (
                     event_id,
@@ -81,6 +122,9 @@ class AcceptJob:
                     orjson.dumps(event.headers),
                     event.content_type,
                     event.body,
+                    event.digest,
+                    variant,
+                    conflict_of,
                 )
             )
             for delivery in job.deliveries:
@@ -98,15 +142,21 @@ class AcceptJob:
                     )
                 )
                 next_delivery += 1
-            results.append(Accepted(event_id, duplicate=False))
+            results.append(Accepted(event_id, duplicate=False, conflict_of=conflict_of))
         _insert_rows(connection, _EVENTS, event_rows)
         _insert_rows(connection, _DELIVERIES, delivery_rows)
         return results
 
 
+def _digest_of(event: NewEvent) -> bytes:
+    if event.digest is not None:
+        return event.digest
+    return payload_digest(event.body, event.content_type)
+
+
 _EVENTS = (
     "INSERT INTO events (id, route, idempotency_key, received_at, remote_addr, method,"
-    " path, query, headers, content_type, body) VALUES "
+    " path, query, headers, content_type, body, digest, key_variant, conflict_of) VALUES "
 )
 _DELIVERIES = (
     "INSERT INTO deliveries (id, event_id, route, target, status, next_attempt_at,"
@@ -148,15 +198,20 @@ def _next_id(connection: sqlite3.Connection, table: str) -> int:
 
 def _stored_keys(
     connection: sqlite3.Connection, jobs: Sequence[AcceptJob]
-) -> dict[tuple[str, str | None], int]:
+) -> dict[tuple[str, str], list[_Holder]]:
+    """Every stored event holding one of these keys, by (route, key), first holder first."""
     keys = sorted({job.event.idempotency_key for job in jobs if job.event.idempotency_key})
-    found: dict[tuple[str, str | None], int] = {}
+    found: dict[tuple[str, str], list[_Holder]] = {}
     for start in range(0, len(keys), _LOOKUP_CHUNK):
         chunk = keys[start : start + _LOOKUP_CHUNK]
         marks = ",".join("?" * len(chunk))
-        for key, route, event_id in connection.execute(
-            f"SELECT idempotency_key, route, id FROM events WHERE idempotency_key IN ({marks})",
+        # The body is read only for rows older than digests (digest IS NULL).
+        for key, route, event_id, variant, digest, body, content_type in connection.execute(
+            "SELECT idempotency_key, route, id, key_variant, digest,"
+            " CASE WHEN digest IS NULL THEN body END, content_type"
+            f" FROM events WHERE idempotency_key IN ({marks}) ORDER BY key_variant",
             chunk,
         ):
-            found[(route, key)] = event_id
+            holder = _Holder(event_id, variant, digest, bytes(body or b""), content_type)
+            found.setdefault((route, key), []).append(holder)
     return found

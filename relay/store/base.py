@@ -60,6 +60,10 @@ class NewEvent:
     headers: Sequence[Header]
     content_type: str | None
     body: bytes
+    # The digest of the payload's canonical form (relay.canonical): compared
+    # when the key is already stored, to tell a re-send from other content.
+    # None: compare by the raw body.
+    digest: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,19 @@ class NewDelivery:
 
 @dataclass(frozen=True)
 class Accepted:
+    """What became of an event handed to the store.
+
+    stored, new key            Accepted(id, duplicate=False)
+    a re-send (same content)   Accepted(stored id, duplicate=True)
+    key held, other content    Accepted(new id, duplicate=False, conflict_of=stored id)
+    ... on a rejecting route   Accepted(stored id, duplicate=False, conflict_of=stored id,
+                                        refused=True): nothing stored
+    """
+
     event_id: int
     duplicate: bool
+    conflict_of: int | None = None
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,9 @@ class EventView:
     received_at: float
     remote_addr: str | None
     deliveries: tuple[DeliveryView, ...]
+    # The event that already held this key when this one, with other content,
+    # arrived: a key conflict, stored rather than dropped as a duplicate.
+    conflict_of: int | None = None
 
     @property
     def status(self) -> Status:
@@ -289,12 +307,20 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
     async def accept_event(
-        self, event: NewEvent, deliveries: Sequence[NewDelivery], now: float
+        self,
+        event: NewEvent,
+        deliveries: Sequence[NewDelivery],
+        now: float,
+        *,
+        refuse_conflict: bool = False,
     ) -> Accepted:
         """Store an event and its deliveries in one durable transaction.
 
-        Returns the existing event, marked duplicate, when its route already
-        holds the idempotency key. Raises StoreUnavailable if it cannot commit.
+        When its route already holds the idempotency key: an event with the
+        same digest is a re-send, answered with the stored one marked
+        duplicate; one with another digest is stored as a new event flagged
+        `conflict_of` the first (or, with `refuse_conflict`, not stored and
+        marked refused). Raises StoreUnavailable if it cannot commit.
         """
         ...
 

@@ -158,6 +158,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             ),
         ],
     ),
+    (
+        6,
+        "key conflicts: a payload digest per event; one key may name several different payloads",
+        [
+            # A key that arrives again with other content is a new event, not
+            # a duplicate: it is stored with the next variant of its key and
+            # points at the event that held the key first.
+            "ALTER TABLE events ADD COLUMN digest BLOB",
+            "ALTER TABLE events ADD COLUMN key_variant INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE events ADD COLUMN conflict_of INTEGER",
+            "DROP INDEX events_key",
+            # Key first still: the same index answers "search by idempotency key".
+            """
+            CREATE UNIQUE INDEX events_key ON events (idempotency_key, route, key_variant)
+            WHERE idempotency_key IS NOT NULL
+            """,
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

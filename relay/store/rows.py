@@ -20,7 +20,7 @@ from relay.store.base import (
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
-    " content_type, body"
+    " content_type, body, conflict_of"
 )
 DELIVERY_COLUMNS = (
     "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"

@@ -177,9 +177,14 @@ class SqliteStore:
     # Ingress
 
     async def accept_event(
-        self, event: NewEvent, deliveries: Sequence[NewDelivery], now: float
+        self,
+        event: NewEvent,
+        deliveries: Sequence[NewDelivery],
+        now: float,
+        *,
+        refuse_conflict: bool = False,
     ) -> Accepted:
-        job = AcceptJob(event, deliveries, now)
+        job = AcceptJob(event, deliveries, now, refuse_conflict)
         result: Accepted = await self._write(job, queue_timeout=self._write_queue_timeout)
         return result
 
@@ -343,7 +348,7 @@ class SqliteStore:
                 conditions.append("d.target = ?")
                 params.append(query.target)
             where.append(f"EXISTS (SELECT 1 FROM deliveries d WHERE {' AND '.join(conditions)})")
-        sql = "SELECT id, route, idempotency_key, received_at, remote_addr FROM events"
+        sql = "SELECT id, route, idempotency_key, received_at, remote_addr, conflict_of FROM events"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
@@ -359,6 +364,7 @@ class SqliteStore:
                 received_at=row[3],
                 remote_addr=row[4],
                 deliveries=tuple(deliveries.get(row[0], ())),
+                conflict_of=row[5],
             )
             for row in rows
         ]
@@ -415,6 +421,7 @@ class SqliteStore:
                 received_at=row[3],
                 remote_addr=row[4],
                 deliveries=deliveries,
+                conflict_of=row[11],
             ),
             method=row[5],
             path=row[6],

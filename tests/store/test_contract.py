@@ -90,6 +90,87 @@ async def test_duplicates_inside_one_group_commit(store: SqliteStore) -> None:
     assert len({r.event_id for r in results}) == 1
 
 
+async def test_same_key_with_other_content_is_a_new_event_flagged_as_a_conflict(
+    store: SqliteStore,
+) -> None:
+    first = await store.accept_event(event("k1", body=b'{"order": 1}'), TWO, T0)
+    other = await store.accept_event(event("k1", body=b'{"order": 2}'), TWO, T0 + 1)
+    assert not other.duplicate
+    assert other.event_id != first.event_id
+    assert other.conflict_of == first.event_id
+    # A re-send of either one is a duplicate of that one, not a third event.
+    again_first = await store.accept_event(event("k1", body=b'{"order": 1}'), TWO, T0 + 2)
+    again_other = await store.accept_event(event("k1", body=b'{"order": 2}'), TWO, T0 + 3)
+    assert (again_first.duplicate, again_first.event_id) == (True, first.event_id)
+    assert (again_other.duplicate, again_other.event_id) == (True, other.event_id)
+    third = await store.accept_event(event("k1", body=b'{"order": 3}'), TWO, T0 + 4)
+    assert third.conflict_of == first.event_id
+    listed = {e.id: e.conflict_of for e in await store.list_events(EventQuery(key="k1"))}
+    assert listed == {
+        first.event_id: None,
+        other.event_id: first.event_id,
+        third.event_id: first.event_id,
+    }
+    detail = await store.get_event(other.event_id)
+    assert detail is not None
+    assert detail.event.conflict_of == first.event_id
+    assert detail.body == b'{"order": 2}'
+    assert len(detail.event.deliveries) == 2
+
+
+async def test_canonically_equal_payloads_are_duplicates(store: SqliteStore) -> None:
+    first = await store.accept_event(event("k", body=b'{"a": 1, "b": [1, 2]}'), TWO, T0)
+    again = await store.accept_event(event("k", body=b'{ "b":[1,2],\n"a":1 }'), TWO, T0)
+    assert again.duplicate
+    assert again.event_id == first.event_id
+
+
+async def test_a_refused_conflict_stores_nothing(store: SqliteStore) -> None:
+    first = await store.accept_event(event("k", body=b"one"), TWO, T0)
+    refused = await store.accept_event(event("k", body=b"two"), TWO, T0, refuse_conflict=True)
+    assert refused.refused
+    assert not refused.duplicate
+    assert refused.conflict_of == first.event_id
+    assert len(await store.list_events(EventQuery())) == 1
+    resend = await store.accept_event(event("k", body=b"one"), TWO, T0, refuse_conflict=True)
+    assert resend.duplicate
+    assert not resend.refused
+
+
+async def test_conflicts_inside_one_group_commit(store: SqliteStore) -> None:
+    bodies = [b"a", b"b", b"a", b"c", b"b"] * 4
+    results = await asyncio.gather(
+        *(store.accept_event(event("same", body=body), TWO, T0) for body in bodies)
+    )
+    stored = {r.event_id for r in results if not r.duplicate}
+    assert len(stored) == 3  # one event per different payload
+    by_body: dict[bytes, set[int]] = {}
+    for body, result in zip(bodies, results, strict=True):
+        by_body.setdefault(body, set()).add(result.event_id)
+    assert all(len(ids) == 1 for ids in by_body.values())
+    assert sum(r.conflict_of is not None for r in results) == 2
+
+
+async def test_rows_stored_before_digests_are_compared_by_their_body(tmp_path: Path) -> None:
+    path = tmp_path / "relay.db"
+    store = SqliteStore(path)
+    await store.open()
+    first = await store.accept_event(event("k", body=b'{"x": 1}'), TWO, T0)
+    await store.close()
+    with sqlite3.connect(path) as db:  # as a row written by relay before migration 6
+        db.execute("UPDATE events SET digest = NULL")
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        again = await store.accept_event(event("k", body=b'{"x":1}'), TWO, T0)
+        other = await store.accept_event(event("k", body=b'{"x": 2}'), TWO, T0)
+    finally:
+        await store.close()
+    assert again.duplicate
+    assert again.event_id == first.event_id
+    assert other.conflict_of == first.event_id
+
+
 async def test_concurrent_accepts_share_commits(store: SqliteStore) -> None:
     before = store.write_stats
     await asyncio.gather(*(store.accept_event(event(f"k{i}"), TWO, T0) for i in range(200)))

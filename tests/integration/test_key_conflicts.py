@@ -1,0 +1,139 @@
+"""A key is not a payload: a stored key with other content is kept, flagged, counted.
+
+Over real HTTP, against a real SQLite file: the sender posts, the admin API,
+the CLI and the metrics report what relay did.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from relay.app import Relay
+from relay.store import EventQuery
+
+from conftest import ConfigFactory, RelayFactory
+from helpers import arelay_cli, arelay_json, write_config
+
+TOKEN = "admin-token-0123456789"
+TARGETS = {"audit": {"type": "file", "path": "out.jsonl"}}
+
+
+def routes(**route: object) -> dict[str, object]:
+    return {"orders": {"path": "/hooks/orders", "targets": ["audit"], **route}}
+
+
+async def post(
+    http: aiohttp.ClientSession, relay: Relay, body: bytes, key: str = "order-1", **headers: str
+) -> tuple[int, Any]:
+    async with http.post(
+        relay.ingress_url + "/hooks/orders",
+        data=body,
+        headers={"Idempotency-Key": key, "Content-Type": "application/json", **headers},
+    ) as response:
+        return response.status, await response.json()
+
+
+async def conflicts_counted(http: aiohttp.ClientSession, relay: Relay) -> float:
+    async with http.get(relay.admin_url + "/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith('relay_key_conflicts_total{route="orders"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_other_content_under_a_stored_key_is_stored_and_flagged(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay = await start_relay(
+        make_config(TARGETS, routes(), admin={"token": TOKEN}), background=False
+    )
+    status, first = await post(http, relay, b'{"order": 1, "total": 100}')
+    assert (status, first["status"]) == (200, "queued")
+    # Same notification, formatted differently: still a duplicate.
+    status, again = await post(http, relay, b'{ "total":100 ,"order":1 }')
+    assert (status, again) == (200, {"status": "duplicate", "id": first["id"]})
+    with caplog.at_level(logging.WARNING, logger="relay.ingress"):
+        status, other = await post(http, relay, b'{"order": 2, "total": 250}')
+    assert (status, other["status"]) == (200, "queued")
+    assert other["id"] != first["id"]
+    assert f"already names event {first['id']}" in caplog.text
+    # A re-send of the second order is a duplicate of the second order.
+    status, other_again = await post(http, relay, b'{"order": 2, "total": 250}')
+    assert other_again == {"status": "duplicate", "id": other["id"]}
+
+    events = await relay.store.list_events(EventQuery())
+    assert {e.id: e.conflict_of for e in events} == {
+        int(first["id"]): None,
+        int(other["id"]): int(first["id"]),
+    }
+    assert await conflicts_counted(http, relay) == 1
+    async with http.get(
+        relay.admin_url + f"/api/v1/events/{other['id']}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ) as response:
+        shown = await response.json()
+    assert shown["key_conflict_of"] == first["id"]
+    assert shown["body"] == '{"order": 2, "total": 250}'
+
+
+async def test_a_rejecting_route_answers_422_and_stores_nothing(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes(key_conflict="reject")), background=False)
+    status, first = await post(http, relay, b'{"order": 1}')
+    assert status == 200
+    status, refused = await post(http, relay, b'{"order": 2}')
+    assert status == 422
+    assert f"already used for event {first['id']}" in refused["error"]
+    status, again = await post(http, relay, b'{"order":1}')
+    assert (status, again["status"]) == (200, "duplicate")
+    assert len(await relay.store.list_events(EventQuery())) == 1
+    assert await conflicts_counted(http, relay) == 1
+
+
+async def test_form_fields_in_other_encoding_are_the_same_payload(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    _, first = await post(http, relay, b"Name=Anna+Li&Phone=%2B7999", **form)
+    _, again = await post(http, relay, b"Name=Anna%20Li&Phone=%2B7999", **form)
+    assert again == {"status": "duplicate", "id": first["id"]}
+    # Field order is content for a form: a different order is another payload.
+    _status, swapped = await post(http, relay, b"Phone=%2B7999&Name=Anna+Li", **form)
+    assert swapped["status"] == "queued"
+
+
+async def test_cli_lists_and_shows_the_conflict(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+) -> None:
+    config_data = {
+        "server": {"listen": "127.0.0.1:0"},
+        "storage": {"path": str(tmp_path / "relay.db")},
+        "targets": TARGETS,
+        "routes": routes(),
+    }
+    path = write_config(tmp_path / "relay.toml", config_data)
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
+    await post(http, relay, b'{"order": 1}')
+    _, other = await post(http, relay, b'{"order": 2}')
+    await relay.stop()
+    listed = await arelay_json("events", "--config", str(path))
+    by_id = {event["id"]: event for event in listed}
+    assert by_id[other["id"]]["key_conflict_of"] is not None
+    shown = (await arelay_cli("show", other["id"], "--config", str(path))).stdout
+    assert "KEY CONFLICT: differs from event" in shown
+    table = (await arelay_cli("events", "--config", str(path))).stdout
+    assert "KEY CONFLICT" in table
