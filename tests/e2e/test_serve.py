@@ -64,7 +64,7 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
                     assert response.status == 200
                     ids[name] = (await response.json())["id"]
             async with http.post(
-                f"{relay.url}/hooks/fan", json={"again": 1}, headers={"Idempotency-Key": "key-fan"}
+                f"{relay.url}/hooks/fan", json={"route": "fan"}, headers={"Idempotency-Key": "key-fan"}
             ) as response:
                 assert await response.json() == {"status": "duplicate", "id": ids["fan"]}
             async with http.post(f"{relay.url}/hooks/fan", data=b"x" * 5000) as response:
@@ -98,6 +98,7 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
             "id",
             "route",
             "idempotency_key",
+            "key_conflict_of",
             "received_at",
             "status",
             "deliveries",
