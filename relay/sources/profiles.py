@@ -63,7 +63,12 @@ class Generic:
 
 
 class Tilda:
-    """Tilda forms: urlencoded fields; `test=test` when the webhook is connected."""
+    """Tilda forms: urlencoded fields, or a JSON object when the webhook is set to
+    send JSON; `test=test` (or {"test": "test"}) when the webhook is connected.
+
+    Tilda waits 5 s for an answer, then retries twice a minute apart with the
+    same `tranid`: that is the key.
+    """
 
     answer: Answer | None = text_answer("ok")
 
@@ -78,18 +83,28 @@ class Tilda:
             header_key = incoming.headers.get(settings.api_key_header)
             if header_key is not None and not matches_any(header_key, settings.api_keys):
                 return Reject("bad_api_key")
-        form = incoming.form or {}
-        if form.get("test") == "test":
+        fields = _tilda_fields(incoming)
+        if fields.get("test") == "test":
             return Ping(text_answer("ok"))
         if settings.api_keys:
-            given = incoming.headers.get(settings.api_key_header) or form.get(
+            given = incoming.headers.get(settings.api_key_header) or fields.get(
                 settings.api_key_field
             )
-            if not given:
+            if not given or not isinstance(given, str):
                 return Reject("missing_api_key")
             if not matches_any(given, settings.api_keys):
                 return Reject("bad_api_key")
-        return Accept(form.get("tranid") or None)
+        tranid = fields.get("tranid")
+        return Accept(str(tranid) if tranid not in (None, "") else None)
+
+
+def _tilda_fields(incoming: Incoming) -> dict[str, Any]:
+    """The lead's fields: the form, or the JSON object Tilda sends instead."""
+    form = incoming.form
+    if form is not None:
+        return dict(form)
+    data = incoming.json
+    return data if isinstance(data, dict) else {}
 
 
 class Tbank:
@@ -110,7 +125,11 @@ class Tbank:
         expected = [tbank_token(data, password) for password in self.settings.passwords]
         if not matches_any(given.lower(), expected):
             return Reject("bad_signature")
-        return Accept(joined_key(data.get("PaymentId"), data.get("Status")))
+        # T-Bank re-sends a notification until it gets OK, with the same fields
+        # and so the same Token; any other notification (a second partial
+        # refund of one payment: same PaymentId and Status, another Amount)
+        # has another Token. PaymentId and Status are there to be read.
+        return Accept(joined_key(data.get("PaymentId"), data.get("Status"), given.lower()))
 
 
 def tbank_token(data: dict[str, Any], password: str) -> str:
@@ -155,17 +174,30 @@ class WooCommerce:
         expected = hmac_signatures(self.settings.secrets, incoming.body, "sha256", "base64")
         if not matches_any(given.strip(), expected):
             return Reject("bad_signature")
-        delivery = incoming.headers.get("X-WC-Webhook-Delivery-ID")
-        if delivery:
-            return Accept(delivery)
-        data = incoming.json
-        return Accept(
-            joined_key(
-                incoming.headers.get("X-WC-Webhook-Topic"),
-                _field(data, "id"),
-                _field(data, "date_modified_gmt") or _field(data, "date_modified"),
-            )
-        )
+        return Accept(woocommerce_key(incoming))
+
+
+def woocommerce_key(incoming: Incoming) -> str:
+    """What names one WooCommerce notification: webhook, topic, resource id and
+    its modification time.
+
+    Not X-WC-Webhook-Delivery-ID: WooCommerce computes it as
+    wp_hash(webhook_id . strtotime('now')) (WC_Webhook::get_new_delivery_id),
+    the same for every delivery of one webhook within a second, so two orders
+    saved in one second (a bulk edit, a queue flush) would share it. A payload
+    without an id or a modification time (`action.*` topics, a deleted
+    resource's {"id": N}) is named by its canonical content instead. An update
+    that changes an order without moving date_modified keeps the key but not
+    the content: the key-conflict rule then stores it as its own event.
+    """
+    data = incoming.json
+    topic = incoming.headers.get("X-WC-Webhook-Topic", "")
+    webhook = incoming.headers.get("X-WC-Webhook-ID", "")
+    resource = _field(data, "id")
+    modified = _field(data, "date_modified_gmt") or _field(data, "date_modified")
+    if resource is not None and modified:
+        return f"wc:{webhook}:{topic}:{resource}:{modified}"
+    return f"wc:{webhook}:{topic}:body:{incoming.digest.hex()}"
 
 
 class Telegram:
@@ -196,12 +228,12 @@ class Cdek:
 
     def check(self, incoming: Incoming, now: float) -> Check:
         data = incoming.json
+        # Older payloads carry the status as attributes.status_code instead.
+        code = _field(data, "attributes", "code")
+        if code is None or code == "":
+            code = _field(data, "attributes", "status_code")
         return Accept(
-            joined_key(
-                _field(data, "uuid"),
-                _field(data, "attributes", "code"),
-                _field(data, "attributes", "status_date_time"),
-            )
+            joined_key(_field(data, "uuid"), code, _field(data, "attributes", "status_date_time"))
         )
 
 
