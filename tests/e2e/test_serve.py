@@ -64,7 +64,9 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
                     assert response.status == 200
                     ids[name] = (await response.json())["id"]
             async with http.post(
-                f"{relay.url}/hooks/fan", json={"route": "fan"}, headers={"Idempotency-Key": "key-fan"}
+                f"{relay.url}/hooks/fan",
+                json={"route": "fan"},
+                headers={"Idempotency-Key": "key-fan"},
             ) as response:
                 assert await response.json() == {"status": "duplicate", "id": ids["fan"]}
             async with http.post(f"{relay.url}/hooks/fan", data=b"x" * 5000) as response:
