@@ -23,6 +23,7 @@ from relay.outcome import Verdict
 from relay.retry import Next
 from relay.scheduler import AttemptReport
 from relay.store import NewDelivery, NewEvent, Store, StoreError
+from relay.units import format_duration
 
 log = logging.getLogger("relay.alerts")
 
@@ -37,9 +38,12 @@ class _Window:
     dead_count: int = 0
     failing: dict[str, dict[str, Any]] = field(default_factory=dict)
     recovered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # hold_when_down targets that went down (deliveries held) or came back up.
+    down: dict[str, dict[str, Any]] = field(default_factory=dict)
+    up: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.dead_count or self.failing or self.recovered)
+        return bool(self.dead_count or self.failing or self.recovered or self.down or self.up)
 
 
 class Alerter:
@@ -85,6 +89,7 @@ class Alerter:
                     }
                 )
         if delivery.target != target:
+            self._down_or_up(report)
             threshold = self.config.failing_after
             streak = report.streak
             if report.outcome.verdict is not Verdict.SUCCESS and streak.after == threshold:
@@ -102,6 +107,25 @@ class Alerter:
                 window.failing.pop(delivery.target, None)
         if self._window:
             self._flush_soon.set()
+
+    def _down_or_up(self, report: AttemptReport) -> None:
+        window = self._window
+        name = report.delivery.target
+        streak = report.streak
+        if streak.went_down:
+            window.down[name] = {
+                "target": name,
+                "failures": streak.after,
+                "error": report.outcome.error,
+            }
+            window.up.pop(name, None)
+        elif streak.came_up:
+            window.up[name] = {
+                "target": name,
+                "waited": streak.waited,
+                "down_seconds": round(streak.down_for, 3),
+            }
+            window.down.pop(name, None)
 
     async def run(self) -> None:
         """Flush at most once per group window, while there is something to say."""
@@ -176,6 +200,20 @@ def alert_body(window: _Window) -> dict[str, Any]:
             f"recovered: target {item['target']} delivered again"
             f" after {item['failures_before']} failures"
         )
+    for item in window.down.values():
+        parts.append(f"target {item['target']} is down")
+        lines.append(
+            f"down: target {item['target']} failed {item['failures']} attempts in a row"
+            f" (last error: {item['error']}); its deliveries wait, spending no retries,"
+            " while relay probes it"
+        )
+    for item in window.up.values():
+        parts.append(f"target {item['target']} is up")
+        lines.append(
+            f"up: target {item['target']} answered again after"
+            f" {format_duration(item['down_seconds'])} down;"
+            f" {item['waited']} waiting deliveries now flow, oldest first"
+        )
     summary = "relay: " + "; ".join(parts)
     return {
         "type": "relay.alert",
@@ -185,4 +223,6 @@ def alert_body(window: _Window) -> dict[str, Any]:
         "dead": window.dead,
         "failing": list(window.failing.values()),
         "recovered": list(window.recovered.values()),
+        "down": list(window.down.values()),
+        "up": list(window.up.values()),
     }

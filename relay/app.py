@@ -126,6 +126,8 @@ class Relay:
             ("dead", body["dead_count"]),
             ("failing", body["failing"]),
             ("recovered", body["recovered"]),
+            ("down", body["down"]),
+            ("up", body["up"]),
         ):
             if present:
                 self.metrics.alerts.labels(kind).inc()

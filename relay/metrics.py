@@ -193,9 +193,16 @@ class _StoreCollector(Collector):
             "Failed attempts in a row, by target.",
             labels=["target"],
         )
+        down = GaugeMetricFamily(
+            "relay_target_down",
+            "1 when a hold_when_down target is down: its deliveries wait while it is probed.",
+            labels=["target"],
+        )
         for target in snapshot.configured:
             paused.add_metric([target], 1.0 if target in snapshot.paused else 0.0)
             state = snapshot.targets.get(target)
             failures.add_metric([target], state.consecutive_failures if state else 0)
+            down.add_metric([target], 1.0 if state is not None and state.down else 0.0)
         yield paused
         yield failures
+        yield down

@@ -19,19 +19,22 @@ from relay.clock import Clock
 from relay.config import Config, RetryPolicy
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
 from relay.ratelimit import Pacer
-from relay.retry import Decision, Next, decide
+from relay.retry import Decision, Next, decide, delay_before_retry
 from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
     ClaimedDelivery,
     Dead,
     Delivered,
+    DownState,
     FailureStreak,
+    Hold,
     RetryAt,
     Status,
     Store,
     StoreError,
     Transition,
+    Waits,
 )
 from relay.targets import Envelope, Target
 
@@ -130,6 +133,7 @@ class Scheduler:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._task_targets: dict[asyncio.Task[None], Target] = {}
         self._paused: frozenset[str] = frozenset()
+        self._down: dict[str, DownState] = {}
         self._paused_read_at: float | None = None
         self._running = False
         self.last_tick: float | None = None
@@ -149,6 +153,16 @@ class Scheduler:
     @property
     def paused(self) -> frozenset[str]:
         return self._paused
+
+    @property
+    def down(self) -> Mapping[str, DownState]:
+        """hold_when_down targets that are down now (as last read or learnt)."""
+        targets = self._state.config.targets
+        return {
+            name: state
+            for name, state in self._down.items()
+            if name in targets and targets[name].hold_when_down
+        }
 
     @property
     def in_flight(self) -> int:
@@ -278,29 +292,45 @@ class Scheduler:
         last = self._paused_read_at
         if last is None or now - last >= self._poll_interval or now < last:
             self._paused = await self._store.paused_targets()
+            # Down state lives there too: a restart, or another process, sees it.
+            self._down = await self._store.down_targets()
             self._paused_read_at = now
 
     def _eligible(self) -> dict[str, _Lane]:
-        """Targets that may send now but for their pace: configured, unpaused, with room."""
+        """Targets that may send now but for their pace: configured, unpaused, with
+        room; a down target only when nothing of it is in flight (its one probe)."""
         state = self._state
+        down = self.down
         return {
             name: lane
             for name, lane in state.lanes.items()
-            if name in state.targets and lane.free > 0 and name not in self._paused
+            if name in state.targets
+            and lane.free > 0
+            and name not in self._paused
+            and (name not in down or lane.in_flight == 0)
         }
 
     def _claimable(self, now: float) -> dict[str, int]:
-        limits = {
-            name: min(lane.allowed(now), self._batch_size)
-            for name, lane in self._eligible().items()
-        }
+        down = self.down
+        limits = {}
+        for name, lane in self._eligible().items():
+            if name in down:
+                # One probe, when its time has come: the oldest due delivery.
+                limits[name] = min(lane.allowed(now), 1) if now >= down[name].probe_at else 0
+            else:
+                limits[name] = min(lane.allowed(now), self._batch_size)
         return {name: limit for name, limit in limits.items() if limit > 0}
 
     async def _next_wake(self, now: float) -> float | None:
-        """When something can next be sent: its due time, or later if its pace says so."""
+        """When something can next be sent: its due time, or later if its pace
+        (or, for a down target, its next probe) says so."""
         lanes = self._eligible()
+        down = self.down
         due = await self._store.next_due(list(lanes))
-        times = [max(at, lanes[name].ready_at(now)) for name, at in due.items()]
+        times = [
+            max(at, lanes[name].ready_at(now), down[name].probe_at if name in down else at)
+            for name, at in due.items()
+        ]
         return min(times, default=None)
 
     async def _dispatch(self, now: float) -> int:
@@ -314,6 +344,7 @@ class Scheduler:
         )
         # Read after the claim: a reload may have swapped the targets meanwhile.
         state = self._state
+        down = self.down
         for delivery in claimed:
             target = state.targets.get(delivery.target)
             if target is None:  # reconfigured away while we were claiming
@@ -322,8 +353,9 @@ class Scheduler:
             lane = state.lanes[delivery.target]
             lane.in_flight += 1
             lane.take(1, now)
+            probe = down.get(delivery.target)
             task = asyncio.create_task(
-                self._attempt(delivery, target, state), name=f"relay-attempt-{delivery.id}"
+                self._attempt(delivery, target, state, probe), name=f"relay-attempt-{delivery.id}"
             )
             self._tasks[delivery.id] = task
             self._task_targets[task] = target
@@ -338,7 +370,14 @@ class Scheduler:
             policy = target.retry if target is not None else state.config.retry
         return policy
 
-    async def _attempt(self, delivery: ClaimedDelivery, target: Target, state: _State) -> None:
+    async def _attempt(
+        self,
+        delivery: ClaimedDelivery,
+        target: Target,
+        state: _State,
+        probe: DownState | None = None,
+    ) -> None:
+        """One attempt; `probe` is the down state when this is a down target's probe."""
         try:
             policy = self._policy(state, delivery)
             number = delivery.attempts + 1
@@ -350,6 +389,13 @@ class Scheduler:
             duration = time.perf_counter() - began
             now = self._clock.now()
             decision, then = self._decide(policy, delivery, outcome, now)
+            hold = self._hold(state, delivery, probe, now)
+            failed_probe = probe is not None and outcome.verdict is Verdict.RETRY
+            if failed_probe and hold is not None and not delivery.manual:
+                # A failed probe spends nobody's retry, its own included (a
+                # person's retry now keeps its own rule: it changes nothing).
+                decision = Decision(Next.RETRY, at=hold.probe_at, reason=decision.reason)
+                then = Waits()
             attempt = AttemptRecord(
                 number=number,
                 started_at=started_at,
@@ -359,7 +405,9 @@ class Scheduler:
                 error=self._masker.optional(outcome.error),
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
             )
-            streak = await self._record(delivery, attempt, then, now)
+            streak = await self._record(delivery, attempt, then, now, hold)
+            if streak is not None:
+                self._learn(delivery.target, streak, hold, now)
             if self._on_attempt is not None and streak is not None:
                 self._on_attempt(
                     AttemptReport(
@@ -378,6 +426,36 @@ class Scheduler:
                 lane.in_flight -= 1
             self._tasks.pop(delivery.id, None)
             self._wake.set()
+
+    def _hold(
+        self, state: _State, delivery: ClaimedDelivery, probe: DownState | None, now: float
+    ) -> Hold | None:
+        """The hold_when_down rule for this attempt, with its next probe time."""
+        config = state.config.targets.get(delivery.target)
+        if config is None or not config.hold_when_down:
+            return None
+        # Probes follow the target's own backoff; past its last retry the
+        # last delay repeats, for as long as the outage lasts.
+        # Going down schedules probe 1; probe k failing schedules probe k + 1.
+        number = probe.probes + 2 if probe is not None else 1
+        policy = config.retry
+        step = min(number, max(policy.retries, 1))
+        if policy.backoff == "list":
+            step = min(step, len(policy.delays))
+        delay = delay_before_retry(policy, step, self._rng)
+        return Hold(config.down_after, now + delay, probe=probe is not None)
+
+    def _learn(self, target: str, streak: FailureStreak, hold: Hold | None, now: float) -> None:
+        """Keep the cached down state in step with what the store just recorded."""
+        if streak.came_up:
+            self._down.pop(target, None)
+            log.warning("target %s is up again; %d deliveries waited", target, streak.waited)
+        elif streak.went_down and hold is not None:
+            self._down[target] = DownState(now, hold.probe_at, 0)
+            log.warning("target %s is down: its deliveries wait, probing it", target)
+        elif hold is not None and hold.probe and target in self._down:
+            previous = self._down[target]
+            self._down[target] = DownState(previous.since, hold.probe_at, previous.probes + 1)
 
     async def _send(self, target: Target, envelope: Envelope, time_limit: float) -> Outcome:
         try:
@@ -411,14 +489,19 @@ class Scheduler:
         return decision, Dead(self._masker.text(decision.reason or "failed"))
 
     async def _record(
-        self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
+        self,
+        delivery: ClaimedDelivery,
+        attempt: AttemptRecord,
+        then: Transition,
+        now: float,
+        hold: Hold | None,
     ) -> FailureStreak | None:
         # The attempt happened; losing its record would resend it after the
         # lease expires. Keep trying while the store is unavailable.
         delay = 0.05
         while True:
             try:
-                return await self._store.record_attempt(delivery, attempt, then, now)
+                return await self._store.record_attempt(delivery, attempt, then, now, hold)
             except StoreError as error:
                 if self._stopping:
                     log.warning("attempt of delivery %d not recorded: %s", delivery.id, error)

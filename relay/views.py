@@ -100,6 +100,11 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
         "last_error_at": iso(state.last_error_at),
         "last_error": masker.optional(state.last_error),
         "consecutive_failures": state.consecutive_failures,
+        # hold_when_down: deliveries wait (no retries spent) while probes go out.
+        "down": state.down is not None,
+        "down_since": iso(state.down.since) if state.down else None,
+        "next_probe_at": iso(state.down.probe_at) if state.down else None,
+        "failed_probes": state.down.probes if state.down else 0,
     }
 
 
@@ -153,6 +158,8 @@ def target_view(
         timeout_seconds=target.retry.timeout,
         retry_on_error=target.retry.retry_on_error,
         paused=paused,
+        hold_when_down=target.hold_when_down,
+        down_after=target.down_after if target.hold_when_down else None,
         deliveries=dict(counts),
         **target_state_view(state, masker),
     )

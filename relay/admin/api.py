@@ -164,6 +164,8 @@ def event_summary_delivery(delivery: DeliveryView, operator: Operator) -> dict[s
     view["event_id"] = str(delivery.event_id)
     if delivery.target in operator.scheduler.paused:
         view["note"] = "target is paused: the attempt waits for resume"
+    elif delivery.target in operator.scheduler.down:
+        view["note"] = "target is down: deliveries wait for a probe to find it up"
     return view
 
 

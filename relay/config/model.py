@@ -177,6 +177,11 @@ class TargetConfig:
     rate: Rate | None = None
     # Limits shared with other targets (one Telegram bot behind several chats).
     shared_rate: tuple[str, Rate] | None = None
+    # After `down_after` "target down" failures in a row (network, timeout, 5xx,
+    # 429) the target is down: its deliveries wait without spending retries
+    # while one probe at a time goes out on the target's backoff schedule.
+    hold_when_down: bool = False
+    down_after: int = 5
 
     @property
     def type(self) -> str:

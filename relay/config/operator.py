@@ -59,7 +59,7 @@ def _inline_credentials(tree: dict[str, object]) -> set[str]:
     if isinstance(admin, dict) and isinstance(admin.get("token"), str):
         found.add(admin["token"])
     for group, keys in (
-        ("targets", ("bot_token", "password")),
+        ("targets", ("bot_token", "password", "sign")),
         ("routes", ("token", "api_key", "password", "secret", "secret_token")),
     ):
         tables = tree.get(group)

@@ -73,6 +73,10 @@ def parse_target(
     rate = _rate(section, "rate")
     if rate is None and kind == "telegram":
         rate = TELEGRAM_CHAT_RATE
+    hold_when_down = section.boolean("hold_when_down", False)
+    down_after = section.integer("down_after", None, minimum=1, maximum=1000)
+    if down_after is not None and not hold_when_down:
+        raise ConfigError(section.key("down_after"), "is used only with hold_when_down = true")
     section.done()
     return TargetConfig(
         name=name,
@@ -81,6 +85,8 @@ def parse_target(
         concurrency=concurrency,
         rate=rate,
         shared_rate=shared_rate,
+        hold_when_down=hold_when_down,
+        down_after=down_after if down_after is not None else TargetConfig.down_after,
     )
 
 

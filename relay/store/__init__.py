@@ -9,11 +9,13 @@ from relay.store.base import (
     Dead,
     Delivered,
     DeliveryView,
+    DownState,
     EventDetail,
     EventQuery,
     EventView,
     FailureStreak,
     Gauges,
+    Hold,
     HourlyActivity,
     LogEntry,
     NewDelivery,
@@ -29,6 +31,7 @@ from relay.store.base import (
     StoreUnavailable,
     TargetState,
     Transition,
+    Waits,
 )
 from relay.store.sqlite import SqliteStore
 
@@ -41,11 +44,13 @@ __all__ = [
     "Dead",
     "Delivered",
     "DeliveryView",
+    "DownState",
     "EventDetail",
     "EventQuery",
     "EventView",
     "FailureStreak",
     "Gauges",
+    "Hold",
     "HourlyActivity",
     "LogEntry",
     "NewDelivery",
@@ -62,4 +67,5 @@ __all__ = [
     "StoreUnavailable",
     "TargetState",
     "Transition",
+    "Waits",
 ]

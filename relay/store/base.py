@@ -141,7 +141,26 @@ class Dead:
     reason: str
 
 
-Transition = Delivered | RetryAt | Dead
+@dataclass(frozen=True)
+class Waits:
+    """Back to pending as it was, no retry spent: a failed probe of a down target."""
+
+
+Transition = Delivered | RetryAt | Dead | Waits
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A hold_when_down target's rule, given with each of its attempts.
+
+    `probe_at` is when the next probe goes should this attempt leave the
+    target down: the first probe when it makes the target down, the next one
+    when it is a failed probe.
+    """
+
+    down_after: int
+    probe_at: float
+    probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,10 +236,26 @@ class LogEntry:
 
 @dataclass(frozen=True)
 class FailureStreak:
-    """A target's failed attempts in a row, before and after the one just recorded."""
+    """A target's failed attempts in a row, before and after the one just recorded,
+    and whether that attempt made a hold_when_down target go down or come back up
+    (with how many deliveries had waited for it)."""
 
     before: int
     after: int
+    went_down: bool = False
+    came_up: bool = False
+    waited: int = 0
+    down_for: float = 0.0  # how long it had been down, when it came up
+    down: bool = False  # the target is down after this attempt
+
+
+@dataclass(frozen=True)
+class DownState:
+    """A hold_when_down target that is down: since when, and its probes."""
+
+    since: float
+    probe_at: float
+    probes: int  # failed probes so far
 
 
 @dataclass(frozen=True)
@@ -231,6 +266,7 @@ class TargetState:
     last_error_at: float | None = None
     last_error: str | None = None
     consecutive_failures: int = 0
+    down: DownState | None = None
 
 
 @dataclass(frozen=True)
@@ -346,10 +382,21 @@ class Store(Protocol):
         ...
 
     async def record_attempt(
-        self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
+        self,
+        delivery: ClaimedDelivery,
+        attempt: AttemptRecord,
+        then: Transition,
+        now: float,
+        hold: Hold | None = None,
     ) -> FailureStreak:
         """Record the attempt and move the delivery on, in one transaction; also
-        updates the target's health and returns its failure streak."""
+        updates the target's health and returns its failure streak.
+
+        A "retry" outcome says the target may be down. With `hold` (the target
+        has hold_when_down), the `down_after`-th of them in a row makes it down,
+        and a failed probe moves its next probe to `hold.probe_at`. Any answer
+        (success, or a failure about the payload) brings a down target up.
+        """
         ...
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
@@ -392,6 +439,10 @@ class Store(Protocol):
     async def set_paused(self, target: str, paused: bool, now: float) -> None: ...
 
     async def paused_targets(self) -> frozenset[str]: ...
+
+    async def down_targets(self) -> dict[str, DownState]:
+        """Targets that are down (hold_when_down), whatever the config says now."""
+        ...
 
     async def target_states(self) -> dict[str, TargetState]: ...
 

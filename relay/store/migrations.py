@@ -176,6 +176,17 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        7,
+        "target down state (hold_when_down): kept so a restart neither forgets nor re-learns it",
+        [
+            # Failures in a row that say "the target is down" (network, 5xx, 429).
+            "ALTER TABLE targets ADD COLUMN down_streak INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE targets ADD COLUMN down_since REAL",
+            "ALTER TABLE targets ADD COLUMN probe_at REAL",
+            "ALTER TABLE targets ADD COLUMN probes INTEGER NOT NULL DEFAULT 0",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

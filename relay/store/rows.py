@@ -8,12 +8,14 @@ from typing import Any
 
 import orjson
 
+from relay.outcome import Verdict
 from relay.store.base import (
     AttemptRecord,
     ClaimedDelivery,
     DeliveryView,
     FailureStreak,
     Header,
+    Hold,
     Selection,
     Status,
 )
@@ -34,7 +36,7 @@ UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
-    ORDER BY next_attempt_at LIMIT ?)
+    ORDER BY next_attempt_at, id LIMIT ?)
 {CLAIM_RETURNING}
 """
 CLAIM_EXPIRED = f"""
@@ -91,30 +93,79 @@ def insert_log(
 def update_health(
     connection: sqlite3.Connection,
     target: str,
-    succeeded: bool,
     attempt: AttemptRecord,
     now: float,
+    hold: Hold | None,
 ) -> FailureStreak:
     row = connection.execute(
-        "SELECT consecutive_failures FROM targets WHERE name = ?", (target,)
+        "SELECT consecutive_failures, down_streak, down_since FROM targets WHERE name = ?",
+        (target,),
     ).fetchone()
-    before = row[0] if row else 0
+    before, down_streak, down_since = row if row else (0, 0, None)
+    connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
+    succeeded = attempt.outcome == Verdict.SUCCESS
+    # A retry outcome (network, timeout, 5xx, 429) says the target may be down;
+    # any answer about the payload (success, a 4xx) says it is up.
+    down_signal = attempt.outcome == Verdict.RETRY
+    down_streak = down_streak + 1 if down_signal else 0
     if succeeded:
+        after = 0
         connection.execute(
-            "INSERT INTO targets (name, last_success_at, consecutive_failures) VALUES (?, ?, 0)"
-            " ON CONFLICT (name) DO UPDATE SET last_success_at = excluded.last_success_at,"
-            " consecutive_failures = 0",
-            (target, now),
+            "UPDATE targets SET last_success_at = ?, consecutive_failures = 0, down_streak = 0"
+            " WHERE name = ?",
+            (now, target),
         )
-        return FailureStreak(before, 0)
-    connection.execute(
-        "INSERT INTO targets (name, last_error_at, last_error, consecutive_failures)"
-        " VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET"
-        " last_error_at = excluded.last_error_at, last_error = excluded.last_error,"
-        " consecutive_failures = consecutive_failures + 1",
-        (target, now, attempt.error),
-    )
-    return FailureStreak(before, before + 1)
+    else:
+        after = before + 1
+        connection.execute(
+            "UPDATE targets SET last_error_at = ?, last_error = ?, consecutive_failures = ?,"
+            " down_streak = ? WHERE name = ?",
+            (now, attempt.error, after, down_streak, target),
+        )
+    if down_since is not None and not down_signal:
+        waited = connection.execute(
+            "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
+        ).fetchone()[0]
+        connection.execute(
+            "UPDATE targets SET down_since = NULL, probe_at = NULL, probes = 0 WHERE name = ?",
+            (target,),
+        )
+        return FailureStreak(before, after, came_up=True, waited=waited, down_for=now - down_since)
+    if hold is None or not down_signal:
+        return FailureStreak(before, after, down=down_since is not None)
+    if down_since is None and down_streak >= hold.down_after:
+        connection.execute(
+            "UPDATE targets SET down_since = ?, probe_at = ?, probes = 0 WHERE name = ?",
+            (now, hold.probe_at, target),
+        )
+        return FailureStreak(before, after, went_down=True, down=True)
+    if down_since is not None and hold.probe:
+        connection.execute(
+            "UPDATE targets SET probe_at = ?, probes = probes + 1 WHERE name = ?",
+            (hold.probe_at, target),
+        )
+    return FailureStreak(before, after, down=down_since is not None)
+
+
+# While a target is down its deliveries' retry times mean nothing (none is
+# spent): they line up by arrival instead, so the probe is the oldest one and
+# the backlog flows oldest first when the target is back. Deliveries waiting
+# for a predecessor (next_attempt_at NULL) are left alone.
+LINE_UP_BY_ARRIVAL = """
+UPDATE deliveries SET next_attempt_at =
+    (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
+WHERE status = 'pending' AND target = ? AND next_attempt_at IS NOT NULL {only}
+"""
+
+
+def line_up_by_arrival(
+    connection: sqlite3.Connection, target: str, delivery_id: int | None = None
+) -> None:
+    """Every pending delivery of a target that just went down, or one more."""
+    if delivery_id is None:
+        connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), (target,))
+    else:
+        connection.execute(LINE_UP_BY_ARRIVAL.format(only="AND id = ?"), (target, delivery_id))
 
 
 def decode_headers(raw: bytes) -> list[Header]:

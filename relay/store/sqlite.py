@@ -24,11 +24,13 @@ from relay.store.base import (
     Conflict,
     Delivered,
     DeliveryView,
+    DownState,
     EventDetail,
     EventQuery,
     EventView,
     FailureStreak,
     Gauges,
+    Hold,
     HourlyActivity,
     LogEntry,
     NewDelivery,
@@ -43,6 +45,7 @@ from relay.store.base import (
     StoreUnavailable,
     TargetState,
     Transition,
+    Waits,
 )
 from relay.store.migrations import LATEST, migrate
 from relay.store.rows import (
@@ -54,6 +57,7 @@ from relay.store.rows import (
     decode_headers,
     delivery_view,
     insert_log,
+    line_up_by_arrival,
     placeholders,
     select_delivery,
     selection_where,
@@ -250,18 +254,25 @@ class SqliteStore:
         return due
 
     async def record_attempt(
-        self, delivery: ClaimedDelivery, attempt: AttemptRecord, then: Transition, now: float
+        self,
+        delivery: ClaimedDelivery,
+        attempt: AttemptRecord,
+        then: Transition,
+        now: float,
+        hold: Hold | None = None,
     ) -> FailureStreak:
-        # A manual attempt is one more try, not a step of the schedule.
-        cycle = delivery.attempts_in_cycle + (0 if delivery.manual else 1)
+        # A manual attempt is one more try, not a step of the schedule; nor is
+        # a probe of a down target.
+        waits = isinstance(then, Waits)
+        cycle = delivery.attempts_in_cycle + (0 if delivery.manual or waits else 1)
         if isinstance(then, Delivered):
             status, next_at, error = Status.DELIVERED, None, None
         elif isinstance(then, RetryAt):
             status, next_at, error = Status.PENDING, then.at, attempt.error
+        elif isinstance(then, Waits):
+            status, next_at, error = Status.PENDING, None, attempt.error
         else:
             status, next_at, error = Status.DEAD, None, then.reason
-
-        succeeded = isinstance(then, Delivered)
 
         def job(connection: sqlite3.Connection) -> FailureStreak:
             connection.execute(
@@ -279,14 +290,21 @@ class SqliteStore:
                     next_at,
                 ),
             )
+            # A probe that failed keeps its place: next_attempt_at as it was.
             connection.execute(
                 "UPDATE deliveries SET status = ?, attempts = ?, cycle_attempts = ?,"
-                " next_attempt_at = ?, lease_until = NULL, last_error = ?, updated_at = ?,"
+                " next_attempt_at = CASE WHEN ? THEN next_attempt_at ELSE ? END,"
+                " lease_until = NULL, last_error = ?, updated_at = ?,"
                 " resume_status = NULL, resume_at = NULL"
                 " WHERE id = ? AND status = 'in_flight'",
-                (status.value, attempt.number, cycle, next_at, error, now, delivery.id),
+                (status.value, attempt.number, cycle, waits, next_at, error, now, delivery.id),
             )
-            return update_health(connection, delivery.target, succeeded, attempt, now)
+            streak = update_health(connection, delivery.target, attempt, now, hold)
+            if streak.went_down:
+                line_up_by_arrival(connection, delivery.target)
+            elif streak.down and isinstance(then, RetryAt):
+                line_up_by_arrival(connection, delivery.target, delivery.id)
+            return streak
 
         streak: FailureStreak = await self._write(job)
         return streak
@@ -545,14 +563,28 @@ class SqliteStore:
         rows = await self._read("SELECT name FROM targets WHERE paused")
         return frozenset(row[0] for row in rows)
 
+    async def down_targets(self) -> dict[str, DownState]:
+        rows = await self._read(
+            "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
+        )
+        return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+
     async def target_states(self) -> dict[str, TargetState]:
         rows = await self._read(
             "SELECT name, paused, last_success_at, last_error_at, last_error,"
-            " consecutive_failures FROM targets",
+            " consecutive_failures, down_since, probe_at, probes FROM targets",
             slow=True,
         )
         return {
-            row[0]: TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5])
+            row[0]: TargetState(
+                row[0],
+                bool(row[1]),
+                row[2],
+                row[3],
+                row[4],
+                row[5],
+                down=DownState(row[6], row[7], row[8]) if row[6] is not None else None,
+            )
             for row in rows
         }
 

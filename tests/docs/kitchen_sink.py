@@ -16,6 +16,8 @@ TARGETS: dict[str, dict[str, Any]] = {
         "type": "http",
         "url": "https://crm.example/x",
         "sign": "whsec_c2VjcmV0",
+        "hold_when_down": True,
+        "down_after": 3,
     },
     "file": {"type": "file", "path": "out.jsonl"},
     "smtp": {
