@@ -16,13 +16,16 @@ from relay.store import (
     AttemptRecord,
     Dead,
     Delivered,
+    DownState,
     EventQuery,
+    Hold,
     NewDelivery,
     NewEvent,
     RetryAt,
     SqliteStore,
     Status,
     StoreUnavailable,
+    Waits,
 )
 from relay.store.migrations import MIGRATIONS
 
@@ -305,3 +308,59 @@ async def test_wal_mode_and_partial_due_index(store: SqliteStore, tmp_path: Path
 
 async def test_database_file_is_private(store: SqliteStore, tmp_path: Path) -> None:
     assert (tmp_path / "relay.db").stat().st_mode & 0o077 == 0
+
+
+async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
+    store: SqliteStore,
+) -> None:
+    ids = []
+    for i in range(3):
+        accepted = await store.accept_event(event(f"k{i}", at=T0 + i), [NewDelivery("crm")], T0 + i)
+        ids.append(accepted.event_id)
+    now = T0 + 5
+    failed = AttemptRecord(1, now, 0.01, "retry", 503, "HTTP 503")
+    [first] = await store.claim_due(now, now + 60, {"crm": 1})
+    streak = await store.record_attempt(first, failed, RetryAt(now + 10), now, Hold(2, now + 20))
+    assert (streak.went_down, streak.down) == (False, False)
+    [second] = await store.claim_due(now, now + 60, {"crm": 1})
+    streak = await store.record_attempt(second, failed, RetryAt(now + 11), now, Hold(2, now + 20))
+    assert (streak.went_down, streak.down) == (True, True)
+    assert await store.down_targets() == {"crm": DownState(now, now + 20, 0)}
+    # Retry times mean nothing while down: deliveries line up by arrival.
+    views = [await store.get_delivery(delivery_id) for delivery_id in (first.id, second.id)]
+    assert [v.next_attempt_at for v in views if v is not None] == [T0, T0 + 1]
+
+    # The probe is the oldest; failing, it keeps its place and spends no retry.
+    [probe] = await store.claim_due(now + 20, now + 80, {"crm": 1})
+    assert probe.id == first.id
+    streak = await store.record_attempt(
+        probe,
+        AttemptRecord(2, now + 20, 0.01, "retry", None, "connection refused"),
+        Waits(),
+        now + 20,
+        Hold(2, now + 60, probe=True),
+    )
+    assert streak.down
+    assert await store.down_targets() == {"crm": DownState(now, now + 60, 1)}
+    view = await store.get_delivery(first.id)
+    assert view is not None
+    assert (view.status, view.next_attempt_at, view.attempts, view.attempts_in_cycle) == (
+        Status.PENDING,
+        T0,
+        2,
+        1,
+    )
+
+    # An answer about the payload (a 4xx) says the target is up.
+    [probe] = await store.claim_due(now + 60, now + 120, {"crm": 1})
+    streak = await store.record_attempt(
+        probe,
+        AttemptRecord(3, now + 60, 0.01, "fail", 422, "HTTP 422"),
+        Dead("HTTP 422"),
+        now + 60,
+        Hold(2, now + 200, probe=True),
+    )
+    assert (streak.came_up, streak.waited, streak.down_for) == (True, 2, 60)
+    assert await store.down_targets() == {}
+    states = await store.target_states()
+    assert states["crm"].down is None
