@@ -19,6 +19,7 @@ from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
 from relay.config import Config, ConfigError, Listen, StorageConfig, load_config
+from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
 from relay.lockfile import ProcessLock
 from relay.logs import log_attempt, set_masker
@@ -93,12 +94,13 @@ class Relay:
             on_created=self._count_alert,
         )
         self.retention = RetentionJob(self.store, config, self.clock)
+        self.indexer = SearchIndexer(self.store, self.clock, lambda: self.masker)
         self.ingress = Ingress(
             config,
             self.store,
             self.clock,
             metrics=self.metrics,
-            on_accepted=self.scheduler.wake,
+            on_accepted=self._accepted,
         )
         self.operator = Operator(
             store=self.store,
@@ -120,6 +122,10 @@ class Relay:
     @property
     def admin_url(self) -> str:
         return _url(self._runners["admin"])
+
+    def _accepted(self) -> None:
+        self.scheduler.wake()
+        self.indexer.noticed()
 
     def _count_alert(self, body: dict[str, Any]) -> None:
         for kind, present in (
@@ -182,6 +188,7 @@ class Relay:
                 self._spawn(self.scheduler.run(), "scheduler")
                 self._spawn(self.alerter.run(), "alerts")
                 self._spawn(self.retention.run(), "retention")
+                self._spawn(self.indexer.run(), "search-indexer")
             await self._listen("ingress", self.ingress.server(), self.config.server.listen)
             admin = self.config.admin
             if admin.enabled:
@@ -285,6 +292,7 @@ class Relay:
         await self.ingress.close()
         await self.scheduler.stop(self.config.server.shutdown_timeout)
         self.retention.stop()
+        self.indexer.stop()
         await self.alerter.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()

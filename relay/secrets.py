@@ -32,6 +32,12 @@ _URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s:@]+(?::[^/\s@]*)?@")
 _MIN_SECRET_LENGTH = 4
 
 
+def is_sensitive_header(name: str) -> bool:
+    """A header whose value is a credential: masked in views, never indexed."""
+    lowered = name.lower()
+    return lowered in SENSITIVE_HEADERS or "secret" in lowered or "token" in lowered
+
+
 class Masker:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self.secrets = frozenset(s for s in secrets if len(s) >= _MIN_SECRET_LENGTH)
@@ -60,7 +66,7 @@ class Masker:
         return value if masked == text else masked.encode("utf-8", errors="surrogateescape")
 
     def header(self, name: str, value: str) -> str:
-        if name.lower() in SENSITIVE_HEADERS or "secret" in name.lower() or "token" in name.lower():
+        if is_sensitive_header(name):
             return MASK
         return self.text(value)
 

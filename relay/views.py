@@ -15,9 +15,11 @@ from relay.store import (
     EventView,
     LogEntry,
     Rejection,
+    SearchProgress,
     Stats,
     Status,
     TargetState,
+    TextSearch,
 )
 from relay.units import format_instant
 
@@ -174,4 +176,22 @@ def rejection_view(rejection: Rejection, masker: Masker) -> dict[str, Any]:
         "reason": rejection.reason,
         "detail": masker.text(rejection.detail),
         "headers": [list(pair) for pair in masker.headers(rejection.headers)],
+    }
+
+
+def search_view(search: TextSearch, progress: SearchProgress) -> dict[str, Any]:
+    """What a search looked for, and how much of the store it could see."""
+    behind = progress.behind
+    return {
+        "words": list(search.words),
+        "digits": search.digits,
+        "indexed_through": str(progress.indexed_through),
+        "newest_event": str(progress.newest),
+        "not_indexed": behind,
+        "note": (
+            f"events after #{progress.indexed_through} (up to {behind}) are not indexed yet"
+            " and not searched: the index catches up in the background"
+            if behind
+            else "every stored event is indexed"
+        ),
     }

@@ -11,6 +11,7 @@ import orjson
 from aiohttp import web
 
 from relay.admin.context import OPERATOR, Operator
+from relay.search import SearchError, parse_search
 from relay.store import (
     Conflict,
     DeliveryView,
@@ -26,6 +27,7 @@ from relay.views import (
     event_detail,
     event_summary,
     rejection_view,
+    search_view,
     stats_view,
 )
 
@@ -119,6 +121,11 @@ def event_query(params: Mapping[str, str], now: float) -> EventQuery:
         raise BadRequest(f"limit: expected a number from 1 to {MAX_PAGE}")
     if cursor is not None and not cursor.isdigit():
         raise BadRequest("cursor: expected the next_cursor of a previous page")
+    text = (params.get("q") or "").strip()
+    try:
+        search = parse_search(text) if text else None
+    except SearchError as problem:
+        raise BadRequest(f"q: {problem}") from None
     return EventQuery(
         status=_status(params.get("status")),
         route=params.get("route") or None,
@@ -126,6 +133,7 @@ def event_query(params: Mapping[str, str], now: float) -> EventQuery:
         since=_instant(params.get("since"), "since", now),
         until=_instant(params.get("until"), "until", now),
         key=params.get("key") or None,
+        search=search,
         limit=int(limit_text),
         before_id=int(cursor) if cursor else None,
     )
@@ -137,9 +145,13 @@ async def list_events(request: web.Request) -> web.Response:
     events = await operator.store.list_events(query)
     masker = operator.masker
     next_cursor = str(events[-1].id) if len(events) == query.limit else None
-    return json_response(
-        {"events": [event_summary(e, masker) for e in events], "next_cursor": next_cursor}
-    )
+    page: dict[str, Any] = {
+        "events": [event_summary(e, masker) for e in events],
+        "next_cursor": next_cursor,
+    }
+    if query.search is not None:
+        page["search"] = search_view(query.search, await operator.store.search_progress())
+    return json_response(page)
 
 
 async def get_event(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ one small script ship in the package.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,7 +24,16 @@ from aiohttp import web
 from relay.admin.context import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.payload import parse_form
-from relay.store import Conflict, EventQuery, NotFound, Selection, Status, StoreError
+from relay.search import SearchError, describe, parse_search
+from relay.store import (
+    Conflict,
+    EventQuery,
+    EventView,
+    NotFound,
+    Selection,
+    Status,
+    StoreError,
+)
 from relay.units import format_instant, parse_instant
 from relay.views import event_detail, event_summary, rejection_view, stats_view
 
@@ -344,13 +354,13 @@ async def _listing(
         target=filters["target"] or None,
         since=_instant(filters["since"], now),
         until=_instant(filters["until"], now),
-        key=search or None,
         limit=PAGE_SIZE,
         before_id=int(cursor) if cursor.isdigit() else None,
     )
-    events = await operator.store.list_events(query)
-    if not events and search.isdigit() and await operator.store.get_event(int(search)):
-        raise web.HTTPFound(f"/events/{int(search)}")  # the search was an event id
+    events, search_note, problem = await _search(operator, query, search)
+    event_id = search.removeprefix("#")
+    if not events and event_id.isdigit() and await operator.store.get_event(int(event_id)):
+        raise web.HTTPFound(f"/events/{int(event_id)}")  # the search was an event id
     masker = operator.masker
     next_page = None
     if len(events) == PAGE_SIZE:
@@ -366,8 +376,40 @@ async def _listing(
         statuses=[s.value for s in Status],
         routes=sorted(config.routes),
         targets=sorted(config.targets),
+        search_note=search_note,
+        problem=problem,
         **extra,
     )
+
+
+async def _search(
+    operator: Operator, query: EventQuery, text: str
+) -> tuple[list[EventView], str, str]:
+    """Events for the search box: an exact idempotency key first, else content.
+
+    Returns the events, a note on how far the index has got, and a problem
+    with the search text (too short) when there is one.
+    """
+    if not text:
+        return await operator.store.list_events(query), "", ""
+    by_key = await operator.store.list_events(dataclasses.replace(query, key=text))
+    if by_key:
+        return by_key, "", ""
+    try:
+        terms = parse_search(text)
+    except SearchError as problem:
+        return [], "", str(problem).capitalize() + "."
+    events = await operator.store.list_events(dataclasses.replace(query, search=terms))
+    progress = await operator.store.search_progress()
+    note = f"Searched for {describe(terms)} in bodies, queries and headers"
+    if progress.behind:
+        note += (
+            f"; the newest events (after #{progress.indexed_through}, up to {progress.behind})"
+            " are not indexed yet and were not searched."
+        )
+    else:
+        note += "; every stored event is indexed."
+    return events, note, ""
 
 
 async def deliveries(request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from relay.cli.common import (
@@ -15,9 +16,10 @@ from relay.cli.common import (
     run,
     table,
 )
+from relay.search import SearchError, parse_search
 from relay.secrets import Masker
-from relay.store import EventQuery, Status
-from relay.views import event_detail, event_summary, rejection_view
+from relay.store import EventQuery, SearchProgress, Status
+from relay.views import event_detail, event_summary, rejection_view, search_view
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +34,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     events.add_argument("--route", help="only events of this route")
     events.add_argument("--target", help="only events with a delivery to this target")
     events.add_argument("--key", help="only the event with this idempotency key")
+    events.add_argument(
+        "--search",
+        metavar="TEXT",
+        help="only events whose body, query or header values contain TEXT"
+        " (any case; a phone number in any spelling)",
+    )
     events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     events.set_defaults(handler=list_events)
 
@@ -53,21 +61,33 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def list_events(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
+    try:
+        search = parse_search(args.search) if args.search is not None else None
+    except SearchError as problem:
+        raise CommandError(f"--search: {problem}") from None
     query = EventQuery(
         status=Status(args.status) if args.status else None,
         route=args.route,
         target=args.target,
         key=args.key,
+        search=search,
         limit=max(1, args.limit),
     )
 
-    async def fetch() -> list[dict[str, Any]]:
+    async def fetch() -> tuple[list[dict[str, Any]], SearchProgress | None]:
         async with opened_store(config) as store:
             events = await store.list_events(query)
+            progress = await store.search_progress() if search is not None else None
         masker = Masker(config.secrets)
-        return [event_summary(event, masker) for event in events]
+        return [event_summary(event, masker) for event in events], progress
 
-    emit(args, run(fetch()), _events_text)
+    found, progress = run(fetch())
+    if search is not None and progress is not None:
+        view = search_view(search, progress)
+        if progress.behind:
+            # On stderr: the listing itself (text or --json) stays what it was.
+            print(f"relay: note: {view['note']}", file=sys.stderr)
+    emit(args, found, _events_text)
     return 0
 
 

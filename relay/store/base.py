@@ -326,6 +326,48 @@ REJECTIONS_KEPT = 100
 
 
 @dataclass(frozen=True)
+class TextSearch:
+    """Content to look for (made by relay.search): every word must occur in the
+    event's folded text, or, for a number, its digits among the event's numbers."""
+
+    words: tuple[str, ...] = ()
+    digits: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchDocument:
+    """What the search index holds for one event: folded text, its numbers as digits."""
+
+    event_id: int
+    text: str
+    digits: str
+
+
+@dataclass(frozen=True)
+class IndexSource:
+    """An event's searchable parts, its body cut to `body_limit` bytes."""
+
+    event_id: int
+    headers: Sequence[Header]
+    query: str
+    content_type: str | None
+    body: bytes
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """How far the search index has got: events up to `indexed_through` are in it."""
+
+    indexed_through: int
+    newest: int  # the newest event id
+
+    @property
+    def behind(self) -> int:
+        """Events not indexed yet (at most: purged ids count too)."""
+        return max(0, self.newest - self.indexed_through)
+
+
+@dataclass(frozen=True)
 class EventQuery:
     status: Status | None = None
     route: str | None = None
@@ -333,6 +375,7 @@ class EventQuery:
     since: float | None = None
     until: float | None = None
     key: str | None = None
+    search: TextSearch | None = None
     limit: int = 50
     before_id: int | None = None  # cursor: only events older than this id
 
@@ -411,6 +454,20 @@ class Store(Protocol):
     async def list_events(self, query: EventQuery) -> list[EventView]: ...
 
     async def get_event(self, event_id: int) -> EventDetail | None: ...
+
+    # Search index, kept off the ingest path by a background indexer
+
+    async def search_progress(self) -> SearchProgress: ...
+
+    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
+        """The oldest events not in the search index yet, at most `limit`."""
+        ...
+
+    async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
+        """Put these documents in the index and mark every event up to `through`
+        indexed, in one transaction (a crash loses neither, nor doubles them).
+        Events purged meanwhile are left out."""
+        ...
 
     async def get_delivery(self, delivery_id: int) -> DeliveryView | None: ...
 

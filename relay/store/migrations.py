@@ -187,6 +187,35 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE targets ADD COLUMN probes INTEGER NOT NULL DEFAULT 0",
         ],
     ),
+    # The search index (relay/search.py makes its text). FTS5's trigram tokenizer
+    # matches any substring of three characters or more; `detail=full` keeps token
+    # positions, so a phrase is checked by the index itself (a rare phrase of common
+    # trigrams stays fast at a million events); `columnsize=0` drops per-row sizes,
+    # which only ranking uses. The index is filled off the ingest path: rows up to
+    # `search_progress.indexed_through` are in it, the rest wait for the indexer.
+    (
+        8,
+        "search index by content (FTS5 trigram), its progress, purge removes from it",
+        [
+            """
+            CREATE VIRTUAL TABLE event_search USING fts5(
+                text, digits, tokenize = 'trigram', detail = full, columnsize = 0
+            )
+            """,
+            """
+            CREATE TABLE search_progress (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                indexed_through INTEGER NOT NULL
+            )
+            """,
+            "INSERT INTO search_progress (id, indexed_through) VALUES (1, 0)",
+            """
+            CREATE TRIGGER events_search_purge AFTER DELETE ON events BEGIN
+                DELETE FROM event_search WHERE rowid = old.id;
+            END
+            """,
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -18,6 +18,7 @@ from relay.store.base import (
     Hold,
     Selection,
     Status,
+    TextSearch,
 )
 
 EVENT_COLUMNS = (
@@ -72,6 +73,18 @@ def selection_where(selection: Selection) -> tuple[str, list[Any]]:
             selection.until if selection.until is not None else float("inf"),
         ]
     return " AND ".join(where), params
+
+
+def match_expression(search: TextSearch) -> str:
+    """An FTS5 query: each word a quoted phrase (a substring, for the trigram
+    tokenizer) of the text column, all required; or the digits as one phrase."""
+    if search.digits is not None:
+        return "{digits}: " + _phrase(search.digits)
+    return " AND ".join("{text}: " + _phrase(word) for word in search.words)
+
+
+def _phrase(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"'
 
 
 def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:

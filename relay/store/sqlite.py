@@ -32,12 +32,15 @@ from relay.store.base import (
     Gauges,
     Hold,
     HourlyActivity,
+    IndexSource,
     LogEntry,
     NewDelivery,
     NewEvent,
     NotFound,
     Rejection,
     RetryAt,
+    SearchDocument,
+    SearchProgress,
     Selection,
     Stats,
     Status,
@@ -58,6 +61,7 @@ from relay.store.rows import (
     delivery_view,
     insert_log,
     line_up_by_arrival,
+    match_expression,
     placeholders,
     select_delivery,
     selection_where,
@@ -344,7 +348,8 @@ class SqliteStore:
             ("received_at >= ?", query.since),
             ("received_at < ?", query.until),
             ("idempotency_key = ?", query.key),
-            ("id < ?", query.before_id),
+            # With a search the index walks the ids: the cursor must bound its walk.
+            ("id < ?" if query.search is None else "event_search.rowid < ?", query.before_id),
         ):
             if value is not None:
                 where.append(column)
@@ -366,10 +371,21 @@ class SqliteStore:
                 conditions.append("d.target = ?")
                 params.append(query.target)
             where.append(f"EXISTS (SELECT 1 FROM deliveries d WHERE {' AND '.join(conditions)})")
-        sql = "SELECT id, route, idempotency_key, received_at, remote_addr, conflict_of FROM events"
+        source, order = "events", "id"
+        if query.search is not None:
+            # The index drives: CROSS JOIN keeps it the outer loop, walking its
+            # matches newest first and stopping at the page's end.
+            source = "event_search CROSS JOIN events ON events.id = event_search.rowid"
+            order = "event_search.rowid"
+            where.insert(0, "event_search MATCH ?")
+            params.insert(0, match_expression(query.search))
+        sql = (
+            "SELECT id, route, idempotency_key, received_at, remote_addr, conflict_of"
+            f" FROM {source}"
+        )
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC LIMIT ?"
+        sql += f" ORDER BY {order} DESC LIMIT ?"
         params.append(query.limit)
         async with self._snapshot():
             rows = await self._read(sql, params, slow=True)
@@ -386,6 +402,44 @@ class SqliteStore:
             )
             for row in rows
         ]
+
+    async def search_progress(self) -> SearchProgress:
+        rows = await self._read(
+            "SELECT (SELECT indexed_through FROM search_progress WHERE id = 1),"
+            " coalesce((SELECT MAX(id) FROM events), 0)"
+        )
+        return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
+
+    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
+        # Only the body's first bytes leave the database: a batch of huge
+        # bodies costs bounded memory.
+        rows = await self._read(
+            "SELECT id, headers, query, content_type, substr(body, 1, ?) FROM events"
+            " WHERE id > (SELECT indexed_through FROM search_progress WHERE id = 1)"
+            " ORDER BY id LIMIT ?",
+            (body_limit, limit),
+            slow=True,
+        )
+        return [
+            IndexSource(row[0], decode_headers(row[1]), row[2], row[3], bytes(row[4] or b""))
+            for row in rows
+        ]
+
+    async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
+        rows = [(doc.event_id, doc.text, doc.digits, doc.event_id) for doc in documents]
+
+        def job(connection: sqlite3.Connection) -> None:
+            connection.executemany(
+                "INSERT OR REPLACE INTO event_search (rowid, text, digits)"
+                " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM events WHERE id = ?)",
+                rows,
+            )
+            connection.execute(
+                "UPDATE search_progress SET indexed_through = max(indexed_through, ?) WHERE id = 1",
+                (through,),
+            )
+
+        await self._write(job)
 
     async def get_event(self, event_id: int) -> EventDetail | None:
         async with self._snapshot():

@@ -1,0 +1,113 @@
+"""The search indexer: fills the content index in the background, never in a request.
+
+Ingress stores an event and answers; it never waits for the index. This task
+follows behind: it reads the oldest events not yet indexed, turns them into
+search text on a worker thread (decoding a body is CPU work the event loop
+must not do), and writes a batch together with the new high-water mark in one
+transaction — so after a crash it simply goes on from the mark. It gives way
+to ingest: while webhooks are arriving it waits for a quiet moment (up to
+MAX_DEFER), and after each batch it rests as long as the batch took, so it
+takes at most about half of the writer's time even when far behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from relay.clock import Clock
+from relay.search import MAX_BODY_BYTES, documents
+from relay.secrets import Masker
+from relay.store import Store, StoreError
+
+log = logging.getLogger("relay.indexer")
+
+BATCH = 200
+# With nothing to do, look again this often (the CLI's resends, a restore).
+IDLE_INTERVAL = 5.0
+# After a wake-up, let a burst of webhooks gather into one batch.
+SETTLE = 0.25
+# Ingest counts as busy when a webhook arrived this recently...
+QUIET = 0.05
+# ...but the index is never held back longer than this.
+MAX_DEFER = 1.0
+RETRY_AFTER_ERROR = 5.0
+
+
+class SearchIndexer:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        masker: Callable[[], Masker],
+        *,
+        batch: int = BATCH,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._masker = masker
+        self._batch = batch
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._last_arrival = float("-inf")
+        self.indexed = 0
+
+    def noticed(self) -> None:
+        """A webhook was stored: index it soon, but not while more keep coming."""
+        self._last_arrival = asyncio.get_running_loop().time()
+        self._wake.set()
+
+    async def step(self) -> int:
+        """Index the next batch; returns how many events it covered."""
+        batch = await self._store.events_to_index(self._batch, MAX_BODY_BYTES)
+        if not batch:
+            return 0
+        found = await asyncio.to_thread(documents, batch, self._masker())
+        await self._store.index_events(found, batch[-1].event_id)
+        self.indexed += len(batch)
+        return len(batch)
+
+    async def catch_up(self) -> int:
+        """Index everything stored so far (tests, benchmarks, `relay` tools)."""
+        total = 0
+        while count := await self.step():
+            total += count
+        return total
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            await self._quiet_moment(loop)
+            started = loop.time()
+            try:
+                count = await self.step()
+            except StoreError as error:
+                log.warning("search indexing failed, will try again: %s", error)
+                await self._sleep(RETRY_AFTER_ERROR)
+                continue
+            if count == self._batch:
+                await self._sleep(loop.time() - started)  # behind: rest as long as we worked
+                continue
+            self._wake.clear()
+            await self._clock.wait(self._wake, self._clock.now() + IDLE_INTERVAL)
+            if self._wake.is_set() and not self._stop.is_set():
+                await self._sleep(SETTLE)
+
+    async def _quiet_moment(self, loop: asyncio.AbstractEventLoop) -> None:
+        deferred = loop.time()
+        while loop.time() - self._last_arrival < QUIET and loop.time() - deferred < MAX_DEFER:
+            await self._sleep(QUIET)
+
+    async def _sleep(self, seconds: float) -> None:
+        # Real time, on purpose: this paces work against live traffic.
+        if seconds > 0 and not self._stop.is_set():
+            try:
+                async with asyncio.timeout(seconds):
+                    await self._stop.wait()
+            except TimeoutError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()

@@ -1,0 +1,116 @@
+"""Find a lead by what it says, in a real headless Chromium (Debian's), driven by Playwright.
+
+Screenshots land in test-artifacts/dashboard/.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from relay.app import Relay
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+TOKEN = "dashboard-token-0123456789"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+# Tilda posts application/x-www-form-urlencoded with the fields Name, Email,
+# Phone, plus tranid and formid (https://exceltic.dev/en/kommo-tilda-forma-v-sdelku/).
+LEADS = [
+    "Name=%D0%98%D0%B2%D0%B0%D0%BD&Phone=%2B7+%28999%29+123-45-67&tranid=1:1&formid=f1",
+    "Name=Maria&Phone=89991234567&tranid=1:2&formid=f1",
+    "Name=Oleg&Phone=89990000000&tranid=1:3&formid=f1",
+]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if CHROMIUM is None:
+        pytest.fail("Chromium is not installed (Debian: apt-get install chromium)")
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        await browser.close()
+
+
+@pytest.fixture
+async def setup(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> tuple[Relay, Any, list[str]]:
+    crm, crm_url = await start_sink([400])  # refuses: dead at once
+    config = make_config(
+        {"crm": {"type": "http", "url": crm_url, "retry": {"retries": 0}}},
+        {"tilda": {"path": "/hooks/tilda", "targets": ["crm"]}},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, poll_interval=0.05)
+    ids = []
+    async with aiohttp.ClientSession() as http:
+        for body in LEADS:
+            async with http.post(
+                relay.ingress_url + "/hooks/tilda", data=body.encode(), headers=FORM
+            ) as response:
+                assert response.status == 200
+                ids.append((await response.json())["id"])
+    await crm.wait_for(len(LEADS))
+    await relay.indexer.catch_up()
+    return relay, crm, ids
+
+
+async def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+async def sign_in(page: Page, relay: Relay) -> None:
+    await page.goto(relay.admin_url + "/")
+    await page.get_by_label("Admin token").fill(TOKEN)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+
+
+async def test_a_phone_typed_differently_finds_the_leads(
+    browser: Browser, setup: tuple[Relay, Any, list[str]]
+) -> None:
+    relay, _, ids = setup
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    await sign_in(page, relay)
+
+    await page.get_by_role("link", name="Deliveries").click()
+    await page.get_by_label("Search").fill("8 (999) 123 45 67")
+    await page.get_by_role("button", name="Show").click()
+    links = page.locator("table.events tbody tr th a")
+    await expect(links).to_have_text([f"#{ids[1]}", f"#{ids[0]}"])
+    await expect(page.locator("#search-note")).to_contain_text("every stored event is indexed")
+    await shot(page, "search-phone")
+
+    # The dead letter page searches too, in Cyrillic, any case.
+    await page.get_by_role("link", name="Dead letter").click()
+    await page.get_by_label("Search").fill("ИВАН")
+    await page.get_by_role("button", name="Show").click()
+    await expect(links).to_have_text([f"#{ids[0]}"])
+    await shot(page, "search-dead-cyrillic")
+
+    # Too short to search: said so, nothing listed.
+    await page.get_by_label("Search").fill("ab")
+    await page.get_by_role("button", name="Show").click()
+    await expect(page.locator(".problem")).to_contain_text("at least 3 characters")

@@ -1,0 +1,235 @@
+"""Search by content over real HTTP and a real SQLite file: the API, the CLI, the index's life.
+
+The index is filled by the background indexer, never by ingress: these tests
+drive it with `catch_up()` (the way the scheduler is driven with `drain()`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from relay import retention
+from relay.app import Relay
+from relay.clock import FakeClock
+from relay.indexer import SearchIndexer
+from relay.search import documents
+from relay.secrets import Masker
+from relay.store import NewDelivery, NewEvent, SqliteStore, Status
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import arelay_cli, write_config
+
+TOKEN = "admin-token-0123456789"
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+# Tilda posts application/x-www-form-urlencoded with the fields Name, Email,
+# Phone, plus tranid and formid (https://exceltic.dev/en/kommo-tilda-forma-v-sdelku/).
+LEADS = [
+    "Name=%D0%98%D0%B2%D0%B0%D0%BD&Phone=%2B7+%28999%29+123-45-67&tranid=1:1&formid=f1",
+    "Name=Maria&Phone=89991234567&tranid=1:2&formid=f1",
+    "Name=Anna&Phone=79991234567&tranid=1:3&formid=f1",
+    "Name=Oleg&Phone=89990000000&tranid=1:4&formid=f1",
+]
+
+
+def routes(shop_targets: list[str]) -> dict[str, Any]:
+    return {
+        "tilda": {"path": "/hooks/tilda", "targets": ["crm"]},
+        "shop": {"path": "/hooks/shop", "targets": shop_targets},
+    }
+
+
+async def post(relay: Relay, http: aiohttp.ClientSession, path: str, body: str, **kw: Any) -> str:
+    async with http.post(relay.ingress_url + path, data=body.encode(), **kw) as response:
+        assert response.status == 200, await response.text()
+        event_id: str = (await response.json())["id"]
+        return event_id
+
+
+async def search(
+    relay: Relay, http: aiohttp.ClientSession, expect: int = 200, **params: str
+) -> Any:
+    async with http.get(
+        relay.admin_url + "/api/v1/events",
+        params=params,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ) as response:
+        assert response.status == expect, await response.text()
+        return await response.json()
+
+
+def ids(page: Any) -> list[str]:
+    return [event["id"] for event in page["events"]]
+
+
+@pytest.fixture
+async def relay(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> Relay:
+    _, crm_url = await start_sink([200])
+    _, erp_url = await start_sink([422])  # refuses everything: dead at once
+    config = make_config(
+        {
+            "crm": {"type": "http", "url": crm_url},
+            "erp": {"type": "http", "url": erp_url, "retry": {"retries": 0}},
+        },
+        routes(["crm", "erp"]),
+        admin={"token": TOKEN},
+    )
+    return await start_relay(config, background=False, clock=FakeClock())
+
+
+async def test_a_phone_in_any_spelling_finds_every_lead_newest_first(
+    relay: Relay, http: aiohttp.ClientSession
+) -> None:
+    lead_ids = [await post(relay, http, "/hooks/tilda", body, headers=FORM) for body in LEADS]
+    await relay.indexer.catch_up()
+    for query in ("+7 (999) 123-45-67", "89991234567", "79991234567", "9991234567"):
+        page = await search(relay, http, q=query)
+        assert ids(page) == list(reversed(lead_ids[:3])), query
+        assert page["search"]["not_indexed"] == 0
+    assert ids(await search(relay, http, q="ИВАН")) == [lead_ids[0]]
+    assert ids(await search(relay, http, q="8 999 000 00 00")) == [lead_ids[3]]
+    assert ids(await search(relay, http, q="nobody-here")) == []
+    problem = await search(relay, http, 400, q="ab")
+    assert problem["error"].startswith("q: search text needs a word of at least 3 characters")
+
+
+async def test_search_combines_with_filters_and_pages(
+    relay: Relay, http: aiohttp.ClientSession
+) -> None:
+    shop = [
+        await post(relay, http, "/hooks/shop", f'{{"order": {i}, "email": "buyer@example.com"}}')
+        for i in range(5)
+    ]
+    tilda = await post(relay, http, "/hooks/tilda", "Email=buyer%40example.com", headers=FORM)
+    await relay.scheduler.drain()  # erp refuses: the shop's events are dead there
+    await relay.indexer.catch_up()
+
+    everything = await search(relay, http, q="buyer@example.com")
+    assert ids(everything) == [tilda, *reversed(shop)]
+    assert ids(await search(relay, http, q="buyer@example.com", route="tilda")) == [tilda]
+    dead = await search(relay, http, q="buyer@example.com", status="dead", target="erp")
+    assert ids(dead) == list(reversed(shop))
+
+    first = await search(relay, http, q="buyer@example.com", limit="4")
+    assert ids(first) == [tilda, *reversed(shop)][:4]
+    second = await search(
+        relay, http, q="buyer@example.com", limit="4", cursor=first["next_cursor"]
+    )
+    assert ids(second) == [shop[1], shop[0]]
+    assert second["next_cursor"] is None
+
+
+async def test_ingress_never_waits_for_the_index_and_a_search_says_how_far_it_got(
+    relay: Relay, http: aiohttp.ClientSession
+) -> None:
+    first = await post(relay, http, "/hooks/tilda", LEADS[0], headers=FORM)
+    await relay.indexer.catch_up()
+    # Stored and acknowledged, but the indexer has not run: not searchable yet, and said so.
+    second = await post(relay, http, "/hooks/tilda", LEADS[1], headers=FORM)
+    page = await search(relay, http, q="89991234567")
+    assert ids(page) == [first]
+    assert page["search"]["indexed_through"] == first
+    assert page["search"]["not_indexed"] == 1
+    assert "not indexed yet" in page["search"]["note"]
+    await relay.indexer.catch_up()
+    assert ids(await search(relay, http, q="89991234567")) == [second, first]
+
+
+async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.db"
+    store = SqliteStore(path)
+    await store.open()
+
+    def lead(i: int) -> NewEvent:
+        return NewEvent(
+            route="tilda",
+            idempotency_key=None,
+            received_at=1_800_000_000.0 + i,
+            remote_addr=None,
+            method="POST",
+            path="/hooks/tilda",
+            query="",
+            headers=[("Content-Type", FORM["Content-Type"])],
+            content_type=FORM["Content-Type"],
+            body=f"Name=Lead{i}&Phone=8999{i:07d}".encode(),
+        )
+
+    for i in range(10):
+        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    indexer = SearchIndexer(store, FakeClock(), Masker, batch=4)
+    assert await indexer.step() == 4
+    await store.close()  # "crash" between batches: the mark says where it stopped
+
+    store = SqliteStore(path)
+    await store.open()
+    progress = await store.search_progress()
+    assert (progress.indexed_through, progress.behind) == (4, 6)
+    indexer = SearchIndexer(store, FakeClock(), Masker, batch=4)
+    assert await indexer.catch_up() == 6
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT COUNT(*) FROM event_search").fetchone()[0] == 10
+
+    # Purge takes the finished events older than the cutoff, and their index rows.
+    removed = await retention.purge(store, 1.0, {}, 1_800_000_000.0 + 6)
+    assert removed == 5
+    remaining = [row[0] for row in db.execute("SELECT rowid FROM event_search ORDER BY rowid")]
+    assert remaining == [6, 7, 8, 9, 10]
+    await store.close()
+    db.close()
+
+
+async def test_an_event_purged_while_being_indexed_stays_out_of_the_index(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    event = NewEvent("tilda", None, 1.0, None, "POST", "/", "", [], None, b"Name=Gone")
+    accepted = await store.accept_event(event, [NewDelivery("crm", Status.SKIPPED)], 1.0)
+    batch = await store.events_to_index(10, 1000)
+    await retention.purge(store, 1.0, {}, 10.0)
+    await store.index_events(documents(batch, Masker()), accepted.event_id)
+    with sqlite3.connect(tmp_path / "relay.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM event_search").fetchone()[0] == 0
+    assert (await store.search_progress()).indexed_through == accepted.event_id
+    await store.close()
+
+
+async def test_cli_search_finds_the_lead_and_notes_what_is_not_indexed(
+    relay: Relay, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    lead = await post(relay, http, "/hooks/tilda", LEADS[0], headers=FORM)
+    await relay.indexer.catch_up()
+    late = await post(relay, http, "/hooks/tilda", LEADS[1], headers=FORM)
+    config = write_config(
+        tmp_path / "cli.toml",
+        {
+            "storage": {"path": str(relay.config.storage.path)},
+            "targets": {"crm": {"type": "file", "path": str(tmp_path / "x.jsonl")}},
+            "routes": routes(["crm"]),
+        },
+    )
+    result = await arelay_cli("events", "--config", str(config), "--search", "8 999 123-45-67")
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "RECEIVED", "ROUTE"]
+    assert [line.split()[0] for line in lines[1:]] == [lead]
+    assert f"events after #{lead} (up to 1) are not indexed yet" in result.stderr
+    await relay.indexer.catch_up()
+    found = await arelay_cli(
+        "events", "--config", str(config), "--search", "+7 999 1234567", "--json"
+    )
+    assert '"id": "' + late + '"' in found.stdout
+    refused = await arelay_cli("events", "--config", str(config), "--search", "7", check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        "relay: --search: search text needs a word of at least 3 characters"
+        " (shorter ones would match nearly everything)"
+    )
