@@ -254,8 +254,9 @@ class CdekSource:
 
 @dataclass(frozen=True)
 class StandardWebhooksSource:
-    secrets: tuple[bytes, ...]  # decoded from "whsec_<base64>"
+    secrets: tuple[bytes, ...]  # decoded from "whsec_<base64>": v1 (HMAC-SHA256)
     tolerance: float = 300.0
+    public_keys: tuple[bytes, ...] = ()  # decoded from "whpk_<base64>": v1a (ed25519)
 
 
 HmacAlgorithm = Literal["sha1", "sha256", "sha512"]

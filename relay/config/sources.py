@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib.util
 import ipaddress
 from ipaddress import IPv4Network, IPv6Network
 
@@ -66,10 +67,23 @@ def parse_source(section: Section) -> SourceSettings:
     if kind == "cdek":
         return CdekSource()
     if kind == "standard-webhooks":
+        secrets = tuple(
+            whsec(section, "secret", value)
+            for value in secret_list(section, "secret", required=False)
+        )
+        public_keys = tuple(
+            whpk(section, "public_key", value)
+            for value in secret_list(section, "public_key", required=False)
+        )
+        if not secrets and not public_keys:
+            raise ConfigError(
+                section.key("secret"),
+                'expected a secret like "whsec_<base64>" (v1 signatures), or public_key'
+                ' = "whpk_<base64>" (v1a, ed25519), or both',
+            )
         return StandardWebhooksSource(
-            secrets=tuple(
-                whsec(section, "secret", value) for value in secret_list(section, "secret")
-            ),
+            secrets=secrets,
+            public_keys=public_keys,
             tolerance=section.duration("tolerance", 300.0),
         )
     return HmacSource(
@@ -98,15 +112,41 @@ def secret_list(section: Section, name: str, *, required: bool = True) -> tuple[
 
 
 def whsec(section: Section, name: str, value: str) -> bytes:
-    """A Standard Webhooks secret: "whsec_" and the base64 of the key bytes."""
-    try:
-        key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
-    except (binascii.Error, ValueError):
-        key = b""
+    """A Standard Webhooks secret: "whsec_" and the base64 of the key bytes.
+
+    As the spec's reference libraries do, the prefix may be left out and the
+    base64 padding too (Webhook.__init__ in standardwebhooks and svix)."""
+    key = _base64(value.removeprefix("whsec_"))
     if not key:
         # Never print the value: it is a secret.
         raise ConfigError(section.key(name), 'expected a secret like "whsec_<base64>"')
     return key
+
+
+def whpk(section: Section, name: str, value: str) -> bytes:
+    """A Standard Webhooks ed25519 public key (v1a signatures): "whpk_<base64>"
+    of the 32 key bytes. Checking v1a needs the `cryptography` package."""
+    key = _base64(value.strip().removeprefix("whpk_"))
+    if len(key) != 32:
+        raise ConfigError(
+            section.key(name), 'expected an ed25519 public key like "whpk_<base64 of 32 bytes>"'
+        )
+    if importlib.util.find_spec("cryptography") is None:
+        raise ConfigError(
+            section.key(name),
+            "v1a (ed25519) signatures need the cryptography package:"
+            " pip install 'relay[ed25519]' (or apt install python3-cryptography)",
+        )
+    return key
+
+
+def _base64(text: str) -> bytes:
+    """Standard base64, padded or not; b"" when it is not base64 at all."""
+    text = text.strip()
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return b""
 
 
 def parse_networks(section: Section, name: str) -> tuple[IPv4Network | IPv6Network, ...]:

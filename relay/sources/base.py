@@ -42,6 +42,12 @@ class Source(Protocol):
 
     def check(self, incoming: Incoming, now: float) -> Check: ...
 
+    def key(self, incoming: Incoming) -> str | None:
+        """The provider's own event id, read without verifying anything: what
+        `check` puts in Accept, and what `relay render` shows for an unsigned
+        sample."""
+        ...
+
 
 def hmac_signatures(
     secrets: Iterable[str | bytes], message: bytes, algorithm: str, encoding: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from relay.config import (
@@ -28,6 +29,7 @@ from relay.sources.base import (
     matches_any,
     text_answer,
 )
+from relay.sources.ed25519 import ed25519_keys, ed25519_valid
 
 
 def _field(data: Any, *path: str) -> Any:
@@ -60,6 +62,9 @@ class Generic:
             if not matches_any(given, settings.tokens):
                 return Reject("bad_token")
         return Accept()
+
+    def key(self, incoming: Incoming) -> str | None:
+        return None
 
 
 class Tilda:
@@ -94,8 +99,11 @@ class Tilda:
                 return Reject("missing_api_key")
             if not matches_any(given, settings.api_keys):
                 return Reject("bad_api_key")
-        tranid = fields.get("tranid")
-        return Accept(str(tranid) if tranid not in (None, "") else None)
+        return Accept(self.key(incoming))
+
+    def key(self, incoming: Incoming) -> str | None:
+        tranid = _tilda_fields(incoming).get("tranid")
+        return str(tranid) if tranid not in (None, "") else None
 
 
 def _tilda_fields(incoming: Incoming) -> dict[str, Any]:
@@ -125,11 +133,18 @@ class Tbank:
         expected = [tbank_token(data, password) for password in self.settings.passwords]
         if not matches_any(given.lower(), expected):
             return Reject("bad_signature")
+        return Accept(self.key(incoming))
+
+    def key(self, incoming: Incoming) -> str | None:
         # T-Bank re-sends a notification until it gets OK, with the same fields
         # and so the same Token; any other notification (a second partial
         # refund of one payment: same PaymentId and Status, another Amount)
         # has another Token. PaymentId and Status are there to be read.
-        return Accept(joined_key(data.get("PaymentId"), data.get("Status"), given.lower()))
+        data = incoming.json
+        token = data.get("Token") if isinstance(data, dict) else None
+        if not isinstance(token, str):
+            return None
+        return joined_key(data.get("PaymentId"), data.get("Status"), token.lower())
 
 
 def tbank_token(data: dict[str, Any], password: str) -> str:
@@ -174,7 +189,10 @@ class WooCommerce:
         expected = hmac_signatures(self.settings.secrets, incoming.body, "sha256", "base64")
         if not matches_any(given.strip(), expected):
             return Reject("bad_signature")
-        return Accept(woocommerce_key(incoming))
+        return Accept(self.key(incoming))
+
+    def key(self, incoming: Incoming) -> str | None:
+        return woocommerce_key(incoming)
 
 
 def woocommerce_key(incoming: Incoming) -> str:
@@ -214,8 +232,11 @@ class Telegram:
             return Reject("missing_token", "no X-Telegram-Bot-Api-Secret-Token header")
         if not matches_any(given, self.settings.secret_tokens):
             return Reject("bad_token")
+        return Accept(self.key(incoming))
+
+    def key(self, incoming: Incoming) -> str | None:
         update_id = _field(incoming.json, "update_id")
-        return Accept(str(update_id) if update_id is not None else None)
+        return str(update_id) if update_id is not None else None
 
 
 class Cdek:
@@ -227,31 +248,45 @@ class Cdek:
         self.settings = settings
 
     def check(self, incoming: Incoming, now: float) -> Check:
+        return Accept(self.key(incoming))
+
+    def key(self, incoming: Incoming) -> str | None:
         data = incoming.json
         # Older payloads carry the status as attributes.status_code instead.
         code = _field(data, "attributes", "code")
         if code is None or code == "":
             code = _field(data, "attributes", "status_code")
-        return Accept(
-            joined_key(_field(data, "uuid"), code, _field(data, "attributes", "status_date_time"))
-        )
+        changed_at = _field(data, "attributes", "status_date_time")
+        return joined_key(_field(data, "uuid"), code, changed_at)
 
 
 class StandardWebhooks:
-    """Standard Webhooks: v1 HMAC-SHA256 of id.timestamp.body, with a replay window."""
+    """Standard Webhooks: v1 HMAC-SHA256 and v1a ed25519 signatures of
+    id.timestamp.body, with a replay window.
+
+    As the reference libraries do: the header may carry several signatures
+    separated by spaces (any one valid is enough), and the headers may be
+    Svix's `svix-id`, `svix-timestamp`, `svix-signature` (Svix's library reads
+    those first, then `webhook-*`).
+    """
 
     answer: Answer | None = None
 
     def __init__(self, settings: StandardWebhooksSource) -> None:
         self.settings = settings
+        self._public_keys = ed25519_keys(settings.public_keys)
 
     def check(self, incoming: Incoming, now: float) -> Check:
         headers = incoming.headers
-        webhook_id = headers.get("webhook-id")
-        timestamp = headers.get("webhook-timestamp")
-        signatures = headers.get("webhook-signature")
+        webhook_id = _svix_or_standard(headers, "id")
+        timestamp = _svix_or_standard(headers, "timestamp")
+        signatures = _svix_or_standard(headers, "signature")
         if not webhook_id or not timestamp or not signatures:
-            return Reject("missing_signature", "webhook-id, -timestamp and -signature needed")
+            return Reject(
+                "missing_signature",
+                "webhook-id, -timestamp and -signature (or svix-id, -timestamp, -signature)"
+                " needed",
+            )
         try:
             sent_at = int(timestamp)
         except ValueError:
@@ -259,15 +294,25 @@ class StandardWebhooks:
         if abs(now - sent_at) > self.settings.tolerance:
             return Reject("stale_timestamp", f"timestamp {sent_at} is outside the tolerance")
         signed = f"{webhook_id}.{timestamp}.".encode() + incoming.body
-        expected = hmac_signatures(self.settings.secrets, signed, "sha256", "base64")
-        given = [
-            candidate.partition(",")[2]
-            for candidate in signatures.split()
-            if candidate.startswith("v1,")
-        ]
-        if not any(matches_any(signature, expected) for signature in given):
-            return Reject("bad_signature")
-        return Accept(webhook_id)
+        by_version: dict[str, list[str]] = {}
+        for candidate in signatures.split():
+            version, _, signature = candidate.partition(",")
+            by_version.setdefault(version, []).append(signature)
+        if by_version.get("v1") and self.settings.secrets:
+            expected = hmac_signatures(self.settings.secrets, signed, "sha256", "base64")
+            if any(matches_any(signature, expected) for signature in by_version["v1"]):
+                return Accept(self.key(incoming))
+        v1a = by_version.get("v1a", [])
+        if any(ed25519_valid(self._public_keys, signature, signed) for signature in v1a):
+            return Accept(self.key(incoming))
+        return Reject("bad_signature")
+
+    def key(self, incoming: Incoming) -> str | None:
+        return _svix_or_standard(incoming.headers, "id") or None
+
+
+def _svix_or_standard(headers: Mapping[str, str], name: str) -> str | None:
+    return headers.get(f"svix-{name}") or headers.get(f"webhook-{name}")
 
 
 class Hmac:
@@ -296,3 +341,6 @@ class Hmac:
         if not matches_any(given, expected):
             return Reject("bad_signature")
         return Accept()
+
+    def key(self, incoming: Incoming) -> str | None:
+        return None
