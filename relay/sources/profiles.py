@@ -284,8 +284,7 @@ class StandardWebhooks:
         if not webhook_id or not timestamp or not signatures:
             return Reject(
                 "missing_signature",
-                "webhook-id, -timestamp and -signature (or svix-id, -timestamp, -signature)"
-                " needed",
+                "webhook-id, -timestamp and -signature (or svix-id, -timestamp, -signature) needed",
             )
         try:
             sent_at = int(timestamp)
