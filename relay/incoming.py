@@ -15,6 +15,7 @@ from multidict import CIMultiDictProxy
 
 from relay.canonical import payload_digest
 from relay.config import RouteConfig
+from relay.keys import stored_key
 from relay.payload import (
     first_header,
     header_map,
@@ -87,15 +88,17 @@ class Incoming:
 def idempotency_key(
     route: RouteConfig, incoming: Incoming, source_key: str | None = None
 ) -> str | None:
-    """The route's key template if it has one; else the key its source profile
-    found (the provider's own event id); else the first of the usual key headers."""
+    """The key as stored: the route's key template if it has one; else the key
+    its source profile found (the provider's own event id); else the first of
+    the usual key headers. Ingress and `relay render` both ask here."""
     if route.idempotency_key is not None:
         try:
             key = incoming.render(route.idempotency_key).strip()
         except TemplateError:
             return None
-        return key or None
-    return source_key or first_header(incoming.headers, KEY_HEADERS)
+    else:
+        key = source_key or first_header(incoming.headers, KEY_HEADERS) or ""
+    return stored_key(key) if key else None
 
 
 def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]:

@@ -199,7 +199,7 @@ class Ingress:
         content_type = incoming.content_type
         event = NewEvent(
             route=route.name,
-            idempotency_key=storable(key) if key is not None else None,
+            idempotency_key=key,
             received_at=now,
             remote_addr=incoming.remote,
             method=incoming.method,

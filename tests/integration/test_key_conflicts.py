@@ -6,6 +6,7 @@ the CLI and the metrics report what relay did.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import aiohttp
 import pytest
 
 from relay.app import Relay
+from relay.keys import key_bytes
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory
@@ -137,3 +139,34 @@ async def test_cli_lists_and_shows_the_conflict(
     assert "KEY CONFLICT: differs from event" in shown
     table = (await arelay_cli("events", "--config", str(path))).stdout
     assert "KEY CONFLICT" in table
+
+
+async def raw_post(relay: Relay, path: str, key: bytes, body: bytes) -> bytes:
+    """A request whose header bytes are not UTF-8, as a cp1251 sender writes them."""
+    host, port = relay.ingress_url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST " + path.encode() + b" HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nIdempotency-Key: " + key + b"\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_cp1251_header_keys_stay_two_keys(
+    make_config: ConfigFactory, start_relay: RelayFactory
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
+    order = "заказ-1".encode("cp1251")
+    item = "товар-1".encode("cp1251")
+    first = await raw_post(relay, "/hooks/orders", order, b'{"n": 1}')
+    second = await raw_post(relay, "/hooks/orders", item, b'{"n": 1}')  # same body, other key
+    again = await raw_post(relay, "/hooks/orders", order, b'{"n": 1}')
+    assert b'"status":"queued"' in first
+    assert b'"status":"queued"' in second
+    assert b'"status":"duplicate"' in again
+    events = await relay.store.list_events(EventQuery())
+    assert sorted(key_bytes(str(e.idempotency_key)) for e in events) == sorted([order, item])
+    assert all(e.conflict_of is None for e in events)
