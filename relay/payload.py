@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from relay.fields import FormFields
 from relay.multipart import parse_multipart
 
 
@@ -47,14 +48,15 @@ def parse_form(content_type: str | None, body: bytes) -> dict[str, str] | None:
     field; uploaded files are not fields), else None."""
     kind = media_type(content_type)
     if kind == "multipart/form-data":
-        return parse_multipart(content_type or "", body)
+        parsed = parse_multipart(content_type or "", body)
+        return FormFields(parsed) if parsed is not None else None
     if kind != "application/x-www-form-urlencoded":
         return None
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    fields: dict[str, str] = {}
+    fields = FormFields()
     for name, value in parse_qsl(text, keep_blank_values=True):
         fields.setdefault(name, value)
     return fields

@@ -7,14 +7,16 @@ template actually looks at `json` or `form`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
 import jinja2.meta
+from jinja2.filters import do_default
 from jinja2.sandbox import SandboxedEnvironment
 
 # Output beyond this is an error, not a silently truncated message: a
@@ -26,6 +28,36 @@ MAX_OUTPUT_CHARS = 1024 * 1024
 MAX_OPERATIONS = 200_000
 
 _budget: contextvars.ContextVar[list[int]] = contextvars.ContextVar("template_budget")
+# Set by `relay render`: every value that fell back to its `default` is
+# named here, so a missing field shows instead of passing as an empty value.
+_fallbacks: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "template_fallbacks", default=None
+)
+
+
+@contextlib.contextmanager
+def marking_defaults() -> Iterator[list[str]]:
+    """Within this block, each value that falls back to its `default` is
+    listed ("no comment = ''"). The output itself is unchanged: a marker in
+    it could make a valid value invalid (a Reply-To address, a JSON number)."""
+    found: list[str] = []
+    token = _fallbacks.set(found)
+    try:
+        yield found
+    finally:
+        _fallbacks.reset(token)
+
+
+def _default(value: Any, default_value: Any = "", boolean: bool = False) -> Any:
+    result = do_default(value, default_value, boolean)
+    found = _fallbacks.get()
+    if found is not None and (result is not value or isinstance(value, jinja2.Undefined)):
+        if isinstance(value, jinja2.Undefined) and value._undefined_name is not None:
+            missing = f"no {value._undefined_name!s}"
+        else:
+            missing = f"empty {value!r}"
+        found.append(f"{missing} = {result!r}")
+    return result
 
 
 class TemplateError(Exception):
@@ -49,6 +81,7 @@ class _Environment(SandboxedEnvironment):
 
         tojson.jinja_pass_arg = plain_tojson.jinja_pass_arg  # type: ignore[attr-defined]
         self.filters["tojson"] = tojson
+        self.filters["default"] = self.filters["d"] = _default
 
     def _spend(self, amount: int = 1) -> None:
         budget = _budget.get(None)

@@ -10,9 +10,10 @@ from pathlib import Path
 from relay.cli.common import CommandError, add_config_option, read_config
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.secrets import Masker
+from relay.sources import Ping, Reject, build_source
 from relay.store import Status
 from relay.targets import Envelope, build_target
-from relay.templates import TemplateError
+from relay.templates import TemplateError, marking_defaults
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,16 +49,34 @@ def render(args: argparse.Namespace) -> int:
         headers.append(("Content-Type", content_type))
     incoming = Incoming("POST", route.path, "", headers, body)
     masker = Masker(config.secrets)
-    key = idempotency_key(route, incoming)
     print(f"route {route.name}: POST {masker.text(route.path)}")
-    print(f"idempotency key: {key if key is not None else '(none)'}")
+    # The same steps as ingress: the route's source profile, then its key.
+    source = build_source(route.source)
+    check = source.check(incoming, time.time())
+    if isinstance(check, Ping):
+        answer = check.answer.body.decode("utf-8", "replace")
+        print(f"a test request: ingress answers {check.answer.status} {answer!r}, stores nothing")
+        return 0
+    if isinstance(check, Reject):
+        detail = f" ({masker.text(check.detail)})" if check.detail else ""
+        print(
+            f"verification: ingress would refuse this request with 401: {check.reason}{detail};"
+            " shown below as if it were signed"
+        )
+        source_key = source.key(incoming)
+    else:
+        source_key = check.key
+    key = idempotency_key(route, incoming, source_key)
+    shown_key = masker.text(key) if key is not None else "(none: the event id is sent instead)"
+    print(f"idempotency key: {shown_key}")
     envelope = Envelope(
         event_id=0,
         delivery_id=0,
         route=route.name,
         target="",
         attempt=1,
-        idempotency_key=key or "0",
+        idempotency_key=key or "(event id)",
+        sent_at=time.time(),
         received_at=time.time(),
         method="POST",
         path=route.path,
@@ -65,7 +84,6 @@ def render(args: argparse.Namespace) -> int:
         headers=headers,
         content_type=content_type,
         body=body,
-        sent_at=time.time(),
     )
     failed = False
     for planned in plan_deliveries(route, incoming):
@@ -79,12 +97,17 @@ def render(args: argparse.Namespace) -> int:
             failed = True
             continue
         try:
-            preview = build_target(target).preview(envelope)
+            with marking_defaults() as fell_back:
+                preview = build_target(target).preview(envelope)
         except TemplateError as error:
             print(f"would be dead: {error}")
             failed = True
             continue
         print(masker.text(preview))
+        if fell_back:
+            # A missing field is easy to miss in a filled-in template: say it.
+            print(f"NOTE: fell back to a default ({', '.join(dict.fromkeys(fell_back))}):")
+            print("      the sample has no such field; check the field names the sender uses")
     return 1 if failed else 0
 
 

@@ -8,7 +8,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
 import orjson
@@ -37,7 +37,12 @@ class Request:
         masker = Masker()
         lines = [f"{self.method} {masker.text(self.url)}"]
         lines += [f"{name}: {masker.header(name, value)}" for name, value in self.headers.items()]
-        return "\n".join([*lines, "", self.body.decode("utf-8", errors="replace")])
+        lines += ["", self.body.decode("utf-8", errors="replace")]
+        if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
+            # The encoded body is what goes out; the fields, decoded, are what a person reads.
+            fields = parse_qsl(self.body.decode("utf-8", "replace"), keep_blank_values=True)
+            lines += ["", "decoded:"] + [f"  {name} = {value}" for name, value in fields]
+        return "\n".join(lines)
 
 
 class SessionOwner:

@@ -1,0 +1,56 @@
+"""Keys keep the distinctness of their bytes; form fields are found whatever their case."""
+
+from __future__ import annotations
+
+from relay.fields import FormFields
+from relay.keys import key_bytes, stored_key
+from relay.payload import parse_form
+from relay.templates import compile_template, marking_defaults
+
+
+def as_aiohttp_gives(raw: bytes) -> str:
+    """Header bytes as aiohttp hands them over: undecodable bytes as surrogates."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def test_cp1251_keys_stay_distinct_and_reversible() -> None:
+    order = "заказ-1".encode("cp1251")
+    item = "товар-1".encode("cp1251")
+    first, second = stored_key(as_aiohttp_gives(order)), stored_key(as_aiohttp_gives(item))
+    assert first != second
+    assert first == "\\xe7\\xe0\\xea\\xe0\\xe7-1"
+    assert key_bytes(first) == order
+    assert key_bytes(second) == item
+    with_backslash = b"a\\b\xff"
+    assert key_bytes(stored_key(as_aiohttp_gives(with_backslash))) == with_backslash
+
+
+def test_valid_keys_are_stored_as_they_are() -> None:
+    for key in ("order-1", "заказ-1", "a\\xe7", "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"):
+        assert stored_key(key) == key
+
+
+def test_form_fields_are_found_ignoring_case_after_an_exact_match() -> None:
+    form = parse_form("application/x-www-form-urlencoded", b"Name=Anna&Phone=%2B7&name=exact")
+    assert isinstance(form, FormFields)
+    assert form["name"] == "exact"  # an exact name wins
+    assert form["NAME"] == "Anna"  # else the first field in order, any case
+    assert form.get("phone") == "+7"
+    assert "PHONE" in form
+    assert "email" not in form
+    assert form.get("email", "-") == "-"
+    assert list(form) == ["Name", "Phone", "name"]  # nothing renamed
+    text = compile_template("{{ form.phone }} {{ form['PHONE'] }}").render({"form": form})
+    assert text == "+7 +7"
+
+
+def test_defaults_used_are_listed_while_marking() -> None:
+    template = compile_template(
+        "{{ form.Name | default('no name') }}|{{ form.comment | default('') }}"
+        "|{{ form.x | d('-') }}"
+    )
+    form = FormFields(Name="Anna")
+    assert template.render({"form": form}) == "Anna||-"
+    with marking_defaults() as used:
+        assert template.render({"form": form}) == "Anna||-"  # the output is unchanged
+    assert used == ["no comment = ''", "no x = '-'"]
