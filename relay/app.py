@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import gc
+import inspect
 import logging
 import os
 import random
@@ -28,7 +30,7 @@ from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.secrets import Masker
-from relay.store import SqliteStore, Status
+from relay.store import SqliteStore, Status, StoreError
 from relay.systemd import Notifier, watchdog
 from relay.targets import Target, build_target
 from relay.units import format_instant
@@ -48,6 +50,10 @@ def open_store(storage: StorageConfig) -> SqliteStore:
 
 def lock_path(database: Path) -> Path:
     return database.with_name(database.name + ".lock")
+
+
+class StartError(Exception):
+    """relay cannot start (a port in use): one line for the log, exit code 1."""
 
 
 def _url(runner: web.BaseRunner) -> str:
@@ -114,6 +120,10 @@ class Relay:
         self._runners: dict[str, web.BaseRunner] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._opened: list[Callable[[], object]] = []
+        self._stopping = False
+        # Set when a background task ends while relay is not stopping: `serve()`
+        # then stops the process with a non-zero exit, so systemd restarts it.
+        self.died = asyncio.Event()
 
     @property
     def ingress_url(self) -> str:
@@ -148,9 +158,30 @@ class Relay:
             log_attempt(report)
         self.alerter.observe(report)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(
+        self, coroutine: Coroutine[Any, Any, None], name: str, *, essential: bool = False
+    ) -> None:
+        """Run `coroutine` in the background. An essential task must run until
+        `stop()`: if it ends any other way, relay stops rather than run without it
+        (procrastinate's `_monitor_side_tasks`)."""
         self._tasks = [task for task in self._tasks if not task.done()]
-        self._tasks.append(asyncio.create_task(coroutine, name=name))
+        task = asyncio.create_task(coroutine, name=name)
+        task.add_done_callback(self._essential_ended if essential else self._helper_ended)
+        self._tasks.append(task)
+
+    def _essential_ended(self, task: asyncio.Task[None]) -> None:
+        if self._stopping:
+            return
+        log.error(
+            "background task %s %s: stopping relay so that it is restarted",
+            task.get_name(),
+            _how_it_ended(task),
+        )
+        self.died.set()
+
+    def _helper_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s %s", task.get_name(), _how_it_ended(task))
 
     async def _listen(self, name: str, app: web.Application | web.Server, listen: Listen) -> None:
         runner: web.BaseRunner
@@ -160,7 +191,13 @@ class Relay:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         self._runners[name] = runner
-        await web.TCPSite(runner, listen.host, listen.port, backlog=1024).start()
+        try:
+            await web.TCPSite(runner, listen.host, listen.port, backlog=1024).start()
+        except OSError as error:
+            reason = error.strerror or str(error)
+            if error.errno == errno.EADDRINUSE:
+                reason = "the address is already in use (is another relay running?)"
+            raise StartError(f"cannot listen on {listen} ({name}): {reason}") from None
 
     async def start(self, *, background: bool = True) -> None:
         """Open everything in order; a failure undoes what was opened.
@@ -185,10 +222,10 @@ class Relay:
             for target in self.targets.values():
                 await target.start()
             if background:
-                self._spawn(self.scheduler.run(), "scheduler")
-                self._spawn(self.alerter.run(), "alerts")
-                self._spawn(self.retention.run(), "retention")
-                self._spawn(self.indexer.run(), "search-indexer")
+                self._spawn(self.scheduler.run(), "scheduler", essential=True)
+                self._spawn(self.alerter.run(), "alerts", essential=True)
+                self._spawn(self.retention.run(), "retention", essential=True)
+                self._spawn(self.indexer.run(), "search-indexer", essential=True)
             await self._listen("ingress", self.ingress.server(), self.config.server.listen)
             admin = self.config.admin
             if admin.enabled:
@@ -250,7 +287,7 @@ class Relay:
                 targets[name] = target
         except BaseException:
             for target in fresh:
-                await target.close()
+                await _quietly(f"closing target {target.name}", target.close)
             raise
         retired = [t for name, t in self.targets.items() if targets.get(name) is not t]
         self.config = config
@@ -283,34 +320,93 @@ class Relay:
         when = format_instant(last) if last else "none yet"
         return f"pending {pending}, dead {dead}, last delivery {when}"
 
-    async def stop(self) -> None:
-        """Stop taking webhooks, finish what is in flight, close everything."""
+    async def stop(self) -> bool:
+        """Stop taking webhooks, finish what is in flight, close everything.
+
+        Each step runs even when one before it failed (a failure is one log
+        line): the database and its lock are always let go. True if all went well.
+        """
+        self._stopping = True
+        steps: list[tuple[str, Callable[[], object]]] = []
         ingress = self._runners.pop("ingress", None)
         if ingress is not None:
             # Stops listening and lets requests waiting on a commit get their answer.
-            await ingress.cleanup()
-        await self.ingress.close()
-        await self.scheduler.stop(self.config.server.shutdown_timeout)
-        self.retention.stop()
-        self.indexer.stop()
-        await self.alerter.stop()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+            steps.append(("closing the ingress listener", ingress.cleanup))
+        tasks, self._tasks = self._tasks, []
+        grace = self.config.server.shutdown_timeout
+        steps += [
+            ("closing ingress", self.ingress.close),
+            ("stopping the scheduler", lambda: self.scheduler.stop(grace)),
+            ("stopping retention", self.retention.stop),
+            ("stopping the search indexer", self.indexer.stop),
+            ("stopping alerts", self.alerter.stop),
+            ("waiting for tasks", lambda: asyncio.gather(*tasks, return_exceptions=True)),
+        ]
         admin = self._runners.pop("admin", None)
         if admin is not None:
-            await admin.cleanup()
-        while self._opened:
-            closer = self._opened.pop()
-            result = closer()
-            if asyncio.iscoroutine(result):
-                await result
+            steps.append(("closing the admin listener", admin.cleanup))
+        steps += [("closing", closer) for closer in reversed(self._opened)]
+        self._opened.clear()
+        clean = True
+        for what, step in steps:
+            clean &= await _quietly(what, step)
+        return clean
+
+
+def _how_it_ended(task: asyncio.Task[None]) -> str:
+    if task.cancelled():
+        return "was cancelled"
+    error = task.exception()
+    if error is None:
+        return "ended"
+    return f"failed: {type(error).__name__}: {error}"
+
+
+async def _quietly(what: str, step: Callable[[], object]) -> bool:
+    """Run one step of a shutdown; a failure is logged in one line, not raised."""
+    try:
+        result = step()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as error:
+        log.error("%s failed: %s", what, _describe(error))
+        return False
+    return True
 
 
 async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int:
-    """`relay serve`: run until SIGTERM or SIGINT; SIGHUP re-reads the config."""
+    """`relay serve`: run until SIGTERM or SIGINT; SIGHUP re-reads the config.
+
+    Returns the exit code: 0 after a requested stop, 1 when relay could not
+    start or a background task died (systemd then restarts it)."""
     notifier = Notifier(environ)
     relay = Relay(config)
-    await relay.start()
+    try:
+        await relay.start()
+    except StartError as error:
+        log.error("%s", error)
+        return 1
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    try:
+        code = await _run(relay, notifier, loop)
+    finally:
+        # Whatever happened above, the listeners close, the attempts in flight
+        # finish and the database lock is released: never a process half alive.
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+        notifier.stopping()
+        log.info(
+            "stopping: finishing attempts in flight (up to %gs)",
+            relay.config.server.shutdown_timeout,
+        )
+        clean = await relay.stop()
+        log.info("stopped")
+    return code if clean else max(code, 1)
+
+
+async def _run(relay: Relay, notifier: Notifier, loop: asyncio.AbstractEventLoop) -> int:
+    config = relay.config
     # Everything built so far lives as long as the process: keep it out of the
     # collector's way, and collect the young generation less often. Each
     # request allocates a few hundred short-lived objects, and at Python's
@@ -320,7 +416,6 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int
 
     stop = asyncio.Event()
     reload = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
@@ -337,20 +432,27 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int
     pinger = asyncio.create_task(
         watchdog(notifier, relay.scheduler.alive, relay.status_line), name="watchdog"
     )
-    while not stop.is_set():
-        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(reload.wait())]
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
-        if reload.is_set() and not stop.is_set():
-            reload.clear()
-            await _reload(relay, notifier)
-    notifier.stopping()
-    log.info("stopping: finishing attempts in flight (up to %gs)", config.server.shutdown_timeout)
-    await relay.stop()
-    pinger.cancel()
-    log.info("stopped")
-    return 0
+    try:
+        while not stop.is_set():
+            waiters = [
+                asyncio.create_task(stop.wait()),
+                asyncio.create_task(reload.wait()),
+                asyncio.create_task(relay.died.wait()),
+            ]
+            await asyncio.wait([*waiters, pinger], return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            if relay.died.is_set():
+                return 1
+            if pinger.done():
+                log.error("background task watchdog %s: stopping relay", _how_it_ended(pinger))
+                return 1
+            if reload.is_set() and not stop.is_set():
+                reload.clear()
+                await _reload(relay, notifier)
+        return 0
+    finally:
+        pinger.cancel()
 
 
 async def _reload(relay: Relay, notifier: Notifier) -> None:
@@ -361,13 +463,23 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
             raise ConfigError("", "the running config was not read from a file")
         config = load_config(source, os.environ)
         needs_restart = await relay.reload(config)
-    except ConfigError as error:
+    except Exception as error:
+        # Whatever went wrong, the running config stays: one line, counted.
+        problem = str(error) if isinstance(error, ConfigError) else _describe(error)
         relay.metrics.reloads.labels("failed").inc()
-        log.error("reload failed, still running the previous config: %s", error)
-        notifier.send("READY=1", f"STATUS=reload failed (previous config kept): {error}")
+        log.error("reload failed, still running the previous config: %s", problem)
+        notifier.send("READY=1", f"STATUS=reload failed (previous config kept): {problem}")
         return
     relay.metrics.reloads.labels("ok").inc()
     log.info("reloaded %s: %d routes, %d targets", source, len(config.routes), len(config.targets))
     for key in needs_restart:
         log.warning("%s changed: it takes effect at the next restart", key)
-    notifier.ready(await relay.status_line())
+    try:
+        notifier.ready(await relay.status_line())
+    except StoreError as error:
+        notifier.send("READY=1", f"STATUS=store unavailable: {error}")
+
+
+def _describe(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -43,17 +43,50 @@ def load_config(path: Path, environ: Mapping[str, str]) -> Config:
     return parse_config(data, environ, base=path.resolve().parent, source=path.resolve())
 
 
+# Far deeper than any relay config (routes.x.targets[0].retry is four levels), far
+# shallower than the recursion that parsing, substituting and checking would need.
+MAX_DEPTH = 32
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError("", f"{path}: no such file") from None
     except OSError as error:
         raise ConfigError("", f"{path}: cannot read: {error.strerror}") from None
     try:
-        return tomllib.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            "",
+            f"{path}: line {line}: byte 0x{raw[error.start]:02x} is not UTF-8;"
+            " save the file as UTF-8",
+        ) from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError("", f"{path}: invalid TOML: {error}") from None
+    except RecursionError:
+        data = None
+    if data is None or _too_deep(data):
+        raise ConfigError("", f"{path}: values nested more than {MAX_DEPTH} levels deep")
+    return data
+
+
+def _too_deep(data: object) -> bool:
+    """Walked without recursion: the check itself must not overflow the stack."""
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+    return False
 
 
 def parse_config(

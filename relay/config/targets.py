@@ -9,6 +9,7 @@ from types import MappingProxyType
 
 import yarl
 
+from relay.config.files import ca_file_problem, folder_problem
 from relay.config.model import (
     FileTarget,
     HttpTarget,
@@ -62,6 +63,8 @@ def parse_target(
         settings = _http(section)
     elif kind == "file":
         settings = FileTarget(path=section.path("path", base))
+        if problem := folder_problem(settings.path):
+            raise ConfigError(section.key("path"), problem)
     elif kind == "smtp":
         settings = _smtp(section, base)
     else:
@@ -172,6 +175,8 @@ def _smtp(section: Section, base: Path) -> SmtpTarget:
     if not _EMAIL.fullmatch(sender):
         raise section.error("from", 'a mail address like "relay@example.com"', sender)
     ca_file = section.path("ca_file", base, None)
+    if ca_file is not None and (problem := ca_file_problem(ca_file)):
+        raise ConfigError(section.key("ca_file"), problem)
     return SmtpTarget(
         host=host,
         port=port,
