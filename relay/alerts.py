@@ -22,12 +22,14 @@ from relay.config import AlertsConfig
 from relay.outcome import Verdict
 from relay.retry import Next
 from relay.scheduler import AttemptReport
-from relay.store import NewDelivery, NewEvent, Store, StoreError
+from relay.store import NewDelivery, NewEvent, Status, Store, StoreError
+from relay.targets import ALERTS_ROUTE
 from relay.units import format_duration
 
 log = logging.getLogger("relay.alerts")
 
-ALERTS_ROUTE = "_alerts"
+__all__ = ["ALERTS_ROUTE", "Alerter", "alert_body"]
+
 # One message lists this many dead deliveries; the count says how many in all.
 MAX_LISTED = 50
 
@@ -36,6 +38,7 @@ MAX_LISTED = 50
 class _Window:
     dead: list[dict[str, Any]] = field(default_factory=list)
     dead_count: int = 0
+    dead_ids: set[int] = field(default_factory=set)
     failing: dict[str, dict[str, Any]] = field(default_factory=dict)
     recovered: dict[str, dict[str, Any]] = field(default_factory=dict)
     # hold_when_down targets that went down (deliveries held) or came back up.
@@ -75,7 +78,15 @@ class Alerter:
         if target is None or delivery.route == ALERTS_ROUTE:
             return
         window = self._window
-        if report.decision.next is Next.DEAD:
+        # A manual retry of a dead delivery that fails leaves it dead: it was
+        # reported when it went dead. Within a window, each delivery once.
+        already_dead = delivery.manual and delivery.resume_status is Status.DEAD
+        if (
+            report.decision.next is Next.DEAD
+            and not already_dead
+            and delivery.id not in window.dead_ids
+        ):
+            window.dead_ids.add(delivery.id)
             window.dead_count += 1
             if len(window.dead) < MAX_LISTED:
                 window.dead.append(

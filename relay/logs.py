@@ -95,7 +95,8 @@ def attempt_fields(report: AttemptReport) -> dict[str, Any]:
         "target": delivery.target,
         "delivery": delivery.id,
         "attempt": f"{report.number}/{report.max_attempts}",
-        "outcome": report.outcome.verdict.value,
+        # The attempt that ends a delivery says so, not "retry ... next=dead".
+        "outcome": "dead" if decision.next is Next.DEAD else report.outcome.verdict.value,
         "status": report.outcome.status,
         "duration_ms": round(report.duration * 1000, 1),
         "next": iso(decision.at) if decision.next is Next.RETRY else decision.next.value,

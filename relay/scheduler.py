@@ -477,7 +477,11 @@ class Scheduler:
         if delivery.manual and outcome.verdict is Verdict.RETRY:
             # One more try asked for by a person: failing it changes nothing.
             if delivery.resume_status is Status.DEAD:
-                decision = Decision(Next.DEAD, reason=decision.reason)
+                # Counted in all (this one included), not the cycle's: the
+                # cycle's count would say one attempt fewer than were made.
+                made = delivery.attempts + 1
+                reason = f"{outcome.error or 'failed'} (still dead after a manual retry;"
+                decision = Decision(Next.DEAD, reason=f"{reason} {made} attempts in all)")
             else:
                 at = delivery.resume_at if delivery.resume_at is not None else decision.at
                 decision = Decision(Next.RETRY, at=at, reason=decision.reason)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 from importlib import resources
 from pathlib import Path
 
@@ -21,7 +22,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     init = commands.add_parser(
         "init", help="write a commented starter config: a Tilda form to a CRM, Telegram and mail"
     )
-    init.add_argument("path", metavar="PATH", nargs="?", default="relay.toml", type=Path)
+    init.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="?",
+        default=Path("relay.toml"),
+        type=Path,
+        help="where to write it (default: ./relay.toml; for the service: /etc/relay/relay.toml)",
+    )
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     init.set_defaults(handler=write_starter)
 
@@ -34,6 +42,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     backup.set_defaults(handler=make_backup)
 
 
+# The service runs as a dynamic user that exists only while it runs: nothing
+# can give it the file beforehand, so the file is readable by everyone. It
+# holds no secret: those come from ${VARS} (EnvironmentFile=, read by systemd
+# as root) or ${file:NAME} (LoadCredential=, handed to the service alone).
+CONFIG_MODE = 0o644
+
+
 def starter_config() -> str:
     return resources.files("relay").joinpath("starter.toml").read_text(encoding="utf-8")
 
@@ -43,11 +58,11 @@ def write_starter(args: argparse.Namespace) -> int:
     if path.exists() and not args.force:
         raise CommandError(f"{path} exists (use --force to overwrite it)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # It will hold no secrets (they come from ${VARS}), but keep it private anyway.
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, CONFIG_MODE)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        os.fchmod(descriptor, CONFIG_MODE)  # an existing file (--force) keeps no other mode
         handle.write(starter_config())
-    print(f"wrote {path}")
+    print(f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets, they come from ${{VARS}})")
     print("next: set the variables it names (see the top of the file), then:")
     print(f"  relay check --config {path}")
     return 0
@@ -69,6 +84,7 @@ def make_backup(args: argparse.Namespace) -> int:
     size = destination.stat().st_size
     print(
         f"backed up {config.storage.path} to {destination}: {events} events,"
-        f" {format_size(size) if size % 1024 == 0 else f'{size} bytes'}"
+        f" {format_size(size) if size % 1024 == 0 else f'{size} bytes'},"
+        f" mode {stat.S_IMODE(destination.stat().st_mode):o} (it holds what senders sent)"
     )
     return 0

@@ -821,6 +821,8 @@ class SqliteStore:
         partial = destination.with_name(destination.name + ".partial")
         partial.unlink(missing_ok=True)
         try:
+            # The copy holds people's data like the database itself: ours alone.
+            os.close(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             source = sqlite3.connect(self.path, timeout=self._busy_timeout)
             try:
                 copy = sqlite3.connect(partial)

@@ -7,6 +7,7 @@ from relay.config import HttpTarget as HttpSettings
 from relay.config import SmtpTarget as SmtpSettings
 from relay.config import TargetConfig
 from relay.config import TelegramTarget as TelegramSettings
+from relay.targets.alerting import ALERTS_ROUTE, AlertAware, alert_settings
 from relay.targets.base import Envelope, Target
 from relay.targets.file import FileTarget
 from relay.targets.http import HttpTarget
@@ -15,6 +16,13 @@ from relay.targets.telegram import TelegramTarget
 
 
 def build_target(config: TargetConfig) -> Target:
+    """The target, sending alert deliveries with the alert's own subject and text."""
+    target = _build(config)
+    alert_config = alert_settings(config)
+    return target if alert_config is None else AlertAware(target, _build(alert_config))
+
+
+def _build(config: TargetConfig) -> Target:
     settings = config.settings
     if isinstance(settings, HttpSettings):
         return HttpTarget(config.name, settings, concurrency=config.concurrency)
@@ -27,4 +35,4 @@ def build_target(config: TargetConfig) -> Target:
     raise TypeError(f"no target type for {type(settings).__name__}")
 
 
-__all__ = ["Envelope", "Target", "build_target"]
+__all__ = ["ALERTS_ROUTE", "Envelope", "Target", "build_target"]

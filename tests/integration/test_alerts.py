@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tomllib
+from email import message_from_bytes
+from email.message import Message
+from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import aiohttp
+from aiosmtpd.controller import Controller
 
 from relay.alerts import ALERTS_ROUTE
 from relay.clock import FakeClock
+from relay.config import parse_config
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
-from helpers import post_events
+from helpers import free_port, post_events
 
 
 async def test_many_dead_deliveries_make_one_alert(
@@ -142,3 +150,90 @@ async def test_alerts_to_telegram_use_the_alert_text(
     text = json.loads(message.body)["text"]
     assert text.startswith("relay: 1 delivery went dead\ndead: event 1 route orders → crm")
     assert "relay requeue 1" in text
+
+
+class _MailBox:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append(message_from_bytes(envelope.content))
+        return "250 OK"
+
+
+def _starter_with(crm_url: str, bot_url: str, smtp_port: int) -> dict[str, Any]:
+    """`relay init`'s config as shipped, pointed at local servers."""
+    data = tomllib.loads(resources.files("relay").joinpath("starter.toml").read_text())
+    data["server"]["listen"] = "127.0.0.1:0"
+    data["admin"]["listen"] = "127.0.0.1:0"
+    data["targets"]["crm"]["url"] = crm_url
+    data["targets"]["crm"]["retry"] = {"retries": 1, "unit": "1ms", "jitter": 0}
+    data["targets"]["sales_chat"]["api_base"] = bot_url.rstrip("/")
+    mail = data["targets"]["manager_mail"]
+    mail.update(host="127.0.0.1", port=smtp_port, tls="none")
+    del mail["username"], mail["password"]
+    return data
+
+
+async def test_an_alert_through_the_starters_lead_mail_says_what_went_dead(
+    tmp_path: Path, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    crm, crm_url = await start_sink([503])
+    _bot, bot_url = await start_sink([200], path="")
+    box = _MailBox()
+    port = free_port()
+    controller = Controller(box, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        config = parse_config(
+            _starter_with(crm_url, bot_url, port),
+            {
+                "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",
+                "TILDA_API_KEY": "tilda-key-1",
+                "BITRIX_WEBHOOK_URL": "unused",
+                "TELEGRAM_BOT_TOKEN": "1:AAtoken",
+                "TELEGRAM_CHAT_ID": "-1001234567890",
+                "SMTP_HOST": "unused",
+                "SMTP_USER": "unused",
+                "SMTP_PASSWORD": "unused",
+                "MAIL_FROM": "relay@shop.example",
+                "MAIL_TO": "manager@shop.example",
+            },
+            base=tmp_path,
+        )
+        relay = await start_relay(config, background=False, clock=FakeClock())
+        async with aiohttp.ClientSession() as http:
+            lead = "Name=Anna&Phone=%2B79001234567&api_key=tilda-key-1&tranid=1:1&formid=form1"
+            async with http.post(
+                relay.ingress_url + "/hooks/tilda",
+                data=lead,
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+            ) as response:
+                assert response.status == 200
+        await relay.scheduler.drain()
+        assert len(crm.requests) == 2  # the first attempt and its one retry
+        assert await relay.alerter.flush() is not None
+        await relay.scheduler.drain()
+        assert len(box.messages) == 2  # the lead's mail, then the alert
+        alert = box.messages[1]
+        assert alert["Subject"] == "relay: 1 delivery went dead"
+        text = alert.get_payload(decode=True).decode()
+        assert "dead: event 1 route tilda → crm after 2 attempts: HTTP 503" in text
+        assert "relay requeue " in text
+        assert "lead" not in str(alert["Subject"]).lower()
+
+        # One more attempt by hand fails too: still dead, said so, not alerted again.
+        [event] = await relay.store.list_events(EventQuery(route="tilda"))
+        crm_delivery = next(d for d in event.deliveries if d.target == "crm")
+        await relay.store.retry_now(crm_delivery.id, relay.clock.now())
+        await relay.scheduler.drain()
+        assert len(crm.requests) == 3
+        assert await relay.alerter.flush() is None
+        [event] = await relay.store.list_events(EventQuery(route="tilda"))
+        crm_delivery = next(d for d in event.deliveries if d.target == "crm")
+        assert crm_delivery.status.value == "dead"
+        assert crm_delivery.attempts == 3
+        assert "3 attempts in all" in (crm_delivery.last_error or "")
+        assert "gave up after 2" not in (crm_delivery.last_error or "")
+    finally:
+        controller.stop()

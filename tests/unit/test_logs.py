@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -77,6 +78,20 @@ def test_attempt_lines_carry_every_field_and_no_secret(form: str, captured: io.S
             " status=503 duration_ms=12.4 next=1970-01-01T00:02:00.000Z"
         ) in line
         assert 'error="HTTP 503 from https://x/***"' in line
+
+
+def test_the_attempt_that_makes_a_delivery_dead_says_dead(captured: io.StringIO) -> None:
+    logs.configure(LogConfig(format="text"))
+    logging.getLogger().handlers[0].setStream(captured)  # type: ignore[attr-defined]
+    last = dataclasses.replace(
+        report("HTTP 503"), number=7, decision=Decision(Next.DEAD, reason="HTTP 503")
+    )
+    logs.log_attempt(last)
+    line = captured.getvalue().strip()
+    assert " WARNING " in line
+    assert "attempt=7/7 outcome=dead status=503" in line
+    assert "next=dead" in line
+    assert "outcome=retry" not in line
 
 
 def test_url_credentials_are_masked() -> None:
