@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from relay import __version__
 from relay.cli import check, events, operate, render, serve, setup
-from relay.cli.common import CommandError
+from relay.cli.common import CommandError, as_root_hint
 from relay.lockfile import AlreadyRunning
 from relay.store import StoreError
 
@@ -35,6 +35,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (StoreError, AlreadyRunning) as error:
         print(f"relay: {error}", file=sys.stderr)
+        return 1
+    except PermissionError as error:
+        print(
+            f"relay: {error.filename or 'a file'}: permission denied"
+            f" (run as root: {as_root_hint()})",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as error:  # one line, never a traceback
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"relay: {where}{error.strerror or error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from relay.advice import warnings
-from relay.cli.common import add_config_option, read_config
+from relay.cli.common import add_config_option, add_service_environment_options, read_config
 from relay.config import Config, FileTarget, HttpTarget, SmtpTarget, TargetConfig
 from relay.retry import describe_schedule
 from relay.secrets import Masker
@@ -15,6 +15,7 @@ from relay.units import format_size
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("check", help="check the config and print what it sets up")
     add_config_option(parser)
+    add_service_environment_options(parser)
     parser.set_defaults(handler=run)
 
 

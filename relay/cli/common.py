@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
+import shlex
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
@@ -15,6 +17,7 @@ import orjson
 
 from relay.app import open_store
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
+from relay.envfile import parse_env_file
 from relay.loops import loop_factory
 from relay.store import SqliteStore
 
@@ -36,6 +39,24 @@ def add_config_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_service_environment_options(parser: argparse.ArgumentParser) -> None:
+    """Read secrets as the unit gives them, from outside the unit."""
+    parser.add_argument(
+        "--env-file",
+        metavar="FILE",
+        type=Path,
+        help="read ${VARS} from this file as systemd's EnvironmentFile= does"
+        " (e.g. /etc/relay/relay.env)",
+    )
+    parser.add_argument(
+        "--credentials",
+        metavar="DIR",
+        type=Path,
+        help="read ${file:NAME} from DIR/NAME, as the unit's LoadCredential= would"
+        " (e.g. /etc/relay/credentials)",
+    )
+
+
 def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -51,9 +72,30 @@ def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
     raise CommandError("no config file: pass --config PATH or set RELAY_CONFIG")
 
 
+def service_environ(args: argparse.Namespace) -> dict[str, str]:
+    """This process's environment, plus --env-file's variables and --credentials."""
+    environ = dict(os.environ)
+    env_file: Path | None = getattr(args, "env_file", None)
+    if env_file is not None:
+        try:
+            text = env_file.read_text(encoding="utf-8")
+        except OSError as error:
+            raise CommandError(_cannot(env_file, error, "read")) from None
+        except UnicodeDecodeError:
+            raise CommandError(f"{env_file}: not UTF-8 (systemd ignores such lines)") from None
+        environ.update(parse_env_file(text))
+    credentials: Path | None = getattr(args, "credentials", None)
+    if credentials is not None:
+        if not credentials.is_dir():
+            raise CommandError(f"--credentials {credentials}: not a directory")
+        environ["CREDENTIALS_DIRECTORY"] = str(credentials.resolve())
+    return environ
+
+
 def read_config(args: argparse.Namespace) -> Config:
+    environ = service_environ(args)
     try:
-        return load_config(config_path(args, os.environ), os.environ)
+        return load_config(config_path(args, environ), environ)
     except ConfigError as error:
         raise CommandError(f"config error: {error}") from None
 
@@ -71,8 +113,34 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
         return runner.run(coroutine)
 
 
+def as_root_hint() -> str:
+    return "sudo " + shlex.join(["relay", *sys.argv[1:]])
+
+
+def _cannot(path: Path, error: OSError, verb: str) -> str:
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return (
+            f"cannot {verb} {path}: permission denied (it belongs to the service;"
+            f" run this as root: {as_root_hint()})"
+        )
+    return f"cannot {verb} {path}: {error.strerror}"
+
+
+def existing_database(path: Path) -> None:
+    """Commands other than `serve` work on the service's database: never a new one."""
+    try:
+        os.stat(path)
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise CommandError(f"no database at {path} (is this the service's config?)") from None
+    except OSError as error:
+        raise CommandError(_cannot(path, error, "open")) from None
+
+
 @asynccontextmanager
 async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[SqliteStore]:
+    existing_database(config.storage.path)
     store = open_store(config.storage)
     await store.open()
     try:

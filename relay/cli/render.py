@@ -7,7 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-from relay.cli.common import CommandError, add_config_option, read_config
+from relay.cli.common import (
+    CommandError,
+    add_config_option,
+    add_service_environment_options,
+    read_config,
+)
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, build_source
@@ -22,6 +27,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="show what each target of a route would send for a sample body (sends nothing)",
     )
     add_config_option(parser)
+    add_service_environment_options(parser)
     parser.add_argument("route", metavar="ROUTE")
     parser.add_argument("--body", metavar="FILE", required=True, help="the body ('-': stdin)")
     parser.add_argument("--content-type", help="default: guessed (JSON, else form)")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import stat
 from importlib import resources
 from pathlib import Path
@@ -31,6 +33,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="where to write it (default: ./relay.toml; for the service: /etc/relay/relay.toml)",
     )
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.add_argument(
+        "--database",
+        metavar="DB",
+        help='storage.path to write (default: "relay.db", beside the config;'
+        " for the service: /var/lib/relay/relay.db)",
+    )
     init.set_defaults(handler=write_starter)
 
     backup = commands.add_parser(
@@ -49,8 +57,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 CONFIG_MODE = 0o644
 
 
-def starter_config() -> str:
-    return resources.files("relay").joinpath("starter.toml").read_text(encoding="utf-8")
+_STORAGE_PATH = re.compile(r'^path = "relay\.db"', re.MULTILINE)
+
+
+def starter_config(database: str | None = None) -> str:
+    text = resources.files("relay").joinpath("starter.toml").read_text(encoding="utf-8")
+    if database is not None:
+        text, count = _STORAGE_PATH.subn(lambda _: f"path = {json.dumps(database)}", text, 1)
+        assert count == 1, "the starter config lost its storage.path line"
+    return text
 
 
 def write_starter(args: argparse.Namespace) -> int:
@@ -61,7 +76,7 @@ def write_starter(args: argparse.Namespace) -> int:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, CONFIG_MODE)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         os.fchmod(descriptor, CONFIG_MODE)  # an existing file (--force) keeps no other mode
-        handle.write(starter_config())
+        handle.write(starter_config(args.database))
     print(f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets, they come from ${{VARS}})")
     print("next: set the variables it names (see the top of the file), then:")
     print(f"  relay check --config {path}")

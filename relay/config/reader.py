@@ -376,7 +376,9 @@ def _read_credential(name: str, environ: Mapping[str, str], where: str) -> str:
     directory = environ.get("CREDENTIALS_DIRECTORY")
     if not directory:
         raise ConfigError(
-            where, f"credential {name} needs $CREDENTIALS_DIRECTORY (systemd LoadCredential=)"
+            where,
+            f"credential {name} needs $CREDENTIALS_DIRECTORY (systemd LoadCredential=;"
+            " outside the unit: --credentials DIR, e.g. /etc/relay/credentials)",
         )
     try:
         return Path(directory, name).read_text(encoding="utf-8").rstrip("\r\n")

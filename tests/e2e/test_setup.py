@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import stat
 from pathlib import Path
 
 import aiohttp
@@ -80,3 +81,88 @@ async def test_backup_while_webhooks_arrive_holds_every_acknowledged_event(
     after.close()
     assert set(done_before) <= keys
     assert len(acked) == 200
+
+
+def test_init_writes_a_readable_config_that_names_its_database(tmp_path: Path) -> None:
+    path = tmp_path / "relay.toml"
+    written = relay_cli("init", str(path), "--database", "/var/lib/relay/relay.db")
+    assert "mode 644" in written.stdout
+    # The service's dynamic user is not root and owns nothing here: it reads
+    # the file because everyone may, which is why it holds no secret.
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert 'path = "/var/lib/relay/relay.db"' in path.read_text()
+    assert "default: ./relay.toml" in relay_cli("init", "--help").stdout
+
+
+def test_commands_refuse_a_config_whose_database_does_not_exist(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "storage": {"path": "elsewhere/relay.db"},
+            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["audit"]}},
+        },
+    )
+    for command in (["events"], ["show", "1"], ["stats"], ["rejections"], ["retry", "1"]):
+        result = relay_cli(*command, "--config", str(config), check=False)
+        assert result.returncode == 2, command
+        assert result.stderr == (
+            f"relay: no database at {tmp_path / 'elsewhere' / 'relay.db'}"
+            " (is this the service's config?)\n"
+        )
+    assert not (tmp_path / "elsewhere").exists()  # nothing created on the way
+
+
+def test_check_reads_the_env_file_as_systemd_and_the_credential_files(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "admin": {"listen": "127.0.0.1:0", "token": "${file:relay_admin_token}"},
+            "targets": {
+                "chat": {
+                    "type": "telegram",
+                    "bot_token": "${BOT_TOKEN}",
+                    "chat_id": "${CHAT_ID}",
+                }
+            },
+            "routes": {"leads": {"path": "/hooks/leads", "targets": ["chat"]}},
+        },
+    )
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "relay_admin_token").write_text("0123456789abcdef0123456789abcdef\n")
+    env_file = tmp_path / "relay.env"
+    # What systemd gives the service: the comment is part of the value.
+    env_file.write_text("# the bot\nBOT_TOKEN=123:AAsecret\nCHAT_ID=-100123 # sales chat\n")
+
+    outside = relay_cli("check", "--config", str(config), "--env-file", str(env_file), check=False)
+    assert outside.returncode == 2
+    assert "--credentials DIR" in outside.stderr
+    assert "Traceback" not in outside.stderr
+
+    checked = relay_cli(
+        "check",
+        "--config",
+        str(config),
+        "--env-file",
+        str(env_file),
+        "--credentials",
+        str(credentials),
+    )
+    assert "config OK" in checked.stdout
+    assert "123:AAsecret" not in checked.stdout
+
+
+def test_backup_is_private(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["audit"]}},
+        },
+    )
+    sqlite3.connect(tmp_path / "relay.db").close()  # an empty database: relay migrates it
+    relay_cli("purge", "--config", str(config))
+    made = relay_cli("backup", str(tmp_path / "copy.db"), "--config", str(config))
+    assert "mode 600" in made.stdout
+    assert stat.S_IMODE((tmp_path / "copy.db").stat().st_mode) == 0o600
