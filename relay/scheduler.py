@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -53,12 +54,12 @@ class _Lane:
 
     concurrency: int
     own: Pacer | None = None
-    shared: Pacer | None = None
+    shared: list[Pacer] = field(default_factory=list)
     in_flight: int = 0
 
     @property
     def pacers(self) -> list[Pacer]:
-        return [pacer for pacer in (self.own, self.shared) if pacer is not None]
+        return [*self.shared, self.own] if self.own is not None else self.shared
 
     @property
     def free(self) -> int:
@@ -278,13 +279,12 @@ class Scheduler:
                 lane.own = None
             elif lane.own is None or lane.own.rate != target.rate:
                 lane.own = Pacer(target.rate, now)
-            lane.shared = None
-            if target.shared_rate is not None:
-                group, rate = target.shared_rate
+            lane.shared = []
+            for group, rate in target.shared_rates:
                 shared = self._shared_pacers.get(group)
                 if shared is None or shared.rate != rate:
                     shared = self._shared_pacers[group] = Pacer(rate, now)
-                lane.shared = shared
+                lane.shared.append(shared)
 
     async def _refresh_paused(self, now: float) -> None:
         # Pause state lives in the store (the CLI may change it): read it at
@@ -310,7 +310,7 @@ class Scheduler:
             and (name not in down or lane.in_flight == 0)
         }
 
-    def _claimable(self, now: float) -> dict[str, int]:
+    async def _claimable(self, now: float) -> dict[str, int]:
         down = self.down
         limits = {}
         for name, lane in self._eligible().items():
@@ -319,7 +319,30 @@ class Scheduler:
                 limits[name] = min(lane.allowed(now), 1) if now >= down[name].probe_at else 0
             else:
                 limits[name] = min(lane.allowed(now), self._batch_size)
-        return {name: limit for name, limit in limits.items() if limit > 0}
+        limits = {name: limit for name, limit in limits.items() if limit > 0}
+        return await self._share_pacers(limits, now)
+
+    async def _share_pacers(self, limits: dict[str, int], now: float) -> dict[str, int]:
+        """Targets sharing a pacer (one bot, one chat, one portal) each see it
+        free, but it lets one send go per turn: that send goes to the target
+        whose delivery has waited longest."""
+        lanes = self._state.lanes
+        sharing: dict[int, list[str]] = {}
+        for name in limits:
+            for pacer in lanes[name].shared:
+                sharing.setdefault(id(pacer), []).append(name)
+        contested = {name for names in sharing.values() if len(names) > 1 for name in names}
+        if not contested:
+            return limits
+        due = await self._store.next_due(sorted(contested))
+        promised: set[int] = set()
+        for name in sorted(contested, key=lambda name: (due.get(name, math.inf), name)):
+            pacers = {id(pacer) for pacer in lanes[name].shared}
+            if due.get(name, math.inf) > now or pacers & promised:
+                del limits[name]
+            else:
+                promised |= pacers
+        return limits
 
     async def _next_wake(self, now: float) -> float | None:
         """When something can next be sent: its due time, or later if its pace
@@ -336,7 +359,7 @@ class Scheduler:
     async def _dispatch(self, now: float) -> int:
         if self._stopping:
             return 0
-        limits = self._claimable(now)
+        limits = await self._claimable(now)
         if not limits:
             return 0
         claimed = await self._store.claim_due(

@@ -16,6 +16,7 @@ from relay.config.model import (
     HttpTarget,
     Listen,
     LogConfig,
+    Rate,
     RetryPolicy,
     RouteConfig,
     RouteTarget,
@@ -103,6 +104,7 @@ def parse_config(
         name: parse_target(name, section, default_retry, base)
         for name, section in root.subsections("targets").items()
     }
+    _check_rate_groups(targets)
     routes: dict[str, RouteConfig] = {}
     paths: dict[str, str] = {}
     for name, section in root.subsections("routes").items():
@@ -223,6 +225,22 @@ def _alerts(section: Section, targets: Mapping[str, TargetConfig]) -> AlertsConf
     )
     section.done()
     return alerts
+
+
+def _check_rate_groups(targets: Mapping[str, TargetConfig]) -> None:
+    """Targets of one rate_group share one pacer: they must agree on its rate."""
+    seen: dict[str, tuple[str, Rate]] = {}
+    for target in targets.values():
+        for group, rate in target.shared_rates:
+            if not group.startswith("group-"):
+                continue
+            first = seen.setdefault(group, (target.name, rate))
+            if first[1] != rate:
+                raise ConfigError(
+                    f"targets.{target.name}.rate",
+                    f'rate_group "{group.removeprefix("group-")}" is paced at {first[1]}'
+                    f" by targets.{first[0]}; give every target of the group one rate",
+                )
 
 
 def _route(

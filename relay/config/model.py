@@ -175,8 +175,9 @@ class TargetConfig:
     settings: TargetSettings
     concurrency: int = 4
     rate: Rate | None = None
-    # Limits shared with other targets (one Telegram bot behind several chats).
-    shared_rate: tuple[str, Rate] | None = None
+    # Limits shared with other targets, by a key naming what is limited: one
+    # Telegram bot behind several targets, one chat, one Bitrix24 portal.
+    shared_rates: tuple[tuple[str, Rate], ...] = ()
     # After `down_after` "target down" failures in a row (network, timeout, 5xx,
     # 429) the target is down: its deliveries wait without spending retries
     # while one probe at a time goes out on the target's backoff schedule.

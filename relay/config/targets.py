@@ -41,7 +41,10 @@ _EMAIL = re.compile(r"[^@\s<>]+@[^@\s<>]+|.*<[^@\s<>]+@[^@\s<>]+>")
 
 # Telegram's own limits: about one message a second to a chat, thirty a
 # second per bot. Sending within them needs no setting.
+# Telegram's limits (Bot API FAQ, "My bot is hitting limits"): about one
+# message a second to one chat, 30 a second per bot, 20 a minute to a group.
 TELEGRAM_CHAT_RATE = Rate(1, 1.0)
+TELEGRAM_GROUP_RATE = Rate(20, 60.0)
 TELEGRAM_BOT_RATE = Rate(30, 1.0)
 
 # What a Telegram text becomes when none is set: an alert's text, else the body.
@@ -58,7 +61,7 @@ def parse_target(
     kind = section.choice("type", ("http", "file", "smtp", "telegram"))
     retry = parse_retry(section.section("retry"), default_retry)
     settings: TargetSettings
-    shared_rate = None
+    shared_rates: tuple[tuple[str, Rate], ...] = ()
     if kind == "http":
         settings = _http(section)
     elif kind == "file":
@@ -69,13 +72,18 @@ def parse_target(
         settings = _smtp(section, base)
     else:
         settings = _telegram(section)
-        bot = hashlib.sha256(settings.bot_token.encode()).hexdigest()[:12]
-        shared_rate = (f"telegram-bot-{bot}", TELEGRAM_BOT_RATE)
+        shared_rates = telegram_rates(settings.bot_token, settings.chat_id)
     default_concurrency = 1 if kind == "telegram" else 4
     concurrency = section.integer("concurrency", default_concurrency, minimum=1, maximum=1000)
     rate = _rate(section, "rate")
-    if rate is None and kind == "telegram":
-        rate = TELEGRAM_CHAT_RATE
+    rate_group = section.string("rate_group", None)
+    if rate_group is not None:
+        if rate is None:
+            raise ConfigError(section.key("rate_group"), "needs a rate, shared by the group")
+        # One pacer for every target of the group (two Bitrix24 targets on one
+        # portal: its limit is the portal's, not each target's).
+        shared_rates += ((f"group-{rate_group}", rate),)
+        rate = None
     hold_when_down = section.boolean("hold_when_down", False)
     down_after = section.integer("down_after", None, minimum=1, maximum=1000)
     if down_after is not None and not hold_when_down:
@@ -87,9 +95,20 @@ def parse_target(
         settings=settings,
         concurrency=concurrency,
         rate=rate,
-        shared_rate=shared_rate,
+        shared_rates=shared_rates,
         hold_when_down=hold_when_down,
         down_after=down_after if down_after is not None else TargetConfig.down_after,
+    )
+
+
+def telegram_rates(bot_token: str, chat_id: str) -> tuple[tuple[str, Rate], ...]:
+    """Paced per bot and per chat, whichever targets send there: two targets on
+    one chat share its 1/s (20/min for a group: a negative chat_id)."""
+    bot = hashlib.sha256(bot_token.encode()).hexdigest()[:12]
+    chat_rate = TELEGRAM_GROUP_RATE if chat_id.startswith("-") else TELEGRAM_CHAT_RATE
+    return (
+        (f"telegram-bot-{bot}", TELEGRAM_BOT_RATE),
+        (f"telegram-chat-{bot}-{chat_id}", chat_rate),
     )
 
 
@@ -205,7 +224,11 @@ def _telegram(section: Section) -> TelegramTarget:
         raise section.error("chat_id", 'a chat id like -1001234567890 or "@channel"', chat)
     parse_mode = section.choice("parse_mode", ("HTML", "MarkdownV2", "none"), "HTML")
     text = section.template(
-        "text", DEFAULT_TELEGRAM_TEXT, html=parse_mode == "HTML", compile_default=True
+        "text",
+        DEFAULT_TELEGRAM_TEXT,
+        html=parse_mode == "HTML",
+        markdown_v2=parse_mode == "MarkdownV2",
+        compile_default=True,
     )
     return TelegramTarget(
         bot_token=token,

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import deque
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from relay.clock import FakeClock
+from relay.config import ConfigError
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
@@ -55,3 +57,94 @@ async def test_a_burst_to_a_rate_limited_crm_is_paced(
     assert {(d.status.value, d.attempts) for e in events for d in e.deliveries} == {
         ("delivered", 1)
     }
+
+
+def most_in_any_window(times: list[float], window: float) -> int:
+    times = sorted(times)
+    most, start = 0, 0
+    for end, at in enumerate(times):
+        while at - times[start] >= window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+async def test_telegram_is_paced_per_chat_and_a_group_at_20_a_minute(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    clock = FakeClock()
+    sent: dict[str, list[float]] = {}
+
+    async def bot_api(request: web.Request, number: int) -> web.StreamResponse:
+        chat = str((await request.json())["chat_id"])
+        sent.setdefault(chat, []).append(clock.now())
+        return web.json_response({"ok": True, "result": {"message_id": number}})
+
+    _, url = await start_sink(bot_api, path="")
+    bot = {"type": "telegram", "bot_token": "123:AA", "api_base": url.rstrip("/")}
+    config = make_config(
+        {
+            # Two targets post to one group: they share its 20 messages a minute.
+            "sales": {**bot, "chat_id": -1001234567890, "text": "sale {{ body }}"},
+            "ops": {**bot, "chat_id": -1001234567890, "text": "ops {{ body }}"},
+            "owner": {**bot, "chat_id": 42, "text": "owner {{ body }}"},
+        },
+        {"leads": {"path": "/hooks/leads", "targets": ["sales", "ops", "owner"]}},
+    )
+    relay = await start_relay(config, background=False, clock=clock)
+    await post_events(relay.ingress_url + "/hooks/leads", 20)
+    started = clock.now()
+    await relay.scheduler.drain()
+
+    group, private = sent["-1001234567890"], sent["42"]
+    assert len(group) == 40
+    assert len(private) == 20
+    assert most_in_any_window(group, 60.0) <= 20
+    assert most_in_any_window(private, 1.0) <= 1
+    assert max(group) - started >= 39 * 3.0  # 40 messages, one every 3 s
+    assert max(private) - started < 25.0  # a private chat is not held to the group's pace
+
+
+async def test_two_targets_on_one_portal_share_its_rate(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+
+    def portal(request: web.Request, number: int) -> web.StreamResponse:
+        calls.append(clock.now())
+        return web.json_response({"result": number})
+
+    _, url = await start_sink(portal, path="/rest/1/abc/")
+    b24 = {"type": "http", "rate": "2/s", "rate_group": "portal"}
+    config = make_config(
+        {
+            "lead": {**b24, "url": url + "crm.lead.add.json"},
+            "deal": {**b24, "url": url + "crm.deal.add.json"},
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["lead", "deal"]}},
+    )
+    relay = await start_relay(config, background=False, clock=clock)
+    await post_events(relay.ingress_url + "/hooks/orders", 20)
+    started = clock.now()
+    await relay.scheduler.drain()
+    assert len(calls) == 40
+    assert most_in_any_window(calls, 1.0) <= 2  # the portal's 2/s, not 2/s per target
+    assert max(calls) - started >= 19.0
+
+
+def test_a_rate_group_needs_one_rate(make_config: ConfigFactory) -> None:
+    targets = {
+        "lead": {"type": "http", "url": "https://b24.example/a", "rate": "2/s", "rate_group": "p"},
+        "deal": {"type": "http", "url": "https://b24.example/b", "rate": "5/s", "rate_group": "p"},
+    }
+    routes = {"orders": {"path": "/hooks/orders", "targets": ["lead", "deal"]}}
+    with pytest.raises(ConfigError, match='rate_group "p" is paced at 2/s'):
+        make_config(targets, routes)
+    del targets["deal"]["rate"]
+    with pytest.raises(ConfigError, match="rate_group: needs a rate"):
+        make_config(targets, routes)
