@@ -113,6 +113,27 @@ _PLAIN = _Environment(
 )
 _HTML = _Environment(undefined=jinja2.StrictUndefined, autoescape=True, keep_trailing_newline=True)
 
+# Telegram's MarkdownV2: every one of these must be escaped with a backslash
+# outside entities (Bot API, "MarkdownV2 style"), the backslash itself too.
+MARKDOWN_V2_SPECIAL = frozenset("_*[]()~`>#+-=|{}.!\\")
+
+
+def escape_markdown_v2(text: str) -> str:
+    return "".join("\\" + char if char in MARKDOWN_V2_SPECIAL else char for char in text)
+
+
+def _markdown_value(value: Any) -> str:
+    # Values only ({{ ... }}): the template's own text is the author's markup.
+    return escape_markdown_v2(str(value))
+
+
+_MARKDOWN_V2 = _Environment(
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+    finalize=_markdown_value,
+)
+
 
 @dataclass(frozen=True)
 class Template:
@@ -143,9 +164,11 @@ class Template:
         return "".join(pieces)
 
 
-def compile_template(source: str, *, html: bool = False) -> Template:
-    """Compile `source`; raises ValueError with Jinja's message on a syntax error."""
-    environment = _HTML if html else _PLAIN
+def compile_template(source: str, *, html: bool = False, markdown_v2: bool = False) -> Template:
+    """Compile `source`; raises ValueError with Jinja's message on a syntax error.
+
+    `html` escapes every value for HTML, `markdown_v2` for Telegram's MarkdownV2."""
+    environment = _HTML if html else _MARKDOWN_V2 if markdown_v2 else _PLAIN
     try:
         tree = environment.parse(source)
         compiled = environment.from_string(tree)

@@ -223,6 +223,7 @@ class Section:
         default: Any = REQUIRED,
         *,
         html: bool = False,
+        markdown_v2: bool = False,
         compile_default: bool = False,
     ) -> Any:
         """A Jinja2 template, compiled now: a syntax error is a config error.
@@ -232,7 +233,7 @@ class Section:
         source = self.string(name, default, nonempty=False)
         if source is default and default is not REQUIRED and not compile_default:
             return source
-        return self._compile(name, source, html=html)
+        return self._compile(name, source, html=html, markdown_v2=markdown_v2)
 
     def template_map(self, name: str, *, html: bool = False) -> dict[str, Template]:
         return {
@@ -250,9 +251,11 @@ class Section:
         except ValueError as error:
             raise ConfigError(self.key(name), f"{error} in {describe(source)}") from None
 
-    def _compile(self, name: str, source: str, *, html: bool) -> Template:
+    def _compile(
+        self, name: str, source: str, *, html: bool, markdown_v2: bool = False
+    ) -> Template:
         try:
-            return compile_template(source, html=html)
+            return compile_template(source, html=html, markdown_v2=markdown_v2)
         except ValueError as error:
             raise ConfigError(self.key(name), str(error)) from None
 

@@ -19,7 +19,7 @@ from relay.config import TelegramTarget as TelegramSettings
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, context, variables
 from relay.targets.http import USER_AGENT, Request, SessionOwner, exchange, parse_retry_after
-from relay.templates import TemplateError
+from relay.templates import TemplateError, escape_markdown_v2
 
 MAX_TEXT = 4096
 CUT_MARKER = "\n… (cut: the message was longer than Telegram allows)"
@@ -42,7 +42,11 @@ class TelegramTarget(SessionOwner):
             raise TemplateError("text template rendered an empty message")
         payload: dict[str, Any] = {
             "chat_id": settings.chat_id,
-            "text": cut(text, html=settings.parse_mode == "HTML"),
+            "text": cut(
+                text,
+                html=settings.parse_mode == "HTML",
+                markdown_v2=settings.parse_mode == "MarkdownV2",
+            ),
         }
         if settings.parse_mode != "none":
             payload["parse_mode"] = settings.parse_mode
@@ -93,22 +97,37 @@ def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcom
         return Outcome.retry(f"Telegram: {description}", status, excerpt, retry_after)
     if status >= 500:
         return Outcome.retry(f"Telegram: {description}", status, excerpt)
+    parameters = answer.get("parameters")
+    moved_to = parameters.get("migrate_to_chat_id") if isinstance(parameters, dict) else None
+    if status == 400 and moved_to is not None:
+        # The group became a supergroup with a new id: nothing to retry until
+        # the config says where the chat is now.
+        return Outcome.fail(
+            f"Telegram: chat moved to {moved_to}: update chat_id to {moved_to},"
+            " reload, then requeue the dead deliveries",
+            status,
+            excerpt,
+        )
     if status in PERMANENT:
         return Outcome.fail(f"Telegram: {description}", status, excerpt)
     return Outcome.fail(f"Telegram: unexpected HTTP {status}: {description}", status, excerpt)
 
 
-def cut(text: str, *, html: bool, limit: int = MAX_TEXT) -> str:
+def cut(text: str, *, html: bool, markdown_v2: bool = False, limit: int = MAX_TEXT) -> str:
     """Text that fits Telegram's limit; a cut one ends with a visible marker.
 
     In HTML mode the cut never leaves half a tag or entity, and tags left open
-    are closed, so the shortened message still parses.
+    are closed, so the shortened message still parses. In MarkdownV2 mode the
+    marker is escaped as the mode wants and the cut never splits an escape.
     """
     if len(text) <= limit:
         return text
-    room = limit - len(CUT_MARKER)
+    marker = escape_markdown_v2(CUT_MARKER) if markdown_v2 else CUT_MARKER
+    room = limit - len(marker)
     while True:
         head = text[:room]
+        if markdown_v2 and (len(head) - len(head.rstrip("\\"))) % 2:
+            head = head[:-1]  # half an escape: "\\" without the character it escapes
         if html:
             head = re.sub(r"<[^>]*$", "", head)  # half a tag
             head = re.sub(r"&[a-zA-Z0-9#]*$", "", head)  # half an entity
@@ -120,7 +139,7 @@ def cut(text: str, *, html: bool, limit: int = MAX_TEXT) -> str:
                 else:
                     open_tags.append(name)
             head += "".join(f"</{name}>" for name in reversed(open_tags))
-        result = head + CUT_MARKER
+        result = head + marker
         if len(result) <= limit:
             return result
         room -= len(result) - limit

@@ -14,8 +14,9 @@ from pytest_aiohttp import AiohttpServer
 
 from relay.app import Relay
 from relay.clock import FakeClock
-from relay.store import EventQuery, Status
+from relay.store import EventQuery, Selection, Status
 from relay.targets.telegram import CUT_MARKER, MAX_TEXT, cut
+from relay.templates import escape_markdown_v2
 
 from conftest import ConfigFactory, RelayFactory
 
@@ -220,3 +221,73 @@ async def test_stays_within_telegram_limits_without_being_told(
     [event] = await relay.store.list_events(EventQuery(limit=1))
     assert all(d.attempts == 1 for d in event.deliveries)  # waiting is not an attempt
     assert json.loads(json.dumps(api.calls[0][2]))["chat_id"] in ("-100123", "-100999")
+
+
+async def test_a_group_that_became_a_supergroup_says_where_it_moved(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    api, base, clock = bot
+    # What the Bot API answers once a group is upgraded (Bot API, ResponseParameters).
+    api.script = [
+        (
+            400,
+            {
+                "ok": False,
+                "error_code": 400,
+                "description": "Bad Request: group chat was upgraded to a supergroup chat",
+                "parameters": {"migrate_to_chat_id": -1001987654321},
+            },
+        ),
+        (200, {"ok": True, "result": {"message_id": 2}}),
+    ]
+    targets = {"sales": chat_target(base, chat_id=-4123)}
+    relay = await start(make_config, start_relay, targets, clock)
+    await submit(relay, http)
+    await relay.scheduler.drain()
+    [event] = await relay.store.list_events(EventQuery())
+    delivery = event.deliveries[0]
+    assert (delivery.status, delivery.attempts) == (Status.DEAD, 1)
+    assert delivery.last_error is not None
+    assert delivery.last_error.startswith(
+        "Telegram: chat moved to -1001987654321: update chat_id to -1001987654321"
+    )
+    # The operator's fix: the new id in the config, then a requeue; it goes there.
+    await relay.stop()
+    moved = {"sales": chat_target(base, chat_id=-1001987654321)}
+    relay = await start(make_config, start_relay, moved, clock)
+    assert await relay.store.requeue(Selection(), clock.now()) == [delivery.id]
+    await relay.scheduler.drain()
+    assert api.calls[-1][2]["chat_id"] == "-1001987654321"
+
+
+async def test_markdown_v2_escapes_values_and_the_cut_marker(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    api, base, clock = bot
+    target = chat_target(base, parse_mode="MarkdownV2", text="*New lead* {{ form.name }}")
+    relay = await start(make_config, start_relay, {"sales": target}, clock)
+    await submit(relay, http, name="Anna_Li (VIP) +7-999.1! [x]")
+    await submit(relay, http, name="y" * 5000 + ".")
+    await relay.scheduler.drain()
+    first, second = (payload for _, _, payload in api.calls)
+    assert first["parse_mode"] == "MarkdownV2"
+    assert first["text"] == "*New lead* Anna\\_Li \\(VIP\\) \\+7\\-999\\.1\\! \\[x\\]"
+    assert len(second["text"]) <= MAX_TEXT
+    assert second["text"].endswith(escape_markdown_v2(CUT_MARKER))
+    assert "\\(cut: the message was longer than Telegram allows\\)" in second["text"]
+
+
+def test_a_markdown_v2_cut_never_splits_an_escape() -> None:
+    marker = escape_markdown_v2(CUT_MARKER)
+    for size in range(MAX_TEXT - len(marker) - 3, MAX_TEXT - len(marker) + 3):
+        text = escape_markdown_v2("." * 5000)[:size] + escape_markdown_v2("." * 10)
+        result = cut(text, html=False, markdown_v2=True)
+        body = result.removesuffix(marker)
+        assert len(result) <= MAX_TEXT
+        assert (len(body) - len(body.rstrip("\\"))) % 2 == 0
