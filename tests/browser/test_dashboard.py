@@ -224,3 +224,34 @@ async def test_without_a_session_every_page_sends_to_login_and_posts_need_csrf(
     set_cookie = next(c for c in await page.context.cookies() if c["name"] == "relay_session")
     assert set_cookie["httpOnly"] is True
     assert set_cookie["sameSite"] == "Strict"
+
+
+async def test_a_key_conflict_is_shown_and_links_to_the_first_event(
+    browser: Browser, setup: tuple[Relay, Any]
+) -> None:
+    relay, _ = setup
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.ingress_url + "/hooks/orders",
+            json={"order": 99, "customer": "Boris"},  # another order under a used key
+            headers={"Idempotency-Key": "order-1"},
+        ) as response,
+    ):
+        conflict_id = (await response.json())["id"]
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    await sign_in(page, relay)
+    await page.get_by_role("link", name="Deliveries").click()
+    await page.get_by_label("Search").fill("order-1")
+    await page.get_by_role("button", name="Show").click()
+    await expect(page.locator("table.events tbody tr")).to_have_count(2)
+    badge = page.locator("table.events .badge.conflict")
+    await expect(badge).to_have_count(1)
+    await expect(badge).to_have_text("key conflict")
+    await shot(page, "key-conflict-list")
+    await page.goto(f"{relay.admin_url}/events/{conflict_id}")
+    warning = page.locator("dd.warning")
+    await expect(warning).to_contain_text("whose payload differs")
+    await warning.get_by_role("link").click()
+    await expect(page.get_by_role("heading", name="Event #1")).to_be_visible()
+    await shot(page, "key-conflict-event")
