@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from relay.config import FileTarget, HttpTarget, SmtpTarget, TargetConfig, TelegramTarget
+from relay.resend import Preview
 from relay.secrets import Masker
 from relay.store import (
     AttemptView,
@@ -15,6 +16,7 @@ from relay.store import (
     EventView,
     LogEntry,
     Rejection,
+    ResendLink,
     SearchProgress,
     Stats,
     Status,
@@ -84,7 +86,15 @@ def event_detail(detail: EventDetail, masker: Masker) -> dict[str, Any]:
         attempts = detail.attempts.get(delivery_id, ())
         delivery["attempts_log"] = [attempt_view(a, masker) for a in attempts]
         delivery["history"] = [log_entry_view(e) for e in detail.log.get(delivery_id, ())]
+    link = detail.resent_from
+    result["resent_from"] = resend_link_view(link, link.original_id) if link else None
+    result["resent_as"] = [resend_link_view(link, link.copy_id) for link in detail.resent_as]
     return result
+
+
+def resend_link_view(link: ResendLink, event_id: int) -> dict[str, Any]:
+    """The other end of a corrected-copy link: which event, sent by whom and when."""
+    return {"event_id": str(event_id), "at": iso(link.at), "by": link.by}
 
 
 def log_entry_view(entry: LogEntry) -> dict[str, Any]:
@@ -194,4 +204,14 @@ def search_view(search: TextSearch, progress: SearchProgress) -> dict[str, Any]:
             if behind
             else "every stored event is indexed"
         ),
+    }
+
+
+def preview_view(preview: Preview) -> dict[str, Any]:
+    """What one target would be sent (already masked), or why it would be dead."""
+    return {
+        "target": preview.target,
+        "type": preview.type,
+        "request": preview.text,
+        "error": preview.error,
     }

@@ -11,6 +11,8 @@ import orjson
 from aiohttp import web
 
 from relay.admin.context import OPERATOR, Operator
+from relay.payload import media_type
+from relay.resend import EditRejected, plan_resend
 from relay.search import SearchError, parse_search
 from relay.store import (
     Conflict,
@@ -26,6 +28,7 @@ from relay.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    preview_view,
     rejection_view,
     search_view,
     stats_view,
@@ -216,6 +219,75 @@ async def requeue(request: web.Request) -> web.Response:
     return json_response({"requeued": len(requeued), "ids": [str(i) for i in requeued]})
 
 
+RESEND_KEYS = frozenset({"body", "content_type", "targets", "confirm"})
+
+
+async def resend_event(request: web.Request) -> web.Response:
+    """An edited copy of an event as a new event: previewed, then sent with confirm: true."""
+    operator = _operator(request)
+    event_id = _int_id(request.match_info["event_id"], "event")
+    if media_type(request.content_type) != "application/json":
+        return error(415, "expected a JSON object (Content-Type: application/json)")
+    try:
+        body = orjson.loads(await request.read() or b"{}")
+    except orjson.JSONDecodeError:
+        raise BadRequest("expected a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    unknown = set(body) - RESEND_KEYS
+    if unknown:
+        raise BadRequest(
+            f"{sorted(unknown)[0]}: unknown key (expected one of: {', '.join(sorted(RESEND_KEYS))})"
+        )
+    text, content_type, targets = body.get("body"), body.get("content_type"), body.get("targets")
+    if not isinstance(text, str):
+        raise BadRequest("body: expected the edited body as a string")
+    if content_type is not None and not isinstance(content_type, str):
+        raise BadRequest("content_type: expected a string such as application/json")
+    if targets is None:
+        targets = []
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise BadRequest("targets: expected a list of target names")
+    confirm = body.get("confirm", False)
+    if not isinstance(confirm, bool):
+        raise BadRequest("confirm: expected true or false")
+    detail = await operator.store.get_event(event_id)
+    if detail is None:
+        raise NotFound(f"no event {event_id}")
+    masker = operator.masker
+    try:
+        plan = plan_resend(
+            operator.config,
+            detail,
+            text.encode("utf-8"),
+            content_type,
+            targets,
+            f"admin API from {request.remote or 'unknown address'}",
+            masker,
+        )
+    except EditRejected as problem:
+        return error(problem.status, str(problem))
+    previews = [preview_view(preview) for preview in plan.previews]
+    if not confirm:
+        return json_response(
+            {"previews": previews, "targets": list(plan.resend.targets), "sent": False}
+        )
+    if plan.failures:
+        failed = ", ".join(f"{p.target}: {p.error}" for p in plan.failures)
+        return json_response({"error": f"would be dead: {failed}", "previews": previews}, 422)
+    copy_id = await operator.resend(plan.resend)
+    return json_response(
+        {
+            "sent": True,
+            "event_id": str(copy_id),
+            "resent_from": str(event_id),
+            "targets": list(plan.resend.targets),
+            "previews": previews,
+        },
+        201,
+    )
+
+
 async def list_targets(request: web.Request) -> web.Response:
     return json_response({"targets": await _operator(request).target_views()})
 
@@ -290,6 +362,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/events", list_events)
     app.router.add_get("/api/v1/events/{event_id}", get_event)
+    app.router.add_post("/api/v1/events/{event_id}/resend", resend_event)
     app.router.add_post("/api/v1/deliveries/{delivery_id}/retry", retry_delivery)
     app.router.add_post("/api/v1/requeue", requeue)
     app.router.add_get("/api/v1/targets", list_targets)

@@ -15,7 +15,7 @@ from relay.metrics import Metrics, StoreSnapshot
 from relay.retry import describe_schedule
 from relay.scheduler import Scheduler
 from relay.secrets import Masker
-from relay.store import DeliveryView, NotFound, Selection, Status, Store
+from relay.store import DeliveryView, NotFound, Resend, Selection, Status, Store
 from relay.views import target_view
 
 # /metrics reads the store at most this often, however often it is scraped.
@@ -76,6 +76,12 @@ class Operator:
         requeued = await self.store.requeue(selection, self.clock.now())
         self.changed()
         return requeued
+
+    async def resend(self, resend: Resend) -> int:
+        """Store a corrected copy as a new event; the scheduler picks it up at once."""
+        copy_id = await self.store.resend(resend, self.clock.now())
+        self.changed()
+        return copy_id
 
     async def set_paused(self, target: str, paused: bool) -> None:
         if target not in self.config.targets:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -24,9 +25,12 @@ from aiohttp import web
 from relay.admin.context import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.payload import parse_form
+from relay.resend import EditRejected, default_targets, editable_body, plan_resend
 from relay.search import SearchError, describe, parse_search
+from relay.secrets import MASK
 from relay.store import (
     Conflict,
+    EventDetail,
     EventQuery,
     EventView,
     NotFound,
@@ -35,7 +39,7 @@ from relay.store import (
     StoreError,
 )
 from relay.units import format_instant, parse_instant
-from relay.views import event_detail, event_summary, rejection_view, stats_view
+from relay.views import event_detail, event_summary, preview_view, rejection_view, stats_view
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -65,6 +69,7 @@ MESSAGES = {
     "paused": "Target {name} is paused: its deliveries wait, no retries are spent.",
     "resumed": "Target {name} is resumed.",
     "signed_out": "Signed out.",
+    "resent": "Corrected copy of event {id} sent: this is the new event.",
 }
 
 
@@ -115,6 +120,8 @@ def add_dashboard(app: web.Application, operator: Operator) -> None:
     router.add_get("/dead", dead_letter)
     router.add_post("/dead/requeue", requeue_dead)
     router.add_get("/events/{event_id}", event_page)
+    router.add_get("/events/{event_id}/resend", resend_page)
+    router.add_post("/events/{event_id}/resend", resend_post)
     router.add_post("/deliveries/{delivery_id}/retry", retry_delivery)
     router.add_post("/deliveries/{delivery_id}/requeue", requeue_delivery)
     router.add_get("/targets", targets_page)
@@ -506,6 +513,116 @@ async def event_page(request: web.Request) -> web.Response:
         event=event,
         pretty_json=pretty_json,
         form_fields=form_fields,
+    )
+
+
+async def _detail(request: web.Request) -> EventDetail:
+    raw_id = request.match_info["event_id"]
+    detail = await _operator(request).store.get_event(int(raw_id)) if raw_id.isdigit() else None
+    if detail is None:
+        raise web.HTTPNotFound(text=f"No event {raw_id}.")
+    return detail
+
+
+async def resend_page(request: web.Request) -> web.Response:
+    """The edit form: the body as shown (secrets masked), the event's targets."""
+    operator = _operator(request)
+    detail = await _detail(request)
+    try:
+        body = editable_body(detail, operator.masker)
+    except EditRejected as problem:
+        return _plain(problem.status, str(problem))
+    chosen = default_targets(detail)
+    return _resend_form(request, detail, body, detail.content_type or "", chosen)
+
+
+async def resend_post(request: web.Request) -> web.StreamResponse:
+    """Preview (action=preview), then send (action=send) exactly what was previewed."""
+    operator = _operator(request)
+    detail = await _detail(request)
+    form = await request.post()
+    text = str(form.get("body", ""))
+    if b"\r" not in detail.body:  # a textarea sends CRLF; keep the original's line ends
+        text = text.replace("\r\n", "\n")
+    content_type = str(form.get("content_type", "")).strip()
+    wanted = [str(name) for name in form.getall("target", [])]
+    session = request.get(SESSION, "")
+    by = f"dashboard session {session[:8]} from {request.remote or 'unknown address'}"
+    try:
+        if not wanted:  # an empty choice is not "the default targets" here
+            raise EditRejected(400, "choose at least one target")
+        plan = plan_resend(
+            operator.config,
+            detail,
+            text.encode("utf-8"),
+            content_type or None,
+            wanted,
+            by,
+            operator.masker,
+        )
+    except EditRejected as rejected:
+        message = str(rejected)
+        return _resend_form(
+            request,
+            detail,
+            text,
+            content_type,
+            wanted,
+            problem=message[:1].upper() + message[1:] + ".",
+            status=rejected.status,
+        )
+    digest = _previewed(text, plan.resend.content_type, plan.resend.targets)
+    confirmed = form.get("action") == "send" and form.get("previewed") == digest
+    if confirmed and not plan.failures:
+        copy_id = await operator.resend(plan.resend)
+        raise _back(f"/events/{copy_id}", done="resent", id=detail.event.id)
+    problem = ""
+    if form.get("action") == "send" and not confirmed:
+        problem = "The body or targets changed since the preview: check the preview, then send."
+    return _resend_form(
+        request,
+        detail,
+        text,
+        plan.resend.content_type,
+        list(plan.resend.targets),
+        previews=[preview_view(p) for p in plan.previews],
+        failed=bool(plan.failures),
+        previewed=digest,
+        problem=problem,
+    )
+
+
+def _previewed(text: str, content_type: str, targets: Sequence[str]) -> str:
+    """A fingerprint of what a preview showed (the masked text: no secret is hashed)."""
+    material = "\0".join([text, content_type, *targets]).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(material).hexdigest()
+
+
+def _resend_form(
+    request: web.Request,
+    detail: EventDetail,
+    body: str,
+    content_type: str,
+    chosen: Sequence[str],
+    **context: Any,
+) -> web.Response:
+    own = list(dict.fromkeys(d.target for d in detail.event.deliveries))
+    masked = MASK in body
+    return _render(
+        request,
+        "resend.html",
+        title=f"Edit and resend event {detail.event.id}",
+        page="deliveries",
+        event={"id": str(detail.event.id)},
+        body=body,
+        content_type=content_type,
+        targets=[(name, name in chosen) for name in own],
+        chosen=list(chosen),
+        masked=masked,
+        previews=context.pop("previews", None),
+        failed=context.pop("failed", False),
+        previewed=context.pop("previewed", ""),
+        **context,
     )
 
 

@@ -163,6 +163,16 @@ def _event_text(event: dict[str, Any]) -> str:
         f"idempotency key: {_key_text(event)}",
         f"{event['method']} {event['path']}{'?' + event['query'] if event['query'] else ''}",
     ]
+    if event.get("resent_from"):
+        link = event["resent_from"]
+        lines.append(
+            f"corrected copy of event {link['event_id']}, sent by {link['by']} at {link['at']}"
+        )
+    for link in event.get("resent_as", ()):
+        lines.append(
+            f"resent as event {link['event_id']} (a corrected copy),"
+            f" by {link['by']} at {link['at']}"
+        )
     lines += [f"  {name}: {value}" for name, value in event["headers"]]
     body = event["body"] if event["body"] is not None else f"(base64) {event['body_base64']}"
     lines += ["", body, ""]

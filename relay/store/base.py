@@ -212,6 +212,28 @@ class EventView:
 
 
 @dataclass(frozen=True)
+class ResendLink:
+    """A corrected copy: event `copy_id` is an edited resend of `original_id`."""
+
+    original_id: int
+    copy_id: int
+    at: float
+    by: str  # "dashboard session 1a2b3c4d from 127.0.0.1", "cli user anna"...
+
+
+@dataclass(frozen=True)
+class Resend:
+    """What to send again as a new event: the edited body, to these targets."""
+
+    original_id: int
+    headers: tuple[Header, ...]  # the original's, Content-Type set to the new one
+    body: bytes
+    content_type: str
+    targets: tuple[str, ...]
+    by: str
+
+
+@dataclass(frozen=True)
 class EventDetail:
     event: EventView
     method: str
@@ -222,6 +244,8 @@ class EventDetail:
     body: bytes
     attempts: Mapping[int, tuple[AttemptView, ...]] = field(default_factory=dict)
     log: Mapping[int, tuple[LogEntry, ...]] = field(default_factory=dict)
+    resent_from: ResendLink | None = None  # this event is a corrected copy of that one
+    resent_as: tuple[ResendLink, ...] = ()  # corrected copies of this event, oldest first
 
 
 @dataclass(frozen=True)
@@ -454,6 +478,13 @@ class Store(Protocol):
     async def list_events(self, query: EventQuery) -> list[EventView]: ...
 
     async def get_event(self, event_id: int) -> EventDetail | None: ...
+
+    async def resend(self, resend: Resend, now: float) -> int:
+        """Store an edited copy of an event as a new event (no idempotency key:
+        it goes out with its own id as one), linked to the original, with one
+        pending delivery per chosen target, in one transaction; the original
+        is not touched. Returns the new event's id; NotFound without the original."""
+        ...
 
     # Search index, kept off the ingest path by a background indexer
 

@@ -216,6 +216,23 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        9,
+        "corrected copies: which event was resent as which, by whom, when",
+        [
+            # An edited copy of an event is a new event; this row links the two
+            # both ways (the original is never changed) and says who sent it.
+            """
+            CREATE TABLE resends (
+                copy_id INTEGER PRIMARY KEY,
+                original_id INTEGER NOT NULL,
+                at REAL NOT NULL,
+                by TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX resends_original ON resends (original_id)",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -38,6 +38,8 @@ from relay.store.base import (
     NewEvent,
     NotFound,
     Rejection,
+    Resend,
+    ResendLink,
     RetryAt,
     SearchDocument,
     SearchProgress,
@@ -485,6 +487,15 @@ class SqliteStore:
                 slow=True,
             ):
                 log[entry[0]].append(LogEntry(entry[0], entry[1], entry[2], entry[3]))
+        links = [
+            ResendLink(original_id=link[0], copy_id=link[1], at=link[2], by=link[3])
+            for link in await self._read(
+                "SELECT original_id, copy_id, at, by FROM resends"
+                " WHERE copy_id = ? OR original_id = ? ORDER BY copy_id",
+                (event_id, event_id),
+                slow=True,
+            )
+        ]
         return EventDetail(
             event=EventView(
                 id=row[0],
@@ -503,6 +514,8 @@ class SqliteStore:
             body=bytes(row[10]),
             attempts={key: tuple(value) for key, value in attempts.items()},
             log={key: tuple(value) for key, value in log.items()},
+            resent_from=next((link for link in links if link.copy_id == event_id), None),
+            resent_as=tuple(link for link in links if link.original_id == event_id),
         )
 
     async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
@@ -512,6 +525,38 @@ class SqliteStore:
         return delivery_view(rows[0]) if rows else None
 
     # Operator verbs
+
+    async def resend(self, resend: Resend, now: float) -> int:
+        def job(connection: sqlite3.Connection) -> int | None:
+            row = connection.execute(
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (resend.original_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            event = NewEvent(
+                route=row[1],
+                idempotency_key=None,
+                received_at=now,
+                remote_addr=None,
+                method=row[5],
+                path=row[6],
+                query=row[7],
+                headers=resend.headers,
+                content_type=resend.content_type,
+                body=resend.body,
+            )
+            deliveries = [NewDelivery(target) for target in resend.targets]
+            copy_id = AcceptJob(event, deliveries, now)(connection).event_id
+            connection.execute(
+                "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)",
+                (copy_id, resend.original_id, now, resend.by),
+            )
+            return copy_id
+
+        copy_id: int | None = await self._write(job)
+        if copy_id is None:
+            raise NotFound(f"no event {resend.original_id}")
+        return copy_id
 
     async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
         def job(connection: sqlite3.Connection) -> DeliveryView | str:

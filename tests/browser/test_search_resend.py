@@ -1,10 +1,12 @@
-"""Find a lead by what it says, in a real headless Chromium (Debian's), driven by Playwright.
+"""Find a lead by what it says, and resend it corrected, in a real headless Chromium (Debian's).
 
 Screenshots land in test-artifacts/dashboard/.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from relay.app import Relay
@@ -114,3 +117,81 @@ async def test_a_phone_typed_differently_finds_the_leads(
     await page.get_by_label("Search").fill("ab")
     await page.get_by_role("button", name="Show").click()
     await expect(page.locator(".problem")).to_contain_text("at least 3 characters")
+
+
+PHONE = re.compile(r"^\+7\d{10}$")
+LEAD = {"name": "Иван", "phone": "8 (999) 123-45-67"}
+
+
+def crm(request: web.Request, number: int) -> Any:
+    """A CRM that refuses a bad phone with 400 naming the field (as Close's API does:
+    "contacts: Invalid phone number", https://integrately.com/integrations/close/error)."""
+
+    async def answer() -> web.Response:
+        lead = await request.json()
+        if not PHONE.match(str(lead.get("phone", ""))):
+            return web.json_response({"field": "phone", "error": "invalid"}, status=400)
+        return web.json_response({"id": number})
+
+    return answer()
+
+
+async def test_a_rejected_lead_is_corrected_and_resent_from_the_dashboard(
+    browser: Browser,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    sink, url = await start_sink(crm)
+    config = make_config(
+        {"crm": {"type": "http", "url": url}, "audit": {"type": "file", "path": "audit.jsonl"}},
+        {"leads": {"path": "/hooks/leads", "targets": ["crm", "audit"]}},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, poll_interval=0.05)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(relay.ingress_url + "/hooks/leads", json=LEAD) as response,
+    ):
+        original = (await response.json())["id"]
+    await sink.wait_for(1)
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    await sign_in(page, relay)
+    await page.goto(relay.admin_url + f"/events/{original}")
+    crm_card = page.locator("article.delivery-card", has_text="crm")
+    await expect(crm_card.locator("h3 .status")).to_have_text("dead")
+
+    await page.get_by_role("link", name="Edit and resend…").click()
+    body = page.get_by_label("Body")
+    text = await body.input_value()
+    assert "8 (999) 123-45-67" in text
+    await expect(page.get_by_label("crm")).to_be_checked()  # the dead one
+    await expect(page.get_by_label("audit")).not_to_be_checked()
+    await body.fill(text.replace("8 (999) 123-45-67", "+79991234567"))
+    await page.get_by_role("button", name="Preview").click()
+    await expect(page.locator("#preview-crm pre")).to_contain_text('"phone": "+79991234567"')
+    await shot(page, "resend-preview")
+
+    # Edited again after the preview: sending asks for a new look first.
+    await body.fill((await body.input_value()).replace("+79991234567", "+79991234568"))
+    await page.get_by_role("button", name="Send corrected copy to crm").click()
+    await expect(page.locator(".problem")).to_contain_text("changed since the preview")
+    await expect(page.locator("#preview-crm pre")).to_contain_text("+79991234568")
+    await page.get_by_role("button", name="Send corrected copy to crm").click()
+
+    await expect(page.locator(".flash")).to_contain_text(f"Corrected copy of event {original}")
+    heading = await page.get_by_role("heading", level=1).text_content()
+    copy = re.search(r"#(\d+)", heading or "")
+    assert copy is not None
+    await expect(page.locator("#resent-from")).to_contain_text(f"event #{original}")
+    await sink.wait_for(2)
+    assert json.loads(sink.requests[-1].body) == {"name": "Иван", "phone": "+79991234568"}
+    assert sink.requests[-1].headers["Idempotency-Key"] == copy.group(1)
+    await shot(page, "resend-copy")
+
+    await page.locator("#resent-from a").click()
+    await expect(page.locator("#resent-as")).to_contain_text(f"event #{copy.group(1)}")
+    await expect(page.locator("#resent-as")).to_contain_text("sent by dashboard session")
+    await expect(crm_card.locator("tr.attempt")).to_have_count(1)  # its history is unchanged
+    await expect(crm_card.locator("h3 .status")).to_have_text("dead")
+    await shot(page, "resend-original")

@@ -1,0 +1,169 @@
+"""`relay resend`: send an edited copy of an event as a new event, after a preview."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from relay.cli.common import (
+    CommandError,
+    add_config_option,
+    add_json_option,
+    add_service_environment_options,
+    emit,
+    opened_store,
+    read_config,
+    run,
+)
+from relay.payload import media_type
+from relay.resend import EditRejected, ResendPlan, editable_body, plan_resend
+from relay.secrets import Masker
+from relay.store import EventDetail
+from relay.views import preview_view
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "resend",
+        help="send a corrected copy of an event (a new event, linked to the original)",
+    )
+    add_config_option(parser)
+    add_service_environment_options(parser)
+    add_json_option(parser)
+    parser.add_argument("event_id", metavar="EVENT_ID")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--body", metavar="FILE", help="the corrected body ('-': stdin)")
+    source.add_argument(
+        "--edit", action="store_true", help="edit the body in $VISUAL or $EDITOR first"
+    )
+    parser.add_argument(
+        "--target",
+        metavar="T",
+        action="append",
+        default=[],
+        help="send to this target of the event (repeatable; default: the dead ones,"
+        " or all when none is dead)",
+    )
+    parser.add_argument("--content-type", help="the copy's content type (default: the original's)")
+    parser.add_argument("--yes", action="store_true", help="send without asking to confirm")
+    parser.set_defaults(handler=resend)
+
+
+def who() -> str:
+    """The person at the shell (through sudo, the one who ran sudo)."""
+    user = os.environ.get("SUDO_USER") or getpass.getuser()
+    return f"cli user {user}"
+
+
+def resend(args: argparse.Namespace) -> int:
+    config = read_config(args)
+    try:
+        event_id = int(args.event_id)
+    except ValueError:
+        raise CommandError(f"no event {args.event_id}") from None
+    masker = Masker(config.secrets)
+
+    async def load() -> EventDetail | None:
+        async with opened_store(config) as store:
+            return await store.get_event(event_id)
+
+    detail = run(load())
+    if detail is None:
+        raise CommandError(f"no event {args.event_id}")
+    try:
+        shown = editable_body(detail, masker)
+        edited = _edit(shown, detail) if args.edit else _read(args.body)
+        plan = plan_resend(config, detail, edited, args.content_type, args.target, who(), masker)
+    except EditRejected as problem:
+        raise CommandError(str(problem)) from None
+    if not args.json:
+        print(_preview_text(plan))
+    if plan.failures:
+        raise CommandError(
+            "not sent: "
+            + "; ".join(f"target {p.target} would be dead: {p.error}" for p in plan.failures)
+        )
+    if not args.yes and not _confirmed(event_id, plan):
+        print("not sent", file=sys.stderr)
+        return 1
+
+    async def send() -> int:
+        async with opened_store(config) as store:
+            return await store.resend(plan.resend, time.time())
+
+    copy_id = run(send())
+    result: dict[str, Any] = {
+        "sent": True,
+        "event_id": str(copy_id),
+        "resent_from": str(event_id),
+        "targets": list(plan.resend.targets),
+        "by": plan.resend.by,
+        "previews": [preview_view(p) for p in plan.previews],
+    }
+    emit(
+        args,
+        result,
+        lambda r: (
+            f"sent: event {r['resent_from']} resent as event {r['event_id']}"
+            f" to {', '.join(r['targets'])} (relay show {r['event_id']})"
+        ),
+    )
+    return 0
+
+
+def _read(name: str) -> bytes:
+    if name == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(name).read_bytes()
+    except OSError as error:
+        raise CommandError(f"cannot read {name}: {error.strerror}") from None
+
+
+def _edit(shown: str, detail: EventDetail) -> bytes:
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    suffix = ".json" if "json" in media_type(detail.content_type) else ".txt"
+    with tempfile.TemporaryDirectory(prefix="relay-resend-") as folder:
+        path = Path(folder) / f"event-{detail.event.id}{suffix}"
+        path.write_text(shown, encoding="utf-8")
+        try:
+            finished = subprocess.run([*shlex.split(editor), str(path)], check=False)
+        except OSError as error:
+            raise CommandError(
+                f"cannot run the editor {editor!r}: {error.strerror} (set $EDITOR)"
+            ) from None
+        if finished.returncode != 0:
+            raise CommandError(f"the editor exited with {finished.returncode}: not sent")
+        return path.read_bytes()
+
+
+def _preview_text(plan: ResendPlan) -> str:
+    resend = plan.resend
+    lines = [
+        f"corrected copy of event {resend.original_id}: {len(resend.body)} bytes,"
+        f" {resend.content_type}, to {', '.join(resend.targets)}"
+    ]
+    for preview in plan.previews:
+        lines.append(f"\n=== {preview.target} ({preview.type})")
+        lines.append(
+            f"would be dead: {preview.error}" if preview.error is not None else preview.text or ""
+        )
+    return "\n".join(lines)
+
+
+def _confirmed(event_id: int, plan: ResendPlan) -> bool:
+    if not sys.stdin.isatty():
+        raise CommandError("not sent: pass --yes to send without a terminal to confirm on")
+    answer = input(
+        f"\nSend this corrected copy of event {event_id} to"
+        f" {', '.join(plan.resend.targets)}? [y/N] "
+    )
+    return answer.strip().lower() in ("y", "yes")

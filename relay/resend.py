@@ -1,0 +1,240 @@
+"""Resending a corrected copy: an edited body checked like a webhook, previewed, then sent.
+
+A CRM refuses a lead for a bad field; retrying sends the same bytes and gets
+the same refusal. Here a person edits the body and relay stores the result as
+a *new* event, linked to the original, delivered to the targets they choose
+with a fresh cycle and an idempotency key of its own. The original is never
+changed. The dashboard, the API and `relay resend` share this module:
+
+    plan_resend(...)   checks (size, content type, JSON), restores masked
+                       secrets, renders each target's request (`relay render`'s
+                       logic): a ResendPlan to show before confirming
+    plan.resend        what the store's `resend` verb takes once confirmed
+
+Views mask secrets ("***"), and people edit what they are shown: a body that
+held a configured secret comes back with "***" where it was, and gets the
+secret back here, in the same places, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from relay.canonical import payload_digest
+from relay.config import Config, RouteConfig
+from relay.payload import media_type, parse_form
+from relay.secrets import MASK, Masker
+from relay.store import EventDetail, Header, Resend, Status
+from relay.targets import Envelope, build_target
+from relay.templates import TemplateError
+
+# Headers that describe the original body, not the edited one.
+_BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
+_MEDIA_TYPE = re.compile(r"^[A-Za-z0-9][\w!#$&^.+-]*/[A-Za-z0-9][\w!#$&^.+-]*$")
+
+
+class EditRejected(Exception):
+    """The edited copy cannot be sent; `status` is the HTTP answer that says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Preview:
+    target: str
+    type: str
+    text: str | None  # what would be sent, secrets masked
+    error: str | None = None  # the template fails for this body: it would be dead
+
+
+@dataclass(frozen=True)
+class ResendPlan:
+    resend: Resend
+    previews: tuple[Preview, ...]
+
+    @property
+    def failures(self) -> list[Preview]:
+        return [preview for preview in self.previews if preview.error is not None]
+
+
+def editable_body(detail: EventDetail, masker: Masker) -> str:
+    """The body as a person may see and edit it, secrets masked. JSON comes
+    indented, its letters as letters (not \\u escapes): the same content, and
+    what is sent is what the person leaves in the box."""
+    try:
+        text = detail.body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EditRejected(
+            422, f"event {detail.event.id}: its body is not UTF-8 text and cannot be edited"
+        ) from None
+    kind = media_type(detail.content_type)
+    if kind == "application/json" or kind.endswith("+json"):
+        # Not JSON after all (or numbers orjson cannot hold): the text as it came.
+        with contextlib.suppress(orjson.JSONDecodeError, orjson.JSONEncodeError):
+            text = orjson.dumps(orjson.loads(detail.body), option=orjson.OPT_INDENT_2).decode()
+    return masker.text(text)
+
+
+def default_targets(detail: EventDetail) -> list[str]:
+    """The targets whose delivery is dead; all of the event's when none is."""
+    dead = [d.target for d in detail.event.deliveries if d.status is Status.DEAD]
+    return dead or list(dict.fromkeys(d.target for d in detail.event.deliveries))
+
+
+def plan_resend(
+    config: Config,
+    detail: EventDetail,
+    edited: bytes,
+    content_type: str | None,
+    targets: Sequence[str],
+    by: str,
+    masker: Masker,
+) -> ResendPlan:
+    """Check the edited body as ingress would, and render it for every chosen target.
+
+    Raises EditRejected: 413 too large, 415 no usable content type, 400 not
+    valid for its type (or unchanged, or masked secrets edited), 422 the
+    route or a target is no longer there.
+    """
+    event = detail.event
+    route = config.routes.get(event.route)
+    if route is None:
+        raise EditRejected(422, f"route {event.route} is no longer in the config")
+    kind = (content_type or detail.content_type or "").strip()
+    body = restore_secrets(edited, detail.body, masker)
+    check_body(route, body, kind)
+    # Compared as content (JSON parsed, forms decoded): reformatting is no correction.
+    same = payload_digest(body, kind) == payload_digest(detail.body, detail.content_type)
+    if same and media_type(kind) == media_type(detail.content_type):
+        raise EditRejected(
+            400, "the body is unchanged: to send it again as it is, use retry or requeue"
+        )
+    chosen = _targets(config, detail, targets)
+    resend = Resend(
+        original_id=event.id,
+        headers=copy_headers(detail.headers, kind),
+        body=body,
+        content_type=kind,
+        targets=tuple(chosen),
+        by=by,
+    )
+    return ResendPlan(resend, tuple(_preview(config, detail, resend, masker)))
+
+
+def copy_headers(headers: Sequence[tuple[str, str]], content_type: str) -> tuple[Header, ...]:
+    """The original's headers for the copy: those describing the old body replaced."""
+    kept = [(n, v) for n, v in headers if n.lower() not in _BODY_HEADERS]
+    return (*kept, ("Content-Type", content_type))
+
+
+def check_body(route: RouteConfig, body: bytes, content_type: str) -> None:
+    """The checks a webhook passes at ingress, for an edited body."""
+    if len(body) > route.max_body_size:
+        raise EditRejected(
+            413,
+            f"body of {len(body)} bytes is larger than route {route.name}'s"
+            f" max_body_size ({route.max_body_size} bytes)",
+        )
+    kind = media_type(content_type)
+    if not _MEDIA_TYPE.match(kind):
+        raise EditRejected(
+            415, f"content type {content_type!r}: expected a type like application/json"
+        )
+    if kind == "application/json" or kind.endswith("+json"):
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError as error:
+            raise EditRejected(400, f"body is not valid JSON: {error}") from None
+    forms = ("application/x-www-form-urlencoded", "multipart/form-data")
+    if kind in forms and parse_form(content_type, body) is None:
+        raise EditRejected(400, f"body is not a valid {kind} form")
+
+
+def restore_secrets(edited: bytes, original: bytes, masker: Masker) -> bytes:
+    """Put back the secrets that the masked view showed as "***", in order.
+
+    The masked original reads `s0 *** s1 *** s2`; the secrets are what stands
+    between those pieces in the original. The edited body must still hold the
+    same number of "***": each gets its secret back, the first the first.
+    """
+    try:
+        original_text = original.decode("utf-8")
+    except UnicodeDecodeError:
+        return edited
+    shown = masker.text(original_text)
+    if shown == original_text:
+        return edited
+    pieces = shown.split(MASK)
+    pattern = "(.*?)".join(re.escape(piece) for piece in pieces)
+    found = re.fullmatch(pattern, original_text, re.DOTALL)
+    if found is None:  # cannot line the secrets up: refuse rather than guess
+        raise EditRejected(400, "the body holds masked secrets that cannot be restored")
+    try:
+        edited_text = edited.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EditRejected(400, "the edited body is not UTF-8 text") from None
+    parts = edited_text.split(MASK)
+    if len(parts) != len(pieces):
+        raise EditRejected(
+            400,
+            f"the body showed {len(pieces) - 1} masked secret(s) as {MASK}: keep each"
+            f" {MASK} where it was (the secret goes back in its place), now {len(parts) - 1}",
+        )
+    restored = [parts[0]]
+    for secret, part in zip(found.groups(), parts[1:], strict=True):
+        restored += [secret, part]
+    return "".join(restored).encode("utf-8")
+
+
+def _targets(config: Config, detail: EventDetail, wanted: Sequence[str]) -> list[str]:
+    own = list(dict.fromkeys(d.target for d in detail.event.deliveries))
+    chosen = list(dict.fromkeys(wanted)) or default_targets(detail)
+    for name in chosen:
+        if name not in own:
+            raise EditRejected(
+                400, f"target {name}: event {detail.event.id} goes to {', '.join(own) or 'none'}"
+            )
+        if name not in config.targets:
+            raise EditRejected(422, f"target {name} is no longer in the config")
+    if not chosen:
+        raise EditRejected(400, "choose at least one target")
+    return chosen
+
+
+def _preview(config: Config, detail: EventDetail, resend: Resend, masker: Masker) -> list[Preview]:
+    """Each target's request for the copy, as `relay render` shows it."""
+    now = time.time()
+    envelope = Envelope(
+        event_id=0,  # the copy's id is given when it is stored
+        delivery_id=0,
+        route=detail.event.route,
+        target="",
+        attempt=1,
+        idempotency_key="(the copy's own event id)",
+        received_at=now,
+        method=detail.method,
+        path=detail.path,
+        query=detail.query,
+        headers=resend.headers,
+        content_type=resend.content_type,
+        body=resend.body,
+        sent_at=now,
+    )
+    previews = []
+    for name in resend.targets:
+        target = config.targets[name]
+        try:
+            text = build_target(target).preview(envelope)
+        except TemplateError as error:
+            previews.append(Preview(name, target.type, None, masker.text(str(error))))
+            continue
+        previews.append(Preview(name, target.type, masker.text(text)))
+    return previews
