@@ -49,6 +49,9 @@ def open_store(storage: StorageConfig) -> SqliteStore:
 
 
 def lock_path(database: Path) -> Path:
+    """The lock beside the database file itself: a symlink to the same database
+    under another name must meet the same lock, or two daemons would share it."""
+    database = database.resolve()
     return database.with_name(database.name + ".lock")
 
 

@@ -1,0 +1,43 @@
+"""One `relay serve` per database, however the database path is spelled.
+
+Before: the lock file was named after the configured path, so a second daemon
+whose path was a symlink to the same database took its own lock, "recovered"
+the first one's in-flight deliveries and sent every event twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import RelayProcess, write_config
+
+
+def config(path: Path, database: str) -> Path:
+    return write_config(
+        path,
+        {
+            "storage": {"path": database},
+            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
+            "routes": {"orders": {"path": "/orders", "targets": ["audit"]}},
+        },
+    )
+
+
+def test_a_symlinked_database_path_meets_the_same_lock(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    first = RelayProcess(config(tmp_path / "a.toml", "data/relay.db"), tmp_path / "a.log").start()
+    try:
+        (tmp_path / "link.db").symlink_to(tmp_path / "data" / "relay.db")
+        second = RelayProcess(config(tmp_path / "b.toml", "link.db"), tmp_path / "b.log")
+        try:
+            second.start()
+        except AssertionError as refused:
+            assert "exited" in str(refused)
+        else:
+            second.stop()
+            pytest.fail("a second relay serve started on the same database")
+        assert "another relay serve holds" in second.log()
+    finally:
+        assert first.stop() == 0
