@@ -314,9 +314,14 @@ async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
     reading anything, and against the bytes read for a chunked body.
     """
     length = request.content_length
+    if length is not None and length > limit:
+        return None
+    if request.headers.get("Expect", "").lower() == "100-continue":
+        # The sender (curl does this past 1 KiB) waits for this before sending
+        # the body; aiohttp's low-level server does not send it on its own.
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response itself has not started (as aiohttp does)
     if length is not None:
-        if length > limit:
-            return None
         try:
             return await request.content.readexactly(length)
         except asyncio.IncompleteReadError:
