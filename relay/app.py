@@ -22,6 +22,7 @@ from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
 from relay.config import Config, ConfigError, Listen, StorageConfig, load_config
 from relay.indexer import SearchIndexer
+from relay.httplog import server_log
 from relay.ingress import Ingress
 from relay.lockfile import ProcessLock
 from relay.logs import log_attempt, set_masker
@@ -191,7 +192,7 @@ class Relay:
         if isinstance(app, web.Server):
             runner = web.ServerRunner(app, handle_signals=False)
         else:
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=server_log)
         await runner.setup()
         self._runners[name] = runner
         try:

@@ -20,6 +20,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from relay.clock import Clock
 from relay.config import Answer, Config, RouteConfig
 from relay.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
+from relay.httplog import server_log
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.metrics import Metrics
 from relay.netaddr import Network, client_address, within
@@ -108,6 +109,7 @@ class Ingress:
             # limit (relay/encoding.py): aiohttp's inflation had no bound and
             # made Content-Length count the wrong bytes.
             auto_decompress=False,
+            logger=server_log,
         )
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
