@@ -103,7 +103,10 @@ class Alerter:
             self._down_or_up(report)
             threshold = self.config.failing_after
             streak = report.streak
-            if report.outcome.verdict is not Verdict.SUCCESS and streak.after == threshold:
+            if (
+                report.outcome.verdict is not Verdict.SUCCESS
+                and streak.after == threshold > streak.before
+            ):
                 window.failing[delivery.target] = {
                     "target": delivery.target,
                     "failures": streak.after,

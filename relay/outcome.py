@@ -24,6 +24,9 @@ class Outcome:
     response: bytes = b""
     # Seconds the target asked us to wait (Retry-After, Telegram retry_after).
     retry_after: float | None = None
+    # False when the event, not the target, is why it failed (a template whose
+    # output cannot be sent): the target's failure streak and alerts ignore it.
+    target_at_fault: bool = True
 
     @classmethod
     def success(cls, status: int | None = None, response: bytes = b"") -> Outcome:
@@ -42,3 +45,8 @@ class Outcome:
     @classmethod
     def fail(cls, error: str, status: int | None = None, response: bytes = b"") -> Outcome:
         return cls(Verdict.FAIL, status, error, response)
+
+    @classmethod
+    def unsendable(cls, error: str) -> Outcome:
+        """This event cannot be sent as rendered: dead at once, the target not blamed."""
+        return cls(Verdict.FAIL, error=error, target_at_fault=False)

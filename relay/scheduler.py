@@ -427,6 +427,7 @@ class Scheduler:
                 http_status=outcome.status,
                 error=self._masker.optional(outcome.error),
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
+                target_at_fault=outcome.target_at_fault,
             )
             streak = await self._record(delivery, attempt, then, now, hold)
             if streak is not None:

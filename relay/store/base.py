@@ -124,6 +124,8 @@ class AttemptRecord:
     http_status: int | None = None
     error: str | None = None
     response: bytes = b""
+    # False: the event could not be sent as rendered; the target's health stays as it was.
+    target_at_fault: bool = True
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,9 @@ def update_health(
     ).fetchone()
     before, down_streak, down_since = row if row else (0, 0, None)
     connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
+    if not attempt.target_at_fault:
+        # The event could not be sent as rendered: nothing was learnt about the target.
+        return FailureStreak(before, before, down=down_since is not None)
     succeeded = attempt.outcome == Verdict.SUCCESS
     # A retry outcome (network, timeout, 5xx, 429) says the target may be down;
     # any answer about the payload (success, a 4xx) says it is up.

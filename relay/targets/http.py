@@ -79,7 +79,7 @@ class HttpTarget(SessionOwner):
         """The request to send; raises TemplateError when a template fails for this event."""
         settings = self._settings
         values = context(envelope, self._wanted) if self._wanted else {}
-        headers = {"User-Agent": USER_AGENT, **render_map(settings.headers, values)}
+        headers = {"User-Agent": USER_AGENT, **header_values(render_map(settings.headers, values))}
         if settings.format == "json":
             assert settings.body is not None
             body = settings.body.render(values).encode()
@@ -111,8 +111,20 @@ class HttpTarget(SessionOwner):
         try:
             prepared = self.prepare(envelope)
         except TemplateError as error:
-            return Outcome.fail(str(error))
+            return Outcome.unsendable(str(error))
         return await request(session, prepared)
+
+
+def header_values(rendered: dict[str, str]) -> dict[str, str]:
+    """Rendered header values, refused when one cannot be a header (a line break
+    from the payload would otherwise fail inside aiohttp as an "internal error")."""
+    for name, value in rendered.items():
+        if any(char in value for char in "\r\n\0"):
+            raise TemplateError(
+                f"header {name}: the template's output contains a line break or NUL,"
+                " which a header value cannot hold"
+            )
+    return rendered
 
 
 def client_session(concurrency: int) -> aiohttp.ClientSession:

@@ -80,7 +80,7 @@ class SmtpTarget:
         try:
             message = self.message(envelope)
         except (TemplateError, ValueError) as error:
-            return Outcome.fail(
+            return Outcome.unsendable(
                 f"template error: {error}" if not isinstance(error, TemplateError) else str(error)
             )
         try:

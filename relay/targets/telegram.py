@@ -66,7 +66,7 @@ class TelegramTarget(SessionOwner):
         try:
             payload = self.payload(envelope)
         except TemplateError as error:
-            return Outcome.fail(str(error))
+            return Outcome.unsendable(str(error))
         settings = self._settings
         prepared = Request(
             "POST",

@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from relay.app import Relay
@@ -161,3 +162,37 @@ async def test_multipart_forms_are_parsed_for_templates(
         assert response.status == 200
     await relay.scheduler.drain()
     assert parse_qs(sink.requests[0].body.decode()) == {"who": ["Борис"]}
+
+
+async def test_a_line_break_in_a_templated_header_is_dead_at_once_and_not_the_targets_fault(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before: aiohttp refused the header inside send(), relay recorded
+    # "internal error", retried it for the whole 18-hour cycle with a traceback
+    # each time, and each attempt counted toward the target's "failing" alert.
+    sink, url = await start_sink([200])
+    targets = {"crm": {"type": "http", "url": url, "headers": {"X-Customer": "{{ form.name }}"}}}
+    relay = await start_relay(
+        make_config(targets, ROUTES, alerts={"failing_after": 1}),
+        background=False,
+        clock=FakeClock(),
+    )
+    event_id = await post_form(relay, http, "name=Anna%0D%0AX-Injected:%201&phone=1")
+    await relay.scheduler.drain()
+    [delivery] = (await detail(relay, event_id)).event.deliveries
+    assert delivery.status.value == "dead"
+    assert delivery.attempts == 1
+    assert "X-Customer" in (delivery.last_error or "")
+    assert "line break" in (delivery.last_error or "")
+    assert sink.requests == []
+    states = await relay.store.target_states()
+    assert "crm" not in states or states["crm"].consecutive_failures == 0
+    assert not [record for record in caplog.records if record.exc_info]
+    # The target is healthy: a good event goes through.
+    await post_form(relay, http)
+    await relay.scheduler.drain()
+    assert len(sink.requests) == 1
