@@ -45,8 +45,17 @@ class _Window:
     down: dict[str, dict[str, Any]] = field(default_factory=dict)
     up: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    problems: list[str] = field(default_factory=list)  # relay itself: its database
+
     def __bool__(self) -> bool:
-        return bool(self.dead_count or self.failing or self.recovered or self.down or self.up)
+        return bool(
+            self.dead_count
+            or self.failing
+            or self.recovered
+            or self.down
+            or self.up
+            or self.problems
+        )
 
 
 class Alerter:
@@ -141,6 +150,12 @@ class Alerter:
             }
             window.down.pop(name, None)
 
+    def problem(self, text: str) -> None:
+        """Something wrong with relay itself (its database file went away)."""
+        if self.config.target is not None:
+            self._window.problems.append(text)
+            self._flush_soon.set()
+
     async def run(self) -> None:
         """Flush at most once per group window, while there is something to say."""
         while not self._stopping:
@@ -228,6 +243,9 @@ def alert_body(window: _Window) -> dict[str, Any]:
             f" {format_duration(item['down_seconds'])} down;"
             f" {item['waited']} waiting deliveries now flow, oldest first"
         )
+    for problem in window.problems:
+        parts.append(problem.split(":", 1)[0])
+        lines.append(f"problem: {problem}")
     summary = "relay: " + "; ".join(parts)
     return {
         "type": "relay.alert",
@@ -239,4 +257,5 @@ def alert_body(window: _Window) -> dict[str, Any]:
         "recovered": list(window.recovered.values()),
         "down": list(window.down.values()),
         "up": list(window.up.values()),
+        "problems": window.problems,
     }

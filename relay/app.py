@@ -21,8 +21,9 @@ from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
 from relay.config import Config, ConfigError, Listen, StorageConfig, load_config
-from relay.indexer import SearchIndexer
+from relay.dbwatch import DatabaseWatch
 from relay.httplog import server_log
+from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
 from relay.lockfile import ProcessLock
 from relay.logs import log_attempt, set_masker
@@ -105,6 +106,7 @@ class Relay:
         )
         self.retention = RetentionJob(self.store, config, self.clock)
         self.indexer = SearchIndexer(self.store, self.clock, lambda: self.masker)
+        self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.ingress = Ingress(
             config,
             self.store,
@@ -230,6 +232,7 @@ class Relay:
                 self._spawn(self.alerter.run(), "alerts", essential=True)
                 self._spawn(self.retention.run(), "retention", essential=True)
                 self._spawn(self.indexer.run(), "search-indexer", essential=True)
+                self._spawn(self.database_watch.run(), "database-watch", essential=True)
             await self._listen("ingress", self.ingress.server(), self.config.server.listen)
             admin = self.config.admin
             if admin.enabled:
@@ -343,6 +346,7 @@ class Relay:
             ("stopping the scheduler", lambda: self.scheduler.stop(grace)),
             ("stopping retention", self.retention.stop),
             ("stopping the search indexer", self.indexer.stop),
+            ("stopping the database watch", self.database_watch.stop),
             ("stopping alerts", self.alerter.stop),
             ("waiting for tasks", lambda: asyncio.gather(*tasks, return_exceptions=True)),
         ]

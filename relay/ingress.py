@@ -213,6 +213,12 @@ class Ingress:
             digest=incoming.digest if key is not None else None,
         )
         deliveries = plan_deliveries(route, incoming)
+        if self._store.file_problem() is not None:
+            # Acknowledged into a deleted file, the event would be gone at restart.
+            self._count(route.name, "unavailable")
+            return _error(
+                503, "cannot store the event now", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+            )
         try:
             accepted = await self._store.accept_event(
                 event, deliveries, now, refuse_conflict=route.key_conflict == "reject"

@@ -566,7 +566,13 @@ class Store(Protocol):
         ...
 
     async def heartbeat(self, now: float) -> None:
-        """A small durable write: proves the store is writable right now."""
+        """A small durable write: proves the store is writable right now (and,
+        for a file, that it is still the file at the configured path)."""
+        ...
+
+    def file_problem(self) -> str | None:
+        """Why new events must not be accepted into this store any more (its
+        file was deleted or replaced), or None. Cheap: called per request."""
         ...
 
     async def reclaim_space(self) -> int:

@@ -93,6 +93,9 @@ class SqliteStore:
         self._reader: aiosqlite.Connection | None = None
         self._slow_reader: aiosqlite.Connection | None = None
         self._snapshot_lock = asyncio.Lock()
+        # (device, inode) of the database file as opened: see file_problem().
+        self._identity: tuple[int, int] | None = None
+        self._problems: dict[str, str] = {}
 
     # Lifecycle
 
@@ -104,10 +107,44 @@ class SqliteStore:
         except sqlite3.Error as error:
             await self.close()
             raise unavailable(error) from None
+        opened = os.stat(self.path)
+        self._identity = (opened.st_dev, opened.st_ino)
+
+    def file_problem(self) -> str | None:
+        """Why the path no longer leads to the database relay has open, or None.
+
+        SQLite keeps writing to a deleted or renamed file as if nothing
+        happened: every event acknowledged after `rm relay.db*` would be gone
+        at the next start. One stat() (microseconds) compares the path with
+        the file as opened.
+        """
+        if self._identity is None:
+            return None
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            change = "was deleted or moved away"
+        except OSError as error:
+            change = f"cannot be checked ({error.strerror})"
+        else:
+            if (now.st_dev, now.st_ino) == self._identity:
+                return None
+            change = "was replaced by another file"
+        if change not in self._problems:  # worked out once: it looks through /proc
+            self._problems[change] = (
+                f"database {self.path} {change} while relay had it open: new webhooks get"
+                f" 503; deliveries already accepted go on from the open file"
+                f"{_open_copy(self.path)}. Move the same file back, or restart relay"
+                " to start a new database"
+            )
+        return self._problems[change]
 
     async def _connect_reader(self) -> aiosqlite.Connection:
         reader = await aiosqlite.connect(self.path, isolation_level=None)
         await reader.execute("PRAGMA query_only = ON")
+        # Sorts and temporary tables in memory: a temp file per query fails
+        # ("unable to open database file") once file descriptors run short.
+        await reader.execute("PRAGMA temp_store = MEMORY")
         await reader.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
         return reader
 
@@ -140,6 +177,7 @@ class SqliteStore:
             if mode.lower() != "wal":
                 raise StoreError(f"{self.path}: cannot switch to WAL mode (got {mode})")
             connection.execute(f"PRAGMA synchronous = {self._synchronous}")
+            connection.execute("PRAGMA temp_store = MEMORY")  # see _connect_reader
             migrate(connection)
             version = connection.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0]
             if version > LATEST:
@@ -893,6 +931,10 @@ class SqliteStore:
         return events
 
     async def heartbeat(self, now: float) -> None:
+        problem = self.file_problem()
+        if problem is not None:
+            raise StoreUnavailable(problem)
+
         def job(connection: sqlite3.Connection) -> None:
             connection.execute("INSERT OR REPLACE INTO heartbeat (id, at) VALUES (1, ?)", (now,))
 
@@ -925,3 +967,15 @@ class SqliteStore:
         for row in rows:
             result.setdefault(row[1], []).append(delivery_view(row))
         return result
+
+
+def _open_copy(path: Path) -> str:
+    """Where this process still holds a deleted database, for copying it back."""
+    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target == f"{path.resolve()} (deleted)":
+            return f" (a copy can be taken from /proc/{os.getpid()}/fd/{fd})"
+    return ""
