@@ -44,7 +44,6 @@ class _Window:
     # hold_when_down targets that went down (deliveries held) or came back up.
     down: dict[str, dict[str, Any]] = field(default_factory=dict)
     up: dict[str, dict[str, Any]] = field(default_factory=dict)
-
     problems: list[str] = field(default_factory=list)  # relay itself: its database
 
     def __bool__(self) -> bool:
