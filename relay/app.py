@@ -22,6 +22,7 @@ from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
 from relay.config import Config, ConfigError, Listen, StorageConfig, load_config
 from relay.dbwatch import DatabaseWatch
+from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
 from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
@@ -124,6 +125,7 @@ class Relay:
         )
         self._lock = ProcessLock(lock_path(config.storage.path))
         self._runners: dict[str, web.BaseRunner] = {}
+        self.connection_caps: dict[str, ConnectionCap | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._opened: list[Callable[[], object]] = []
         self._stopping = False
@@ -189,21 +191,32 @@ class Relay:
         if not task.cancelled() and task.exception() is not None:
             log.error("background task %s %s", task.get_name(), _how_it_ended(task))
 
-    async def _listen(self, name: str, app: web.Application | web.Server, listen: Listen) -> None:
+    async def _listen(
+        self, name: str, app: web.Application | web.Server, listen: Listen, limit: int
+    ) -> None:
         runner: web.BaseRunner
         if isinstance(app, web.Server):
             runner = web.ServerRunner(app, handle_signals=False)
         else:
-            runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=server_log)
+            runner = web.AppRunner(
+                app,
+                access_log=None,
+                handle_signals=False,
+                logger=server_log,
+                # An idle dashboard or API connection is closed, not kept for an hour.
+                keepalive_timeout=self.config.server.read_timeout,
+            )
         await runner.setup()
         self._runners[name] = runner
         try:
-            await web.TCPSite(runner, listen.host, listen.port, backlog=1024).start()
+            site = CappedSite(runner, listen.host, listen.port, limit=limit, name=name)
+            await site.start()
         except OSError as error:
             reason = error.strerror or str(error)
             if error.errno == errno.EADDRINUSE:
                 reason = "the address is already in use (is another relay running?)"
             raise StartError(f"cannot listen on {listen} ({name}): {reason}") from None
+        self.connection_caps[name] = site.cap
 
     async def start(self, *, background: bool = True) -> None:
         """Open everything in order; a failure undoes what was opened.
@@ -233,10 +246,15 @@ class Relay:
                 self._spawn(self.retention.run(), "retention", essential=True)
                 self._spawn(self.indexer.run(), "search-indexer", essential=True)
                 self._spawn(self.database_watch.run(), "database-watch", essential=True)
-            await self._listen("ingress", self.ingress.server(), self.config.server.listen)
+            ingress_cap, admin_cap = connection_limits()
+            await self._listen(
+                "ingress", self.ingress.server(), self.config.server.listen, ingress_cap
+            )
             admin = self.config.admin
             if admin.enabled:
-                await self._listen("admin", admin_application(self.operator), admin.listen)
+                await self._listen(
+                    "admin", admin_application(self.operator), admin.listen, admin_cap
+                )
                 if admin.token is None:
                     log.warning(
                         "admin API on %s has no token: anyone on this machine can use it",

@@ -38,6 +38,10 @@ RETRY_AFTER_SECONDS = 5
 # At most this many rejections a second per route are written down; a flood
 # of forged requests is counted in the metrics but cannot flood the disk.
 REJECTIONS_LOGGED_PER_SECOND = 10
+# Body bytes all requests together may hold while they are received and
+# stored (at least four of the largest route's bodies): 300 stalled 1 MiB
+# uploads held 357 MiB before; past this the sender gets 503 and Retry-After.
+BODIES_IN_FLIGHT = 64 * 1024 * 1024
 JSON_HEADERS = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json"}))
 
 
@@ -53,6 +57,7 @@ class _Settings:
     trusted_proxies: tuple[Network, ...]
     masker: Masker
     read_timeout: float
+    bodies_in_flight_limit: int
 
 
 class Ingress:
@@ -72,6 +77,7 @@ class Ingress:
         self._rejections_logged: dict[str, tuple[int, int]] = {}
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
+        self._bodies_in_flight = 0
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -84,6 +90,10 @@ class Ingress:
             trusted_proxies=config.server.trusted_proxies,
             masker=Masker(config.secrets),
             read_timeout=config.server.read_timeout,
+            bodies_in_flight_limit=max(
+                BODIES_IN_FLIGHT,
+                4 * max((route.max_body_size for route in config.routes.values()), default=0),
+            ),
         )
 
     async def close(self) -> None:
@@ -98,12 +108,14 @@ class Ingress:
         once), and skipping aiohttp's web-application layer saves about a third
         of the HTTP stack's time per request.
         """
-        # Webhooks are single requests: idle keep-alive connections are closed
-        # after a minute rather than kept for an hour (aiohttp's default).
+        # A connection has read_timeout to send its request headers (aiohttp's
+        # keep-alive timer also runs from the moment a connection opens), and
+        # an idle keep-alive connection is closed after as long: one that sends
+        # nothing or half a header must not hold a descriptor for a minute.
         return web.Server(
             self.handle,
             access_log=None,
-            keepalive_timeout=60,
+            keepalive_timeout=self._settings.read_timeout,
             max_headers=100,
             # Compressed bodies are inflated by relay itself, within the route's
             # limit (relay/encoding.py): aiohttp's inflation had no bound and
@@ -120,7 +132,26 @@ class Ingress:
             # The path is not a label: unknown paths must not grow the metrics.
             self._count("", "not_found")
             return _error(404, "no route for this path")
-        response = await self._handle_route(request, route, settings)
+        # Memory for bodies being received is bounded: each request holds its
+        # declared length (or its route's limit when chunked) until answered.
+        length = request.content_length
+        held = (
+            route.config.max_body_size
+            if length is None
+            else min(length, route.config.max_body_size)
+        )
+        if self._bodies_in_flight + held > settings.bodies_in_flight_limit:
+            self._count(route.config.name, "busy")
+            return _error(
+                503,
+                "too many bodies being received at once",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        self._bodies_in_flight += held
+        try:
+            response = await self._handle_route(request, route, settings)
+        finally:
+            self._bodies_in_flight -= held
         if response.status == 200:
             self._counters.observe_ack(time.perf_counter() - started)
         return response

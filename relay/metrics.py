@@ -135,9 +135,8 @@ class _IngressCollector(Collector):
         received = CounterMetricFamily(
             "relay_events_received",
             "Webhooks received, by route and result (queued, duplicate, ping, rejected,"
-            " too_large, timeout, not_found, method_not_allowed, unsupported_encoding, bad_request,"
-            " key_conflict,"
-            " unavailable).",
+            " too_large, timeout, not_found, method_not_allowed, unsupported_encoding, busy,"
+            " bad_request, key_conflict, unavailable).",
             labels=["route", "result"],
         )
         for (route, result), count in sorted(counters.received.items()):

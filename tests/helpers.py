@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -150,11 +151,17 @@ class RelayProcess:
     """`relay serve` in a subprocess, as a user runs it. Stopped by its own PID."""
 
     def __init__(
-        self, config_path: Path, log_path: Path, env: Mapping[str, str] | None = None
+        self,
+        config_path: Path,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        max_open_files: int | None = None,
     ) -> None:
         self.config_path = config_path
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
+        self.max_open_files = max_open_files  # `ulimit -n` for the process
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.admin_url = ""
@@ -167,6 +174,7 @@ class RelayProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
+            preexec_fn=self._limit if self.max_open_files else None,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -182,6 +190,10 @@ class RelayProcess:
                 raise AssertionError(f"relay serve exited {self.process.returncode}:\n{text}")
             time.sleep(0.02)
         raise AssertionError("relay serve did not get ready:\n" + self.log_path.read_text())
+
+    def _limit(self) -> None:
+        assert self.max_open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_open_files, self.max_open_files))
 
     def kill(self, signum: int = signal.SIGKILL) -> int:
         assert self.process is not None
