@@ -84,6 +84,17 @@ class Incoming:
     def render(self, template: Template) -> str:
         return template.render(self.context(template.variables))
 
+    def render_key(self, template: Template) -> str:
+        """A key template's output, keeping every byte: the raw body and query
+        values are decoded with undecodable bytes kept (as surrogates, which
+        `stored_key` escapes), where other templates see U+FFFD."""
+        values = self.context(template.variables)
+        if "body" in values:
+            values["body"] = self.body.decode("utf-8", errors="surrogateescape")
+        if "query" in values:
+            values["query"] = parse_query(self.query, errors="surrogateescape")
+        return template.render(values)
+
 
 def idempotency_key(
     route: RouteConfig, incoming: Incoming, source_key: str | None = None
@@ -93,7 +104,7 @@ def idempotency_key(
     the usual key headers. Ingress and `relay render` both ask here."""
     if route.idempotency_key is not None:
         try:
-            key = incoming.render(route.idempotency_key).strip()
+            key = incoming.render_key(route.idempotency_key).strip()
         except TemplateError:
             return None
     else:

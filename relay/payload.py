@@ -62,9 +62,9 @@ def parse_form(content_type: str | None, body: bytes) -> dict[str, str] | None:
     return fields
 
 
-def parse_query(query: str) -> dict[str, str]:
+def parse_query(query: str, *, errors: str = "replace") -> dict[str, str]:
     fields: dict[str, str] = {}
-    for name, value in parse_qsl(query, keep_blank_values=True):
+    for name, value in parse_qsl(query, keep_blank_values=True, errors=errors):
         fields.setdefault(name, value)
     return fields
 

@@ -170,3 +170,19 @@ async def test_cp1251_header_keys_stay_two_keys(
     events = await relay.store.list_events(EventQuery())
     assert sorted(key_bytes(str(e.idempotency_key)) for e in events) == sorted([order, item])
     assert all(e.conflict_of is None for e in events)
+
+
+async def test_template_keys_from_cp1251_query_values_stay_two_keys(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    relay = await start_relay(
+        make_config(TARGETS, routes(idempotency_key="{{ query.order }}")), background=False
+    )
+    url = relay.ingress_url + "/hooks/orders?order="
+    for word in ("заказ-1", "товар-1"):  # percent-encoded cp1251, the same body
+        quoted = "".join(f"%{byte:02X}" for byte in word.encode("cp1251"))
+        async with http.post(url + quoted, data=b'{"n": 1}') as response:
+            assert (await response.json())["status"] == "queued"
+    events = await relay.store.list_events(EventQuery())
+    keys = sorted(key_bytes(str(event.idempotency_key)) for event in events)
+    assert keys == sorted(word.encode("cp1251") for word in ("заказ-1", "товар-1"))
