@@ -29,7 +29,7 @@ import orjson
 from relay.canonical import payload_digest
 from relay.config import Config, RouteConfig
 from relay.payload import media_type, parse_form
-from relay.secrets import MASK, Masker
+from relay.secrets import MASK, Masker, request_masker
 from relay.store import EventDetail, Header, Resend, Status
 from relay.targets import Envelope, build_target
 from relay.templates import TemplateError
@@ -75,6 +75,9 @@ def editable_body(detail: EventDetail, masker: Masker) -> str:
         raise EditRejected(
             422, f"event {detail.event.id}: its body is not UTF-8 text and cannot be edited"
         ) from None
+    # The request's own credentials (an api_key field) are masked too, as in
+    # every view; plan_resend puts them back from the same masker.
+    masker = request_masker(masker, detail.query, detail.content_type, detail.body)
     kind = media_type(detail.content_type)
     if kind == "application/json" or kind.endswith("+json"):
         # Not JSON after all (or numbers orjson cannot hold): the text as it came.
@@ -109,7 +112,8 @@ def plan_resend(
     if route is None:
         raise EditRejected(422, f"route {event.route} is no longer in the config")
     kind = (content_type or detail.content_type or "").strip()
-    body = restore_secrets(edited, detail.body, masker)
+    shown = request_masker(masker, detail.query, detail.content_type, detail.body)
+    body = restore_secrets(edited, detail.body, shown)
     check_body(route, body, kind)
     # Compared as content (JSON parsed, forms decoded): reformatting is no correction.
     same = payload_digest(body, kind) == payload_digest(detail.body, detail.content_type)

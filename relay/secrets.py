@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qsl, quote, quote_plus, unquote_plus
+
+from relay.payload import media_type, parse_form, parse_json
 
 MASK = "***"
 
@@ -25,6 +29,9 @@ SENSITIVE_HEADERS = frozenset(
     }
 )
 
+# Parts of a header or field name that make its value a credential.
+_SENSITIVE_PARTS = ("token", "secret", "password", "passwd", "signature", "api_key", "apikey")
+
 # user:password@ in a URL, whatever the config says.
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s:@]+(?::[^/\s@]*)?@")
 
@@ -32,17 +39,86 @@ _URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s:@]+(?::[^/\s@]*)?@")
 _MIN_SECRET_LENGTH = 4
 
 
+def sensitive_name(name: str) -> bool:
+    """Whether a header, query or body field of this name carries a credential
+    (Tilda's api_key, a ?token=, T-Bank's Token, a signature header...)."""
+    normal = name.lower().replace("-", "_")
+    return any(part in normal for part in _SENSITIVE_PARTS)
+
+
 def is_sensitive_header(name: str) -> bool:
     """A header whose value is a credential: masked in views, never indexed."""
-    lowered = name.lower()
-    return lowered in SENSITIVE_HEADERS or "secret" in lowered or "token" in lowered
+    return name.lower() in SENSITIVE_HEADERS or sensitive_name(name)
+
+
+def inbound_secrets(query: str, content_type: str | None, body: bytes) -> set[str]:
+    """The decoded values of a request's credential fields, in its query and body.
+
+    Found by name, not from the config: a stored request shows no key even
+    when the command runs without the service's environment.
+    """
+    found = {value for name, value in parse_qsl(query) if sensitive_name(name) and value}
+    kind = media_type(content_type)
+    if kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        fields = parse_form(content_type, body) or {}
+        found |= {value for name, value in fields.items() if sensitive_name(name) and value}
+    elif "json" in kind or body.lstrip()[:1] in (b"{", b"["):
+        _json_secrets(parse_json(body), found, depth=0)
+    return found
+
+
+def request_masker(masker: Masker, query: str, content_type: str | None, body: bytes) -> Masker:
+    """`masker`, plus the request's own credentials (found by name): what every
+    view of a stored request masks, with or without the config's secrets."""
+    return masker.merged(Masker(inbound_secrets(query, content_type, body)))
+
+
+def mask_fields(urlencoded: str) -> str:
+    """A query string or form body with each credential field's value masked,
+    whatever its encoding (the name is decoded to decide; the rest is kept
+    byte for byte)."""
+    if "=" not in urlencoded:
+        return urlencoded
+    pieces = []
+    for piece in urlencoded.split("&"):
+        name, sep, _ = piece.partition("=")
+        if sep and sensitive_name(unquote_plus(name)):
+            piece = f"{name}={MASK}"
+        pieces.append(piece)
+    return "&".join(pieces)
+
+
+def _json_secrets(value: Any, found: set[str], depth: int) -> None:
+    if depth > 32:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, str | int) and sensitive_name(str(key)) and item != "":
+                found.add(str(item))
+            else:
+                _json_secrets(item, found, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _json_secrets(item, found, depth + 1)
+
+
+def _encodings(secret: str) -> set[str]:
+    """The secret as it may be stored: as is, and percent-encoded (a query
+    string or a form body keeps it encoded; `+` or `%20` for a space)."""
+    return {secret, quote_plus(secret), quote(secret, safe=""), quote(secret)}
 
 
 class Masker:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self.secrets = frozenset(s for s in secrets if len(s) >= _MIN_SECRET_LENGTH)
-        # Longest first, so a secret containing another is masked whole.
-        values = sorted(self.secrets, key=len, reverse=True)
+        # Each secret also in its encoded forms: masked after decoding in
+        # effect, whatever form a text shows it in. Longest first, so a secret
+        # containing another is masked whole.
+        values = sorted(
+            {variant for secret in self.secrets for variant in _encodings(secret)},
+            key=len,
+            reverse=True,
+        )
         self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
 
     def merged(self, other: Masker) -> Masker:

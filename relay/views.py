@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from relay.config import FileTarget, HttpTarget, SmtpTarget, TargetConfig, TelegramTarget
+from relay.payload import media_type
 from relay.resend import Preview
-from relay.secrets import Masker
+from relay.secrets import Masker, mask_fields, request_masker
 from relay.store import (
     AttemptView,
     DeliveryView,
@@ -69,15 +70,21 @@ def attempt_view(attempt: AttemptView, masker: Masker) -> dict[str, Any]:
 
 
 def event_detail(detail: EventDetail, masker: Masker) -> dict[str, Any]:
+    # The request's own credentials (an api_key field, a ?token=), found by
+    # name and masked in every form they show in, with or without the config's.
+    masker = request_masker(masker, detail.query, detail.content_type, detail.body)
     result = event_summary(detail.event, masker)
     result["remote_addr"] = detail.event.remote_addr
     result["method"] = detail.method
     result["path"] = masker.text(detail.path)
-    result["query"] = masker.text(detail.query)
+    result["query"] = masker.text(mask_fields(detail.query))
     result["headers"] = [list(pair) for pair in masker.headers(detail.headers)]
     result["content_type"] = detail.content_type
     try:
-        result["body"] = masker.text(detail.body.decode("utf-8"))
+        body = detail.body.decode("utf-8")
+        if media_type(detail.content_type) == "application/x-www-form-urlencoded":
+            body = mask_fields(body)
+        result["body"] = masker.text(body)
     except UnicodeDecodeError:
         result["body"] = None
         result["body_base64"] = base64.b64encode(detail.body).decode("ascii")

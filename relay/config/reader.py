@@ -366,11 +366,27 @@ def _substitute_string(
                 f"expected ${{VARIABLE}}, ${{VARIABLE:-default}} or ${{file:NAME}},"
                 f" got ${{{reference}}}",
             )
-        if value:
+        if value and (reference.startswith("file:") or not plain_setting(where)):
             secrets.add(value)
         return value
 
     return _REFERENCE.sub(replace, text)
+
+
+# Settings that name where things are, not credentials: a value from ${VAR}
+# there is shown as it is. Masking it would hide ordinary text everywhere it
+# appears (SMTP_HOST=127.0.0.1 turned "ingress on http://127.0.0.1:8080" into
+# "http://***:8080"; a chat id, an address, a port into "***").
+PLAIN_SETTINGS = frozenset(
+    {"host", "port", "chat_id", "from", "to", "cc", "username", "listen", "api_base"}
+)
+
+
+def plain_setting(where: str) -> bool:
+    if where == "storage.path":
+        return True
+    name = re.sub(r"(\[\d+\])+$", "", where).rsplit(".", 1)[-1]
+    return name in PLAIN_SETTINGS or name in ("trusted_proxies", "allow_ips")
 
 
 def _read_credential(name: str, environ: Mapping[str, str], where: str) -> str:

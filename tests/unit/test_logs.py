@@ -106,3 +106,18 @@ def test_storable_text_replaces_what_utf8_cannot_hold() -> None:
 
     assert storable("plain ключ") == "plain ключ"
     assert storable("x/\udcff") == "x/\ufffd"
+
+
+def test_a_secret_is_masked_in_its_encoded_forms_too() -> None:
+    masker = Masker(["s3cret/value x"])
+    assert masker.text("?t=s3cret%2Fvalue+x&u=s3cret%2Fvalue%20x") == "?t=***&u=***"
+    assert masker.text("s3cret/value x") == "***"
+
+
+def test_credential_fields_are_masked_by_name_whatever_their_encoding() -> None:
+    from relay.secrets import mask_fields
+
+    assert (
+        mask_fields("Name=Anna&api%5Fkey=k%2F1&token=t+1&x=1")
+        == "Name=Anna&api%5Fkey=***&token=***&x=1"
+    )
