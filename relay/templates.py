@@ -17,17 +17,27 @@ from typing import Any
 import jinja2
 import jinja2.meta
 from jinja2.filters import do_default
-from jinja2.sandbox import SandboxedEnvironment
 
-# Output beyond this is an error, not a silently truncated message: a
-# template that runs away (a loop over a huge list) must not eat the memory.
-MAX_OUTPUT_CHARS = 1024 * 1024
-# Calls, attribute and item lookups one render may make. Rendering runs on
-# the event loop: nested loops over a large payload must end in an error,
-# not stall every webhook behind them.
-MAX_OPERATIONS = 200_000
+from relay.sandbox import (
+    MAX_OPERATIONS,
+    MAX_OUTPUT_CHARS,
+    BoundedEnvironment,
+    TemplateError,
+    bound,
+    end_budget,
+    start_budget,
+)
 
-_budget: contextvars.ContextVar[list[int]] = contextvars.ContextVar("template_budget")
+__all__ = [
+    "MAX_OPERATIONS",
+    "MAX_OUTPUT_CHARS",
+    "Template",
+    "TemplateError",
+    "compile_expression",
+    "compile_template",
+    "holds",
+]
+
 # Set by `relay render`: every value that fell back to its `default` is
 # named here, so a missing field shows instead of passing as an empty value.
 _fallbacks: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
@@ -60,52 +70,10 @@ def _default(value: Any, default_value: Any = "", boolean: bool = False) -> Any:
     return result
 
 
-class TemplateError(Exception):
-    """A template could not be rendered for this payload (missing field, bad output)."""
-
-
-class _Environment(SandboxedEnvironment):
-    # A smaller range() than Jinja's default of 100,000 items: nobody needs a
-    # long loop to shape a webhook, and nested loops multiply.
-    MAX_RANGE = 10_000
-
+class _Environment(BoundedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        plain_tojson = self.filters["tojson"]
-
-        def tojson(context: Any, value: Any, indent: int | None = None) -> Any:
-            # Name the missing field, instead of "StrictUndefined is not JSON serializable".
-            if isinstance(value, jinja2.Undefined):
-                value._fail_with_undefined_error()
-            return plain_tojson(context, value, indent)
-
-        tojson.jinja_pass_arg = plain_tojson.jinja_pass_arg  # type: ignore[attr-defined]
-        self.filters["tojson"] = tojson
         self.filters["default"] = self.filters["d"] = _default
-
-    def _spend(self, amount: int = 1) -> None:
-        budget = _budget.get(None)
-        if budget is not None:
-            budget[0] -= amount
-            if budget[0] < 0:
-                raise TemplateError(
-                    f"template too expensive: more than {MAX_OPERATIONS} operations"
-                )
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        self._spend()
-        return super().getattr(obj, attribute)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        self._spend()
-        return super().getitem(obj, argument)
-
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        __self._spend()
-        result = super().call(__context, __obj, *args, **kwargs)
-        if isinstance(result, range):
-            __self._spend(len(result))  # a loop over it costs as much
-        return result
 
 
 _PLAIN = _Environment(
@@ -142,7 +110,7 @@ class Template:
     _compiled: jinja2.Template = field(repr=False, compare=False)
 
     def render(self, context: Mapping[str, Any]) -> str:
-        token = _budget.set([MAX_OPERATIONS])
+        token = start_budget()
         try:
             pieces: list[str] = []
             size = 0
@@ -160,7 +128,7 @@ class Template:
         except Exception as error:  # anything a sandboxed expression can raise
             raise TemplateError(f"template error: {type(error).__name__}: {error}") from None
         finally:
-            _budget.reset(token)
+            end_budget(token)
         return "".join(pieces)
 
 
@@ -171,10 +139,11 @@ def compile_template(source: str, *, html: bool = False, markdown_v2: bool = Fal
     environment = _HTML if html else _MARKDOWN_V2 if markdown_v2 else _PLAIN
     try:
         tree = environment.parse(source)
-        compiled = environment.from_string(tree)
+        # What the template reads, before loops and `~` are rewritten to be counted.
+        variables = frozenset(jinja2.meta.find_undeclared_variables(tree))
+        compiled = environment.from_string(bound(tree, environment))
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"template syntax error at line {error.lineno}: {error.message}") from None
-    variables = frozenset(jinja2.meta.find_undeclared_variables(tree))
     return Template(source=source, variables=variables, _compiled=compiled)
 
 

@@ -3,6 +3,7 @@ builds a JSON or form body from templates; classifies the answer."""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import ssl
 import time
@@ -109,7 +110,9 @@ class HttpTarget(SessionOwner):
     async def send(self, envelope: Envelope) -> Outcome:
         session = self.session
         try:
-            prepared = self.prepare(envelope)
+            # Rendered in a worker thread: a heavy template (a loop over a large
+            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            prepared = await asyncio.to_thread(self.prepare, envelope)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
         return await request(session, prepared)

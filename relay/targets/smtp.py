@@ -7,6 +7,7 @@ target, so a mail resent after a crash is recognisably the same mail.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ssl
 from email.headerregistry import Address
@@ -78,7 +79,9 @@ class SmtpTarget:
     async def send(self, envelope: Envelope) -> Outcome:
         settings = self._settings
         try:
-            message = self.message(envelope)
+            # Rendered in a worker thread: a heavy template (a loop over a large
+            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            message = await asyncio.to_thread(self.message, envelope)
         except (TemplateError, ValueError) as error:
             return Outcome.unsendable(
                 f"template error: {error}" if not isinstance(error, TemplateError) else str(error)

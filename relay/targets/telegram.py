@@ -9,6 +9,7 @@ path, so the URL never appears in an error, a log or the attempt log.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -64,7 +65,9 @@ class TelegramTarget(SessionOwner):
     async def send(self, envelope: Envelope) -> Outcome:
         session = self.session
         try:
-            payload = self.payload(envelope)
+            # Rendered in a worker thread: a heavy template (a loop over a large
+            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            payload = await asyncio.to_thread(self.payload, envelope)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
         settings = self._settings

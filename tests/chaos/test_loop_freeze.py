@@ -4,15 +4,18 @@ probe while they are posted. The goal is no block over 100 ms."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import zlib
 
 import aiohttp
+import orjson
 import pytest
 
 from relay.app import Relay
+from relay.clock import FakeClock
 
-from conftest import ConfigFactory, RelayFactory
+from conftest import ConfigFactory, RelayFactory, SinkFactory
 from figures import record_figures
 from lag import LagProbe
 
@@ -85,5 +88,55 @@ async def test_gzip_bomb_is_refused_without_holding_the_loop(
     record_figures(
         "gzip_bomb",
         {"body_bytes": len(bomb), "worst_loop_lag_ms": round(probe.worst * 1000, 1)},
+    )
+    assert probe.worst < LOOP_BLOCK_LIMIT
+
+
+HEAVY_BODY = (
+    '{"qty": [{% for item in json["items"] %}{{ item.qty }}{{ "," if not loop.last }}{% endfor %}]}'
+)
+NESTED_LOOPS = (
+    '{"n": "{% for a in json["items"] %}{% for b in json["items"] %}{% endfor %}{% endfor %}"}'
+)
+
+
+@pytest.mark.parametrize("template", [HEAVY_BODY, NESTED_LOOPS], ids=["heavy", "runaway"])
+async def test_target_templates_render_off_the_loop(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    template: str,
+) -> None:
+    # Before: a legitimate loop over a 0.9 MiB list cost 0.55 s per render on
+    # the event loop and stalled unrelated webhooks for 1.2 s.
+    _, url = await start_sink([200])
+    config = make_config(
+        {"crm": {"type": "http", "url": url, "format": "json", "body": template}},
+        {"orders": {"path": "/orders", "targets": ["crm"], "max_body_size": "2MiB"}},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    items = [{"sku": f"sku-{i:06d}", "qty": i} for i in range(30_000)]
+    body = orjson.dumps({"items": items})
+    assert len(body) > 900 * 1024
+    async with http.post(relay.ingress_url + "/orders", data=io.BytesIO(body)) as answer:
+        assert answer.status == 200
+    async with LagProbe() as probe:
+        drained = asyncio.create_task(relay.scheduler.drain())
+        while not drained.done():  # unrelated webhooks meanwhile
+            async with http.post(relay.ingress_url + "/orders", data=b"[]") as answer:
+                assert answer.status == 200
+        await drained
+    detail = await relay.store.get_event(1)  # the heavy one
+    assert detail is not None
+    [delivery] = detail.event.deliveries
+    if template is HEAVY_BODY:
+        assert delivery.status.value == "delivered"
+    else:
+        assert delivery.status.value == "dead"
+        assert "too expensive" in (delivery.last_error or "")
+    record_figures(
+        f"template_{'heavy' if template is HEAVY_BODY else 'runaway'}",
+        {"body_bytes": len(body), "worst_loop_lag_ms": round(probe.worst * 1000, 1)},
     )
     assert probe.worst < LOOP_BLOCK_LIMIT
