@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+import orjson
+
 from relay.cli.common import (
     CommandError,
     add_config_option,
@@ -16,6 +18,7 @@ from relay.cli.common import (
     run,
     table,
 )
+from relay.payload import media_type, parse_form, parse_json
 from relay.search import SearchError, parse_search
 from relay.secrets import Masker
 from relay.store import EventQuery, SearchProgress, Status
@@ -150,6 +153,35 @@ def _events_text(events: list[dict[str, Any]]) -> str:
     return table(rows, ["ID", "RECEIVED", "ROUTE", "STATUS", "KEY", "DELIVERIES"])
 
 
+# An answer is shown on one line, this long at most (--json has it whole).
+ANSWER_CHARS = 300
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= ANSWER_CHARS else flat[: ANSWER_CHARS - 1] + "…"
+
+
+def _body_lines(event: dict[str, Any]) -> list[str]:
+    """The body as a person reads it: JSON indented, form fields decoded one a
+    line; any other text as it is. --json has it exactly as received."""
+    body = event["body"]
+    content_type = event["content_type"] or ""
+    if body is None:
+        return [f"body ({content_type or 'binary'}, base64): {event['body_base64']}"]
+    parsed = parse_json(body.encode())
+    if parsed is not None or body.strip() == "null":
+        pretty = orjson.dumps(parsed, option=orjson.OPT_INDENT_2).decode()
+        return [f"body ({content_type or 'JSON'}):", *pretty.splitlines()]
+    fields = parse_form(content_type, body.encode())
+    if fields:
+        return [
+            f"body ({media_type(content_type)}, fields decoded):",
+            *(f"  {name} = {value}" for name, value in fields.items()),
+        ]
+    return [f"body ({content_type or 'no content type'}):", body]
+
+
 def _key_text(event: dict[str, Any]) -> str:
     key = event["idempotency_key"] or "-"
     conflict = event.get("key_conflict_of")
@@ -174,8 +206,7 @@ def _event_text(event: dict[str, Any]) -> str:
             f" by {link['by']} at {link['at']}"
         )
     lines += [f"  {name}: {value}" for name, value in event["headers"]]
-    body = event["body"] if event["body"] is not None else f"(base64) {event['body_base64']}"
-    lines += ["", body, ""]
+    lines += ["", *_body_lines(event), ""]
     for delivery in event["deliveries"]:
         lines.append(
             f"delivery {delivery['id']} → {delivery['target']}: {delivery['status']},"
@@ -184,10 +215,22 @@ def _event_text(event: dict[str, Any]) -> str:
         )
         if delivery["last_error"]:
             lines.append(f"  last error: {delivery['last_error']}")
+        # Attempts and what people did, in the order they happened.
+        happened: list[tuple[str, int, list[str]]] = []
         for attempt in delivery["attempts_log"]:
-            lines.append(
+            said = [
                 f"  #{attempt['number']} {attempt['started_at']} {attempt['outcome']}"
                 f" {attempt['http_status'] or '-'} {attempt['duration_ms']}ms"
                 + (f" {attempt['error']}" if attempt["error"] else "")
-            )
+            ]
+            answer = _one_line(attempt.get("response") or "")
+            if answer:
+                said.append(f"      answer: {answer}")
+            happened.append((attempt["started_at"] or "", 1, said))
+        for entry in delivery.get("history", ()):
+            detail = f": {entry['detail']}" if entry.get("detail") else ""
+            # At the same instant, what a person did comes before the attempt it caused.
+            happened.append((entry["at"] or "", 0, [f"  {entry['at']} {entry['kind']}{detail}"]))
+        for _, _, said in sorted(happened, key=lambda item: item[:2]):
+            lines += said
     return "\n".join(lines)

@@ -34,6 +34,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--header", metavar="K:V", action="append", default=[], help="a request header"
     )
+    parser.add_argument(
+        "--wire",
+        action="store_true",
+        help="the exact bytes each target sends (default: decoded, as a person reads them)",
+    )
     parser.set_defaults(handler=render)
 
 
@@ -104,7 +109,7 @@ def render(args: argparse.Namespace) -> int:
             continue
         try:
             with marking_defaults() as fell_back:
-                preview = build_target(target).preview(envelope)
+                preview = build_target(target).preview(envelope, wire=args.wire)
         except TemplateError as error:
             print(f"would be dead: {error}")
             failed = True

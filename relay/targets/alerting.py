@@ -65,8 +65,8 @@ class AlertAware:
     async def send(self, envelope: Envelope) -> Outcome:
         return await self._for(envelope).send(envelope)
 
-    def preview(self, envelope: Envelope) -> str:
-        return self._for(envelope).preview(envelope)
+    def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
+        return self._for(envelope).preview(envelope, wire=wire)
 
     async def close(self) -> None:
         try:

@@ -50,8 +50,9 @@ class Target(Protocol):
         """
         ...
 
-    def preview(self, envelope: Envelope) -> str:
-        """Exactly what `send` would send, as text, without sending it.
+    def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
+        """What `send` would send, without sending it: as a person reads it
+        (form fields and mail headers decoded), or with `wire` the exact bytes.
 
         Raises TemplateError when a template fails for this payload.
         """

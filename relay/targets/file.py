@@ -27,7 +27,7 @@ class FileTarget:
     async def close(self) -> None:
         pass
 
-    def preview(self, envelope: Envelope) -> str:
+    def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
         return f"append to {self._path}:\n" + orjson.dumps(_record(envelope)).decode()
 
     async def send(self, envelope: Envelope) -> Outcome:

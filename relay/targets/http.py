@@ -33,16 +33,20 @@ class Request:
     headers: dict[str, str]
     body: bytes
 
-    def describe(self) -> str:
-        """For display (`relay render`): credential headers are masked."""
+    def describe(self, *, wire: bool = False) -> str:
+        """For display (`relay render`): credential headers are masked. A form
+        body shows its fields decoded, one a line, unless `wire` asks for the
+        bytes that go out."""
         masker = Masker()
         lines = [f"{self.method} {masker.text(self.url)}"]
         lines += [f"{name}: {masker.header(name, value)}" for name, value in self.headers.items()]
-        lines += ["", self.body.decode("utf-8", errors="replace")]
-        if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
-            # The encoded body is what goes out; the fields, decoded, are what a person reads.
+        form = self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
+        if form and not wire:
             fields = parse_qsl(self.body.decode("utf-8", "replace"), keep_blank_values=True)
-            lines += ["", "decoded:"] + [f"  {name} = {value}" for name, value in fields]
+            lines += ["", "form fields (decoded; --wire shows the encoded body):"]
+            lines += [f"  {name} = {value}" for name, value in fields]
+        else:
+            lines += ["", self.body.decode("utf-8", errors="replace")]
         return "\n".join(lines)
 
 
@@ -104,8 +108,8 @@ class HttpTarget(SessionOwner):
             )
         return Request(settings.method, settings.url, headers, body)
 
-    def preview(self, envelope: Envelope) -> str:
-        return self.prepare(envelope).describe()
+    def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
+        return self.prepare(envelope).describe(wire=wire)
 
     async def send(self, envelope: Envelope) -> Outcome:
         session = self.session

@@ -71,10 +71,13 @@ class SmtpTarget:
             message.add_alternative(settings.html.render(values), subtype="html")
         return message
 
-    def preview(self, envelope: Envelope) -> str:
+    def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
         settings = self._settings
         head = f"SMTP {settings.host}:{settings.port} ({settings.tls})"
-        return head + "\n" + self.message(envelope).as_string()
+        message = self.message(envelope)
+        if wire:
+            return head + "\n" + message.as_string()
+        return head + "\n" + readable_mail(message)
 
     async def send(self, envelope: Envelope) -> Outcome:
         settings = self._settings
@@ -117,6 +120,23 @@ def _reply(replies: list[tuple[int, str]]) -> Outcome:
     if replies and all(500 <= code < 600 for code, _ in replies):
         return Outcome.fail(text, status=replies[0][0])
     return Outcome.retry(text, status=replies[0][0] if replies else None)
+
+
+def readable_mail(message: EmailMessage) -> str:
+    """The mail as a mail program shows it: headers and text decoded (the
+    wire form has them in RFC 2047 words and base64)."""
+    lines = [f"{name}: {message[name]}" for name in _SHOWN_HEADERS if message[name] is not None]
+    plain = message.get_body(preferencelist=("plain",))
+    html = message.get_body(preferencelist=("html",))
+    lines.append("")
+    if plain is not None:
+        lines.append(str(plain.get_content()).rstrip("\n"))
+    if html is not None:
+        lines += ["", "--- HTML part ---", str(html.get_content()).rstrip("\n")]
+    return "\n".join(lines)
+
+
+_SHOWN_HEADERS = ("From", "To", "Cc", "Reply-To", "Subject", "Date", "Message-ID")
 
 
 def message_id(envelope: Envelope, target: str, sender: str) -> str:

@@ -55,8 +55,20 @@ class TelegramTarget(SessionOwner):
             payload["disable_notification"] = True
         return payload
 
-    def preview(self, envelope: Envelope) -> str:
+    def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
         url = f"{self._settings.api_base}/bot***/sendMessage"
+        if not wire:
+            # The message as the chat shows its text (markup still in it).
+            payload = self.payload(envelope)
+            options = ", ".join(
+                f"{key} {value}" for key, value in payload.items() if key not in ("chat_id", "text")
+            )
+            return (
+                f"POST {url}: to chat {payload['chat_id']}"
+                + (f" ({options})" if options else "")
+                + "\n\n"
+                + str(payload["text"])
+            )
         return (
             f"POST {url}\n\n"
             + orjson.dumps(self.payload(envelope), option=orjson.OPT_INDENT_2).decode()

@@ -41,8 +41,8 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
                     "password": "${SMTP_PW}",
                     "from": "relay@shop.example",
                     "to": ["boss@shop.example"],
-                    "subject": "Lead {{ form.name }}",
-                    "text": "Phone: {{ form.phone }}",
+                    "subject": "Заявка: {{ form.name }}",
+                    "text": "Телефон: {{ form.phone }}",
                 },
                 "vip": {"type": "http", "url": "https://vip.example/hook"},
             },
@@ -61,21 +61,36 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
         },
     )
     body = tmp_path / "form.txt"
-    body.write_text("name=Anna&phone=%2B7999&tranid=42:1&vip=no")
+    body.write_text("name=%D0%90%D0%BD%D0%BD%D0%B0&phone=%2B7999&tranid=42:1&vip=no")
     result = relay_cli("render", "lead", "--body", str(body), "--config", str(config), env=ENV)
     out = result.stdout
     assert "idempotency key: 42:1" in out
     assert "POST https://b24.example/rest/1/***/crm.lead.add" in out
-    assert "fields%5BTITLE%5D=Lead+Anna&fields%5BPHONE%5D%5B0%5D%5BVALUE%5D=%2B7999" in out
+    # As a person reads it: form fields decoded, the mail's subject and text
+    # as a mail program shows them, the chat message's text.
+    assert "  fields[TITLE] = Lead Анна\n  fields[PHONE][0][VALUE] = +7999\n" in out
+    assert "fields%5B" not in out
     assert "Authorization: ***" in out
-    assert "POST https://api.telegram.org/bot***/sendMessage" in out
-    assert '"text": "Lead: Anna (+7999)"' in out
-    assert "Subject: Lead Anna" in out
-    assert "Phone: +7999" in out
+    assert "POST https://api.telegram.org/bot***/sendMessage: to chat -100500" in out
+    assert "\nLead: Анна (+7999)\n" in out
+    assert "Subject: Заявка: Анна\n" in out
+    assert "\nТелефон: +7999" in out
+    assert "=?utf-8?" not in out
     assert "=== vip (http)\nskipped: when: form.vip == 'yes' is false" in out
     for secret in ENV.values():
         assert secret not in out
     assert not (tmp_path / "relay.db").exists()  # nothing stored
+
+    # --wire: the exact bytes, encoded as they go out.
+    wire = relay_cli(
+        "render", "lead", "--body", str(body), "--config", str(config), "--wire", env=ENV
+    ).stdout
+    assert "fields%5BTITLE%5D=Lead+%D0%90%D0%BD%D0%BD%D0%B0&fields%5BPHONE%5D%5B0%5D" in wire
+    assert "Subject: =?utf-8?" in wire
+    assert "Заявка" not in wire
+    assert '"text": "Lead: Анна (+7999)"' in wire
+    for secret in ENV.values():
+        assert secret not in wire
 
 
 def test_render_reports_a_failing_template(tmp_path: Path) -> None:

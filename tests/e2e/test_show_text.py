@@ -1,0 +1,73 @@
+"""`relay show` in text mode says what happened, readably: the body decoded,
+every attempt with the target's answer, and what people did, in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlencode
+
+import aiohttp
+
+from relay.clock import FakeClock
+from relay.store import EventQuery, Selection
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import relay_cli, write_config
+
+
+async def test_show_tells_the_whole_story(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    crm, crm_url = await start_sink([503, 503, 503, 200])
+    targets = {"crm": {"type": "http", "url": crm_url, "retry": {"retries": 1, "unit": "1ms"}}}
+    routes = {"leads": {"path": "/hooks/leads", "targets": ["crm"]}}
+    relay = await start_relay(make_config(targets, routes), background=False, clock=FakeClock())
+    form = urlencode({"Name": "Анна Петрова", "Phone": "+7 999 123-45-67", "api_key": "k-123456"})
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.ingress_url + "/hooks/leads",
+            data=form,
+            headers={"Content-Type": "application/x-www-form-urlencoded", "Idempotency-Key": "L1"},
+        ) as response,
+    ):
+        assert response.status == 200
+    await relay.scheduler.drain()  # #1 503, #2 503: dead
+    [event] = await relay.store.list_events(EventQuery())
+    delivery = event.deliveries[0].id
+    relay.clock.advance(60)  # type: ignore[attr-defined]
+    await relay.store.retry_now(delivery, relay.clock.now())
+    await relay.scheduler.drain()  # #3 503: still dead
+    relay.clock.advance(60)  # type: ignore[attr-defined]
+    await relay.store.requeue(Selection(ids=(delivery,)), relay.clock.now())
+    await relay.scheduler.drain()  # #4 200: delivered
+    assert len(crm.requests) == 4
+
+    config = write_config(
+        tmp_path / "cli.toml",
+        {"storage": {"path": str(tmp_path / "relay.db")}, "targets": targets, "routes": routes},
+    )
+    out = relay_cli("show", "1", "--config", str(config)).stdout
+    assert "body (application/x-www-form-urlencoded, fields decoded):" in out
+    assert "  Name = Анна Петрова\n  Phone = +7 999 123-45-67\n  api_key = ***\n" in out
+    assert "%D0" not in out  # nothing percent-encoded
+    assert "k-123456" not in out
+    lines = out.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("delivery "))
+    story = [line.strip() for line in lines[start:]]
+    assert story[0].startswith("delivery 1 → crm: delivered, 4 attempts")
+    numbered = [line for line in story if line.startswith("#")]
+    assert [line.split()[0] for line in numbered] == ["#1", "#2", "#3", "#4"]
+    assert "answer: answer 0: 503" in story
+    assert "answer: answer 3: 200" in story
+    # The retry and the requeue sit between the attempts they caused.
+    kinds = [line for line in story if not line.startswith(("#", "answer:", "delivery", "last"))]
+    assert len(kinds) >= 2, story
+    position = {line: index for index, line in enumerate(story)}
+    retry_line = next(line for line in kinds if "retry" in line)
+    requeue_line = next(line for line in kinds if "requeue" in line)
+    assert position[numbered[1]] < position[retry_line] < position[numbered[2]]
+    assert position[numbered[2]] < position[requeue_line] < position[numbered[3]]
