@@ -290,6 +290,15 @@ class Relay:
             needs_restart.append("admin.listen")
         if config.storage != old.storage:
             needs_restart.append("storage")
+        bound = old.admin.listen
+        if old.admin.enabled and config.admin.token is None and not bound.is_loopback:
+            # The new file may move the listener to loopback, but the one bound
+            # (off loopback) stays until a restart: it must keep a token.
+            raise ConfigError(
+                "admin.token",
+                f"is required while the admin listener is bound to {bound} (not loopback);"
+                " a new admin.listen takes effect only at a restart",
+            )
         config = dataclasses.replace(
             config,
             server=dataclasses.replace(config.server, listen=old.server.listen),

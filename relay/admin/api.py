@@ -11,6 +11,9 @@ import orjson
 from aiohttp import web
 
 from relay.admin.context import OPERATOR, Operator
+from relay.admin.inputs import BadRequest, optional_text, row_id, whole_number
+from relay.admin.origin import SAFE_METHODS
+from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.payload import media_type
 from relay.resend import EditRejected, plan_resend
 from relay.search import SearchError, parse_search
@@ -36,10 +39,6 @@ from relay.views import (
 
 MAX_PAGE = 500
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class BadRequest(Exception):
-    pass
 
 
 def json_response(payload: Any, status: int = 200) -> web.Response:
@@ -69,10 +68,24 @@ async def api_guard(request: web.Request, handler: Handler) -> web.StreamRespons
     if not request.path.startswith("/api/"):
         return await handler(request)
     operator = request.app[OPERATOR]
-    if not token_matches(request.headers.get("Authorization"), operator.config.admin.token):
-        response = error(401, "missing or wrong bearer token")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="relay"'
-        return response
+    token = operator.config.admin.token
+    if token is not None:
+        failures = request.app[AUTH_FAILURES]
+        address = client(request)
+        wait = failures.retry_after(address)
+        if wait is not None:
+            return too_many(wait)
+        header = request.headers.get("Authorization")
+        if not token_matches(header, token):
+            if header:  # a token was tried (a missing one is no guess)
+                where = f"{request.method} {request.rel_url.raw_path[:200]}"
+                failures.failed(address, f"admin API: wrong bearer token for {where}")
+            response = error(401, "missing or wrong bearer token")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="relay"'
+            return response
+    if request.method not in SAFE_METHODS and request.content_type != "application/json":
+        # What a web page can send without a CORS preflight is never accepted.
+        return error(415, "Content-Type: expected application/json for an API change")
     try:
         return await handler(request)
     except BadRequest as problem:
@@ -87,13 +100,6 @@ async def api_guard(request: web.Request, handler: Handler) -> web.StreamRespons
 
 def _operator(request: web.Request) -> Operator:
     return request.app[OPERATOR]
-
-
-def _int_id(value: str, what: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise NotFound(f"no {what} {value}") from None
 
 
 def _instant(value: Any, name: str, now: float) -> float | None:
@@ -118,12 +124,8 @@ def _status(value: Any, name: str = "status") -> Status | None:
 
 
 def event_query(params: Mapping[str, str], now: float) -> EventQuery:
-    limit_text = params.get("limit") or "50"
-    cursor = params.get("cursor") or None
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
-        raise BadRequest(f"limit: expected a number from 1 to {MAX_PAGE}")
-    if cursor is not None and not cursor.isdigit():
-        raise BadRequest("cursor: expected the next_cursor of a previous page")
+    limit = whole_number(params.get("limit") or "50", "limit", maximum=MAX_PAGE)
+    cursor = row_id(params["cursor"], "cursor") if params.get("cursor") else None
     text = (params.get("q") or "").strip()
     try:
         search = parse_search(text) if text else None
@@ -137,8 +139,8 @@ def event_query(params: Mapping[str, str], now: float) -> EventQuery:
         until=_instant(params.get("until"), "until", now),
         key=params.get("key") or None,
         search=search,
-        limit=int(limit_text),
-        before_id=int(cursor) if cursor else None,
+        limit=limit,
+        before_id=cursor,
     )
 
 
@@ -159,7 +161,7 @@ async def list_events(request: web.Request) -> web.Response:
 
 async def get_event(request: web.Request) -> web.Response:
     operator = _operator(request)
-    event_id = _int_id(request.match_info["event_id"], "event")
+    event_id = row_id(request.match_info["event_id"], "event_id")
     detail = await operator.store.get_event(event_id)
     if detail is None:
         raise NotFound(f"no event {event_id}")
@@ -168,7 +170,7 @@ async def get_event(request: web.Request) -> web.Response:
 
 async def retry_delivery(request: web.Request) -> web.Response:
     operator = _operator(request)
-    delivery_id = _int_id(request.match_info["delivery_id"], "delivery")
+    delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
     delivery = await operator.retry(delivery_id)
     view = event_summary_delivery(delivery, operator)
     return json_response({"delivery": view})
@@ -205,15 +207,15 @@ async def requeue(request: web.Request) -> web.Response:
             f"{', '.join(sorted(REQUEUE_KEYS))})"
         )
     ids = body.get("ids") or []
-    if not isinstance(ids, list) or not all(str(i).isdigit() for i in ids):
+    if not isinstance(ids, list):
         raise BadRequest("ids: expected a list of delivery ids")
     selection = Selection(
         status=_status(body.get("status")) or Status.DEAD,
-        route=body.get("route") or None,
-        target=body.get("target") or None,
+        route=optional_text(body.get("route"), "route"),
+        target=optional_text(body.get("target"), "target"),
         since=_instant(body.get("since"), "since", now),
         until=_instant(body.get("until"), "until", now),
-        ids=tuple(int(i) for i in ids),
+        ids=tuple(row_id(i, f"ids[{n}]") for n, i in enumerate(ids)),
     )
     requeued = await operator.requeue(selection)
     return json_response({"requeued": len(requeued), "ids": [str(i) for i in requeued]})
@@ -225,7 +227,7 @@ RESEND_KEYS = frozenset({"body", "content_type", "targets", "confirm"})
 async def resend_event(request: web.Request) -> web.Response:
     """An edited copy of an event as a new event: previewed, then sent with confirm: true."""
     operator = _operator(request)
-    event_id = _int_id(request.match_info["event_id"], "event")
+    event_id = row_id(request.match_info["event_id"], "event_id")
     if media_type(request.content_type) != "application/json":
         return error(415, "expected a JSON object (Content-Type: application/json)")
     try:
@@ -317,12 +319,8 @@ async def stats(request: web.Request) -> web.Response:
 
 async def list_rejections(request: web.Request) -> web.Response:
     operator = _operator(request)
-    limit_text = request.query.get("limit") or "100"
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
-        raise BadRequest(f"limit: expected a number from 1 to {MAX_PAGE}")
-    found = await operator.store.list_rejections(
-        request.query.get("route") or None, int(limit_text)
-    )
+    limit = whole_number(request.query.get("limit") or "100", "limit", maximum=MAX_PAGE)
+    found = await operator.store.list_rejections(request.query.get("route") or None, limit)
     masker = operator.masker
     return json_response({"rejections": [rejection_view(r, masker) for r in found]})
 

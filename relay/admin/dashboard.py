@@ -16,14 +16,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 import orjson
 from aiohttp import web
 
 from relay.admin.context import OPERATOR, Operator
+from relay.admin.inputs import BadRequest, row_id
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
+from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.payload import parse_form
 from relay.resend import EditRejected, default_targets, editable_body, plan_resend
 from relay.search import SearchError, describe, parse_search
@@ -59,7 +61,9 @@ SECURITY_HEADERS = {
     " script-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Nothing leaves for other sites, and our own form posts carry our Origin
+    # (under "no-referrer" a browser sends "Origin: null", which the origin guard doubts).
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
@@ -239,8 +243,16 @@ async def login_page(request: web.Request) -> web.StreamResponse:
 
 
 def _safe_next(value: str | None) -> str:
-    """Only a path on this dashboard: never an open redirect to another site."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """Only a path on this dashboard: never an open redirect to another site.
+
+    Browsers drop tabs and newlines from a URL and read a backslash as a slash,
+    so "/%09/evil.example" (decoded: a tab) would go to //evil.example: anything but printable,
+    non-space characters is refused, then the value is parsed as a URL and must
+    have neither a scheme nor a host."""
+    if not value or "\\" in value or any(c.isspace() or not c.isprintable() for c in value):
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/") or value.startswith("//"):
         return "/"
     return value
 
@@ -256,9 +268,15 @@ async def login(request: web.Request) -> web.StreamResponse:
         or not secrets.compare_digest(cookie, given_csrf)
     ):
         return _plain(403, "This form has expired: open the sign-in page again.")
+    failures = request.app[AUTH_FAILURES]
+    address = client(request)
+    wait = failures.retry_after(address)
+    if wait is not None:
+        return too_many(wait)
     token = form.get("token")
     next_path = _safe_next(str(form.get("next") or "/"))
     if not isinstance(token, str) or not sessions.token_matches(token):
+        failures.failed(address, "dashboard: wrong admin token at sign-in")
         await asyncio.sleep(0.5)  # guessing tokens stays slow
         raise web.HTTPSeeOther("/login?" + urlencode({"failed": "1", "next": next_path}))
     response = web.HTTPSeeOther(next_path)
@@ -268,6 +286,8 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
+    # Revoked here, not only deleted in this browser: a copy of the cookie is dead too.
+    request.app[SESSIONS].revoke(request[SESSION])
     response = web.HTTPSeeOther("/login?done=signed_out")
     response.del_cookie(SESSION_COOKIE, path="/")
     raise response
@@ -336,13 +356,16 @@ def _filters(request: web.Request) -> dict[str, str]:
     return {name: request.query.get(name, "").strip() for name in FILTERS}
 
 
-def _instant(value: str, now: float) -> float | None:
+def _instant(value: str, field: str, now: float) -> float | None:
     if not value:
         return None
     try:
         return parse_instant(value, now)
     except ValueError:
-        return None
+        # Never ignored: a requeue "since" that is dropped would requeue everything.
+        raise BadRequest(
+            f'{field}: expected an ISO 8601 time, a Unix time or an age like "2h"'
+        ) from None
 
 
 async def _listing(
@@ -355,18 +378,19 @@ async def _listing(
         status = Status(filters["status"])
     search = filters["q"]
     cursor = request.query.get("cursor", "")
+    before_id = row_id(cursor, "cursor") if cursor else None
     query = EventQuery(
         status=status,
         route=filters["route"] or None,
         target=filters["target"] or None,
-        since=_instant(filters["since"], now),
-        until=_instant(filters["until"], now),
+        since=_instant(filters["since"], "since", now),
+        until=_instant(filters["until"], "until", now),
         limit=PAGE_SIZE,
-        before_id=int(cursor) if cursor.isdigit() else None,
+        before_id=before_id,
     )
     events, search_note, problem = await _search(operator, query, search)
     event_id = search.removeprefix("#")
-    if not events and event_id.isdigit() and await operator.store.get_event(int(event_id)):
+    if not events and _is_id(event_id) and await operator.store.get_event(int(event_id)):
         raise web.HTTPFound(f"/events/{int(event_id)}")  # the search was an event id
     masker = operator.masker
     next_page = None
@@ -438,8 +462,8 @@ def _selection(fields: Mapping[str, str], now: float) -> Selection:
         status=Status.DEAD,
         route=fields.get("route") or None,
         target=fields.get("target") or None,
-        since=_instant(fields.get("since", ""), now),
-        until=_instant(fields.get("until", ""), now),
+        since=_instant(fields.get("since", ""), "since", now),
+        until=_instant(fields.get("until", ""), "until", now),
     )
 
 
@@ -490,10 +514,7 @@ async def requeue_dead(request: web.Request) -> web.StreamResponse:
 
 async def event_page(request: web.Request) -> web.Response:
     operator = _operator(request)
-    raw_id = request.match_info["event_id"]
-    detail = await operator.store.get_event(int(raw_id)) if raw_id.isdigit() else None
-    if detail is None:
-        raise web.HTTPNotFound(text=f"No event {raw_id}.")
+    detail = await _detail(request)
     event = event_detail(detail, operator.masker)
     pretty_json = None
     form_fields = None
@@ -517,10 +538,10 @@ async def event_page(request: web.Request) -> web.Response:
 
 
 async def _detail(request: web.Request) -> EventDetail:
-    raw_id = request.match_info["event_id"]
-    detail = await _operator(request).store.get_event(int(raw_id)) if raw_id.isdigit() else None
+    event_id = row_id(request.match_info["event_id"], "event id")
+    detail = await _operator(request).store.get_event(event_id)
     if detail is None:
-        raise web.HTTPNotFound(text=f"No event {raw_id}.")
+        raise web.HTTPNotFound(text=f"No event {event_id}.")
     return detail
 
 
@@ -649,10 +670,15 @@ async def requeue_delivery(request: web.Request) -> web.StreamResponse:
 
 
 def _delivery_id(request: web.Request) -> int:
-    raw = request.match_info["delivery_id"]
-    if not raw.isdigit():
-        raise web.HTTPNotFound(text=f"No delivery {raw}.")
-    return int(raw)
+    return row_id(request.match_info["delivery_id"], "delivery id")
+
+
+def _is_id(text: str) -> bool:
+    try:
+        row_id(text, "id")
+    except BadRequest:
+        return False
+    return True
 
 
 async def targets_page(request: web.Request) -> web.Response:
@@ -703,5 +729,7 @@ async def store_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return await handler(request)
     try:
         return await handler(request)
+    except BadRequest as problem:
+        return _plain(400, f"Bad request: {problem}.")
     except StoreError as problem:
         return _plain(503, f"The database cannot be read right now: {problem}")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import math
 import tomllib
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -198,8 +200,29 @@ def _admin(section: Section) -> AdminConfig:
         )
     if token is not None and len(token) < 16:
         raise ConfigError(section.key("token"), "expected at least 16 characters")
+    if token is not None and token_bits(token) < MIN_TOKEN_BITS:
+        # Never echo the value: it is a credential.
+        raise ConfigError(
+            section.key("token"),
+            "too easy to guess (repeated or too few different characters); use a random"
+            " one: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'",
+        )
+    allowed_hosts = frozenset(
+        name.strip().lower().rstrip(".") for name in section.string_list("allowed_hosts", ())
+    )
     section.done()
-    return AdminConfig(enabled=enabled, listen=listen, token=token)
+    return AdminConfig(enabled=enabled, listen=listen, token=token, allowed_hosts=allowed_hosts)
+
+
+# Length is not entropy: "aaaaaaaaaaaaaaaa" is 16 characters and 0 bits. A
+# token's characters, counted, give an upper bound of what a guesser must try.
+MIN_TOKEN_BITS = 64
+
+
+def token_bits(token: str) -> float:
+    """Shannon's estimate of the token's entropy from its own character counts."""
+    counts = Counter(token)
+    return -sum(n * math.log2(n / len(token)) for n in counts.values())
 
 
 def _log(section: Section) -> LogConfig:

@@ -59,6 +59,8 @@ class AdminConfig:
     enabled: bool = True
     listen: Listen = Listen("127.0.0.1", 8081)
     token: str | None = None
+    # Names besides IP addresses and localhost that may appear in Host (a proxy's).
+    allowed_hosts: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

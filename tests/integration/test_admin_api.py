@@ -18,7 +18,8 @@ ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
 
 
 def auth() -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKEN}"}
+    # An API change must say it sends JSON (a web page cannot without a preflight).
+    return {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 
 async def post_event(relay: Relay, http: aiohttp.ClientSession, key: str) -> str:
