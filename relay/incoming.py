@@ -6,6 +6,7 @@ filters and (later) source profiles read the same parsed body.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,7 +15,7 @@ from typing import Any
 from multidict import CIMultiDictProxy
 
 from relay.canonical import payload_digest
-from relay.config import RouteConfig
+from relay.config import RouteConfig, RouteTarget
 from relay.keys import stored_key
 from relay.payload import (
     first_header,
@@ -118,18 +119,34 @@ def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]
     deliveries = []
     for route_target in route.targets:
         condition = route_target.when
-        if condition is None:
-            deliveries.append(NewDelivery(route_target.target))
-            continue
-        try:
-            matched = holds(condition, incoming.context(condition.variables))
-        except TemplateError as error:
-            reason = storable(f"when: {error}")
-            deliveries.append(NewDelivery(route_target.target, Status.DEAD, reason))
-            continue
-        if matched:
-            deliveries.append(NewDelivery(route_target.target))
-        else:
-            reason = f"when: {condition.source} is false"
-            deliveries.append(NewDelivery(route_target.target, Status.SKIPPED, reason))
+        if condition is not None:
+            try:
+                matched = holds(condition, incoming.context(condition.variables))
+            except TemplateError as error:
+                reason = storable(f"when: {error}")
+                deliveries.append(NewDelivery(route_target.target, Status.DEAD, reason))
+                continue
+            if not matched:
+                reason = f"when: {condition.source} is false"
+                deliveries.append(NewDelivery(route_target.target, Status.SKIPPED, reason))
+                continue
+        deliveries.append(_ordered(route_target, incoming))
     return deliveries
+
+
+# Longer keys are kept as their digest: the ordering index stays small.
+MAX_ORDER_KEY = 200
+
+
+def _ordered(route_target: RouteTarget, incoming: Incoming) -> NewDelivery:
+    """A pending delivery with its ordering key; dead when the key cannot be
+    worked out (never sent out of order). An empty key orders nothing."""
+    if route_target.order_by is None:
+        return NewDelivery(route_target.target)
+    try:
+        key = incoming.render(route_target.order_by).strip()
+    except TemplateError as error:
+        return NewDelivery(route_target.target, Status.DEAD, storable(f"order_by: {error}"))
+    if len(key) > MAX_ORDER_KEY:
+        key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return NewDelivery(route_target.target, order_key=key or None)

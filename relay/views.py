@@ -32,7 +32,7 @@ def iso(timestamp: float | None) -> str | None:
 
 
 def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
-    return {
+    view: dict[str, Any] = {
         "id": str(delivery.id),
         "target": delivery.target,
         "status": delivery.status.value,
@@ -40,6 +40,22 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
         "next_attempt_at": iso(delivery.next_attempt_at),
         "last_error": masker.optional(delivery.last_error),
     }
+    held = delivery.held_behind
+    if held is not None:
+        view["held_behind"] = {"delivery_id": str(held.delivery_id), "status": held.status.value}
+        view["note"] = held_note(delivery)
+    return view
+
+
+def held_note(delivery: DeliveryView) -> str | None:
+    """ "held behind delivery N, dead": why an ordered delivery is not being sent."""
+    held = delivery.held_behind
+    if held is None:
+        return None
+    note = f"held behind delivery {held.delivery_id}, {held.status.value.replace('_', ' ')}"
+    if held.status is Status.DEAD:
+        note += f" (retry, requeue or skip {held.delivery_id} to let it go)"
+    return note
 
 
 def event_summary(event: EventView, masker: Masker) -> dict[str, Any]:

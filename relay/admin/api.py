@@ -176,6 +176,13 @@ async def retry_delivery(request: web.Request) -> web.Response:
     return json_response({"delivery": view})
 
 
+async def skip_delivery(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
+    delivery = await operator.skip(delivery_id)
+    return json_response({"delivery": event_summary_delivery(delivery, operator)})
+
+
 def event_summary_delivery(delivery: DeliveryView, operator: Operator) -> dict[str, Any]:
     view = delivery_summary(delivery, operator.masker)
     view["event_id"] = str(delivery.event_id)
@@ -362,6 +369,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/v1/events/{event_id}", get_event)
     app.router.add_post("/api/v1/events/{event_id}/resend", resend_event)
     app.router.add_post("/api/v1/deliveries/{delivery_id}/retry", retry_delivery)
+    app.router.add_post("/api/v1/deliveries/{delivery_id}/skip", skip_delivery)
     app.router.add_post("/api/v1/requeue", requeue)
     app.router.add_get("/api/v1/targets", list_targets)
     app.router.add_post("/api/v1/targets/{name}/pause", pause_target)

@@ -72,6 +72,11 @@ class Operator:
         self.changed()
         return delivery
 
+    async def skip(self, delivery_id: int) -> DeliveryView:
+        delivery = await self.store.skip(delivery_id, self.clock.now())
+        self.changed()
+        return delivery
+
     async def requeue(self, selection: Selection) -> list[int]:
         requeued = await self.store.requeue(selection, self.clock.now())
         self.changed()

@@ -41,7 +41,14 @@ from relay.store import (
     StoreError,
 )
 from relay.units import format_instant, parse_instant
-from relay.views import event_detail, event_summary, preview_view, rejection_view, stats_view
+from relay.views import (
+    delivery_summary,
+    event_detail,
+    event_summary,
+    preview_view,
+    rejection_view,
+    stats_view,
+)
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -70,6 +77,7 @@ SECURITY_HEADERS = {
 MESSAGES = {
     "retried": "One more attempt is queued for delivery {id}.",
     "requeued": "Requeued {n}: each starts a fresh retry cycle.",
+    "skipped": "Delivery {id} is skipped: it will not be sent; the next of its key may go.",
     "paused": "Target {name} is paused: its deliveries wait, no retries are spent.",
     "resumed": "Target {name} is resumed.",
     "signed_out": "Signed out.",
@@ -128,6 +136,7 @@ def add_dashboard(app: web.Application, operator: Operator) -> None:
     router.add_post("/events/{event_id}/resend", resend_post)
     router.add_post("/deliveries/{delivery_id}/retry", retry_delivery)
     router.add_post("/deliveries/{delivery_id}/requeue", requeue_delivery)
+    router.add_post("/deliveries/{delivery_id}/skip", skip_delivery)
     router.add_get("/targets", targets_page)
     router.add_post("/targets/{name}/pause", pause_target)
     router.add_post("/targets/{name}/resume", resume_target)
@@ -667,6 +676,31 @@ async def requeue_delivery(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound(text=f"No delivery {delivery_id}.")
     requeued = await operator.requeue(Selection(ids=(delivery_id,)))
     raise _back(f"/events/{delivery.event_id}", done="requeued", n=len(requeued))
+
+
+async def skip_delivery(request: web.Request) -> web.StreamResponse:
+    """Skip asks first: a skipped delivery is never sent, and it lets the next
+    delivery of its ordering key go."""
+    operator = _operator(request)
+    delivery_id = _delivery_id(request)
+    delivery = await operator.store.get_delivery(delivery_id)
+    if delivery is None:
+        raise web.HTTPNotFound(text=f"No delivery {delivery_id}.")
+    form = await request.post()
+    if form.get("confirm") != "yes":
+        return _render(
+            request,
+            "confirm_skip.html",
+            title="Skip",
+            page="deliveries",
+            delivery=delivery_summary(delivery, operator.masker),
+            event_id=delivery.event_id,
+        )
+    try:
+        await operator.skip(delivery_id)
+    except Conflict as problem:
+        return _plain(409, str(problem))
+    raise _back(f"/events/{delivery.event_id}", done="skipped", id=delivery_id)
 
 
 def _delivery_id(request: web.Request) -> int:

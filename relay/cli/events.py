@@ -215,6 +215,8 @@ def _event_text(event: dict[str, Any]) -> str:
         )
         if delivery["last_error"]:
             lines.append(f"  last error: {delivery['last_error']}")
+        if delivery.get("note"):
+            lines.append(f"  {delivery['note']}")
         # Attempts and what people did, in the order they happened.
         happened: list[tuple[str, int, list[str]]] = []
         for attempt in delivery["attempts_log"]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from relay import retention
@@ -22,7 +23,7 @@ from relay.cli.common import (
     table,
 )
 from relay.secrets import Masker
-from relay.store import Conflict, NotFound, Selection, Status
+from relay.store import Conflict, DeliveryView, NotFound, Selection, Status, Store
 from relay.units import format_duration, parse_instant
 from relay.views import delivery_summary, stats_view
 
@@ -35,6 +36,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_json_option(retry)
     retry.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="+")
     retry.set_defaults(handler=retry_deliveries)
+
+    skip = commands.add_parser(
+        "skip",
+        help="never send these deliveries (pending or dead); the next of their ordering key goes",
+    )
+    add_config_option(skip)
+    add_json_option(skip)
+    skip.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="+")
+    skip.set_defaults(handler=skip_deliveries)
 
     requeue = commands.add_parser(
         "requeue", help="a fresh retry cycle for dead deliveries (by filter or id)"
@@ -84,6 +94,31 @@ def _ids(values: list[str]) -> list[int]:
 
 
 def retry_deliveries(args: argparse.Namespace) -> int:
+    return _each_delivery(
+        args,
+        lambda store, delivery_id: store.retry_now(delivery_id, time.time()),
+        lambda d: (
+            f"delivery {d['id']} → {d['target']}: one more attempt queued"
+            f" ({d['attempts']} made so far)"
+        ),
+    )
+
+
+def skip_deliveries(args: argparse.Namespace) -> int:
+    return _each_delivery(
+        args,
+        lambda store, delivery_id: store.skip(delivery_id, time.time()),
+        lambda d: f"delivery {d['id']} → {d['target']}: skipped, it will not be sent",
+    )
+
+
+def _each_delivery(
+    args: argparse.Namespace,
+    verb: Callable[[Store, int], Awaitable[DeliveryView]],
+    line: Callable[[dict[str, Any]], str],
+) -> int:
+    """One operator verb on each delivery named; those it does not apply to are
+    reported together at the end (and make the exit status 1)."""
     config = read_operator_config(args)
     ids = _ids(args.delivery_ids)
 
@@ -93,7 +128,7 @@ def retry_deliveries(args: argparse.Namespace) -> int:
         async with opened_store(config) as store:
             for delivery_id in ids:
                 try:
-                    delivery = await store.retry_now(delivery_id, time.time())
+                    delivery = await verb(store, delivery_id)
                 except (NotFound, Conflict) as error:
                     problems.append(str(error))
                     continue
@@ -101,15 +136,7 @@ def retry_deliveries(args: argparse.Namespace) -> int:
         return done, problems
 
     done, problems = run(act())
-    emit(
-        args,
-        done,
-        lambda rows: "\n".join(
-            f"delivery {d['id']} → {d['target']}: one more attempt queued"
-            f" ({d['attempts']} made so far)"
-            for d in rows
-        ),
-    )
+    emit(args, done, lambda rows: "\n".join(line(d) for d in rows))
     if problems:
         raise CommandError("; ".join(problems))
     return 0

@@ -329,5 +329,11 @@ def _route_target(
     # A route-level override starts from the target's own schedule.
     policy = parse_retry(table.section("retry"), targets[name].retry)
     when = table.expression("when", None)
+    order_by = table.template("order_by", None)
+    if order_by is not None and "event" in order_by.variables:
+        raise ConfigError(
+            table.key("order_by"),
+            "can read json, form, headers, query and body, not event (it has no id yet)",
+        )
     table.done()
-    return RouteTarget(target=name, retry=policy, when=when)
+    return RouteTarget(target=name, retry=policy, when=when, order_by=order_by)

@@ -206,6 +206,9 @@ class RouteTarget:
     target: str
     retry: RetryPolicy
     when: Template | None = None
+    # Deliveries whose key renders the same go one at a time, in order of
+    # receipt (a payment's AUTHORIZED before its CONFIRMED).
+    order_by: Template | None = None
 
 
 @dataclass(frozen=True)

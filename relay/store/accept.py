@@ -79,6 +79,7 @@ class AcceptJob:
         results: list[Accepted] = []
         event_rows = []
         delivery_rows = []
+        lines = _Lines(connection)
         for job in jobs:
             event = job.event
             variant = 0
@@ -129,6 +130,9 @@ class AcceptJob:
             )
             for delivery in job.deliveries:
                 pending = delivery.status is Status.PENDING
+                key = delivery.order_key if pending else None
+                # Behind an unfinished delivery of its key, it waits its turn.
+                due = job.now if pending and not lines.queued(delivery.target, key) else None
                 delivery_rows.append(
                     (
                         next_delivery,
@@ -136,9 +140,10 @@ class AcceptJob:
                         event.route,
                         delivery.target,
                         delivery.status.value,
-                        job.now if pending else None,
+                        due,
                         delivery.reason,
                         job.now,
+                        key,
                     )
                 )
                 next_delivery += 1
@@ -160,8 +165,33 @@ _EVENTS = (
 )
 _DELIVERIES = (
     "INSERT INTO deliveries (id, event_id, route, target, status, next_attempt_at,"
-    " last_error, updated_at) VALUES "
+    " last_error, updated_at, order_key) VALUES "
 )
+
+
+class _Lines:
+    """Which ordering keys already have an unfinished delivery (in the database,
+    or earlier in this batch): a new delivery with such a key joins the line."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._connection = connection
+        self._busy: set[tuple[str, str]] = set()
+
+    def queued(self, target: str, key: str | None) -> bool:
+        if key is None:
+            return False
+        line = (target, key)
+        if line in self._busy:
+            return True
+        self._busy.add(line)
+        row = self._connection.execute(
+            "SELECT 1 FROM deliveries WHERE target = ? AND order_key = ?"
+            " AND status IN ('pending', 'in_flight', 'dead') LIMIT 1",
+            line,
+        ).fetchone()
+        return row is not None
+
+
 # Rows per statement: SQLite binds at most 32766 values.
 _ROWS_PER_STATEMENT = 256
 

@@ -72,6 +72,9 @@ class NewDelivery:
     status: Status = Status.PENDING
     # Why a delivery starts skipped or dead (a `when` filter, a broken template).
     reason: str | None = None
+    # Its ordering key (`order_by`): deliveries to the same target with the
+    # same key are attempted one at a time, in order of receipt.
+    order_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,14 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class HeldBehind:
+    """The delivery an ordered one waits for: the first unfinished of its key."""
+
+    delivery_id: int
+    status: Status
+
+
+@dataclass(frozen=True)
 class DeliveryView:
     id: int
     event_id: int
@@ -176,6 +187,18 @@ class DeliveryView:
     next_attempt_at: float | None
     last_error: str | None
     updated_at: float
+    order_key: str | None = None
+    # Pending behind an earlier delivery of the same key (order_by), if so.
+    held_behind: HeldBehind | None = None
+
+    @property
+    def waiting_turn(self) -> bool:
+        """Pending, but not due at all: its key's earlier delivery goes first."""
+        return (
+            self.status is Status.PENDING
+            and self.next_attempt_at is None
+            and self.order_key is not None
+        )
 
 
 @dataclass(frozen=True)
@@ -510,6 +533,13 @@ class Store(Protocol):
         """One more attempt, due now. The attempt count is kept and no cycle
         starts: if it fails, a dead delivery stays dead and a pending one keeps
         its schedule. Raises NotFound, or Conflict when delivered or in flight."""
+        ...
+
+    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+        """A person decides a pending or dead delivery is not to be sent: it
+        becomes skipped (logged as "skip"), and the next delivery of its
+        ordering key, if any, may go. Raises NotFound, or Conflict when it is
+        delivered, skipped already or in flight."""
         ...
 
     async def requeue(self, selection: Selection, now: float) -> list[int]:

@@ -233,6 +233,21 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX resends_original ON resends (original_id)",
         ],
     ),
+    (
+        10,
+        "per-key ordering (order_by): each delivery's key, and the unfinished ones by key",
+        [
+            "ALTER TABLE deliveries ADD COLUMN order_key TEXT",
+            # The line of each key: unfinished deliveries in order of receipt.
+            # Its first is the only one that may be attempted; the others wait
+            # pending with next_attempt_at NULL, so they are outside the due
+            # range and a claim never reads them, however many there are.
+            """
+            CREATE INDEX deliveries_order ON deliveries (target, order_key, id)
+            WHERE order_key IS NOT NULL AND status IN ('pending', 'in_flight', 'dead')
+            """,
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -27,8 +27,25 @@ EVENT_COLUMNS = (
 )
 DELIVERY_COLUMNS = (
     "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
-    " updated_at"
+    " updated_at, order_key"
 )
+# The first unfinished delivery of a key: the only one of its line that may go.
+HEAD_OF_LINE = """
+SELECT id, status FROM deliveries
+WHERE target = ? AND order_key = ? AND status IN ('pending', 'in_flight', 'dead')
+ORDER BY id LIMIT 1
+"""
+# When a delivery leaves its line (delivered, skipped), the next one is due.
+NEXT_IN_LINE = """
+UPDATE deliveries SET next_attempt_at = ?, updated_at = ?
+WHERE id = (
+    SELECT n.id FROM deliveries d, deliveries n
+    WHERE d.id = ? AND d.order_key IS NOT NULL
+    AND n.target = d.target AND n.order_key = d.order_key
+    AND n.status IN ('pending', 'in_flight', 'dead')
+    ORDER BY n.id LIMIT 1)
+AND status = 'pending' AND next_attempt_at IS NULL
+"""
 CLAIM_RETURNING = (
     "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
 )
@@ -199,6 +216,7 @@ def delivery_view(row: Sequence[Any]) -> DeliveryView:
         next_attempt_at=row[6],
         last_error=row[7],
         updated_at=row[8],
+        order_key=row[9],
     )
 
 

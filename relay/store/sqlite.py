@@ -8,6 +8,7 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from relay.store.base import (
     EventView,
     FailureStreak,
     Gauges,
+    HeldBehind,
     Hold,
     HourlyActivity,
     IndexSource,
@@ -58,6 +60,8 @@ from relay.store.rows import (
     CLAIM_EXPIRED,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
+    HEAD_OF_LINE,
+    NEXT_IN_LINE,
     claimed_delivery,
     decode_headers,
     delivery_view,
@@ -343,6 +347,8 @@ class SqliteStore:
                 " WHERE id = ? AND status = 'in_flight'",
                 (status.value, attempt.number, cycle, waits, next_at, error, now, delivery.id),
             )
+            if status is Status.DELIVERED:
+                connection.execute(NEXT_IN_LINE, (now, now, delivery.id))
             streak = update_health(connection, delivery.target, attempt, now, hold)
             if streak.went_down:
                 line_up_by_arrival(connection, delivery.target)
@@ -560,7 +566,18 @@ class SqliteStore:
         rows = await self._read(
             f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,), slow=True
         )
-        return delivery_view(rows[0]) if rows else None
+        return (await self._with_holds([delivery_view(rows[0])]))[0] if rows else None
+
+    async def _with_holds(self, views: list[DeliveryView]) -> list[DeliveryView]:
+        """Say what each delivery waiting its turn waits for (one index probe each)."""
+        result = []
+        for view in views:
+            if view.waiting_turn:
+                head = await self._read(HEAD_OF_LINE, (view.target, view.order_key), slow=True)
+                if head and head[0][0] != view.id:
+                    view = replace(view, held_behind=HeldBehind(head[0][0], Status(head[0][1])))
+            result.append(view)
+        return result
 
     # Operator verbs
 
@@ -599,13 +616,22 @@ class SqliteStore:
     async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
         def job(connection: sqlite3.Connection) -> DeliveryView | str:
             row = connection.execute(
-                "SELECT status, resume_status FROM deliveries WHERE id = ?", (delivery_id,)
+                "SELECT status, resume_status, next_attempt_at, target, order_key"
+                " FROM deliveries WHERE id = ?",
+                (delivery_id,),
             ).fetchone()
             if row is None:
                 return "missing"
             status, resume_status = Status(row[0]), row[1]
             if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
                 return status.value
+            if status is Status.PENDING and row[2] is None and row[4] is not None:
+                # Sending it now would overtake the one before it.
+                head = connection.execute(HEAD_OF_LINE, (row[3], row[4])).fetchone()
+                return (
+                    f"waiting its turn behind delivery {head[0]} ({head[1]}):"
+                    " retry, requeue or skip that one"
+                )
             if status is Status.PENDING and resume_status is None:
                 connection.execute(
                     "UPDATE deliveries SET resume_status = 'pending', resume_at = next_attempt_at,"
@@ -633,6 +659,36 @@ class SqliteStore:
         view: DeliveryView = result
         return view
 
+    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+        def job(connection: sqlite3.Connection) -> DeliveryView | str:
+            row = connection.execute(
+                "SELECT status FROM deliveries WHERE id = ?", (delivery_id,)
+            ).fetchone()
+            if row is None:
+                return "missing"
+            status = Status(row[0])
+            if status not in (Status.PENDING, Status.DEAD):
+                return status.value
+            connection.execute(
+                "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+                " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"
+                " WHERE id = ?",
+                (f"skipped by an operator (was {status.value})", now, delivery_id),
+            )
+            insert_log(
+                connection, [delivery_id], now, "skip", f"not to be sent (was {status.value})"
+            )
+            connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
+            return delivery_view(select_delivery(connection, delivery_id))
+
+        result = await self._write(job)
+        if result == "missing":
+            raise NotFound(f"no delivery {delivery_id}")
+        if isinstance(result, str):
+            raise Conflict(f"delivery {delivery_id} is {result}")
+        view: DeliveryView = result
+        return view
+
     async def requeue(self, selection: Selection, now: float) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
@@ -642,9 +698,12 @@ class SqliteStore:
             ids = [
                 row[0]
                 for row in connection.execute(
+                    # A delivered or skipped one sent again is a person's resend,
+                    # outside its key's order (it would otherwise cut in line).
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
                     " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
-                    " resume_at = NULL, updated_at = ?"
+                    " resume_at = NULL, updated_at = ?, order_key = CASE WHEN status"
+                    " IN ('delivered', 'skipped') THEN NULL ELSE order_key END"
                     f" WHERE {where} RETURNING id",
                     [now, now, *params],
                 ).fetchall()
@@ -964,8 +1023,8 @@ class SqliteStore:
             ids,
             slow=True,
         )
-        for row in rows:
-            result.setdefault(row[1], []).append(delivery_view(row))
+        for view in await self._with_holds([delivery_view(row) for row in rows]):
+            result.setdefault(view.event_id, []).append(view)
         return result
 
 

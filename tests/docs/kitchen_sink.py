@@ -47,7 +47,15 @@ def every_key() -> set[str]:
         routes = {
             f"r_{source}": {
                 "path": f"/{source}",
-                "targets": ["http", {"target": "file", "when": "true", "retry": {"retries": 1}}],
+                "targets": [
+                    "http",
+                    {
+                        "target": "file",
+                        "when": "true",
+                        "retry": {"retries": 1},
+                        "order_by": "{{ json.id }}",
+                    },
+                ],
                 "source": source,
                 "response": {"status": 200, "body": "ok"},
                 **SOURCE_OPTIONS.get(source, {}),
