@@ -223,8 +223,10 @@ def relay_to_sink_config(
     concurrency: int,
     *,
     log_level: str = "info",
+    order_by: str | None = None,
 ) -> Path:
     """relay with one route into one HTTP target, `crm`, at the local sink."""
+    target = f'{{ target = "crm", order_by = "{order_by}" }}' if order_by else '"crm"'
     path = folder / "relay.toml"
     path.write_text(f"""
 [server]
@@ -248,7 +250,7 @@ concurrency = {concurrency}
 
 [routes.orders]
 path = "/hooks/orders"
-targets = ["crm"]
+targets = [{target}]
 """)
     return path
 

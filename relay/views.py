@@ -42,7 +42,11 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
     }
     held = delivery.held_behind
     if held is not None:
-        view["held_behind"] = {"delivery_id": str(held.delivery_id), "status": held.status.value}
+        view["held_behind"] = {
+            "delivery_id": str(held.delivery_id),
+            "event_id": str(held.event_id),
+            "status": held.status.value,
+        }
         view["note"] = held_note(delivery)
     return view
 

@@ -543,6 +543,7 @@ async def event_page(request: web.Request) -> web.Response:
         event=event,
         pretty_json=pretty_json,
         form_fields=form_fields,
+        down=frozenset(operator.scheduler.down),
     )
 
 

@@ -174,6 +174,7 @@ class HeldBehind:
 
     delivery_id: int
     status: Status
+    event_id: int
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ DELIVERY_COLUMNS = (
 )
 # The first unfinished delivery of a key: the only one of its line that may go.
 HEAD_OF_LINE = """
-SELECT id, status FROM deliveries
+SELECT id, status, event_id FROM deliveries
 WHERE target = ? AND order_key = ? AND status IN ('pending', 'in_flight', 'dead')
 ORDER BY id LIMIT 1
 """

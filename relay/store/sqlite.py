@@ -575,7 +575,8 @@ class SqliteStore:
             if view.waiting_turn:
                 head = await self._read(HEAD_OF_LINE, (view.target, view.order_key), slow=True)
                 if head and head[0][0] != view.id:
-                    view = replace(view, held_behind=HeldBehind(head[0][0], Status(head[0][1])))
+                    held = HeldBehind(head[0][0], Status(head[0][1]), head[0][2])
+                    view = replace(view, held_behind=held)
             result.append(view)
         return result
 

@@ -14,6 +14,7 @@ import pytest
 
 from relay.store import (
     AttemptRecord,
+    Conflict,
     Dead,
     Delivered,
     DownState,
@@ -21,6 +22,7 @@ from relay.store import (
     Hold,
     NewDelivery,
     NewEvent,
+    NotFound,
     RetryAt,
     SqliteStore,
     Status,
@@ -364,3 +366,49 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     assert await store.down_targets() == {}
     states = await store.target_states()
     assert states["crm"].down is None
+
+
+async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batches(
+    store: SqliteStore,
+) -> None:
+    keyed = [NewDelivery("crm", order_key="A"), NewDelivery("audit")]
+    # Two in one group commit, one later: only the first of key A is due.
+    first, second = await asyncio.gather(
+        store.accept_event(event("e1"), keyed, T0), store.accept_event(event("e2"), keyed, T0)
+    )
+    third = await store.accept_event(event("e3"), keyed, T0 + 1)
+    other = await store.accept_event(event("e4"), [NewDelivery("crm", order_key="B")], T0 + 1)
+    claimed = await store.claim_due(T0 + 5, T0 + 65, {"crm": 10})
+    assert sorted(c.event_id for c in claimed) == sorted([first.event_id, other.event_id])
+    assert await store.next_due(["crm"]) == {"crm": T0 + 65}  # the leases, nothing else due
+
+    head = next(c for c in claimed if c.event_id == first.event_id)
+    b = next(c for c in claimed if c.event_id == other.event_id)
+    await store.record_attempt(b, AttemptRecord(1, T0 + 5, 0.01, "success", 200), Delivered(), T0)
+    # It dies: the line holds, and says why.
+    await store.record_attempt(
+        head, AttemptRecord(1, T0 + 5, 0.01, "fail", 422, "HTTP 422"), Dead("HTTP 422"), T0 + 5
+    )
+    assert await store.claim_due(T0 + 100, T0 + 160, {"crm": 10}) == []
+    detail = await store.get_event(second.event_id)
+    assert detail is not None
+    waiting = next(d for d in detail.event.deliveries if d.target == "crm")
+    assert waiting.held_behind is not None
+    assert (waiting.held_behind.delivery_id, waiting.held_behind.status) == (head.id, Status.DEAD)
+    with pytest.raises(Conflict, match="waiting its turn"):
+        await store.retry_now(waiting.id, T0 + 100)
+
+    # Skipped by a person: the next one goes (and only it).
+    skipped = await store.skip(head.id, T0 + 200)
+    assert skipped.status is Status.SKIPPED
+    [after] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 10})
+    assert after.id == waiting.id
+    await store.record_attempt(
+        after, AttemptRecord(1, T0 + 200, 0.01, "success", 200), Delivered(), T0 + 200
+    )
+    [last] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 10})
+    assert last.event_id == third.event_id
+    with pytest.raises(Conflict):
+        await store.skip(last.id, T0 + 200)  # in flight
+    with pytest.raises(NotFound):
+        await store.skip(10_000, T0 + 200)
