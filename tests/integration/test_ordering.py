@@ -148,7 +148,7 @@ async def test_a_dead_delivery_holds_its_key_until_skipped(
     assert crm.delivered("A-1") == []
 
     # The operator skips the dead one: the rest of its key goes, in order.
-    async with http.post(f"{relay.admin_url}/api/v1/deliveries/{first}/skip") as answer:
+    async with http.post(f"{relay.admin_url}/api/v1/deliveries/{first}/skip", json={}) as answer:
         assert answer.status == 200
         assert (await answer.json())["delivery"]["status"] == "skipped"
     await relay.scheduler.drain()
@@ -162,7 +162,7 @@ async def test_a_dead_delivery_holds_its_key_until_skipped(
         ("skip", "not to be sent (was dead)")
     ]
     # Skipping again is refused: it is not pending or dead any more.
-    async with http.post(f"{relay.admin_url}/api/v1/deliveries/{first}/skip") as answer:
+    async with http.post(f"{relay.admin_url}/api/v1/deliveries/{first}/skip", json={}) as answer:
         assert answer.status == 409
 
 
