@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from relay.clock import Clock
 from relay.config import Config, RetryPolicy
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
+from relay.payload import strip_form_fields
 from relay.ratelimit import Pacer
 from relay.retry import Decision, Next, decide, delay_before_retry
 from relay.secrets import Masker
@@ -407,7 +408,7 @@ class Scheduler:
             started_at = self._clock.now()
             began = time.perf_counter()
             outcome = await self._send(
-                target, _envelope(delivery, number, started_at), policy.timeout
+                target, _envelope(delivery, number, started_at, state), policy.timeout
             )
             duration = time.perf_counter() - began
             now = self._clock.now()
@@ -545,7 +546,9 @@ def _max_attempts(policy: RetryPolicy, delivery: ClaimedDelivery) -> int:
     return before_cycle + 1 + (policy.retries if policy.retry_on_error else 0)
 
 
-def _envelope(delivery: ClaimedDelivery, number: int, now: float) -> Envelope:
+def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:
+    route = state.config.routes.get(delivery.route)
+    strip = route.strip_fields if route is not None else ()
     return Envelope(
         event_id=delivery.event_id,
         delivery_id=delivery.id,
@@ -559,6 +562,6 @@ def _envelope(delivery: ClaimedDelivery, number: int, now: float) -> Envelope:
         query=delivery.query,
         headers=delivery.headers,
         content_type=delivery.content_type,
-        body=delivery.body,
+        body=strip_form_fields(delivery.content_type, delivery.body, strip),
         sent_at=now,
     )

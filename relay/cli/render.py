@@ -14,6 +14,7 @@ from relay.cli.common import (
     read_config,
 )
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
+from relay.payload import strip_form_fields
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, build_source
 from relay.store import Status
@@ -94,7 +95,7 @@ def render(args: argparse.Namespace) -> int:
         query="",
         headers=headers,
         content_type=content_type,
-        body=body,
+        body=strip_form_fields(content_type, body, route.strip_fields),
     )
     failed = False
     for planned in plan_deliveries(route, incoming):

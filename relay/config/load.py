@@ -307,6 +307,7 @@ def _route(
         key_conflict="reject"
         if section.choice("key_conflict", ("store", "reject"), "store") == "reject"
         else "store",
+        strip_fields=tuple(section.string_list("strip_fields", [])),
     )
     section.done()
     return route

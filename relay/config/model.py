@@ -306,6 +306,9 @@ class RouteConfig:
     # A stored key arriving with other content: "store" it as a new event
     # flagged as a key conflict, or "reject" it with 422.
     key_conflict: Literal["store", "reject"] = "store"
+    # Fields removed from an urlencoded form body before it goes to any target
+    # (Tilda's api_key): stored as received, forwarded without them.
+    strip_fields: tuple[str, ...] = ()
 
     def policy_for(self, target: str) -> RetryPolicy | None:
         for route_target in self.targets:

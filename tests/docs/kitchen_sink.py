@@ -58,6 +58,7 @@ def every_key() -> set[str]:
                 ],
                 "source": source,
                 "response": {"status": 200, "body": "ok"},
+                "strip_fields": ["api_key"],
                 **SOURCE_OPTIONS.get(source, {}),
             }
             for source in SOURCES

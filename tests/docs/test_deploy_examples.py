@@ -1,0 +1,77 @@
+"""The config examples in docs/deploy.md work with the starter config.
+
+The Tilda and T-Bank blocks are added to what `relay init` writes, as the
+guide tells a reader to; the result must check, and T-Bank's documented
+notification (tests/fixtures/tbank) must become a complete message for its
+own target, not a blank lead.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from helpers import relay_cli, to_toml
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+ENV = {
+    "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",
+    "TILDA_API_KEY": "tilda-key-1",
+    "BITRIX_WEBHOOK_URL": "https://example.bitrix24.ru/rest/1/abc123",
+    "TELEGRAM_BOT_TOKEN": "123456:AAbot",
+    "TELEGRAM_CHAT_ID": "-1001234567890",
+    "SMTP_HOST": "smtp.example.com",
+    "SMTP_USER": "relay@example.com",
+    "SMTP_PASSWORD": "smtp-pw-1",
+    "MAIL_FROM": "relay@example.com",
+    "MAIL_TO": "manager@example.com",
+    "TBANK_PASSWORD": "tbank-pw-1",
+}
+
+
+def guide_toml(route: str) -> dict[str, Any]:
+    guide = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```toml\n(.*?)^```", guide, re.MULTILINE | re.DOTALL)
+    [block] = [b for b in blocks if f"[routes.{route}]" in b]
+    return tomllib.loads(block)
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    result = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def test_the_tilda_and_tbank_examples_check_and_tbank_has_a_message_of_its_own(
+    tmp_path: Path,
+) -> None:
+    starter = tomllib.loads(resources.files("relay").joinpath("starter.toml").read_text())
+    config = merged(merged(starter, guide_toml("tilda")), guide_toml("tbank"))
+    path = tmp_path / "relay.toml"
+    path.write_text(to_toml(config), encoding="utf-8")
+    checked = relay_cli("check", "--config", str(path), env=ENV)
+    assert "route tbank" in checked.stdout
+
+    notification = FIXTURES / "tbank" / "notification-confirmed.json"
+    shown = relay_cli(
+        "render", "tbank", "--body", str(notification), "--config", str(path), env=ENV
+    ).stdout
+    assert "=== payments_chat (telegram)" in shown
+    assert "Payment confirmed</b>: order 201709, 192.00 RUB" in shown
+    assert "Payment 8742591, card 430000******0777" in shown
+    assert "fell back to a default" not in shown
+    assert "crm" not in shown.split("===", 1)[1]  # a payment is not a lead
+
+    refunded = FIXTURES / "tbank" / "notification-partial-refund-1.json"
+    skipped = relay_cli(
+        "render", "tbank", "--body", str(refunded), "--config", str(path), env=ENV
+    ).stdout
+    assert "skipped: when: json.Status == 'CONFIRMED' is false" in skipped
