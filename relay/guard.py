@@ -5,8 +5,9 @@ descriptor: webhooks failed, /healthz was unreachable, SQLite could not open
 its files. Each listener gets a share of the descriptor limit; when a new
 connection would go past it, the connection that has been quiet longest
 (connected and sent nothing, or idle between keep-alive requests, for at
-least QUIET_SECONDS) is closed to make room. When every connection is busy,
-the new one is answered 503 with Retry-After and closed.
+least QUIET_SECONDS; never one whose request is being handled) is closed to
+make room. When every connection is busy, the new one is answered 503 with
+Retry-After and closed.
 
 Connections that send nothing, or never finish their headers, are closed by
 aiohttp's keep-alive timer, which also runs from the moment a connection
@@ -64,10 +65,21 @@ class ConnectionCap:
     def __call__(self) -> asyncio.Protocol:
         return _Counted(self, self._factory())
 
+    def _quietest(self) -> _Counted | None:
+        """The connection quiet longest, unless it is in the middle of a request
+        (a body received, its commit awaited): those are never closed."""
+        now = time.monotonic()
+        for looked, connection in enumerate(self._open):
+            if looked >= 64 or now - connection.active_at < QUIET_SECONDS:
+                return None  # the rest are younger still
+            if not connection.in_request:
+                return connection
+        return None
+
     def _admit(self, connection: _Counted) -> bool:
         if len(self._open) >= self.limit:
-            quietest = next(iter(self._open), None)
-            if quietest is None or time.monotonic() - quietest.active_at < QUIET_SECONDS:
+            quietest = self._quietest()
+            if quietest is None:
                 self.refused += 1
                 if self.refused % 100 == 1:
                     log.warning(
@@ -111,6 +123,12 @@ class _Counted(asyncio.Protocol):
             return
         self._admitted = True
         self._inner.connection_made(transport)
+
+    @property
+    def in_request(self) -> bool:
+        # aiohttp's handler knows whether a request is being handled; it says
+        # so only in a private attribute (aiohttp 3.9 to 3.14 at least).
+        return bool(getattr(self._inner, "_request_in_progress", False))
 
     def close(self) -> None:
         self._cap._forget(self)

@@ -117,3 +117,37 @@ async def test_past_the_cap_the_quietest_connection_makes_room_or_the_new_one_ge
         for _, writer in (first, second):
             writer.close()
         await runner.cleanup()
+
+
+async def test_a_connection_whose_request_is_being_handled_is_never_closed_for_room() -> None:
+    release = asyncio.Event()
+
+    async def slow(request: web.BaseRequest) -> web.Response:
+        await release.wait()  # as a request waiting for its commit
+        return web.Response(text="stored")
+
+    runner = web.ServerRunner(web.Server(slow))
+    await runner.setup()
+    site = CappedSite(runner, "127.0.0.1", 0, limit=2, name="test")
+    await site.start()
+    url = f"http://127.0.0.1:{site.port}"
+    waiting_reader, waiting = await connect(url)
+    idle_reader, idle = await connect(url)
+    try:
+        waiting.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(QUIET_SECONDS + 0.1)  # both quiet now; one is in a request
+        _, newcomer = await connect(url)
+        assert await asyncio.wait_for(idle_reader.read(), 2) == b""  # the idle one made room
+        reader, writer = await connect(url)
+        refused = await asyncio.wait_for(reader.read(), 2)
+        writer.close()
+        assert refused.startswith(b"HTTP/1.1 503 ")  # the one in a request was kept
+        release.set()
+        answer = await asyncio.wait_for(waiting_reader.readuntil(b"stored"), 2)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        newcomer.close()
+    finally:
+        release.set()
+        for writer in (waiting, idle):
+            writer.close()
+        await runner.cleanup()
