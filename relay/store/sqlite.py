@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -652,6 +652,13 @@ class SqliteStore:
             )
             return delivery_view(select_delivery(connection, delivery_id))
 
+        return await self._delivery_verb(delivery_id, job)
+
+    async def _delivery_verb(
+        self, delivery_id: int, job: Callable[[sqlite3.Connection], DeliveryView | str]
+    ) -> DeliveryView:
+        """Run an operator's verb on one delivery: the job answers its new view,
+        "missing", or why the verb does not apply (its state)."""
         result = await self._write(job)
         if result == "missing":
             raise NotFound(f"no delivery {delivery_id}")
@@ -682,13 +689,7 @@ class SqliteStore:
             connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
             return delivery_view(select_delivery(connection, delivery_id))
 
-        result = await self._write(job)
-        if result == "missing":
-            raise NotFound(f"no delivery {delivery_id}")
-        if isinstance(result, str):
-            raise Conflict(f"delivery {delivery_id} is {result}")
-        view: DeliveryView = result
-        return view
+        return await self._delivery_verb(delivery_id, job)
 
     async def requeue(self, selection: Selection, now: float) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):

@@ -212,6 +212,11 @@ async def test_down_state_survives_a_restart_and_respects_a_pause(
     assert view["down"] is True
     assert view["failed_probes"] == 0
     assert view["deliveries"]["pending"] == 4
+    async with http.get(relay.admin_url + "/api/v1/stats") as answer:
+        crm_stats = (await answer.json())["targets"]["crm"]  # what `relay stats` shows
+    assert crm_stats["down"] is True
+    assert crm_stats["down_since"] is not None
+    assert crm_stats["next_probe_at"] is not None
 
     # Paused, a down target is not even probed; resumed, the probe goes when due.
     await relay.operator.set_paused("crm", True)
