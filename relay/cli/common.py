@@ -7,6 +7,7 @@ import asyncio
 import errno
 import os
 import shlex
+import select
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
@@ -152,12 +153,31 @@ async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[SqliteS
 def emit(args: argparse.Namespace, data: Any, render_text: Callable[[Any], str]) -> None:
     """Print `data` as JSON with --json, else as the text `render_text` makes of it."""
     if getattr(args, "json", False):
-        sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-        sys.stdout.flush()
+        write_all(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         text = render_text(data)
         if text:
             print(text)
+
+
+def write_all(data: bytes) -> None:
+    """Write every byte to stdout.
+
+    Under PYTHONUNBUFFERED (set in many service and CI environments)
+    `sys.stdout.buffer` is a raw FileIO whose write() is one system call: into
+    a pipe it may take only part of a large document and say so in its
+    return value, which a single call would silently drop.
+    """
+    sys.stdout.flush()
+    out = sys.stdout.buffer
+    view = memoryview(data)
+    while view:
+        written = out.write(view)
+        if written is None:  # a non-blocking stdout that is full: wait for room
+            select.select([], [out], [])
+            continue
+        view = view[written:]
+    out.flush()
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
