@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import errno
 import os
-import shlex
 import select
+import shlex
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
