@@ -31,7 +31,7 @@ def warnings(config: Config) -> list[str]:
             f"admin.listen: the admin API listens on {admin.listen}, beyond this machine;"
             " keep it on loopback and reach it through an SSH tunnel"
         )
-    if admin.enabled and admin.token is None:
+    if admin.enabled and admin.token is None and admin.token_file is None:
         found.append("admin.token: not set: anyone with a shell on this machine can use the API")
     for route in config.routes.values():
         found += _route_warnings(route, config)

@@ -21,6 +21,7 @@ from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
 from relay.config import Config, ConfigError, Listen, StorageConfig, load_config
+from relay.config.files import write_token_file
 from relay.dbwatch import DatabaseWatch
 from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
@@ -58,6 +59,32 @@ def lock_path(database: Path) -> Path:
     return database.with_name(database.name + ".lock")
 
 
+def with_admin_token(config: Config) -> Config:
+    """`config` with its admin token: one is written to `admin.token_file` if missing,
+    so that the listener never runs without a token just because none was set."""
+    admin = config.admin
+    if admin.token is not None or admin.token_file is None:
+        return config
+    try:
+        token = write_token_file(admin.token_file)
+    except (OSError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) else str(error)
+        raise ConfigError(
+            "admin.token_file", f"cannot write {admin.token_file}: {reason}"
+        ) from None
+    log.warning(
+        "admin token written to %s: the API and the dashboard's sign-in ask for it",
+        admin.token_file,
+    )
+    with_token = dataclasses.replace(
+        config,
+        admin=dataclasses.replace(admin, token=token),
+        secrets=config.secrets | {token},
+    )
+    set_masker(Masker(with_token.secrets))
+    return with_token
+
+
 class StartError(Exception):
     """relay cannot start (a port in use): one line for the log, exit code 1."""
 
@@ -80,6 +107,7 @@ class Relay:
         poll_interval: float = 1.0,
         log_attempts: bool = True,
     ) -> None:
+        config = with_admin_token(config)
         self.config = config
         self.clock = clock or SystemClock()
         self.masker = Masker(config.secrets)
@@ -282,6 +310,7 @@ class Relay:
         """Switch to `config` while running. Routes, targets, templates and policies
         change at once; attempts in flight finish on the targets they started with.
         Returns the keys whose change needs a restart (those keep their old value)."""
+        config = with_admin_token(config)
         old = self.config
         needs_restart = []
         if config.server.listen != old.server.listen:
@@ -415,10 +444,10 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int
     Returns the exit code: 0 after a requested stop, 1 when relay could not
     start or a background task died (systemd then restarts it)."""
     notifier = Notifier(environ)
-    relay = Relay(config)
     try:
+        relay = Relay(config)
         await relay.start()
-    except StartError as error:
+    except (StartError, ConfigError) as error:
         log.error("%s", error)
         return 1
     loop = asyncio.get_running_loop()

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import stat
 from importlib import resources
 from pathlib import Path
@@ -80,6 +81,9 @@ def write_starter(args: argparse.Namespace) -> int:
     print(f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets, they come from ${{VARS}})")
     print("next: set the variables it names (see the top of the file), then:")
     print(f"  relay check --config {path}")
+    # Drawn here so that nobody has to invent one (or leave the admin API open).
+    print("a fresh admin token for the environment (shown once, not written anywhere):")
+    print(f"  RELAY_ADMIN_TOKEN={secrets.token_urlsafe(32)}")
     return 0
 
 

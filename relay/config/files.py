@@ -5,6 +5,7 @@ failing half-way through starting the new config."""
 from __future__ import annotations
 
 import os
+import secrets
 import ssl
 from pathlib import Path
 
@@ -38,3 +39,37 @@ def ca_file_problem(path: Path) -> str | None:
     except ssl.SSLError as error:
         return f"{path}: not a PEM file of CA certificates ({error.reason or error})"
     return None
+
+
+def read_token_file(path: Path) -> str | None:
+    """The token kept in `path`, or None while the file does not exist yet."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    token = text.strip()
+    if not token or any(c.isspace() for c in token):
+        raise ValueError(f"{path}: expected one token on one line")
+    return token
+
+
+def write_token_file(path: Path) -> str:
+    """A new random token in `path` (mode 0600), or the one another process just wrote."""
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        found = read_token_file(path)
+        if found is None:
+            raise ValueError(f"{path}: vanished while it was being read") from None
+        return found
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(token + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return token

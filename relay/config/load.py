@@ -11,6 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from relay.config.files import folder_problem, read_token_file
 from relay.config.model import (
     AdminConfig,
     AlertsConfig,
@@ -99,7 +100,7 @@ def parse_config(
     root = Section(substitute(dict(data), environ, "", secrets), "")
     server = _server(root.section("server"))
     storage = parse_storage(root.section("storage"), base)
-    admin = _admin(root.section("admin"))
+    admin = _admin(root.section("admin"), base)
     log = _log(root.section("log"))
     default_retry = parse_retry(root.section("retry"), RetryPolicy())
     targets = {
@@ -188,22 +189,35 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
     return storage
 
 
-def _admin(section: Section) -> AdminConfig:
+def _admin(section: Section, base: Path) -> AdminConfig:
     defaults = AdminConfig()
     enabled = section.boolean("enabled", defaults.enabled)
     listen = _listen(section, "listen", defaults.listen)
     token = section.string("token", None, nonempty=False) or None
-    if enabled and token is None and not listen.is_loopback:
+    token_file = section.path("token_file", base, None)
+    token_key = section.key("token")
+    if token_file is not None:
+        token_key = section.key("token_file")
+        if token is not None:
+            raise ConfigError(token_key, "set admin.token or admin.token_file, not both")
+        try:
+            token = read_token_file(token_file)
+        except ValueError as unreadable:
+            raise ConfigError(token_key, str(unreadable)) from None
+        if token is None and (unwritable := folder_problem(token_file)):
+            raise ConfigError(token_key, unwritable)
+    # A token file not written yet gets its token when relay starts.
+    if enabled and token is None and token_file is None and not listen.is_loopback:
         raise ConfigError(
             section.key("token"),
             f"is required when the admin listener ({listen}) is not on loopback",
         )
     if token is not None and len(token) < 16:
-        raise ConfigError(section.key("token"), "expected at least 16 characters")
+        raise ConfigError(token_key, "expected at least 16 characters")
     if token is not None and token_bits(token) < MIN_TOKEN_BITS:
         # Never echo the value: it is a credential.
         raise ConfigError(
-            section.key("token"),
+            token_key,
             "too easy to guess (repeated or too few different characters); use a random"
             " one: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'",
         )
@@ -211,7 +225,13 @@ def _admin(section: Section) -> AdminConfig:
         name.strip().lower().rstrip(".") for name in section.string_list("allowed_hosts", ())
     )
     section.done()
-    return AdminConfig(enabled=enabled, listen=listen, token=token, allowed_hosts=allowed_hosts)
+    return AdminConfig(
+        enabled=enabled,
+        listen=listen,
+        token=token,
+        allowed_hosts=allowed_hosts,
+        token_file=token_file,
+    )
 
 
 # Length is not entropy: "aaaaaaaaaaaaaaaa" is 16 characters and 0 bits. A

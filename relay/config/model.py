@@ -61,6 +61,8 @@ class AdminConfig:
     token: str | None = None
     # Names besides IP addresses and localhost that may appear in Host (a proxy's).
     allowed_hosts: frozenset[str] = frozenset()
+    # Where the token is kept; relay writes a random one there at start if missing.
+    token_file: Path | None = None
 
 
 @dataclass(frozen=True)
