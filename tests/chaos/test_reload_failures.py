@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from relay.app import Relay, serve
+from relay.app import Relay
 from relay.config import load_config
 
 from helpers import RelayProcess, eventually, relay_cli, to_toml, write_config
@@ -175,30 +177,47 @@ def test_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert "in use" in errors[0]
 
 
-async def test_a_background_task_that_dies_stops_the_process_non_zero(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """procrastinate's `_monitor_side_tasks`: never keep running without the scheduler."""
+# `relay serve` in a real process whose background task named argv[1] is killed
+# (cancelled, as a bug or a stray cancel would) one second after it is ready.
+KILL_A_TASK = """
+import asyncio, sys
+from relay import app
+from relay.cli import main
+
+started = app.Relay.start
+
+async def start_then_kill(self, *args, **kwargs):
+    await started(self, *args, **kwargs)
+    def kill():
+        for task in asyncio.all_tasks():
+            if task.get_name() == sys.argv[1]:
+                task.cancel()
+    asyncio.get_running_loop().call_later(1.0, kill)
+
+app.Relay.start = start_then_kill
+sys.exit(main(["serve", "--config", sys.argv[2]]))
+"""
+
+
+@pytest.mark.parametrize(
+    "task", ["scheduler", "alerts", "retention", "search-indexer", "database-watch"]
+)
+def test_a_background_task_that_dies_stops_the_process_non_zero(tmp_path: Path, task: str) -> None:
+    """procrastinate's `_monitor_side_tasks`: never keep running without one of them."""
     path = write_config(tmp_path / "relay.toml", good_config(tmp_path))
-    config = load_config(path, {})
-    running = asyncio.create_task(serve(config, environ={}))
-    try:
-
-        async def started() -> bool:
-            return any(t.get_name() == "scheduler" for t in asyncio.all_tasks())
-
-        await eventually(started, timeout=10)
-        [scheduler] = [t for t in asyncio.all_tasks() if t.get_name() == "scheduler"]
-        scheduler.cancel()  # killed from outside, as a bug or a stray cancel would
-        code = await asyncio.wait_for(running, timeout=10)
-    finally:
-        if not running.done():
-            running.cancel()
-    assert code != 0
-    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    [died] = [message for message in errors if "scheduler" in message]
-    assert "stopping" in died
+    result = subprocess.run(
+        [sys.executable, "-c", KILL_A_TASK, task, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output
+    [died] = [line for line in output.splitlines() if " ERROR " in line]
+    assert f"background task {task} was cancelled: stopping relay" in died
+    assert "stopped" in output.splitlines()[-1]
     # The lock is free again: the next start (systemd's restart) works.
-    again = Relay(config)
-    await again.start(background=False)
-    await again.stop()
+    again = RelayProcess(path, tmp_path / "relay.log").start()
+    assert again.stop() == 0
