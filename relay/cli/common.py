@@ -120,10 +120,7 @@ def as_root_hint() -> str:
 
 def _cannot(path: Path, error: OSError, verb: str) -> str:
     if error.errno in (errno.EACCES, errno.EPERM):
-        return (
-            f"cannot {verb} {path}: permission denied (it belongs to the service;"
-            f" run this as root: {as_root_hint()})"
-        )
+        return f"cannot {verb} {path}: permission denied (run this as root: {as_root_hint()})"
     return f"cannot {verb} {path}: {error.strerror}"
 
 
