@@ -25,6 +25,7 @@ from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.metrics import Metrics
 from relay.netaddr import Network, client_address, within
 from relay.payload import storable
+from relay.sandbox import one_budget
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source, build_source
 from relay.store import Accepted, NewEvent, Rejection, Store, StoreError
@@ -149,7 +150,8 @@ class Ingress:
             )
         self._bodies_in_flight += held
         try:
-            response = await self._handle_route(request, route, settings)
+            with one_budget():  # the request's templates together: LOOP_SECONDS at most
+                response = await self._handle_route(request, route, settings)
         finally:
             self._bodies_in_flight -= held
         if response.status == 200:

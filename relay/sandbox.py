@@ -20,6 +20,7 @@ this payload, a permanent failure for this one event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import math
 import re
@@ -27,7 +28,7 @@ import string
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 from jinja2 import nodes
@@ -48,6 +49,10 @@ MAX_OPERATIONS = 1_000_000
 LOOP_SECONDS = 0.05
 WORKER_SECONDS = 2.0
 _CLOCK_EVERY = 256  # operations between two looks at the clock
+# Filters that run Python for every item in one call the clock cannot stop
+# (~1 µs an item): on the event loop they take this many items at most.
+PER_ITEM_FILTERS = frozenset({"sort", "unique", "groupby", "dictsort", "min", "max", "sum"})
+LOOP_FILTER_ITEMS = 20_000
 
 LOOP_NAME = "_relay_counted"
 CONCAT_NAME = "_relay_concat"
@@ -64,23 +69,46 @@ class _Budget:
     seconds: float
     worker: bool
     tick: int = 0
+    shared: bool = False  # several renders draw on it (see one_budget)
 
 
 _budget: contextvars.ContextVar[_Budget] = contextvars.ContextVar("template_budget")
 
 
-def start_budget() -> contextvars.Token[_Budget]:
+def _new_budget(*, shared: bool = False) -> _Budget:
     try:
         asyncio.get_running_loop()
         worker = False
     except RuntimeError:
         worker = True
     seconds = WORKER_SECONDS if worker else LOOP_SECONDS
-    return _budget.set(_Budget(MAX_OPERATIONS, time.perf_counter() + seconds, seconds, worker))
+    return _Budget(MAX_OPERATIONS, time.perf_counter() + seconds, seconds, worker, shared=shared)
 
 
-def end_budget(token: contextvars.Token[_Budget]) -> None:
-    _budget.reset(token)
+def start_budget() -> contextvars.Token[_Budget] | None:
+    """A budget for one render, or None when it draws on a shared one."""
+    current = _budget.get(None)
+    if current is not None and current.shared:
+        if current.operations == MAX_OPERATIONS:  # its first render: the clock starts now
+            current.deadline = time.perf_counter() + current.seconds
+        return None
+    return _budget.set(_new_budget())
+
+
+def end_budget(token: contextvars.Token[_Budget] | None) -> None:
+    if token is not None:
+        _budget.reset(token)
+
+
+@contextlib.contextmanager
+def one_budget() -> Iterator[None]:
+    """Every render within shares one budget: ingress gives a request's key and
+    `when` conditions LOOP_SECONDS together, not each."""
+    token = _budget.set(_new_budget(shared=True))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
 
 
 def spend(amount: int = 1) -> None:
@@ -287,6 +315,37 @@ def _bounded_filters(filters: dict[str, Any]) -> None:
     )
 
 
+def _on_loop() -> bool:
+    budget = _budget.get(None)
+    return budget is not None and not budget.worker
+
+
+def _metered(function: Callable[..., Any], name: str = "") -> Callable[..., Any]:
+    """A filter (or test) that spends an operation, plus one per 64 items or
+    characters of its input: filters run in C or in Jinja without passing
+    through call(), and a chain of them over a large payload must still reach
+    the clock. The few that call Python per item and cannot be interrupted
+    (sort, unique, ...) take at most LOOP_FILTER_ITEMS on the event loop."""
+    passes = getattr(function, "jinja_pass_arg", None)
+    position = 0 if passes is None else 1
+    per_item = name in PER_ITEM_FILTERS
+
+    def metered(*args: Any, **kwargs: Any) -> Any:
+        value = args[position] if len(args) > position else None
+        size = len(value) if isinstance(value, str | bytes | list | tuple | dict | set) else 0
+        spend(1 + size // 64)
+        if per_item and size > LOOP_FILTER_ITEMS and _on_loop():
+            raise TemplateError(
+                f"template too expensive: {name} over {size} items while the"
+                f" request waits (at most {LOOP_FILTER_ITEMS}; a target's template may)"
+            )
+        return function(*args, **kwargs)
+
+    if passes is not None:
+        metered.jinja_pass_arg = passes  # type: ignore[attr-defined]
+    return metered
+
+
 class BoundedEnvironment(SandboxedEnvironment):
     # A smaller range() than Jinja's default of 100,000 items: nobody needs a
     # long loop to shape a webhook, and nested loops multiply.
@@ -309,6 +368,10 @@ class BoundedEnvironment(SandboxedEnvironment):
 
         tojson.jinja_pass_arg = plain_tojson.jinja_pass_arg  # type: ignore[attr-defined]
         self.filters["tojson"] = tojson
+        for name, function in list(self.filters.items()):
+            self.filters[name] = _metered(function, name)
+        for name, test in list(self.tests.items()):
+            self.tests[name] = _metered(cast(Callable[..., Any], test))
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         spend()

@@ -144,6 +144,9 @@ def compile_template(source: str, *, html: bool = False, markdown_v2: bool = Fal
         compiled = environment.from_string(bound(tree, environment))
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"template syntax error at line {error.lineno}: {error.message}") from None
+    except (RecursionError, SyntaxError, MemoryError):
+        # Hundreds of nested filters or brackets: Jinja's compiler or Python's gives up.
+        raise ValueError("template nested too deeply") from None
     return Template(source=source, variables=variables, _compiled=compiled)
 
 

