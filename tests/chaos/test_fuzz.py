@@ -33,7 +33,10 @@ from relay.sources.base import Accept, Ping, Reject
 from figures import record_figures
 from helpers import RelayProcess, write_config
 
-pytestmark = pytest.mark.chaos
+# Thousands of examples each: bounded by their count, not by the default
+# per-test timeout (which a loaded machine turned into a hypothesis "flaky
+# strategy" report in the middle of the config fuzzing).
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
 TRIED: Counter[str] = Counter()
 ANY = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much]
