@@ -190,6 +190,7 @@ async def main() -> None:
             if stored:
                 raise SystemExit(f"{path} holds {stored} events, fewer than --events")
             build_seconds = await build(store, args.events, needle)
+            print(f"stored {args.events} events in {build_seconds:.1f}s", flush=True)
         behind = (await store.search_progress()).behind
         print(f"indexing {behind} events ...", flush=True)
         indexer = SearchIndexer(store, SystemClock(), Masker, batch=500)

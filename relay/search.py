@@ -25,6 +25,7 @@ from a 7: the 7 form is the one canonical spelling both sides meet on.
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
@@ -33,6 +34,8 @@ from typing import Any
 from relay.payload import media_type, parse_form, parse_json, parse_query
 from relay.secrets import Masker, is_sensitive_header
 from relay.store import IndexSource, SearchDocument, TextSearch
+
+log = logging.getLogger("relay.search")
 
 # The trigram index matches substrings of three characters or more.
 MIN_TERM = 3
@@ -158,17 +161,23 @@ def _json_values(value: Any) -> Iterator[str]:
 
 
 def documents(events: Iterable[IndexSource], masker: Masker) -> list[SearchDocument]:
-    return [
-        document(
-            event.event_id,
-            headers=event.headers,
-            query=event.query,
-            content_type=event.content_type,
-            body=event.body,
-            masker=masker,
-        )
-        for event in events
-    ]
+    found = []
+    for event in events:
+        try:
+            found.append(
+                document(
+                    event.event_id,
+                    headers=event.headers,
+                    query=event.query,
+                    content_type=event.content_type,
+                    body=event.body,
+                    masker=masker,
+                )
+            )
+        except Exception:  # one body relay cannot read must not stop the indexer
+            log.exception("event %d: cannot make its search text; indexed empty", event.event_id)
+            found.append(SearchDocument(event.event_id, "", ""))
+    return found
 
 
 def describe(search: TextSearch) -> str:
