@@ -29,7 +29,7 @@ import orjson
 from relay.canonical import payload_digest
 from relay.config import Config, RouteConfig
 from relay.payload import media_type, parse_form
-from relay.secrets import MASK, Masker, request_masker
+from relay.secrets import MASK, Masker, request_masker, shown_body
 from relay.store import EventDetail, Header, Resend, Status
 from relay.targets import Envelope, build_target
 from relay.templates import TemplateError
@@ -66,24 +66,32 @@ class ResendPlan:
 
 
 def editable_body(detail: EventDetail, masker: Masker) -> str:
-    """The body as a person may see and edit it, secrets masked. JSON comes
-    indented, its letters as letters (not \\u escapes): the same content, and
-    what is sent is what the person leaves in the box."""
+    """The body as a person may see and edit it: masked exactly as the event's
+    page shows it (configured secrets, and the request's own credential fields).
+    JSON comes indented, its letters as letters (not \\u escapes): the same
+    content, and what is sent is what the person leaves in the box."""
+    return _shown(detail, _edit_source(detail), masker)
+
+
+def _edit_source(detail: EventDetail) -> str:
+    """The text the edit box starts from, before masking."""
     try:
         text = detail.body.decode("utf-8")
     except UnicodeDecodeError:
         raise EditRejected(
             422, f"event {detail.event.id}: its body is not UTF-8 text and cannot be edited"
         ) from None
-    # The request's own credentials (an api_key field) are masked too, as in
-    # every view; plan_resend puts them back from the same masker.
-    masker = request_masker(masker, detail.query, detail.content_type, detail.body)
     kind = media_type(detail.content_type)
     if kind == "application/json" or kind.endswith("+json"):
         # Not JSON after all (or numbers orjson cannot hold): the text as it came.
         with contextlib.suppress(orjson.JSONDecodeError, orjson.JSONEncodeError):
             text = orjson.dumps(orjson.loads(detail.body), option=orjson.OPT_INDENT_2).decode()
-    return masker.text(text)
+    return text
+
+
+def _shown(detail: EventDetail, text: str, masker: Masker) -> str:
+    own = request_masker(masker, detail.query, detail.content_type, detail.body)
+    return shown_body(text, detail.content_type, own)
 
 
 def default_targets(detail: EventDetail) -> list[str]:
@@ -112,8 +120,7 @@ def plan_resend(
     if route is None:
         raise EditRejected(422, f"route {event.route} is no longer in the config")
     kind = (content_type or detail.content_type or "").strip()
-    shown = request_masker(masker, detail.query, detail.content_type, detail.body)
-    body = restore_secrets(edited, detail.body, shown)
+    body = restore_secrets(edited, detail, masker)
     check_body(route, body, kind)
     # Compared as content (JSON parsed, forms decoded): reformatting is no correction.
     same = payload_digest(body, kind) == payload_digest(detail.body, detail.content_type)
@@ -162,23 +169,25 @@ def check_body(route: RouteConfig, body: bytes, content_type: str) -> None:
         raise EditRejected(400, f"body is not a valid {kind} form")
 
 
-def restore_secrets(edited: bytes, original: bytes, masker: Masker) -> bytes:
-    """Put back the secrets that the masked view showed as "***", in order.
+def restore_secrets(edited: bytes, detail: EventDetail, masker: Masker) -> bytes:
+    """Put back the secrets that the edit box showed as "***", in order.
 
-    The masked original reads `s0 *** s1 *** s2`; the secrets are what stands
-    between those pieces in the original. The edited body must still hold the
-    same number of "***": each gets its secret back, the first the first.
+    The box showed `s0 *** s1 *** s2`, made from a text that reads
+    `s0 SECRET1 s1 SECRET2 s2`: the secrets are what stands between the
+    pieces. The edited body must still hold as many "***" (in the box's form
+    or the API's raw one: the order of values is the same): each gets its
+    secret back, the first the first.
     """
     try:
-        original_text = original.decode("utf-8")
-    except UnicodeDecodeError:
-        return edited
-    shown = masker.text(original_text)
-    if shown == original_text:
+        source = _edit_source(detail)
+    except EditRejected:
+        return edited  # not text: nothing was shown masked
+    shown = _shown(detail, source, masker)
+    if MASK not in shown:
         return edited
     pieces = shown.split(MASK)
     pattern = "(.*?)".join(re.escape(piece) for piece in pieces)
-    found = re.fullmatch(pattern, original_text, re.DOTALL)
+    found = re.fullmatch(pattern, source, re.DOTALL)
     if found is None:  # cannot line the secrets up: refuse rather than guess
         raise EditRejected(400, "the body holds masked secrets that cannot be restored")
     try:
@@ -232,6 +241,8 @@ def _preview(config: Config, detail: EventDetail, resend: Resend, masker: Masker
         body=resend.body,
         sent_at=now,
     )
+    # The copy carries the original's credential fields: mask them as views do.
+    masker = request_masker(masker, detail.query, detail.content_type, detail.body)
     previews = []
     for name in resend.targets:
         target = config.targets[name]

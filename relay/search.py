@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from relay.payload import media_type, parse_form, parse_json, parse_query
-from relay.secrets import Masker, is_sensitive_header
+from relay.secrets import Masker, inbound_secrets, is_sensitive_header
 from relay.store import IndexSource, SearchDocument, TextSearch
 
 log = logging.getLogger("relay.search")
@@ -108,9 +108,13 @@ def document(
 ) -> SearchDocument:
     """The indexed text of one event; bounded work whatever the body holds.
 
-    Credentials never enter the index: sensitive headers are left out and
-    configured secrets masked, so a search for a token finds nothing.
+    Credentials never enter the index: sensitive headers are left out, and
+    configured secrets and the request's own credential fields (found by name,
+    as every view masks them) are masked, so a search for a token finds nothing.
     """
+    inbound = inbound_secrets(query, content_type, body[:MAX_BODY_BYTES])
+    if inbound:  # the request's own credentials (an api_key field, a ?token=)
+        masker = masker.merged(Masker(inbound))
     values: list[str] = [
         value for name, value in headers if value and not is_sensitive_header(name)
     ]

@@ -73,6 +73,14 @@ def request_masker(masker: Masker, query: str, content_type: str | None, body: b
     return masker.merged(Masker(inbound_secrets(query, content_type, body)))
 
 
+def shown_body(text: str, content_type: str | None, masker: Masker) -> str:
+    """A stored body's text as every view shows it: credential fields of a form
+    masked by name, then every secret `masker` knows (see `request_masker`)."""
+    if media_type(content_type) == "application/x-www-form-urlencoded":
+        text = mask_fields(text)
+    return masker.text(text)
+
+
 def mask_fields(urlencoded: str) -> str:
     """A query string or form body with each credential field's value masked,
     whatever its encoding (the name is decoded to decide; the rest is kept

@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from relay.config import FileTarget, HttpTarget, SmtpTarget, TargetConfig, TelegramTarget
-from relay.payload import media_type
 from relay.resend import Preview
-from relay.secrets import Masker, mask_fields, request_masker
+from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,
     DeliveryView,
@@ -101,10 +100,7 @@ def event_detail(detail: EventDetail, masker: Masker) -> dict[str, Any]:
     result["headers"] = [list(pair) for pair in masker.headers(detail.headers)]
     result["content_type"] = detail.content_type
     try:
-        body = detail.body.decode("utf-8")
-        if media_type(detail.content_type) == "application/x-www-form-urlencoded":
-            body = mask_fields(body)
-        result["body"] = masker.text(body)
+        result["body"] = shown_body(detail.body.decode("utf-8"), detail.content_type, masker)
     except UnicodeDecodeError:
         result["body"] = None
         result["body_base64"] = base64.b64encode(detail.body).decode("ascii")

@@ -261,3 +261,43 @@ async def test_cli_resend_from_a_file_and_from_the_editor(
     )
     assert unchanged.returncode == 2
     assert "the body is unchanged" in unchanged.stderr
+
+
+async def test_a_form_lead_keeps_its_own_credential_field_which_no_view_shows(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # Tilda may post its API key as a form field, api_key (masked by name in every view).
+    sink, url = await start_sink([400, 200])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}},
+        {"tilda": {"path": "/hooks/tilda", "targets": ["crm"]}},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    lead = b"Name=Anna&Phone=8+999+123-45-67&api_key=tilda-key-4242&formid=f1"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with http.post(relay.ingress_url + "/hooks/tilda", data=lead, headers=form) as answer:
+        original = (await answer.json())["id"]
+    await relay.scheduler.drain()
+    shown = (await api(relay, http, "GET", f"/api/v1/events/{original}", 200))["body"]
+    assert shown == "Name=Anna&Phone=8+999+123-45-67&api_key=***&formid=f1"
+    fixed = shown.replace("8+999+123-45-67", "%2B79991234567")
+    preview = await api(
+        relay, http, "POST", f"/api/v1/events/{original}/resend", 200, json={"body": fixed}
+    )
+    assert "tilda-key-4242" not in json.dumps(preview)
+    await api(
+        relay,
+        http,
+        "POST",
+        f"/api/v1/events/{original}/resend",
+        201,
+        json={"body": fixed, "confirm": True},
+    )
+    await relay.scheduler.drain()
+    assert sink.requests[-1].body == (
+        b"Name=Anna&Phone=%2B79991234567&api_key=tilda-key-4242&formid=f1"
+    )

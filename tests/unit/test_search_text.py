@@ -133,9 +133,21 @@ def test_headers_and_query_values_are_indexed_but_never_credentials() -> None:
 
 
 def test_configured_secrets_in_a_body_are_masked_before_indexing() -> None:
-    text, _ = doc(b"api_key=s3cr3t-value-1&name=Anna", masker=Masker(["s3cr3t-value-1"]))
+    text, _ = doc(b"key=s3cr3t-value-1&name=Anna", masker=Masker(["s3cr3t-value-1"]))
     assert "s3cr3t" not in text
     assert "anna" in text
+
+
+def test_the_requests_own_credentials_are_never_indexed_even_unconfigured() -> None:
+    # Tilda may post its API key as a form field (`api_key`), T-Bank signs with `Token`.
+    text, _ = doc(b"api_key=tilda-key-4242&Name=Anna", query="token=q-secret-77")
+    assert "tilda-key" not in text
+    assert "q-secret" not in text
+    assert "anna" in text
+    body = b'{"TerminalKey": "T1", "Token": "c0ffee-token-hash", "OrderId": "ord-9"}'
+    text, _ = doc(body, "application/json")
+    assert "c0ffee" not in text
+    assert "ord-9" in text
 
 
 def test_a_huge_body_costs_bounded_work() -> None:
