@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import gc
@@ -363,7 +364,10 @@ class Relay:
         set_masker(self.masker)
         for target in retired:
             self._spawn(self._retire(target), "retire-target")
-        await self._report_unconfigured()
+        # The new config is in place now: a store hiccup here must not be
+        # reported as a failed reload.
+        with contextlib.suppress(StoreError):
+            await self._report_unconfigured()
         return needs_restart
 
     async def _retire(self, target: Target) -> None:
@@ -457,14 +461,18 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int
     finally:
         # Whatever happened above, the listeners close, the attempts in flight
         # finish and the database lock is released: never a process half alive.
+        # While stopping, a SIGHUP (whose default action kills) is ignored and
+        # another SIGTERM changes nothing; the handlers go when all is closed.
         for signum in signals:
-            loop.remove_signal_handler(signum)
+            loop.add_signal_handler(signum, log.info, "already stopping: signal %d ignored", signum)
         notifier.stopping()
         log.info(
             "stopping: finishing attempts in flight (up to %gs)",
             relay.config.server.shutdown_timeout,
         )
         clean = await relay.stop()
+        for signum in signals:
+            loop.remove_signal_handler(signum)
         log.info("stopped")
     return code if clean else max(code, 1)
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
 
 from relay.app import Relay
 from relay.config import load_config
@@ -221,3 +223,44 @@ def test_a_background_task_that_dies_stops_the_process_non_zero(tmp_path: Path, 
     # The lock is free again: the next start (systemd's restart) works.
     again = RelayProcess(path, tmp_path / "relay.log").start()
     assert again.stop() == 0
+
+
+async def test_signals_while_stopping_neither_kill_nor_reload(
+    tmp_path: Path, aiohttp_server: AiohttpServer
+) -> None:
+    """SIGHUP's default action kills: during the shutdown's grace period (an
+    attempt still in flight) a `systemctl reload` must not end relay abruptly."""
+    arrived = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        arrived.set()
+        await asyncio.sleep(1.5)
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/crm", slow)
+    server = await aiohttp_server(app)
+    config = good_config(tmp_path)
+    config["server"]["shutdown_timeout"] = "5s"
+    config["targets"] = {"crm": {"type": "http", "url": str(server.make_url("/crm"))}}
+    config["routes"]["orders"]["targets"] = ["crm"]
+    path = write_config(tmp_path / "relay.toml", config)
+    relay = RelayProcess(path, tmp_path / "relay.log").start()
+    assert relay.process is not None
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert await post(http, relay.url, 1) == 200
+        await asyncio.wait_for(arrived.wait(), 10)
+        relay.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        relay.process.send_signal(signal.SIGHUP)
+        relay.process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(relay.process.wait, 20)
+    finally:
+        relay.stop()
+    log = relay.log()
+    assert code == 0, log
+    assert "already stopping" in log
+    assert "reload" not in log
+    events = await asyncio.to_thread(relay_cli, "events", "--config", str(path), "--json")
+    assert '"delivered"' in events.stdout  # the attempt in flight was allowed to finish
