@@ -30,8 +30,11 @@ IDLE_INTERVAL = 5.0
 SETTLE = 0.25
 # Ingest counts as busy when a webhook arrived this recently...
 QUIET = 0.05
-# ...but the index is never held back longer than this.
-MAX_DEFER = 1.0
+# ...but the index is never held back longer than this. Under a sustained
+# flood that is one batch per 5 s: a batch of 200 costs the writer ~15 ms
+# (~50 ms at worst, FTS5's incremental merges included, measured up to
+# 300,000 rows), so ingest keeps about 99 % of the writer.
+MAX_DEFER = 5.0
 RETRY_AFTER_ERROR = 5.0
 
 

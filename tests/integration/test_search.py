@@ -22,7 +22,7 @@ from relay.secrets import Masker
 from relay.store import NewDelivery, NewEvent, SqliteStore, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
-from helpers import arelay_cli, write_config
+from helpers import arelay_cli, eventually, write_config
 
 TOKEN = "admin-token-0123456789"
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -233,3 +233,21 @@ async def test_cli_search_finds_the_lead_and_notes_what_is_not_indexed(
         "relay: --search: search text needs a word of at least 3 characters"
         " (shorter ones would match nearly everything)"
     )
+
+
+async def test_a_running_relay_indexes_by_itself(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    config = make_config(
+        {"crm": {"type": "file", "path": "crm.jsonl"}},
+        routes(["crm"]),
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, poll_interval=0.05)  # background tasks run
+    lead = await post(relay, http, "/hooks/tilda", LEADS[1], headers=FORM)
+
+    async def found() -> bool:
+        return ids(await search(relay, http, q="+7 999 123 45 67")) == [lead]
+
+    await eventually(found, timeout=15.0)
+    assert relay.indexer.indexed >= 1
