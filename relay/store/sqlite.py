@@ -754,6 +754,13 @@ class SqliteStore:
                 " paused_at = excluded.paused_at",
                 (target, int(paused), now if paused else None),
             )
+            if not paused:
+                # A person resuming a down target wants to know now: probe at once.
+                connection.execute(
+                    "UPDATE targets SET probe_at = min(probe_at, ?)"
+                    " WHERE name = ? AND down_since IS NOT NULL",
+                    (now, target),
+                )
 
         await self._write(job)
 
