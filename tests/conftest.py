@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 from pytest_aiohttp import AiohttpServer
 
@@ -13,8 +17,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from relay.app import Relay
 from relay.config import Config, parse_config
+from relay.store.postgres import PostgresStore
 
 from helpers import Sink
+from pgcluster import Cluster, create_cluster, remove_cluster, server_bin
+
+PG_TEMPLATE = "relay_template"
 
 ConfigFactory = Callable[..., Config]
 
@@ -87,3 +95,49 @@ async def start_relay() -> AsyncIterator[RelayFactory]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+# PostgreSQL (tests marked `postgres`, run by .ci/run): one throwaway cluster
+# for the session, a database per test copied from a migrated template.
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    if server_bin() is None:
+        pytest.skip("PostgreSQL server binaries not found (apt-get install postgresql)")
+    cluster = create_cluster()
+    try:
+        _in_thread(_make_template(cluster))
+        yield cluster
+    finally:
+        remove_cluster(cluster)
+
+
+def _in_thread(work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` on a loop of its own: fixtures here are set up inside tests' loops."""
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, work).result()
+
+
+async def _admin(cluster: Cluster, sql: str) -> None:
+    admin = await asyncpg.connect(cluster.url("postgres"))
+    try:
+        await admin.execute(sql)
+    finally:
+        await admin.close()
+
+
+async def _make_template(cluster: Cluster) -> None:
+    await _admin(cluster, f"CREATE DATABASE {PG_TEMPLATE}")
+    store = PostgresStore(cluster.url(PG_TEMPLATE), min_connections=1)
+    await store.open()
+    await store.close()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: Cluster) -> Iterator[str]:
+    """A fresh, migrated database of this test's own."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    _in_thread(_admin(pg_cluster, f"CREATE DATABASE {name} TEMPLATE {PG_TEMPLATE}"))
+    yield pg_cluster.url(name)
+    _in_thread(_admin(pg_cluster, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))

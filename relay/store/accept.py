@@ -11,8 +11,9 @@ The UNIQUE index on (key, route) stays the last line against duplicates.
 from __future__ import annotations
 
 import functools
+import itertools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ _LOOKUP_CHUNK = 500
 
 
 @dataclass
-class _Holder:
+class Holder:
     """A stored event (or one earlier in this batch) that holds a key."""
 
     event_id: int
@@ -72,85 +73,108 @@ class AcceptJob:
     def _insert(
         connection: sqlite3.Connection,
         jobs: Sequence[AcceptJob],
-        stored: dict[tuple[str, str], list[_Holder]],
+        stored: dict[tuple[str, str], list[Holder]],
     ) -> list[Accepted]:
         next_event = _next_id(connection, "events")
         next_delivery = _next_id(connection, "deliveries")
-        results: list[Accepted] = []
+        results, stores = decide(jobs, stored, itertools.count(next_event).__next__)
         event_rows = []
         delivery_rows = []
         lines = _Lines(connection)
-        for job in jobs:
-            event = job.event
-            variant = 0
-            conflict_of = None
-            holders = None
-            if event.idempotency_key is not None:
-                holders = stored.setdefault((event.route, event.idempotency_key), [])
-            if holders:
-                digest = _digest_of(event)
-                same = next((h for h in holders if h.digest == digest), None)
-                if same is not None:
-                    results.append(Accepted(same.event_id, duplicate=True))
-                    continue
-                first = holders[0].event_id
-                if job.refuse_conflict:
-                    results.append(
-                        Accepted(first, duplicate=False, conflict_of=first, refused=True)
-                    )
-                    continue
-                # Same key, other content: a different notification. Stored as
-                # the key's next variant, never answered "duplicate".
-                variant = max(h.variant for h in holders) + 1
-                conflict_of = first
-            event_id = next_event
-            next_event += 1
-            if holders is not None:
-                # A second copy in this same batch compares against this one.
-                holders.append(
-                    _Holder(event_id, variant, event.digest, event.body, event.content_type)
-                )
-            event_rows.append(
-                (
-                    event_id,
-                    event.route,
-                    event.idempotency_key,
-                    event.received_at,
-                    event.remote_addr,
-                    event.method,
-                    event.path,
-                    event.query,
-                    orjson.dumps(event.headers),
-                    event.content_type,
-                    event.body,
-                    event.digest,
-                    variant,
-                    conflict_of,
-                )
-            )
-            for delivery in job.deliveries:
+        for new in stores:
+            event_rows.append(new.event_row())
+            for delivery in new.job.deliveries:
                 pending = delivery.status is Status.PENDING
                 key = delivery.order_key if pending else None
                 # Behind an unfinished delivery of its key, it waits its turn.
-                due = job.now if pending and not lines.queued(delivery.target, key) else None
+                due = new.job.now if pending and not lines.queued(delivery.target, key) else None
                 delivery_rows.append(
                     (
                         next_delivery,
-                        event_id,
-                        event.route,
+                        new.event_id,
+                        new.job.event.route,
                         delivery.target,
                         delivery.status.value,
                         due,
                         delivery.reason,
-                        job.now,
+                        new.job.now,
                         key,
                     )
                 )
                 next_delivery += 1
-            results.append(Accepted(event_id, duplicate=False, conflict_of=conflict_of))
         _insert_rows(connection, _EVENTS, event_rows)
         _insert_rows(connection, _DELIVERIES, delivery_rows)
         return results
+
+
+@dataclass(frozen=True)
+class ToStore:
+    """An event the batch stores: its id, and its key's variant and first holder."""
+
+    job: AcceptJob
+    event_id: int
+    variant: int
+    conflict_of: int | None
+
+    def event_row(self) -> tuple[Any, ...]:
+        event = self.job.event
+        return (
+            self.event_id,
+            event.route,
+            event.idempotency_key,
+            event.received_at,
+            event.remote_addr,
+            event.method,
+            event.path,
+            event.query,
+            orjson.dumps(event.headers),
+            event.content_type,
+            event.body,
+            event.digest,
+            self.variant,
+            self.conflict_of,
+        )
+
+
+def decide(
+    jobs: Sequence[AcceptJob],
+    stored: dict[tuple[str, str], list[Holder]],
+    new_id: Callable[[], int],
+) -> tuple[list[Accepted], list[ToStore]]:
+    """What becomes of each job of a batch, given the stored holders of its keys
+    (`stored`, by (route, key), first holder first): a duplicate, a refused
+    conflict, or an event to store (with an id from `new_id`). Both backends
+    decide here, so a key means the same on either."""
+    results: list[Accepted] = []
+    stores: list[ToStore] = []
+    for job in jobs:
+        event = job.event
+        variant = 0
+        conflict_of = None
+        holders = None
+        if event.idempotency_key is not None:
+            holders = stored.setdefault((event.route, event.idempotency_key), [])
+        if holders:
+            digest = _digest_of(event)
+            same = next((h for h in holders if h.digest == digest), None)
+            if same is not None:
+                results.append(Accepted(same.event_id, duplicate=True))
+                continue
+            first = holders[0].event_id
+            if job.refuse_conflict:
+                results.append(Accepted(first, duplicate=False, conflict_of=first, refused=True))
+                continue
+            # Same key, other content: a different notification. Stored as
+            # the key's next variant, never answered "duplicate".
+            variant = max(h.variant for h in holders) + 1
+            conflict_of = first
+        event_id = new_id()
+        if holders is not None:
+            # A second copy in this same batch compares against this one.
+            holders.append(Holder(event_id, variant, event.digest, event.body, event.content_type))
+        stores.append(ToStore(job, event_id, variant, conflict_of))
+        results.append(Accepted(event_id, duplicate=False, conflict_of=conflict_of))
+    return results, stores
 
 
 def _digest_of(event: NewEvent) -> bytes:
@@ -228,10 +252,10 @@ def _next_id(connection: sqlite3.Connection, table: str) -> int:
 
 def _stored_keys(
     connection: sqlite3.Connection, jobs: Sequence[AcceptJob]
-) -> dict[tuple[str, str], list[_Holder]]:
+) -> dict[tuple[str, str], list[Holder]]:
     """Every stored event holding one of these keys, by (route, key), first holder first."""
     keys = sorted({job.event.idempotency_key for job in jobs if job.event.idempotency_key})
-    found: dict[tuple[str, str], list[_Holder]] = {}
+    found: dict[tuple[str, str], list[Holder]] = {}
     for start in range(0, len(keys), _LOOKUP_CHUNK):
         chunk = keys[start : start + _LOOKUP_CHUNK]
         marks = ",".join("?" * len(chunk))
@@ -242,6 +266,6 @@ def _stored_keys(
             f" FROM events WHERE idempotency_key IN ({marks}) ORDER BY key_variant",
             chunk,
         ):
-            holder = _Holder(event_id, variant, digest, bytes(body or b""), content_type)
+            holder = Holder(event_id, variant, digest, bytes(body or b""), content_type)
             found.setdefault((route, key), []).append(holder)
     return found

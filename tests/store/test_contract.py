@@ -9,6 +9,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,7 @@ from relay.store import (
     Waits,
 )
 from relay.store.migrations import MIGRATIONS
+from relay.store.postgres import PostgresStore
 
 T0 = 1_800_000_000.0
 
@@ -54,8 +56,23 @@ def event(
 TWO = [NewDelivery("crm"), NewDelivery("audit")]
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    if request.param == "postgres":
+        pg: Any = PostgresStore(request.getfixturevalue("pg_url"))
+        await pg.open()
+        yield pg
+        await pg.close()
+        return
+    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.2)
+    await store.open()
+    yield store
+    await store.close()
+
+
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    """For what only a file has (WAL, locks, permissions)."""
     store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.2)
     await store.open()
     yield store
@@ -270,22 +287,22 @@ async def test_list_events_filters_and_cursor(store: SqliteStore) -> None:
 
 
 async def test_a_locked_database_fails_the_write_instead_of_waiting(
-    store: SqliteStore, tmp_path: Path
+    sqlite_store: SqliteStore, tmp_path: Path
 ) -> None:
     other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:
         with pytest.raises(StoreUnavailable, match="locked"):
-            await store.accept_event(event("k"), TWO, T0)
+            await sqlite_store.accept_event(event("k"), TWO, T0)
     finally:
         other.execute("ROLLBACK")
         other.close()
     # And it recovers by itself once the lock is gone.
-    assert not (await store.accept_event(event("k"), TWO, T0)).duplicate
+    assert not (await sqlite_store.accept_event(event("k"), TWO, T0)).duplicate
 
 
-async def test_wal_mode_and_partial_due_index(store: SqliteStore, tmp_path: Path) -> None:
-    await store.accept_event(event(), TWO, T0)
+async def test_wal_mode_and_partial_due_index(sqlite_store: SqliteStore, tmp_path: Path) -> None:
+    await sqlite_store.accept_event(event(), TWO, T0)
     assert (tmp_path / "relay.db-wal").exists()
     db = sqlite3.connect(tmp_path / "relay.db")
     try:
@@ -308,7 +325,7 @@ async def test_wal_mode_and_partial_due_index(store: SqliteStore, tmp_path: Path
         db.close()
 
 
-async def test_database_file_is_private(store: SqliteStore, tmp_path: Path) -> None:
+async def test_database_file_is_private(sqlite_store: SqliteStore, tmp_path: Path) -> None:
     assert (tmp_path / "relay.db").stat().st_mode & 0o077 == 0
 
 

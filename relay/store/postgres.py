@@ -1,0 +1,1047 @@
+"""The PostgreSQL store: many relay instances, one database (asyncpg).
+
+The same contract as the SQLite store (relay/store/base.py), for N
+instances on any hosts:
+- intake is group-committed (relay/store/pg_intake.py); `synchronous_commit`
+  on means the answer waits for the WAL flush, as SQLite's synchronous=FULL;
+- deliveries are claimed with FOR UPDATE SKIP LOCKED and leased to this
+  instance (`lease_owner`) until `lease_until`; an instance that dies loses
+  its leases to the others once they expire, never before;
+- `recover_orphans` gives back only what is this instance's own or expired:
+  other instances' attempts under way are theirs;
+- every state a person sets (pause) or relay learns (a target down) is a row
+  all instances read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import orjson
+
+from relay.outcome import Verdict
+from relay.store.accept import AcceptJob
+from relay.store.base import (
+    REJECTIONS_KEPT,
+    Accepted,
+    AttemptRecord,
+    AttemptView,
+    ClaimedDelivery,
+    Conflict,
+    Delivered,
+    DeliveryView,
+    DownState,
+    EventDetail,
+    EventQuery,
+    EventView,
+    FailureStreak,
+    Gauges,
+    Hold,
+    HourlyActivity,
+    IndexSource,
+    LogEntry,
+    NewDelivery,
+    NewEvent,
+    NotFound,
+    Rejection,
+    Resend,
+    ResendLink,
+    RetryAt,
+    SearchDocument,
+    SearchProgress,
+    Selection,
+    Stats,
+    Status,
+    StoreError,
+    StoreUnavailable,
+    TargetState,
+    Transition,
+    Waits,
+)
+from relay.store.pg_errors import unavailable
+from relay.store.pg_intake import PgIntake, store_batch
+from relay.store.pg_schema import LATEST, migrate
+from relay.store.rows import (
+    DELIVERY_COLUMNS,
+    EVENT_COLUMNS,
+    claimed_delivery,
+    decode_headers,
+    delivery_view,
+    selection_where,
+)
+
+T = TypeVar("T")
+
+UNCONFIGURED = "target {target} is not configured: kept pending until it is"
+# The channel instances wake each other on: new events and operator actions.
+CHANNEL = "relay_wake"
+
+CLAIM_RETURNING = (
+    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
+)
+CLAIM_DUE = f"""
+UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3
+WHERE id IN (
+    SELECT id FROM deliveries
+    WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
+    ORDER BY next_attempt_at, id LIMIT $5
+    FOR UPDATE SKIP LOCKED)
+{CLAIM_RETURNING}
+"""
+CLAIM_EXPIRED = f"""
+UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3
+WHERE id IN (
+    SELECT id FROM deliveries
+    WHERE status = 'in_flight' AND target = $4 AND lease_until <= $3 AND id <> ALL($6::bigint[])
+    ORDER BY lease_until LIMIT $5
+    FOR UPDATE SKIP LOCKED)
+{CLAIM_RETURNING}
+"""
+LINE_UP_BY_ARRIVAL = """
+UPDATE deliveries SET next_attempt_at =
+    (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
+WHERE status = 'pending' AND target = $1 AND next_attempt_at IS NOT NULL {only}
+"""
+
+
+def numbered(sql: str, start: int = 1) -> str:
+    """SQLite's `?` placeholders as PostgreSQL's `$1, $2...` (the shared SQL
+    fragments hold no `?` inside literals)."""
+    counter = iter(range(start, start + sql.count("?") + 1))
+    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
+
+
+def default_instance_id() -> str:
+    """Host, process and a random part: unique even when a pid is reused."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class PostgresStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        instance_id: str | None = None,
+        min_connections: int = 2,
+        max_connections: int = 10,
+        command_timeout: float = 10.0,
+        write_queue_timeout: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.instance_id = instance_id or default_instance_id()
+        self._min = min_connections
+        self._max = max_connections
+        self._command_timeout = command_timeout
+        self._write_queue_timeout = write_queue_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._intake: PgIntake | None = None
+        self._started_at: float | None = None
+
+    @property
+    def path(self) -> str:
+        """Where the data is, for messages (the URL without its password)."""
+        return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", self.url)
+
+    # Lifecycle
+
+    async def open(self) -> None:
+        try:
+            connection = await asyncpg.connect(self.url, timeout=self._command_timeout)
+            try:
+                await migrate(connection)
+                version = await connection.fetchval("SELECT MAX(version) FROM schema_migrations")
+            finally:
+                await connection.close()
+            if version > LATEST:
+                raise StoreError(
+                    f"{self.path}: database schema is version {version}; "
+                    f"this relay knows versions up to {LATEST} (upgrade relay)"
+                )
+            self._pool = await asyncpg.create_pool(
+                self.url,
+                min_size=self._min,
+                max_size=self._max,
+                command_timeout=self._command_timeout,
+                timeout=self._command_timeout,
+            )
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
+            await self.close()
+            raise unavailable(error) from None
+        self._intake = PgIntake(
+            self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL
+        )
+        self._intake.start()
+
+    async def close(self) -> None:
+        if self._intake is not None:
+            await self._intake.close()
+            self._intake = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def write_stats(self) -> tuple[int, int]:
+        """(transactions committed, events in them): the group commit's batching."""
+        if self._intake is None:
+            return 0, 0
+        return self._intake.batches, self._intake.jobs
+
+    def file_problem(self) -> str | None:
+        return None  # no file: the server's own health is what heartbeat() checks
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        if self._pool is None:
+            raise StoreUnavailable("store is not open")
+        try:
+            async with self._pool.acquire() as connection:
+                yield connection
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
+            raise unavailable(error) from None
+
+    async def _write(self, job: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """One transaction: `job` runs in it and its result is returned after the commit."""
+        async with self._connection() as connection, connection.transaction():
+            return await job(connection)
+
+    async def _read(self, sql: str, *params: Any) -> list[asyncpg.Record]:
+        async with self._connection() as connection:
+            rows: list[asyncpg.Record] = await connection.fetch(sql, *params)
+            return rows
+
+    @contextlib.asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[asyncpg.Connection]:
+        """Several reads that must agree: one read-only repeatable-read transaction."""
+        async with (
+            self._connection() as connection,
+            connection.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield connection
+
+    async def notify(self, what: str) -> None:
+        """Wake every instance's scheduler (an operator action, a new event)."""
+        async with self._connection() as connection:
+            await connection.execute("SELECT pg_notify($1, $2)", CHANNEL, what)
+
+    # Ingress
+
+    async def accept_event(
+        self,
+        event: NewEvent,
+        deliveries: Sequence[NewDelivery],
+        now: float,
+        *,
+        refuse_conflict: bool = False,
+    ) -> Accepted:
+        if self._intake is None:
+            raise StoreUnavailable("store is not open")
+        return await self._intake.accept(AcceptJob(event, deliveries, now, refuse_conflict))
+
+    # Scheduler
+
+    async def claim_due(
+        self,
+        now: float,
+        lease_until: float,
+        limits: Mapping[str, int],
+        exclude: Collection[int] = (),
+    ) -> list[ClaimedDelivery]:
+        wanted = {target: limit for target, limit in limits.items() if limit > 0}
+        if not wanted:
+            return []
+        skip = list(exclude)
+
+        async def job(connection: asyncpg.Connection) -> list[ClaimedDelivery]:
+            rows: list[asyncpg.Record] = []
+            for target, limit in wanted.items():
+                found = await connection.fetch(
+                    CLAIM_EXPIRED, lease_until, self.instance_id, now, target, limit, skip
+                )
+                if len(found) < limit:
+                    found += await connection.fetch(
+                        CLAIM_DUE, lease_until, self.instance_id, now, target, limit - len(found)
+                    )
+                rows += sorted(found, key=lambda row: row[0])
+            if not rows:
+                return []
+            events = {
+                row[0]: row
+                for row in await connection.fetch(
+                    f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ANY($1::bigint[])",
+                    sorted({row[1] for row in rows}),
+                )
+            }
+            return [claimed_delivery(row, events[row[1]]) for row in rows if row[1] in events]
+
+        return await self._write(job)
+
+    async def next_due(self, targets: Collection[str]) -> dict[str, float]:
+        if not targets:
+            return {}
+        rows = await self._read(
+            "SELECT t, (SELECT MIN(next_attempt_at) FROM deliveries"
+            "  WHERE status = 'pending' AND target = t),"
+            " (SELECT MIN(lease_until) FROM deliveries WHERE status = 'in_flight' AND target = t)"
+            " FROM unnest($1::text[]) AS t",
+            list(targets),
+        )
+        due: dict[str, float] = {}
+        for target, pending, leased in rows:
+            moments = [float(m) for m in (pending, leased) if m is not None]
+            if moments:
+                due[target] = min(moments)
+        return due
+
+    async def record_attempt(
+        self,
+        delivery: ClaimedDelivery,
+        attempt: AttemptRecord,
+        then: Transition,
+        now: float,
+        hold: Hold | None = None,
+    ) -> FailureStreak:
+        waits = isinstance(then, Waits)
+        cycle = delivery.attempts_in_cycle + (0 if delivery.manual or waits else 1)
+        if isinstance(then, Delivered):
+            status, next_at, error = Status.DELIVERED, None, None
+        elif isinstance(then, RetryAt):
+            status, next_at, error = Status.PENDING, then.at, attempt.error
+        elif isinstance(then, Waits):
+            status, next_at, error = Status.PENDING, None, attempt.error
+        else:
+            status, next_at, error = Status.DEAD, None, then.reason
+
+        async def job(connection: asyncpg.Connection) -> FailureStreak:
+            await connection.execute(
+                "INSERT INTO attempts (delivery_id, number, started_at, duration, outcome,"
+                " http_status, error, response, next_attempt_at)"
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
+                delivery.id,
+                attempt.number,
+                attempt.started_at,
+                attempt.duration,
+                attempt.outcome,
+                attempt.http_status,
+                attempt.error,
+                attempt.response,
+                next_at,
+            )
+            await connection.execute(
+                "UPDATE deliveries SET status = $1, attempts = $2, cycle_attempts = $3,"
+                " next_attempt_at = CASE WHEN $4 THEN next_attempt_at ELSE $5 END,"
+                " lease_until = NULL, lease_owner = NULL, last_error = $6, updated_at = $7,"
+                " resume_status = NULL, resume_at = NULL"
+                " WHERE id = $8 AND status = 'in_flight'",
+                status.value,
+                attempt.number,
+                cycle,
+                waits,
+                next_at,
+                error,
+                now,
+                delivery.id,
+            )
+            streak = await _update_health(connection, delivery.target, attempt, now, hold)
+            if streak.went_down:
+                await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
+            elif streak.down and isinstance(then, RetryAt):
+                await connection.execute(
+                    LINE_UP_BY_ARRIVAL.format(only="AND id = $2"), delivery.target, delivery.id
+                )
+            return streak
+
+        return await self._write(job)
+
+    async def release(self, delivery_ids: Collection[int], now: float) -> None:
+        ids = list(delivery_ids)
+        if not ids:
+            return
+        async with self._connection() as connection:
+            await connection.execute(
+                "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
+                " lease_owner = NULL, updated_at = $1"
+                " WHERE status = 'in_flight' AND id = ANY($2::bigint[])",
+                now,
+                ids,
+            )
+
+    async def recover_orphans(self, now: float) -> int:
+        """Give back this instance's own leases and every expired one; leases
+        other live instances hold are theirs until they expire."""
+        async with self._connection() as connection:
+            result = await connection.execute(
+                "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
+                " lease_owner = NULL, updated_at = $1"
+                " WHERE status = 'in_flight' AND (lease_owner = $2 OR lease_until <= $1"
+                " OR lease_owner IS NULL)",
+                now,
+                self.instance_id,
+            )
+        return int(result.split()[-1])
+
+    # Reading
+
+    async def list_events(self, query: EventQuery) -> list[EventView]:
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("events.route = ?", query.route),
+            ("events.received_at >= ?", query.since),
+            ("events.received_at < ?", query.until),
+            ("events.idempotency_key = ?", query.key),
+            ("events.id < ?", query.before_id),
+        ):
+            if value is not None:
+                where.append(column)
+                params.append(value)
+        if query.status is not None or query.target is not None:
+            conditions = ["d.event_id = events.id"]
+            if query.status is not None:
+                conditions.append("d.status = ?")
+                params.append(query.status.value)
+            if query.target is not None:
+                conditions.append("d.target = ?")
+                params.append(query.target)
+            where.append(f"EXISTS (SELECT 1 FROM deliveries d WHERE {' AND '.join(conditions)})")
+        source = "events"
+        if query.search is not None:
+            source = "events JOIN event_search s ON s.event_id = events.id"
+            if query.search.digits is not None:
+                where.append("strpos(s.digits, ?) > 0")
+                params.append(query.search.digits)
+            for word in query.search.words:
+                where.append("strpos(s.text, ?) > 0")
+                params.append(word)
+        sql = (
+            "SELECT events.id, events.route, events.idempotency_key, events.received_at,"
+            f" events.remote_addr, events.conflict_of FROM {source}"
+        )
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY events.id DESC LIMIT ?"
+        params.append(query.limit)
+        async with self._snapshot() as connection:
+            rows = await connection.fetch(numbered(sql), *params)
+            deliveries = await _deliveries_of(connection, [row[0] for row in rows])
+        return [
+            EventView(
+                id=row[0],
+                route=row[1],
+                idempotency_key=row[2],
+                received_at=row[3],
+                remote_addr=row[4],
+                deliveries=tuple(deliveries.get(row[0], ())),
+                conflict_of=row[5],
+            )
+            for row in rows
+        ]
+
+    async def search_progress(self) -> SearchProgress:
+        rows = await self._read(
+            "SELECT (SELECT indexed_through FROM search_progress WHERE id = 1),"
+            " coalesce((SELECT MAX(id) FROM events), 0)"
+        )
+        return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
+
+    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
+        rows = await self._read(
+            "SELECT id, headers, query, content_type, substr(body, 1, $1) FROM events"
+            " WHERE id > (SELECT indexed_through FROM search_progress WHERE id = 1)"
+            " ORDER BY id LIMIT $2",
+            body_limit,
+            limit,
+        )
+        return [
+            IndexSource(row[0], decode_headers(row[1]), row[2], row[3], bytes(row[4] or b""))
+            for row in rows
+        ]
+
+    async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
+        async def job(connection: asyncpg.Connection) -> None:
+            if documents:
+                await connection.execute(
+                    "INSERT INTO event_search (event_id, text, digits)"
+                    " SELECT d.id, d.text, d.digits"
+                    " FROM unnest($1::bigint[], $2::text[], $3::text[]) AS d(id, text, digits)"
+                    " WHERE EXISTS (SELECT 1 FROM events WHERE events.id = d.id)"
+                    " ON CONFLICT (event_id) DO UPDATE SET text = excluded.text,"
+                    " digits = excluded.digits",
+                    [doc.event_id for doc in documents],
+                    [_text(doc.text) for doc in documents],
+                    [_text(doc.digits) for doc in documents],
+                )
+            await connection.execute(
+                "UPDATE search_progress SET indexed_through = GREATEST(indexed_through, $1)"
+                " WHERE id = 1",
+                through,
+            )
+
+        await self._write(job)
+
+    async def get_event(self, event_id: int) -> EventDetail | None:
+        async with self._snapshot() as connection:
+            return await _event_detail(connection, event_id)
+
+    async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
+        rows = await self._read(
+            f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
+        )
+        return delivery_view(rows[0]) if rows else None
+
+    # Operator verbs
+
+    async def resend(self, resend: Resend, now: float) -> int:
+        async def job(connection: asyncpg.Connection) -> int | None:
+            row = await connection.fetchrow(
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE id = $1", resend.original_id
+            )
+            if row is None:
+                return None
+            event = NewEvent(
+                route=row[1],
+                idempotency_key=None,
+                received_at=now,
+                remote_addr=None,
+                method=row[5],
+                path=row[6],
+                query=row[7],
+                headers=resend.headers,
+                content_type=resend.content_type,
+                body=resend.body,
+            )
+            deliveries = [NewDelivery(target) for target in resend.targets]
+            [accepted] = await store_batch(connection, [AcceptJob(event, deliveries, now)])
+            await connection.execute(
+                "INSERT INTO resends (copy_id, original_id, at, by) VALUES ($1, $2, $3, $4)",
+                accepted.event_id,
+                resend.original_id,
+                now,
+                resend.by,
+            )
+            return accepted.event_id
+
+        copy_id = await self._write(job)
+        if copy_id is None:
+            raise NotFound(f"no event {resend.original_id}")
+        await self._wake("resend")
+        return copy_id
+
+    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+        async def job(connection: asyncpg.Connection) -> DeliveryView | str:
+            row = await connection.fetchrow(
+                "SELECT status, resume_status FROM deliveries WHERE id = $1 FOR UPDATE",
+                delivery_id,
+            )
+            if row is None:
+                return "missing"
+            status, resume_status = Status(row[0]), row[1]
+            if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
+                return status.value
+            if status is Status.PENDING and resume_status is None:
+                await connection.execute(
+                    "UPDATE deliveries SET resume_status = 'pending',"
+                    " resume_at = next_attempt_at, next_attempt_at = $1, updated_at = $1"
+                    " WHERE id = $2",
+                    now,
+                    delivery_id,
+                )
+            elif status is Status.DEAD:
+                await connection.execute(
+                    "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
+                    " resume_at = NULL, next_attempt_at = $1, updated_at = $1 WHERE id = $2",
+                    now,
+                    delivery_id,
+                )
+            else:  # a retry is already waiting: asking twice is asking once
+                return await _select_delivery(connection, delivery_id)
+            await _insert_log(
+                connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})"
+            )
+            return await _select_delivery(connection, delivery_id)
+
+        result = await self._write(job)
+        if result == "missing":
+            raise NotFound(f"no delivery {delivery_id}")
+        if isinstance(result, str):
+            raise Conflict(f"delivery {delivery_id} is {result}")
+        await self._wake("retry")
+        return result
+
+    async def requeue(self, selection: Selection, now: float) -> list[int]:
+        if selection.status in (Status.PENDING, Status.IN_FLIGHT):
+            return []
+        where, params = selection_where(selection)
+
+        async def job(connection: asyncpg.Connection) -> list[int]:
+            ids = [
+                row[0]
+                for row in await connection.fetch(
+                    "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
+                    " next_attempt_at = $1, lease_until = NULL, lease_owner = NULL,"
+                    " resume_status = NULL, resume_at = NULL, updated_at = $1"
+                    f" WHERE {numbered(where, 2)} RETURNING id",
+                    now,
+                    *params,
+                )
+            ]
+            await _insert_log(
+                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})"
+            )
+            return sorted(ids)
+
+        ids = await self._write(job)
+        if ids:
+            await self._wake("requeue")
+        return ids
+
+    async def count(self, selection: Selection) -> int:
+        where, params = selection_where(selection)
+        rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {numbered(where)}", *params)
+        return int(rows[0][0])
+
+    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
+        start = since - since % 3600
+        rows = await self._read(
+            "SELECT floor((started_at - $1) / 3600)::int AS slot, COUNT(*),"
+            " COUNT(*) FILTER (WHERE outcome <> 'success'),"
+            " COUNT(*) FILTER (WHERE outcome <> 'success' AND next_attempt_at IS NULL)"
+            " FROM attempts WHERE started_at >= $1 AND started_at < $2 GROUP BY slot",
+            start,
+            until,
+        )
+        found = {row[0]: row for row in rows}
+        hours = int((until - start) // 3600) + 1
+        return [
+            HourlyActivity(
+                hour=start + slot * 3600,
+                attempts=found[slot][1] if slot in found else 0,
+                failed=found[slot][2] if slot in found else 0,
+                dead=found[slot][3] if slot in found else 0,
+            )
+            for slot in range(hours)
+        ]
+
+    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+        async with self._connection() as connection:
+            await connection.execute(
+                "INSERT INTO targets (name, paused, paused_at) VALUES ($1, $2, $3)"
+                " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
+                " paused_at = excluded.paused_at",
+                target,
+                paused,
+                now if paused else None,
+            )
+        await self._wake("pause")
+
+    async def paused_targets(self) -> frozenset[str]:
+        rows = await self._read("SELECT name FROM targets WHERE paused")
+        return frozenset(row[0] for row in rows)
+
+    async def down_targets(self) -> dict[str, DownState]:
+        rows = await self._read(
+            "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
+        )
+        return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+
+    async def target_states(self) -> dict[str, TargetState]:
+        async with self._connection() as connection:
+            return await _target_states(connection)
+
+    async def gauges(self) -> Gauges:
+        async with self._snapshot() as connection:
+            counts: dict[tuple[str, Status], int] = {}
+            for target, status, count in await connection.fetch(
+                "SELECT target, status, COUNT(*) FROM deliveries"
+                " WHERE status IN ('pending', 'in_flight', 'dead') GROUP BY target, status"
+            ):
+                counts[(target, Status(status))] = count
+            return Gauges(counts=counts, oldest_pending_received_at=await _oldest(connection))
+
+    async def stats(self) -> Stats:
+        async with self._snapshot() as connection:
+            by_route: dict[str, dict[Status, int]] = {}
+            by_target: dict[str, dict[Status, int]] = {}
+            for route, target, status, count in await connection.fetch(
+                "SELECT route, target, status, COUNT(*) FROM deliveries"
+                " GROUP BY route, target, status"
+            ):
+                state = Status(status)
+                route_counts = by_route.setdefault(route, {})
+                route_counts[state] = route_counts.get(state, 0) + count
+                target_counts = by_target.setdefault(target, {})
+                target_counts[state] = target_counts.get(state, 0) + count
+            late = await connection.fetchval(
+                "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0"
+            )
+            return Stats(
+                counts_by_route=by_route,
+                counts_by_target=by_target,
+                oldest_pending_received_at=await _oldest(connection),
+                pending_after_first_attempt=int(late),
+                dead=sum(counts.get(Status.DEAD, 0) for counts in by_target.values()),
+                targets=await _target_states(connection),
+            )
+
+    async def purge(
+        self, cutoffs: Mapping[str, float], default_cutoff: float, *, limit: int, dry_run: bool
+    ) -> int:
+        bound = "received_at < ?"
+        params: list[Any] = [default_cutoff]
+        if cutoffs:
+            cases = " ".join("WHEN ? THEN ?::float8" for _ in cutoffs)
+            bound += f" AND received_at < CASE route {cases} ELSE ?::float8 END"
+            for route, cutoff in cutoffs.items():
+                params += [route, cutoff]
+            params.append(default_cutoff)
+        finished = (
+            "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
+            " AND d.status NOT IN ('delivered', 'skipped'))"
+        )
+        if dry_run:
+            rows = await self._read(
+                numbered(f"SELECT COUNT(*) FROM events WHERE {bound} AND {finished}"), *params
+            )
+            return int(rows[0][0])
+
+        async def job(connection: asyncpg.Connection) -> int:
+            event_ids = [
+                row[0]
+                for row in await connection.fetch(
+                    numbered(
+                        f"SELECT id FROM events WHERE {bound} AND {finished}"
+                        " ORDER BY received_at LIMIT ? FOR UPDATE SKIP LOCKED"
+                    ),
+                    *params,
+                    limit,
+                )
+            ]
+            if not event_ids:
+                return 0
+            delivery_ids = [
+                row[0]
+                for row in await connection.fetch(
+                    "SELECT id FROM deliveries WHERE event_id = ANY($1::bigint[])", event_ids
+                )
+            ]
+            for table, column, ids in (
+                ("attempts", "delivery_id", delivery_ids),
+                ("delivery_log", "delivery_id", delivery_ids),
+                ("deliveries", "id", delivery_ids),
+                ("event_search", "event_id", event_ids),
+                ("events", "id", event_ids),
+            ):
+                await connection.execute(
+                    f"DELETE FROM {table} WHERE {column} = ANY($1::bigint[])", ids
+                )
+            return len(event_ids)
+
+        return await self._write(job)
+
+    async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
+        names = list(configured)
+
+        async def job(connection: asyncpg.Connection) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for target, count in await connection.fetch(
+                "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
+                " AND target <> ALL($1::text[]) GROUP BY target",
+                names,
+            ):
+                counts[target] = count
+                await connection.execute(
+                    "UPDATE deliveries SET last_error = $1, updated_at = $2"
+                    " WHERE status IN ('pending', 'in_flight') AND target = $3",
+                    UNCONFIGURED.format(target=target),
+                    now,
+                    target,
+                )
+            return counts
+
+        return await self._write(job)
+
+    async def record_rejection(self, rejection: Rejection) -> None:
+        async def job(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "INSERT INTO rejections (route, at, remote_addr, reason, detail, headers)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
+                rejection.route,
+                rejection.at,
+                rejection.remote_addr,
+                rejection.reason,
+                rejection.detail,
+                orjson.dumps(rejection.headers),
+            )
+            await connection.execute(
+                "DELETE FROM rejections WHERE route = $1 AND id <= (SELECT id FROM rejections"
+                " WHERE route = $1 ORDER BY id DESC LIMIT 1 OFFSET $2)",
+                rejection.route,
+                REJECTIONS_KEPT,
+            )
+
+        await self._write(job)
+
+    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]:
+        rows = await self._read(
+            "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
+            " WHERE $1::text IS NULL OR route = $1 ORDER BY id DESC LIMIT $2",
+            route,
+            limit,
+        )
+        return [
+            Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))
+            for row in rows
+        ]
+
+    async def backup(self, destination: Path) -> int:
+        raise StoreError(
+            "relay backup copies a SQLite file; on PostgreSQL use pg_dump"
+            f" (pg_dump --format=custom --file={destination} DATABASE), see docs/postgres.md"
+        )
+
+    async def heartbeat(self, now: float) -> None:
+        """This instance is alive and the database takes a durable write."""
+        if self._started_at is None:
+            self._started_at = now
+        async with self._connection() as connection:
+            await connection.execute(
+                "INSERT INTO instances (id, started_at, seen_at) VALUES ($1, $2, $3)"
+                " ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+                self.instance_id,
+                self._started_at,
+                now,
+            )
+
+    async def reclaim_space(self) -> int:
+        return 0  # autovacuum gives freed space back to the table
+
+    async def server_settings(self) -> dict[str, str]:
+        """The server's durability settings, for `relay check`."""
+        rows = await self._read(
+            "SELECT name, setting FROM pg_settings"
+            " WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')"
+        )
+        return {row[0]: row[1] for row in rows}
+
+    async def _wake(self, what: str) -> None:
+        # A wake-up is a hint (instances poll too): a lost one costs a poll interval.
+        with contextlib.suppress(StoreError):
+            await self.notify(what)
+
+    async def listen(self, callback: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
+        """Call `callback` with each wake-up any instance sends; returns a stop function.
+
+        A dedicated connection (LISTEN belongs to a session). If it breaks the
+        caller polls on, and calls listen() again later.
+        """
+        try:
+            connection = await asyncpg.connect(self.url, timeout=self._command_timeout)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
+            raise unavailable(error) from None
+
+        def received(_: Any, __: int, ___: str, payload: str) -> None:
+            callback(payload)
+
+        await connection.add_listener(CHANNEL, received)
+
+        async def stop() -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 5)
+
+        return stop
+
+
+def _text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL; the search text never needs one.
+    return value.replace("\x00", " ")
+
+
+async def _select_delivery(connection: asyncpg.Connection, delivery_id: int) -> DeliveryView:
+    row = await connection.fetchrow(
+        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
+    )
+    return delivery_view(row)
+
+
+async def _insert_log(
+    connection: asyncpg.Connection, delivery_ids: Sequence[int], now: float, kind: str, detail: str
+) -> None:
+    await connection.executemany(
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES ($1, $2, $3, $4)",
+        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
+    )
+
+
+async def _oldest(connection: asyncpg.Connection) -> float | None:
+    value = await connection.fetchval(
+        "SELECT e.received_at FROM events e JOIN deliveries d ON d.event_id = e.id"
+        " WHERE d.id = (SELECT MIN(id) FROM deliveries WHERE status = 'pending')"
+    )
+    return float(value) if value is not None else None
+
+
+async def _target_states(connection: asyncpg.Connection) -> dict[str, TargetState]:
+    rows = await connection.fetch(
+        "SELECT name, paused, last_success_at, last_error_at, last_error,"
+        " consecutive_failures, down_since, probe_at, probes FROM targets"
+    )
+    return {
+        row[0]: TargetState(
+            row[0],
+            bool(row[1]),
+            row[2],
+            row[3],
+            row[4],
+            row[5],
+            down=DownState(row[6], row[7], row[8]) if row[6] is not None else None,
+        )
+        for row in rows
+    }
+
+
+async def _deliveries_of(
+    connection: asyncpg.Connection, event_ids: Sequence[int]
+) -> dict[int, list[DeliveryView]]:
+    result: dict[int, list[DeliveryView]] = {}
+    if not event_ids:
+        return result
+    for row in await connection.fetch(
+        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE event_id = ANY($1::bigint[]) ORDER BY id",
+        list(event_ids),
+    ):
+        result.setdefault(row[1], []).append(delivery_view(row))
+    return result
+
+
+async def _event_detail(connection: asyncpg.Connection, event_id: int) -> EventDetail | None:
+    row = await connection.fetchrow(f"SELECT {EVENT_COLUMNS} FROM events WHERE id = $1", event_id)
+    if row is None:
+        return None
+    deliveries = tuple((await _deliveries_of(connection, [event_id])).get(event_id, ()))
+    ids = [delivery.id for delivery in deliveries]
+    attempts: dict[int, list[AttemptView]] = {delivery_id: [] for delivery_id in ids}
+    log: dict[int, list[LogEntry]] = {delivery_id: [] for delivery_id in ids}
+    if ids:
+        for a in await connection.fetch(
+            "SELECT delivery_id, number, started_at, duration, outcome, http_status, error,"
+            " response, next_attempt_at FROM attempts WHERE delivery_id = ANY($1::bigint[])"
+            " ORDER BY id",
+            ids,
+        ):
+            attempts[a[0]].append(
+                AttemptView(a[0], a[1], a[2], a[3], a[4], a[5], a[6], bytes(a[7] or b""), a[8])
+            )
+        for entry in await connection.fetch(
+            "SELECT delivery_id, at, kind, detail FROM delivery_log"
+            " WHERE delivery_id = ANY($1::bigint[]) ORDER BY id",
+            ids,
+        ):
+            log[entry[0]].append(LogEntry(entry[0], entry[1], entry[2], entry[3]))
+    links = [
+        ResendLink(original_id=link[0], copy_id=link[1], at=link[2], by=link[3])
+        for link in await connection.fetch(
+            "SELECT original_id, copy_id, at, by FROM resends"
+            " WHERE copy_id = $1 OR original_id = $1 ORDER BY copy_id",
+            event_id,
+        )
+    ]
+    return EventDetail(
+        event=EventView(
+            id=row[0],
+            route=row[1],
+            idempotency_key=row[2],
+            received_at=row[3],
+            remote_addr=row[4],
+            deliveries=deliveries,
+            conflict_of=row[11],
+        ),
+        method=row[5],
+        path=row[6],
+        query=row[7],
+        headers=decode_headers(row[8]),
+        content_type=row[9],
+        body=bytes(row[10]),
+        attempts={key: tuple(value) for key, value in attempts.items()},
+        log={key: tuple(value) for key, value in log.items()},
+        resent_from=next((link for link in links if link.copy_id == event_id), None),
+        resent_as=tuple(link for link in links if link.original_id == event_id),
+    )
+
+
+async def _update_health(
+    connection: asyncpg.Connection,
+    target: str,
+    attempt: AttemptRecord,
+    now: float,
+    hold: Hold | None,
+) -> FailureStreak:
+    """The target's health after this attempt (relay/store/rows.py update_health,
+    with the row locked: instances record attempts of one target at once)."""
+    await connection.execute(
+        "INSERT INTO targets (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", target
+    )
+    row = await connection.fetchrow(
+        "SELECT consecutive_failures, down_streak, down_since FROM targets"
+        " WHERE name = $1 FOR UPDATE",
+        target,
+    )
+    before, down_streak, down_since = row
+    if not attempt.target_at_fault:
+        return FailureStreak(before, before, down=down_since is not None)
+    succeeded = attempt.outcome == Verdict.SUCCESS
+    down_signal = attempt.outcome == Verdict.RETRY
+    down_streak = down_streak + 1 if down_signal else 0
+    if succeeded:
+        after = 0
+        await connection.execute(
+            "UPDATE targets SET last_success_at = $1, consecutive_failures = 0, down_streak = 0"
+            " WHERE name = $2",
+            now,
+            target,
+        )
+    else:
+        after = before + 1
+        await connection.execute(
+            "UPDATE targets SET last_error_at = $1, last_error = $2, consecutive_failures = $3,"
+            " down_streak = $4 WHERE name = $5",
+            now,
+            attempt.error,
+            after,
+            down_streak,
+            target,
+        )
+    if down_since is not None and not down_signal:
+        waited = await connection.fetchval(
+            "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = $1", target
+        )
+        await connection.execute(
+            "UPDATE targets SET down_since = NULL, probe_at = NULL, probes = 0 WHERE name = $1",
+            target,
+        )
+        return FailureStreak(before, after, came_up=True, waited=waited, down_for=now - down_since)
+    if hold is None or not down_signal:
+        return FailureStreak(before, after, down=down_since is not None)
+    if down_since is None and down_streak >= hold.down_after:
+        await connection.execute(
+            "UPDATE targets SET down_since = $1, probe_at = $2, probes = 0 WHERE name = $3",
+            now,
+            hold.probe_at,
+            target,
+        )
+        return FailureStreak(before, after, went_down=True, down=True)
+    if down_since is not None and hold.probe:
+        await connection.execute(
+            "UPDATE targets SET probe_at = $1, probes = probes + 1 WHERE name = $2",
+            hold.probe_at,
+            target,
+        )
+    return FailureStreak(before, after, down=down_since is not None)
