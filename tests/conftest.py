@@ -3,8 +3,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -139,5 +139,14 @@ def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     """A fresh, migrated database of this test's own."""
     name = f"test_{uuid.uuid4().hex[:12]}"
     _in_thread(_admin(pg_cluster, f"CREATE DATABASE {name} TEMPLATE {PG_TEMPLATE}"))
+    yield pg_cluster.url(name)
+    _in_thread(_admin(pg_cluster, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+def pg_cluster_url_empty(pg_cluster: Cluster) -> Iterator[str]:
+    """A database with nothing in it, not even relay's schema."""
+    name = f"empty_{uuid.uuid4().hex[:12]}"
+    _in_thread(_admin(pg_cluster, f"CREATE DATABASE {name}"))
     yield pg_cluster.url(name)
     _in_thread(_admin(pg_cluster, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))

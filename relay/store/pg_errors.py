@@ -9,10 +9,15 @@ names what the server said.
 from __future__ import annotations
 
 import asyncio
+from typing import TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from relay.store.base import StoreError, StoreUnavailable
+
+# A connection of relay's own or one lent by the pool: the same verbs.
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
 # SQLSTATE classes that say "the database cannot take this now", not "this is wrong":
 # 08 connection, 40 transaction rollback (serialization, deadlock), 53 insufficient

@@ -26,7 +26,7 @@ import asyncpg
 
 from relay.store.accept import AcceptJob, Holder, ToStore, decide
 from relay.store.base import Accepted, Status, StoreUnavailable
-from relay.store.pg_errors import is_environmental, unavailable
+from relay.store.pg_errors import Connection, is_environmental, unavailable
 
 log = logging.getLogger("relay.store")
 
@@ -38,9 +38,16 @@ SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::tex
     $12::bytea[], $13::int[], $14::bigint[])
 """
 DELIVERY_INSERT = """
-INSERT INTO deliveries (event_id, route, target, status, next_attempt_at, last_error, updated_at)
+INSERT INTO deliveries (event_id, route, target, status, next_attempt_at, last_error,
+    updated_at, order_key)
 SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::float8[],
-    $6::text[], $7::float8[])
+    $6::text[], $7::float8[], $8::text[])
+"""
+# Ordering keys (order_by) that already have an unfinished delivery: a new one joins the line.
+BUSY_LINES = """
+SELECT DISTINCT target, order_key FROM deliveries
+WHERE (target, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+AND status IN ('pending', 'in_flight', 'dead')
 """
 # Lock each key of the batch, in one order: two batches never wait on each other in a cycle.
 LOCK_KEYS = """
@@ -164,7 +171,7 @@ class PgIntake:
             return results
 
 
-async def store_batch(connection: asyncpg.Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:
+async def store_batch(connection: Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:
     """Store a batch in the caller's transaction; what became of each job, in order."""
     keyed = sorted(
         {(j.event.route, j.event.idempotency_key) for j in jobs if j.event.idempotency_key}
@@ -187,22 +194,47 @@ async def store_batch(connection: asyncpg.Connection, jobs: Sequence[AcceptJob])
     return results
 
 
-async def _insert(connection: asyncpg.Connection, stores: list[ToStore]) -> None:
-    columns: list[list[Any]] = [list(values) for values in zip(*(s.event_row() for s in stores))]
-    await connection.execute(EVENT_INSERT, *columns)
-    rows = [
-        (
-            new.event_id,
-            new.job.event.route,
-            delivery.target,
-            delivery.status.value,
-            new.job.now if delivery.status is Status.PENDING else None,
-            delivery.reason,
-            new.job.now,
-        )
-        for new in stores
-        for delivery in new.job.deliveries
+async def _insert(connection: Connection, stores: list[ToStore]) -> None:
+    columns: list[list[Any]] = [
+        list(values) for values in zip(*(s.event_row() for s in stores), strict=True)
     ]
+    await connection.execute(EVENT_INSERT, *columns)
+    busy = await _busy_lines(connection, stores)
+    rows = []
+    for new in stores:
+        for delivery in new.job.deliveries:
+            pending = delivery.status is Status.PENDING
+            key = delivery.order_key if pending else None
+            due: float | None = new.job.now if pending else None
+            if key is not None:
+                # Behind an unfinished delivery of its key, it waits its turn.
+                if (delivery.target, key) in busy:
+                    due = None
+                busy.add((delivery.target, key))
+            row = (new.event_id, new.job.event.route, delivery.target, delivery.status.value)
+            rows.append((*row, due, delivery.reason, new.job.now, key))
     if rows:
-        await connection.execute(DELIVERY_INSERT, *(list(c) for c in zip(*rows)))
+        await connection.execute(DELIVERY_INSERT, *(list(c) for c in zip(*rows, strict=True)))
 
+
+async def _busy_lines(connection: Connection, stores: list[ToStore]) -> set[tuple[str, str]]:
+    """The ordering lines this batch joins that already have an unfinished delivery.
+
+    Each line is locked first (as keys are): two instances adding to one line
+    at once must not both find it empty and both send at once.
+    """
+    lines = sorted(
+        {
+            (d.target, d.order_key)
+            for new in stores
+            for d in new.job.deliveries
+            if d.order_key is not None and d.status is Status.PENDING
+        }
+    )
+    if not lines:
+        return set()
+    targets = ["line:" + target for target, _ in lines]
+    keys = [key for _, key in lines]
+    await connection.execute(LOCK_KEYS, targets, keys)
+    found = await connection.fetch(BUSY_LINES, [t for t, _ in lines], keys)
+    return {(row[0], row[1]) for row in found}

@@ -62,10 +62,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 last_error TEXT,
                 updated_at DOUBLE PRECISION NOT NULL,
                 resume_status TEXT,
-                resume_at DOUBLE PRECISION
+                resume_at DOUBLE PRECISION,
+                order_key TEXT
             )
             """,
             "CREATE INDEX deliveries_event ON deliveries (event_id)",
+            # The line of each ordering key (order_by), as on SQLite (migration 10).
+            """
+            CREATE INDEX deliveries_order ON deliveries (target, order_key, id)
+            WHERE order_key IS NOT NULL AND status IN ('pending', 'in_flight', 'dead')
+            """,
             """
             CREATE INDEX deliveries_due ON deliveries (target, next_attempt_at, id)
             WHERE status = 'pending'

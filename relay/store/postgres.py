@@ -22,6 +22,7 @@ import re
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +30,7 @@ import asyncpg
 import orjson
 
 from relay.outcome import Verdict
+from relay.store import rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
@@ -45,6 +47,7 @@ from relay.store.base import (
     EventView,
     FailureStreak,
     Gauges,
+    HeldBehind,
     Hold,
     HourlyActivity,
     IndexSource,
@@ -67,7 +70,7 @@ from relay.store.base import (
     Transition,
     Waits,
 )
-from relay.store.pg_errors import unavailable
+from relay.store.pg_errors import Connection, unavailable
 from relay.store.pg_intake import PgIntake, store_batch
 from relay.store.pg_schema import LATEST, migrate
 from relay.store.rows import (
@@ -118,6 +121,11 @@ def numbered(sql: str, start: int = 1) -> str:
     fragments hold no `?` inside literals)."""
     counter = iter(range(start, start + sql.count("?") + 1))
     return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
+
+
+# The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
+HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
+NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
 
 
 def default_instance_id() -> str:
@@ -176,9 +184,7 @@ class PostgresStore:
         except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
             await self.close()
             raise unavailable(error) from None
-        self._intake = PgIntake(
-            self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL
-        )
+        self._intake = PgIntake(self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL)
         self._intake.start()
 
     async def close(self) -> None:
@@ -200,7 +206,7 @@ class PostgresStore:
         return None  # no file: the server's own health is what heartbeat() checks
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _connection(self) -> AsyncIterator[Connection]:
         if self._pool is None:
             raise StoreUnavailable("store is not open")
         try:
@@ -209,7 +215,7 @@ class PostgresStore:
         except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
             raise unavailable(error) from None
 
-    async def _write(self, job: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def _write(self, job: Callable[[Connection], Awaitable[T]]) -> T:
         """One transaction: `job` runs in it and its result is returned after the commit."""
         async with self._connection() as connection, connection.transaction():
             return await job(connection)
@@ -220,7 +226,7 @@ class PostgresStore:
             return rows
 
     @contextlib.asynccontextmanager
-    async def _snapshot(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _snapshot(self) -> AsyncIterator[Connection]:
         """Several reads that must agree: one read-only repeatable-read transaction."""
         async with (
             self._connection() as connection,
@@ -261,7 +267,7 @@ class PostgresStore:
             return []
         skip = list(exclude)
 
-        async def job(connection: asyncpg.Connection) -> list[ClaimedDelivery]:
+        async def job(connection: Connection) -> list[ClaimedDelivery]:
             rows: list[asyncpg.Record] = []
             for target, limit in wanted.items():
                 found = await connection.fetch(
@@ -281,7 +287,11 @@ class PostgresStore:
                     sorted({row[1] for row in rows}),
                 )
             }
-            return [claimed_delivery(row, events[row[1]]) for row in rows if row[1] in events]
+            return [
+                claimed_delivery(tuple(row), tuple(events[row[1]]))
+                for row in rows
+                if row[1] in events
+            ]
 
         return await self._write(job)
 
@@ -321,7 +331,7 @@ class PostgresStore:
         else:
             status, next_at, error = Status.DEAD, None, then.reason
 
-        async def job(connection: asyncpg.Connection) -> FailureStreak:
+        async def job(connection: Connection) -> FailureStreak:
             await connection.execute(
                 "INSERT INTO attempts (delivery_id, number, started_at, duration, outcome,"
                 " http_status, error, response, next_attempt_at)"
@@ -351,6 +361,8 @@ class PostgresStore:
                 now,
                 delivery.id,
             )
+            if status is Status.DELIVERED:
+                await connection.execute(NEXT_IN_LINE, now, now, delivery.id)
             streak = await _update_health(connection, delivery.target, attempt, now, hold)
             if streak.went_down:
                 await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
@@ -467,7 +479,7 @@ class PostgresStore:
         ]
 
     async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
-        async def job(connection: asyncpg.Connection) -> None:
+        async def job(connection: Connection) -> None:
             if documents:
                 await connection.execute(
                     "INSERT INTO event_search (event_id, text, digits)"
@@ -493,15 +505,18 @@ class PostgresStore:
             return await _event_detail(connection, event_id)
 
     async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
-        rows = await self._read(
-            f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
-        )
-        return delivery_view(rows[0]) if rows else None
+        async with self._connection() as connection:
+            row = await connection.fetchrow(
+                f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
+            )
+            if row is None:
+                return None
+            return (await _with_holds(connection, [delivery_view(tuple(row))]))[0]
 
     # Operator verbs
 
     async def resend(self, resend: Resend, now: float) -> int:
-        async def job(connection: asyncpg.Connection) -> int | None:
+        async def job(connection: Connection) -> int | None:
             row = await connection.fetchrow(
                 f"SELECT {EVENT_COLUMNS} FROM events WHERE id = $1", resend.original_id
             )
@@ -537,9 +552,10 @@ class PostgresStore:
         return copy_id
 
     async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
-        async def job(connection: asyncpg.Connection) -> DeliveryView | str:
+        async def job(connection: Connection) -> DeliveryView | str:
             row = await connection.fetchrow(
-                "SELECT status, resume_status FROM deliveries WHERE id = $1 FOR UPDATE",
+                "SELECT status, resume_status, next_attempt_at, target, order_key"
+                " FROM deliveries WHERE id = $1 FOR UPDATE",
                 delivery_id,
             )
             if row is None:
@@ -547,6 +563,14 @@ class PostgresStore:
             status, resume_status = Status(row[0]), row[1]
             if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
                 return status.value
+            if status is Status.PENDING and row[2] is None and row[4] is not None:
+                # Sending it now would overtake the one before it.
+                head = await connection.fetchrow(HEAD_OF_LINE, row[3], row[4])
+                assert head is not None  # it is in its line, so the line has a head
+                return (
+                    f"waiting its turn behind delivery {head[0]} ({head[1]}):"
+                    " retry, requeue or skip that one"
+                )
             if status is Status.PENDING and resume_status is None:
                 await connection.execute(
                     "UPDATE deliveries SET resume_status = 'pending',"
@@ -577,18 +601,54 @@ class PostgresStore:
         await self._wake("retry")
         return result
 
+    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+        async def job(connection: Connection) -> DeliveryView | str:
+            status_text = await connection.fetchval(
+                "SELECT status FROM deliveries WHERE id = $1 FOR UPDATE", delivery_id
+            )
+            if status_text is None:
+                return "missing"
+            status = Status(status_text)
+            if status not in (Status.PENDING, Status.DEAD):
+                return status.value
+            await connection.execute(
+                "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+                " resume_status = NULL, resume_at = NULL, last_error = $1, updated_at = $2"
+                " WHERE id = $3",
+                f"skipped by an operator (was {status.value})",
+                now,
+                delivery_id,
+            )
+            await _insert_log(
+                connection, [delivery_id], now, "skip", f"not to be sent (was {status.value})"
+            )
+            await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
+            return await _select_delivery(connection, delivery_id)
+
+        result = await self._write(job)
+        if result == "missing":
+            raise NotFound(f"no delivery {delivery_id}")
+        if isinstance(result, str):
+            raise Conflict(f"delivery {delivery_id} is {result}")
+        await self._wake("skip")
+        return result
+
     async def requeue(self, selection: Selection, now: float) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
         where, params = selection_where(selection)
 
-        async def job(connection: asyncpg.Connection) -> list[int]:
+        async def job(connection: Connection) -> list[int]:
             ids = [
                 row[0]
                 for row in await connection.fetch(
+                    # A delivered or skipped one sent again is a person's resend,
+                    # outside its key's order (it would otherwise cut in line).
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
                     " next_attempt_at = $1, lease_until = NULL, lease_owner = NULL,"
-                    " resume_status = NULL, resume_at = NULL, updated_at = $1"
+                    " resume_status = NULL, resume_at = NULL, updated_at = $1,"
+                    " order_key = CASE WHEN status IN ('delivered', 'skipped') THEN NULL"
+                    " ELSE order_key END"
                     f" WHERE {numbered(where, 2)} RETURNING id",
                     now,
                     *params,
@@ -713,7 +773,7 @@ class PostgresStore:
             )
             return int(rows[0][0])
 
-        async def job(connection: asyncpg.Connection) -> int:
+        async def job(connection: Connection) -> int:
             event_ids = [
                 row[0]
                 for row in await connection.fetch(
@@ -750,7 +810,7 @@ class PostgresStore:
     async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
         names = list(configured)
 
-        async def job(connection: asyncpg.Connection) -> dict[str, int]:
+        async def job(connection: Connection) -> dict[str, int]:
             counts: dict[str, int] = {}
             for target, count in await connection.fetch(
                 "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
@@ -770,7 +830,7 @@ class PostgresStore:
         return await self._write(job)
 
     async def record_rejection(self, rejection: Rejection) -> None:
-        async def job(connection: asyncpg.Connection) -> None:
+        async def job(connection: Connection) -> None:
             await connection.execute(
                 "INSERT INTO rejections (route, at, remote_addr, reason, detail, headers)"
                 " VALUES ($1, $2, $3, $4, $5, $6)",
@@ -848,8 +908,8 @@ class PostgresStore:
         except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
             raise unavailable(error) from None
 
-        def received(_: Any, __: int, ___: str, payload: str) -> None:
-            callback(payload)
+        def received(_: object, __: int, ___: str, payload: object) -> None:
+            callback(str(payload))
 
         await connection.add_listener(CHANNEL, received)
 
@@ -865,15 +925,16 @@ def _text(value: str) -> str:
     return value.replace("\x00", " ")
 
 
-async def _select_delivery(connection: asyncpg.Connection, delivery_id: int) -> DeliveryView:
+async def _select_delivery(connection: Connection, delivery_id: int) -> DeliveryView:
     row = await connection.fetchrow(
         f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
     )
-    return delivery_view(row)
+    assert row is not None  # the caller holds its lock
+    return delivery_view(tuple(row))
 
 
 async def _insert_log(
-    connection: asyncpg.Connection, delivery_ids: Sequence[int], now: float, kind: str, detail: str
+    connection: Connection, delivery_ids: Sequence[int], now: float, kind: str, detail: str
 ) -> None:
     await connection.executemany(
         "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES ($1, $2, $3, $4)",
@@ -881,7 +942,7 @@ async def _insert_log(
     )
 
 
-async def _oldest(connection: asyncpg.Connection) -> float | None:
+async def _oldest(connection: Connection) -> float | None:
     value = await connection.fetchval(
         "SELECT e.received_at FROM events e JOIN deliveries d ON d.event_id = e.id"
         " WHERE d.id = (SELECT MIN(id) FROM deliveries WHERE status = 'pending')"
@@ -889,7 +950,7 @@ async def _oldest(connection: asyncpg.Connection) -> float | None:
     return float(value) if value is not None else None
 
 
-async def _target_states(connection: asyncpg.Connection) -> dict[str, TargetState]:
+async def _target_states(connection: Connection) -> dict[str, TargetState]:
     rows = await connection.fetch(
         "SELECT name, paused, last_success_at, last_error_at, last_error,"
         " consecutive_failures, down_since, probe_at, probes FROM targets"
@@ -909,20 +970,35 @@ async def _target_states(connection: asyncpg.Connection) -> dict[str, TargetStat
 
 
 async def _deliveries_of(
-    connection: asyncpg.Connection, event_ids: Sequence[int]
+    connection: Connection, event_ids: Sequence[int]
 ) -> dict[int, list[DeliveryView]]:
     result: dict[int, list[DeliveryView]] = {}
     if not event_ids:
         return result
+    views: list[DeliveryView] = []
     for row in await connection.fetch(
         f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE event_id = ANY($1::bigint[]) ORDER BY id",
         list(event_ids),
     ):
-        result.setdefault(row[1], []).append(delivery_view(row))
+        views.append(delivery_view(tuple(row)))
+    for view in await _with_holds(connection, views):
+        result.setdefault(view.event_id, []).append(view)
     return result
 
 
-async def _event_detail(connection: asyncpg.Connection, event_id: int) -> EventDetail | None:
+async def _with_holds(connection: Connection, views: list[DeliveryView]) -> list[DeliveryView]:
+    """Say what each delivery waiting its turn waits for (one index probe each)."""
+    result = []
+    for view in views:
+        if view.waiting_turn:
+            head = await connection.fetchrow(HEAD_OF_LINE, view.target, view.order_key)
+            if head is not None and head[0] != view.id:
+                view = replace(view, held_behind=HeldBehind(head[0], Status(head[1]), head[2]))
+        result.append(view)
+    return result
+
+
+async def _event_detail(connection: Connection, event_id: int) -> EventDetail | None:
     row = await connection.fetchrow(f"SELECT {EVENT_COLUMNS} FROM events WHERE id = $1", event_id)
     if row is None:
         return None
@@ -978,7 +1054,7 @@ async def _event_detail(connection: asyncpg.Connection, event_id: int) -> EventD
 
 
 async def _update_health(
-    connection: asyncpg.Connection,
+    connection: Connection,
     target: str,
     attempt: AttemptRecord,
     now: float,
@@ -994,6 +1070,7 @@ async def _update_health(
         " WHERE name = $1 FOR UPDATE",
         target,
     )
+    assert row is not None  # inserted just above
     before, down_streak, down_since = row
     if not attempt.target_at_fault:
         return FailureStreak(before, before, down=down_since is not None)

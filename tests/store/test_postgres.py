@@ -1,0 +1,152 @@
+"""What only the PostgreSQL store has to prove: several instances on one
+database, and a server that goes away and comes back.
+
+Real clusters (tests/pgcluster.py); each "instance" is a PostgresStore of its
+own with its own pool and instance id, as separate `relay serve` processes are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from relay.store import NewDelivery, NewEvent, StoreUnavailable
+from relay.store.pg_schema import LATEST
+from relay.store.postgres import PostgresStore
+
+from pgcluster import create_cluster, remove_cluster, server_bin
+
+pytestmark = pytest.mark.postgres
+
+T0 = 1_800_000_000.0
+
+
+def event(key: str | None = None, body: bytes = b'{"a": 1}') -> NewEvent:
+    return NewEvent(
+        route="orders",
+        idempotency_key=key,
+        received_at=T0,
+        remote_addr="127.0.0.1",
+        method="POST",
+        path="/hooks/orders",
+        query="",
+        headers=[("Content-Type", "application/json")],
+        content_type="application/json",
+        body=body,
+    )
+
+
+@pytest.fixture
+async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    a = PostgresStore(pg_url, instance_id="a")
+    b = PostgresStore(pg_url, instance_id="b")
+    await a.open()
+    await b.open()
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_instances_starting_together_migrate_once(pg_cluster_url_empty: str) -> None:
+    stores = [PostgresStore(pg_cluster_url_empty, instance_id=f"i{n}") for n in range(4)]
+    await asyncio.gather(*(store.open() for store in stores))
+    try:
+        connection = await asyncpg.connect(pg_cluster_url_empty)
+        try:
+            versions = await connection.fetch("SELECT version FROM schema_migrations")
+        finally:
+            await connection.close()
+        assert [row[0] for row in versions] == list(range(1, LATEST + 1))
+    finally:
+        await asyncio.gather(*(store.close() for store in stores))
+
+
+async def test_two_instances_never_claim_the_same_delivery(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    await asyncio.gather(*(a.accept_event(event(), [NewDelivery("crm")], T0) for _ in range(60)))
+    claims = await asyncio.gather(
+        *(store.claim_due(T0, T0 + 60, {"crm": 7}) for store in (a, b) for _ in range(6))
+    )
+    ids = [c.id for claim in claims for c in claim]
+    assert len(ids) == len(set(ids)) == 60
+
+
+async def test_the_same_key_through_two_instances_at_once_is_one_event(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    results = await asyncio.gather(
+        *(store.accept_event(event("k"), [NewDelivery("crm")], T0) for store in (a, b) * 10)
+    )
+    assert sum(not r.duplicate for r in results) == 1
+    assert len({r.event_id for r in results}) == 1
+    # Other content under that key, from both at once: one conflict each, no duplicate answer.
+    other = await asyncio.gather(
+        a.accept_event(event("k", b'{"a": 2}'), [NewDelivery("crm")], T0),
+        b.accept_event(event("k", b'{"a": 3}'), [NewDelivery("crm")], T0),
+    )
+    assert [r.duplicate for r in other] == [False, False]
+    assert {r.conflict_of for r in other} == {results[0].event_id}
+
+
+async def test_orphans_are_recovered_per_instance_never_another_live_ones(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    await a.accept_event(event(), [NewDelivery("crm"), NewDelivery("mail")], T0)
+    [held_by_a] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+    [held_by_b] = await b.claim_due(T0, T0 + 60, {"mail": 1})
+    # b restarting gives back its own lease only: a's attempt is still under way.
+    assert await b.recover_orphans(T0 + 1) == 1
+    assert await b.claim_due(T0 + 1, T0 + 61, {"crm": 1}) == []
+    [again] = await b.claim_due(T0 + 1, T0 + 61, {"mail": 1})
+    assert again.id == held_by_b.id
+    # a died: its lease expires, and then b takes the delivery over.
+    [taken] = await b.claim_due(T0 + 61, T0 + 121, {"crm": 1})
+    assert taken.id == held_by_a.id
+
+
+async def test_durability_settings_are_read_from_the_server(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    settings = await two[0].server_settings()
+    assert settings["fsync"] == "on"
+    assert settings["synchronous_commit"] == "on"
+
+
+async def test_a_server_that_goes_away_answers_unavailable_and_comes_back() -> None:
+    if server_bin() is None:
+        pytest.skip("PostgreSQL server binaries not found")
+    cluster = create_cluster()  # its own: this test stops it
+    store = PostgresStore(cluster.url("postgres"), command_timeout=3, write_queue_timeout=3)
+    try:
+        await store.open()
+        kept = await store.accept_event(event("before"), [NewDelivery("crm")], T0)
+        cluster.stop("immediate")
+        with pytest.raises(StoreUnavailable):
+            await store.accept_event(event("while down"), [NewDelivery("crm")], T0)
+        with pytest.raises(StoreUnavailable):
+            await store.claim_due(T0, T0 + 60, {"crm": 1})
+        cluster.start()
+        # No restart of relay: the pool connects again by itself.
+        for _ in range(50):
+            try:
+                after = await store.accept_event(event("after"), [NewDelivery("crm")], T0)
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the store never came back")
+        assert not after.duplicate
+        detail = await store.get_event(kept.event_id)
+        assert detail is not None
+        assert detail.event.idempotency_key == "before"
+        assert await store.get_event(after.event_id) is not None
+    finally:
+        await store.close()
+        remove_cluster(cluster)
