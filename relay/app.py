@@ -36,6 +36,7 @@ from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.secrets import Masker
 from relay.store import SqliteStore, Status, StoreError
+from relay.store.postgres import PostgresStore
 from relay.systemd import Notifier, watchdog
 from relay.targets import Target, build_target
 from relay.units import format_instant
@@ -43,7 +44,15 @@ from relay.units import format_instant
 log = logging.getLogger("relay")
 
 
-def open_store(storage: StorageConfig) -> SqliteStore:
+def open_store(storage: StorageConfig) -> SqliteStore | PostgresStore:
+    """The backend the config names: PostgreSQL for a `url`, else the SQLite file."""
+    if storage.url is not None:
+        return PostgresStore(
+            storage.url,
+            # A request waits at most this long for a place in a commit before 503.
+            write_queue_timeout=storage.busy_timeout + 1.0,
+            command_timeout=storage.busy_timeout + 5.0,
+        )
     return SqliteStore(
         storage.path,
         synchronous=storage.synchronous,
@@ -152,7 +161,10 @@ class Relay:
             current_config=lambda: self.config,
             store_stats=lambda: self.store.write_stats,
         )
-        self._lock = ProcessLock(lock_path(config.storage.path))
+        # One process per SQLite file; PostgreSQL is shared by design.
+        self._lock = (
+            ProcessLock(lock_path(config.storage.path)) if config.storage.url is None else None
+        )
         self._runners: dict[str, web.BaseRunner] = {}
         self.connection_caps: dict[str, ConnectionCap | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -254,8 +266,9 @@ class Relay:
         caller (tests drive them with `drain()` on an injected clock).
         """
         try:
-            self._lock.acquire()
-            self._opened.append(self._lock.release)
+            if self._lock is not None:
+                self._lock.acquire()
+                self._opened.append(self._lock.release)
             await self.store.open()
             self._opened.append(self.store.close)
             now = self.clock.now()
@@ -498,7 +511,7 @@ async def _run(relay: Relay, notifier: Notifier, loop: asyncio.AbstractEventLoop
         admin,
         len(config.routes),
         len(config.targets),
-        config.storage.path,
+        config.storage.describe(),
     )
     notifier.ready(await relay.status_line())
     pinger = asyncio.create_task(

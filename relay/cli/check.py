@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+
+import asyncpg
 
 from relay.advice import warnings
 from relay.cli.common import add_config_option, add_service_environment_options, read_config
@@ -22,9 +25,49 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def run(args: argparse.Namespace) -> int:
     config = read_config(args)
     print(describe(config))
-    for warning in warnings(config):
+    for warning in [*warnings(config), *database_warnings(config)]:
         print(f"warning: {warning}")
     return 0
+
+
+def database_warnings(config: Config) -> list[str]:
+    """What the PostgreSQL server says that breaks relay's promise (or that it
+    cannot be reached); nothing for SQLite, whose settings relay sets itself."""
+    if config.storage.url is None:
+        return []
+    masker = Masker(config.secrets)
+    try:
+        settings = asyncio.run(_server_settings(config.storage.url))
+    except Exception as error:
+        return [masker.text(f"cannot reach {config.storage.describe()}: {error}")]
+    return durability_warnings(settings)
+
+
+def durability_warnings(settings: dict[str, str]) -> list[str]:
+    found = []
+    if settings.get("fsync") == "off":
+        found.append(
+            "the PostgreSQL server runs with fsync = off: a power cut can lose events"
+            " relay acknowledged (set fsync = on)"
+        )
+    if settings.get("synchronous_commit") == "off":
+        found.append(
+            "the PostgreSQL server runs with synchronous_commit = off: relay answers 200"
+            " before the event is on disk (set synchronous_commit = on for relay's role:"
+            " ALTER ROLE relay SET synchronous_commit = on)"
+        )
+    return found
+
+
+async def _server_settings(url: str) -> dict[str, str]:
+    connection = await asyncpg.connect(url, timeout=5)
+    try:
+        rows = await connection.fetch(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')"
+        )
+        return {row[0]: row[1] for row in rows}
+    finally:
+        await connection.close()
 
 
 def where(target: TargetConfig, masker: Masker) -> str:
@@ -45,7 +88,9 @@ def describe(config: Config) -> str:
     lines = [
         f"config OK: {config.source}",
         f"ingress: {server.listen} (max body {format_size(server.max_body_size)})",
-        f"storage: {storage.path} (synchronous = {storage.synchronous})",
+        f"storage: {storage.path} (synchronous = {storage.synchronous})"
+        if storage.url is None
+        else f"storage: PostgreSQL {masker.text(storage.describe())}",
     ]
     for route in config.routes.values():
         lines.append(f"route {route.name}: POST {masker.text(route.path)}")

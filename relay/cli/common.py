@@ -21,6 +21,7 @@ from relay.config import Config, ConfigError, OperatorConfig, load_config, load_
 from relay.envfile import parse_env_file
 from relay.loops import loop_factory
 from relay.store import SqliteStore
+from relay.store.postgres import PostgresStore
 
 T = TypeVar("T")
 
@@ -137,8 +138,11 @@ def existing_database(path: Path) -> None:
 
 
 @asynccontextmanager
-async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[SqliteStore]:
-    existing_database(config.storage.path)
+async def opened_store(
+    config: Config | OperatorConfig,
+) -> AsyncIterator[SqliteStore | PostgresStore]:
+    if config.storage.url is None:
+        existing_database(config.storage.path)
     store = open_store(config.storage)
     await store.open()
     try:

@@ -184,7 +184,13 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
         synchronous=section.choice("synchronous", ("full", "normal"), defaults.synchronous),
         busy_timeout=section.duration("busy_timeout", defaults.busy_timeout),
         retention=section.duration("retention", defaults.retention),
+        url=section.string("url", None),
     )
+    if storage.url is not None and not storage.url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            section.key("url"),
+            f'expected a URL like "postgresql://relay@db/relay", got {storage.url!r}',
+        )
     section.done()
     return storage
 

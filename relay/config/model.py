@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
@@ -52,6 +53,15 @@ class StorageConfig:
     # Finished events (every delivery delivered or skipped) older than this
     # are removed; pending and dead ones never are.
     retention: float = 30 * 86400.0
+    # postgresql://... : PostgreSQL instead of the SQLite file at `path`, for
+    # several relay instances sharing one database. None: SQLite.
+    url: str | None = None
+
+    def describe(self) -> str:
+        """Where the data is, for logs and messages (a URL without its password)."""
+        if self.url is None:
+            return str(self.path)
+        return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", self.url)
 
 
 @dataclass(frozen=True)
