@@ -162,6 +162,10 @@ def merged(**sections: Any) -> dict[str, Any]:
             'routes.other.path: "/hooks/orders" is already the path of routes.orders',
         ),
         (merged(logs={"level": "debug"}), "logs: unknown key"),
+        (
+            merged(storage={"url": "mysql://relay@db/relay"}),
+            'storage.url: expected a URL like "postgresql://relay@db/relay"',
+        ),
     ],
 )
 def test_errors_name_the_key_and_what_is_expected(data: dict[str, Any], message: str) -> None:
