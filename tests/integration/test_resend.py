@@ -256,6 +256,13 @@ async def test_cli_resend_from_a_file_and_from_the_editor(
     ]
     assert json.loads(stored.body) == LEAD  # the original never changes
 
+    shown = await arelay_cli("show", original, "--config", str(config), env=env)
+    assert f"resent as event {second['event_id']} (a corrected copy), by cli user anna" in (
+        shown.stdout
+    )
+    copied = await arelay_cli("show", second["event_id"], "--config", str(config), env=env)
+    assert f"corrected copy of event {original}, sent by cli user anna" in copied.stdout
+
     unchanged = await arelay_cli(
         *cli, "--edit", "--yes", check=False, env={**env, "EDITOR": "true"}
     )
