@@ -34,10 +34,10 @@ def ca_file_problem(path: Path) -> str | None:
         ssl.create_default_context(cafile=str(path))
     except FileNotFoundError:
         return f"{path}: no such file"
+    except ssl.SSLError as error:  # an OSError too: before it
+        return f"{path}: not a PEM file of CA certificates ({error.reason or error})"
     except OSError as error:
         return f"{path}: cannot read: {error.strerror or error}"
-    except ssl.SSLError as error:
-        return f"{path}: not a PEM file of CA certificates ({error.reason or error})"
     return None
 
 
