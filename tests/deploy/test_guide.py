@@ -17,6 +17,8 @@ a VPS, the test says so here, and only there:
   whole file system read-only except those directories (ProtectSystem=
   strict) and a private /tmp (PrivateTmp=).
 * `apt install` checks that the package is there (CI installs it).
+* The CLI's default config, /etc/relay/relay.toml, is the prefix's
+  (RELAY_CONFIG in the shell's environment).
 * `editor` on the env file writes the guide's own example with this test's
   values; ports 8080/8081 may be taken on a shared machine, so the config's
   listeners move to free ports.
@@ -74,6 +76,7 @@ SYSTEM_PATHS = (
     "/usr/share/doc/relay",
     "/var/lib/relay",
     "/var/cache/relay",
+    "/var/backups",
 )
 # A system path starts a word (after "=", ":", "-", a space, "file://") and is
 # whole; inside the prefix it follows a letter of the prefix's name.
@@ -161,6 +164,8 @@ class Machine:
             "LANG": "C.UTF-8",
             # relay.pyz run from this shell unpacks here, not into root's real ~/.shiv.
             "SHIV_ROOT": str(self.prefix / "root-shiv"),
+            # The CLI's default config path, in the prefix.
+            "RELAY_CONFIG": self.rewrite("/etc/relay/relay.toml"),
         }
         # The machine's own package-registry settings, as `sudo pip` would see them.
         env.update(
@@ -403,7 +408,14 @@ def machine() -> Iterator[Machine]:
     # must reach the installed files, so every folder on the way is 755.
     prefix = Path(tempfile.mkdtemp(prefix="relay-deploy-", dir="/var/tmp"))
     prefix.chmod(0o755)
-    for folder in ("usr/local/bin", "etc/systemd/system", "opt", "var/lib", "var/cache"):
+    for folder in (
+        "usr/local/bin",
+        "etc/systemd/system",
+        "opt",
+        "var/lib",
+        "var/cache",
+        "var/backups",
+    ):
         (prefix / folder).mkdir(parents=True)
     checkout = prefix / "checkout"
     shutil.copytree(
@@ -474,6 +486,7 @@ async def test_following_the_guide_gives_a_service_that_takes_a_lead(
         assert mode(config_path) == "0o644"
         assert mode(machine.path("/etc/relay/relay.env")) == "0o600"
         assert mode(machine.path("/etc/relay/credentials/relay_admin_token")) == "0o600"
+        assert mode(machine.path("/var/backups/relay.db")) == "0o600"
         for doc in read_unit_documentation(unit_path):
             assert doc.exists(), f"Documentation= names {doc}, which the guide did not install"
 
