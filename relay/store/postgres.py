@@ -428,12 +428,13 @@ class PostgresStore:
         source = "events"
         if query.search is not None:
             source = "events JOIN event_search s ON s.event_id = events.id"
+            # LIKE '%...%' rather than strpos(): the pg_trgm GIN indexes answer it.
             if query.search.digits is not None:
-                where.append("strpos(s.digits, ?) > 0")
-                params.append(query.search.digits)
+                where.append("s.digits LIKE ?")
+                params.append(_substring(query.search.digits))
             for word in query.search.words:
-                where.append("strpos(s.text, ?) > 0")
-                params.append(word)
+                where.append("s.text LIKE ?")
+                params.append(_substring(word))
         sql = (
             "SELECT events.id, events.route, events.idempotency_key, events.received_at,"
             f" events.remote_addr, events.conflict_of FROM {source}"
@@ -918,6 +919,12 @@ class PostgresStore:
                 await asyncio.wait_for(connection.close(), 5)
 
         return stop
+
+
+def _substring(text: str) -> str:
+    """A LIKE pattern matching `text` anywhere, its own % _ and \\ taken literally."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def _text(value: str) -> str:

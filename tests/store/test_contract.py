@@ -6,6 +6,7 @@ Real database files in tmp_path; time is passed in, never read.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from relay.search import documents, parse_search
+from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
     Conflict,
@@ -21,10 +24,14 @@ from relay.store import (
     DownState,
     EventQuery,
     Hold,
+    IndexSource,
     NewDelivery,
     NewEvent,
     NotFound,
+    Resend,
+    ResendLink,
     RetryAt,
+    SearchProgress,
     SqliteStore,
     Status,
     StoreUnavailable,
@@ -429,3 +436,104 @@ async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batche
         await store.skip(last.id, T0 + 200)  # in flight
     with pytest.raises(NotFound):
         await store.skip(10_000, T0 + 200)
+
+
+# Search by content and corrected copies (relay.search makes the documents).
+
+
+async def test_search_index_follows_a_high_water_mark_and_finds_by_text_and_digits(
+    store: SqliteStore,
+) -> None:
+    bodies = [
+        b'{"name": "Anna", "phone": "+7 (999) 123-45-67"}',
+        b'{"name": "Boris", "promo": "100%_off", "phone": "89990000000"}',
+        b'{"name": "Anna Maria", "phone": "8 999 123 45 67"}',
+    ]
+    ids = [(await store.accept_event(event(body=b), TWO, T0)).event_id for b in bodies]
+    assert await store.search_progress() == SearchProgress(indexed_through=0, newest=ids[-1])
+    batch = await store.events_to_index(2, body_limit=10)
+    assert [source.event_id for source in batch] == ids[:2]
+    assert batch[0].body == bodies[0][:10]  # cut to the limit in the database
+    assert ("X-Dup", "2") in batch[0].headers
+    await store.index_events(documents(batch, Masker()), batch[-1].event_id)
+    assert (await store.search_progress()).behind == 1
+    rest = await store.events_to_index(10, body_limit=1000)
+    assert [source.event_id for source in rest] == [ids[2]]
+    await store.index_events(documents(rest, Masker()), ids[2])
+    assert await store.events_to_index(10, body_limit=1000) == []
+
+    # The first two were indexed from cut bodies: index them again, whole.
+    whole = [
+        IndexSource(i, [], "", "application/json", body)
+        for i, body in zip(ids, bodies, strict=True)
+    ]
+    await store.index_events(documents(whole, Masker()), ids[-1])
+
+    async def found(text: str, **filters: Any) -> list[int]:
+        query = EventQuery(search=parse_search(text), **filters)
+        return [view.id for view in await store.list_events(query)]
+
+    assert await found("79991234567") == [ids[2], ids[0]]
+    assert await found("ANNA") == [ids[2], ids[0]]
+    assert await found("maria anna") == [ids[2]]
+    assert await found("anna", limit=1) == [ids[2]]
+    assert await found("anna", before_id=ids[2]) == [ids[0]]
+    assert await found("anna", route="other") == []
+    # % and _ are characters, not wildcards (both would match "boris" otherwise).
+    assert await found("b%s") == []
+    assert await found("bor_s") == []
+    assert await found("100%_off") == [ids[1]]
+
+
+async def test_search_leaves_out_events_purged_meanwhile_and_purge_takes_index_rows(
+    store: SqliteStore,
+) -> None:
+    done = [NewDelivery("crm", Status.SKIPPED)]
+    first = (await store.accept_event(event(body=b'{"name": "Gone"}'), done, T0)).event_id
+    batch = await store.events_to_index(10, body_limit=1000)
+    assert await store.purge({}, T0 + 1, limit=10, dry_run=False) == 1
+    await store.index_events(documents(batch, Masker()), first)  # too late: it is gone
+    second = (await store.accept_event(event(body=b'{"name": "Gone"}'), done, T0 + 5)).event_id
+    await store.index_events(
+        documents(await store.events_to_index(10, body_limit=1000), Masker()), second
+    )
+    query = EventQuery(search=parse_search("gone"))
+    assert [view.id for view in await store.list_events(query)] == [second]
+    assert await store.purge({}, T0 + 10, limit=10, dry_run=False) == 1
+    third = (await store.accept_event(event(body=b'{"name": "Gone"}'), done, T0 + 20)).event_id
+    # The new event is not indexed yet; the purged one left the index with its row.
+    assert await store.list_events(query) == []
+    assert (await store.search_progress()).indexed_through == second < third
+
+
+async def test_resend_stores_a_linked_copy_and_leaves_the_original_alone(
+    store: SqliteStore,
+) -> None:
+    original = (await store.accept_event(event("k-1"), TWO, T0)).event_id
+    before = await store.get_event(original)
+    resend = Resend(
+        original_id=original,
+        headers=(("X-Dup", "1"), ("Content-Type", "application/json")),
+        body=b'{"a": 2}',
+        content_type="application/json",
+        targets=("crm",),
+        by="cli user anna",
+    )
+    copy = await store.resend(resend, T0 + 60)
+    assert copy > original
+    detail = await store.get_event(copy)
+    assert detail is not None
+    assert detail.body == b'{"a": 2}'
+    assert detail.event.idempotency_key is None
+    assert detail.headers == [("X-Dup", "1"), ("Content-Type", "application/json")]
+    assert [(d.target, d.status) for d in detail.event.deliveries] == [("crm", Status.PENDING)]
+    assert detail.resent_from == ResendLink(original, copy, T0 + 60, "cli user anna")
+    after = await store.get_event(original)
+    assert after is not None
+    assert before is not None
+    assert after.resent_as == (ResendLink(original, copy, T0 + 60, "cli user anna"),)
+    assert dataclasses.replace(after, resent_as=()) == before
+    claimed = await store.claim_due(T0 + 60, T0 + 120, {"crm": 10})
+    assert [c.event_id for c in claimed] == [original, copy]
+    with pytest.raises(NotFound):
+        await store.resend(dataclasses.replace(resend, original_id=9999), T0)

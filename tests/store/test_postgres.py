@@ -150,3 +150,26 @@ async def test_a_server_that_goes_away_answers_unavailable_and_comes_back() -> N
     finally:
         await store.close()
         remove_cluster(cluster)
+
+
+async def test_content_search_uses_trigram_indexes(pg_url: str) -> None:
+    """pg_trgm (PostgreSQL's contrib, a trusted extension) is installed by the
+    migration, and the search's LIKE is answered by its GIN indexes."""
+    connection = await asyncpg.connect(pg_url)
+    try:
+        assert (
+            await connection.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'pg_trgm'")
+            == 1
+        )
+        await connection.execute("SET enable_seqscan = off")
+        for column in ("text", "digits"):
+            plan = "\n".join(
+                row[0]
+                for row in await connection.fetch(
+                    f"EXPLAIN SELECT event_id FROM event_search WHERE {column} LIKE $1",
+                    "%79991234567%",
+                )
+            )
+            assert f"event_search_{column}" in plan, plan
+    finally:
+        await connection.close()
