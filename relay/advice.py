@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import stat
+import tomllib
+
 from relay.config import (
     CdekSource,
     Config,
@@ -35,6 +38,51 @@ def warnings(config: Config) -> list[str]:
         found.append("admin.token: not set: anyone with a shell on this machine can use the API")
     for route in config.routes.values():
         found += _route_warnings(route, config)
+    found += _readable_secrets(config)
+    return found
+
+
+# Keys whose values are credentials, per table: written as ${VAR} or
+# ${file:NAME}, they stay out of a file every user may read.
+_SECRET_KEYS = {
+    "admin": ("token",),
+    "targets": ("password", "bot_token", "sign"),
+    "routes": ("api_key", "password", "secret", "secret_token", "token"),
+}
+
+
+def _readable_secrets(config: Config) -> list[str]:
+    """Secrets written into a config file that every user can read.
+
+    The service's dynamic user reads relay.toml only because it is world-
+    readable (`relay init` writes it 644): so it must name its secrets, not
+    hold them."""
+    path = config.source
+    if path is None:
+        return []
+    try:
+        if not path.stat().st_mode & stat.S_IROTH:
+            return []
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+    tables: list[tuple[str, object]] = [("admin", data.get("admin"))]
+    for group in ("targets", "routes"):
+        named = data.get(group)
+        if isinstance(named, dict):
+            tables += [(f"{group}.{name}", table) for name, table in named.items()]
+    found = []
+    for where, table in tables:
+        if not isinstance(table, dict):
+            continue
+        for key in _SECRET_KEYS[where.split(".", 1)[0]]:
+            value = table.get(key)
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, str) and v and "${" not in v for v in values):
+                found.append(
+                    f"{where}.{key}: a secret written in {path}, which every user of this"
+                    " machine can read: write ${VAR} (set in relay.env) or ${file:NAME} instead"
+                )
     return found
 
 

@@ -166,3 +166,30 @@ def test_backup_is_private(tmp_path: Path) -> None:
     made = relay_cli("backup", str(tmp_path / "copy.db"), "--config", str(config))
     assert "mode 600" in made.stdout
     assert stat.S_IMODE((tmp_path / "copy.db").stat().st_mode) == 0o600
+
+
+def test_check_warns_of_a_secret_written_into_a_world_readable_config(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "admin": {"listen": "127.0.0.1:0", "token": "0123456789abcdef0123456789"},
+            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
+            "routes": {
+                "tilda": {
+                    "path": "/hooks/tilda",
+                    "source": "tilda",
+                    "api_key": "${TILDA_API_KEY}",
+                    "targets": ["audit"],
+                }
+            },
+        },
+    )
+    env = {"TILDA_API_KEY": "tilda-key-1"}
+    config.chmod(0o644)
+    readable = relay_cli("check", "--config", str(config), env=env).stdout
+    assert "warning: admin.token: a secret written in" in readable
+    assert "routes.tilda.api_key" not in readable  # a reference is no secret in the file
+    assert "0123456789abcdef0123456789" not in readable
+    config.chmod(0o600)
+    private = relay_cli("check", "--config", str(config), env=env).stdout
+    assert "a secret written in" not in private
