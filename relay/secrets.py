@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import parse_qsl, quote, quote_plus, unquote_plus
+from urllib.parse import parse_qsl, quote, quote_plus, unquote_plus, urlsplit
 
 from relay.payload import media_type, parse_form, parse_json
 
@@ -116,6 +116,21 @@ def _encodings(secret: str) -> set[str]:
     return {secret, quote_plus(secret), quote(secret, safe=""), quote(secret)}
 
 
+def _shown_url(secret: str) -> str | None:
+    """`https://host/***` for a secret that is a whole http(s) URL: the host is
+    no secret, the path and query (where such URLs keep their key) are."""
+    if not secret.startswith(("http://", "https://")):
+        return None
+    try:
+        parts = urlsplit(secret)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return f"{parts.scheme}://{parts.hostname}{port}/{MASK}"
+
+
 class Masker:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self.secrets = frozenset(s for s in secrets if len(s) >= _MIN_SECRET_LENGTH)
@@ -128,6 +143,11 @@ class Masker:
             reverse=True,
         )
         self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
+        # A secret URL (a Bitrix24 inbound webhook) still says where it goes.
+        self._shown = {secret: _shown_url(secret) for secret in self.secrets}
+
+    def _replace(self, match: re.Match[str]) -> str:
+        return self._shown.get(match.group(0)) or MASK
 
     def merged(self, other: Masker) -> Masker:
         return Masker(self.secrets | other.secrets)
@@ -137,7 +157,7 @@ class Masker:
             value = _URL_CREDENTIALS.sub(r"\1***@", value)
         if self._pattern is None or not value:
             return value
-        return self._pattern.sub(MASK, value)
+        return self._pattern.sub(self._replace, value)
 
     def optional(self, value: str | None) -> str | None:
         return None if value is None else self.text(value)
@@ -146,7 +166,7 @@ class Masker:
         if self._pattern is None or not value:
             return value
         text = value.decode("utf-8", errors="surrogateescape")
-        masked = self._pattern.sub(MASK, text)
+        masked = self._pattern.sub(self._replace, text)
         return value if masked == text else masked.encode("utf-8", errors="surrogateescape")
 
     def header(self, name: str, value: str) -> str:

@@ -121,3 +121,10 @@ def test_credential_fields_are_masked_by_name_whatever_their_encoding() -> None:
         mask_fields("Name=Anna&api%5Fkey=k%2F1&token=t+1&x=1")
         == "Name=Anna&api%5Fkey=***&token=***&x=1"
     )
+
+
+def test_a_secret_url_still_says_which_host() -> None:
+    masker = Masker(["https://example.bitrix24.ru/rest/1/abc123def456"])
+    shown = masker.text("POST https://example.bitrix24.ru/rest/1/abc123def456/crm.lead.add.json")
+    assert shown == "POST https://example.bitrix24.ru/***/crm.lead.add.json"
+    assert Masker(["https://h:8443/x/key1"]).text("https://h:8443/x/key1") == "https://h:8443/***"
