@@ -8,14 +8,18 @@ permanent failure: retrying would render the same thing).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from relay.outcome import Outcome
 from relay.payload import header_map, template_context
 from relay.templates import Template
 from relay.units import format_instant
+
+_Built = TypeVar("_Built")
 
 
 @dataclass(frozen=True)
@@ -97,3 +101,20 @@ def context(envelope: Envelope, wanted: Iterable[str]) -> dict[str, Any]:
 
 def render_map(templates: Mapping[str, Template], values: Mapping[str, Any]) -> dict[str, str]:
     return {key: template.render(values) for key, template in templates.items()}
+
+
+# One thread renders every target's templates: rendering is CPU work that
+# holds the GIL, so more threads would only contend with the event loop (a
+# burst of retries through a pool of six slowed ingest several-fold).
+_RENDERER = ThreadPoolExecutor(1, thread_name_prefix="relay-render")
+
+
+async def rendered(
+    build: Callable[[Envelope], _Built], envelope: Envelope, wanted: Iterable[str]
+) -> _Built:
+    """`build(envelope)` (which renders templates) in the render thread when a
+    template reads the payload (its cost then depends on what was sent), so a
+    heavy render does not hold the event loop; inline when none does."""
+    if not wanted:
+        return build(envelope)
+    return await asyncio.get_running_loop().run_in_executor(_RENDERER, build, envelope)

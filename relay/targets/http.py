@@ -3,7 +3,6 @@ builds a JSON or form body from templates; classifies the answer."""
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import ssl
 import time
@@ -20,7 +19,14 @@ from relay.config import HttpTarget as HttpSettings
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.secrets import Masker
 from relay.signing import signature_headers
-from relay.targets.base import Envelope, context, relay_headers, render_map, variables
+from relay.targets.base import (
+    Envelope,
+    context,
+    relay_headers,
+    render_map,
+    rendered,
+    variables,
+)
 from relay.templates import TemplateError
 
 USER_AGENT = f"relay/{__version__}"
@@ -116,7 +122,7 @@ class HttpTarget(SessionOwner):
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
             # payload) holds this delivery, not the event loop (relay/sandbox.py).
-            prepared = await asyncio.to_thread(self.prepare, envelope)
+            prepared = await rendered(self.prepare, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
         return await request(session, prepared)

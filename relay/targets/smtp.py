@@ -7,7 +7,6 @@ target, so a mail resent after a crash is recognisably the same mail.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import ssl
 from email.headerregistry import Address
@@ -18,7 +17,7 @@ import aiosmtplib
 
 from relay.config import SmtpTarget as SmtpSettings
 from relay.outcome import Outcome
-from relay.targets.base import Envelope, context, variables
+from relay.targets.base import Envelope, context, rendered, variables
 from relay.templates import TemplateError
 
 
@@ -84,7 +83,7 @@ class SmtpTarget:
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
             # payload) holds this delivery, not the event loop (relay/sandbox.py).
-            message = await asyncio.to_thread(self.message, envelope)
+            message = await rendered(self.message, envelope, self._wanted)
         except (TemplateError, ValueError) as error:
             return Outcome.unsendable(
                 f"template error: {error}" if not isinstance(error, TemplateError) else str(error)

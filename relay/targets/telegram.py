@@ -9,7 +9,6 @@ path, so the URL never appears in an error, a log or the attempt log.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -18,7 +17,7 @@ from multidict import CIMultiDictProxy
 
 from relay.config import TelegramTarget as TelegramSettings
 from relay.outcome import Outcome
-from relay.targets.base import Envelope, context, variables
+from relay.targets.base import Envelope, context, rendered, variables
 from relay.targets.http import USER_AGENT, Request, SessionOwner, exchange, parse_retry_after
 from relay.templates import TemplateError, escape_markdown_v2
 
@@ -79,7 +78,7 @@ class TelegramTarget(SessionOwner):
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
             # payload) holds this delivery, not the event loop (relay/sandbox.py).
-            payload = await asyncio.to_thread(self.payload, envelope)
+            payload = await rendered(self.payload, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
         settings = self._settings
