@@ -73,7 +73,7 @@ def write_starter(args: argparse.Namespace) -> int:
     path: Path = args.path
     if path.exists() and not args.force:
         raise CommandError(f"{path} exists (use --force to overwrite it)")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_folders(path.parent)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, CONFIG_MODE)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         os.fchmod(descriptor, CONFIG_MODE)  # an existing file (--force) keeps no other mode
@@ -85,6 +85,18 @@ def write_starter(args: argparse.Namespace) -> int:
     print("a fresh admin token for the environment (shown once, not written anywhere):")
     print(f"  RELAY_ADMIN_TOKEN={secrets.token_urlsafe(32)}")
     return 0
+
+
+def _make_folders(folder: Path) -> None:
+    """Create the folders on the way, each 755 whatever the umask (sudo with
+    umask 077 would make /etc/relay a folder the service cannot enter)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        created.mkdir(exist_ok=True)
+        created.chmod(0o755)
 
 
 def make_backup(args: argparse.Namespace) -> int:

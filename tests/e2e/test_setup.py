@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -84,8 +87,17 @@ async def test_backup_while_webhooks_arrive_holds_every_acknowledged_event(
 
 
 def test_init_writes_a_readable_config_that_names_its_database(tmp_path: Path) -> None:
-    path = tmp_path / "relay.toml"
-    written = relay_cli("init", str(path), "--database", "/var/lib/relay/relay.db")
+    path = tmp_path / "etc" / "relay" / "relay.toml"
+    # As `sudo` may run it on a hardened machine: a umask that keeps everything private.
+    written = subprocess.run(
+        [sys.executable, "-m", "relay", "init", str(path), "--database", "/var/lib/relay/relay.db"],
+        preexec_fn=lambda: os.umask(0o077),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for folder in (tmp_path / "etc", tmp_path / "etc" / "relay"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755
     assert "mode 644" in written.stdout
     # The service's dynamic user is not root and owns nothing here: it reads
     # the file because everyone may, which is why it holds no secret.
