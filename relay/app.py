@@ -36,6 +36,7 @@ from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.secrets import Masker
 from relay.store import SqliteStore, Status, StoreError
+from relay.store.pg_cluster import cluster_limits
 from relay.store.postgres import PostgresStore
 from relay.systemd import Notifier, watchdog
 from relay.targets import Target, build_target
@@ -143,7 +144,15 @@ class Relay:
             self.clock,
             on_created=self._count_alert,
         )
-        self.retention = RetentionJob(self.store, config, self.clock)
+        self.retention = RetentionJob(
+            self.store,
+            config,
+            self.clock,
+            # On PostgreSQL one instance of the cluster purges: the one leading.
+            leader=self.store.lead if isinstance(self.store, PostgresStore) else None,
+        )
+        if isinstance(self.store, PostgresStore):
+            self.store.set_limits(cluster_limits(config))
         self.indexer = SearchIndexer(self.store, self.clock, lambda: self.masker)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.ingress = Ingress(
@@ -184,6 +193,12 @@ class Relay:
 
     def _accepted(self) -> None:
         self.scheduler.wake()
+
+    def _woken(self, what: str) -> None:
+        if what == "pause":
+            self.scheduler.targets_changed()
+        else:
+            self.scheduler.wake()
         self.indexer.noticed()
 
     def _count_alert(self, body: dict[str, Any]) -> None:
@@ -288,6 +303,9 @@ class Relay:
                 self._spawn(self.retention.run(), "retention", essential=True)
                 self._spawn(self.indexer.run(), "search-indexer", essential=True)
                 self._spawn(self.database_watch.run(), "database-watch", essential=True)
+                if isinstance(self.store, PostgresStore):
+                    # Other instances' new events and operator actions wake this one.
+                    self._spawn(self.store.listen(self._woken), "wake-ups", essential=True)
             ingress_cap, admin_cap = connection_limits()
             await self._listen(
                 "ingress", self.ingress.server(), self.config.server.listen, ingress_cap
@@ -371,6 +389,8 @@ class Relay:
         self.masker = Masker(config.secrets)
         self.targets = targets
         self.scheduler.reconfigure(config, targets)
+        if isinstance(self.store, PostgresStore):
+            self.store.set_limits(cluster_limits(config))
         self.ingress.reconfigure(config)
         self.alerter.config = config.alerts
         self.retention.config = config

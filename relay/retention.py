@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from relay.clock import Clock
 from relay.config import Config
@@ -63,8 +63,17 @@ async def purge(
 
 
 class RetentionJob:
-    def __init__(self, store: Store, config: Config, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        clock: Clock,
+        *,
+        leader: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.store = store
+        # Several instances on one database: only the one `leader()` names purges.
+        self._leader = leader
         self.config = config
         self._clock = clock
         self._stop = asyncio.Event()
@@ -72,6 +81,9 @@ class RetentionJob:
 
     async def run(self) -> None:
         while not self._stop.is_set():
+            if self._leader is not None and not await self._leader():
+                await self._clock.wait(self._stop, self._clock.now() + INTERVAL)
+                continue
             try:
                 removed = await purge(
                     self.store,

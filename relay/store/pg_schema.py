@@ -213,6 +213,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        3,
+        "instance liveness by the server's clock (leases of a dead instance are taken over)",
+        ["ALTER TABLE instances ADD COLUMN alive_at DOUBLE PRECISION"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

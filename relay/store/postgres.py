@@ -70,6 +70,16 @@ from relay.store.base import (
     Transition,
     Waits,
 )
+from relay.store.pg_cluster import (
+    DEAD_AFTER,
+    SERVER_NOW,
+    Leadership,
+    TargetLimits,
+    allowed,
+    heartbeats,
+    listen_forever,
+    took,
+)
 from relay.store.pg_errors import Connection, unavailable
 from relay.store.pg_intake import PgIntake, store_batch
 from relay.store.pg_schema import LATEST, migrate
@@ -100,11 +110,15 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
 """
+# Expired, or held by an instance not seen alive for DEAD_AFTER (by the server's clock).
 CLAIM_EXPIRED = f"""
 UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3
 WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'in_flight' AND target = $4 AND lease_until <= $3 AND id <> ALL($6::bigint[])
+    SELECT id FROM deliveries d
+    WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
+    AND (lease_until <= $3 OR (lease_owner IS DISTINCT FROM $2 AND NOT EXISTS (
+        SELECT 1 FROM instances i WHERE i.id = d.lease_owner
+        AND i.alive_at >= {SERVER_NOW} - {DEAD_AFTER})))
     ORDER BY lease_until LIMIT $5
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
@@ -153,6 +167,9 @@ class PostgresStore:
         self._pool: asyncpg.Pool | None = None
         self._intake: PgIntake | None = None
         self._started_at: float | None = None
+        self._limits: dict[str, TargetLimits] = {}
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._leadership = Leadership(url, command_timeout)
 
     @property
     def path(self) -> str:
@@ -186,8 +203,31 @@ class PostgresStore:
             raise unavailable(error) from None
         self._intake = PgIntake(self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL)
         self._intake.start()
+        self._heartbeats = asyncio.create_task(
+            heartbeats(self.url, self.instance_id, self._command_timeout),
+            name="relay-pg-heartbeat",
+        )
+
+    def set_limits(self, limits: Mapping[str, TargetLimits]) -> None:
+        """Targets' concurrency and rates as totals for the whole cluster
+        (relay.store.pg_cluster.cluster_limits of the config in force)."""
+        self._limits = dict(limits)
+
+    async def lead(self) -> bool:
+        """Whether this instance runs the singletons (retention) now."""
+        return await self._leadership.lead()
+
+    async def listen(self, callback: Callable[[str], None]) -> None:
+        """Call `callback` with every wake-up any instance sends, until cancelled."""
+        await listen_forever(self.url, CHANNEL, callback)
 
     async def close(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeats
+            self._heartbeats = None
+        await self._leadership.close()
         if self._intake is not None:
             await self._intake.close()
             self._intake = None
@@ -269,7 +309,8 @@ class PostgresStore:
 
         async def job(connection: Connection) -> list[ClaimedDelivery]:
             rows: list[asyncpg.Record] = []
-            for target, limit in wanted.items():
+            counts: dict[str, int] = {}
+            for target, limit in (await allowed(connection, wanted, self._limits, now)).items():
                 found = await connection.fetch(
                     CLAIM_EXPIRED, lease_until, self.instance_id, now, target, limit, skip
                 )
@@ -278,6 +319,8 @@ class PostgresStore:
                         CLAIM_DUE, lease_until, self.instance_id, now, target, limit - len(found)
                     )
                 rows += sorted(found, key=lambda row: row[0])
+                counts[target] = len(found)
+            await took(connection, counts, self._limits, now)
             if not rows:
                 return []
             events = {
@@ -897,28 +940,6 @@ class PostgresStore:
         # A wake-up is a hint (instances poll too): a lost one costs a poll interval.
         with contextlib.suppress(StoreError):
             await self.notify(what)
-
-    async def listen(self, callback: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
-        """Call `callback` with each wake-up any instance sends; returns a stop function.
-
-        A dedicated connection (LISTEN belongs to a session). If it breaks the
-        caller polls on, and calls listen() again later.
-        """
-        try:
-            connection = await asyncpg.connect(self.url, timeout=self._command_timeout)
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
-            raise unavailable(error) from None
-
-        def received(_: object, __: int, ___: str, payload: object) -> None:
-            callback(str(payload))
-
-        await connection.add_listener(CHANNEL, received)
-
-        async def stop() -> None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), 5)
-
-        return stop
 
 
 def _substring(text: str) -> str:

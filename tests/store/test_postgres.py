@@ -8,12 +8,14 @@ own with its own pool and instance id, as separate `relay serve` processes are.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
 
 from relay.store import NewDelivery, NewEvent, StoreUnavailable
+from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
 
@@ -173,3 +175,88 @@ async def test_content_search_uses_trigram_indexes(pg_url: str) -> None:
             assert f"event_search_{column}" in plan, plan
     finally:
         await connection.close()
+
+
+async def test_a_dead_instances_leases_are_taken_over_before_they_expire(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    a, b = two
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    [held] = await a.claim_due(T0, T0 + 3600, {"crm": 1})
+    assert await b.claim_due(T0 + 1, T0 + 61, {"crm": 1}) == []  # a is alive: its lease holds
+    await a.close()  # a's heartbeats stop; make it look unseen for a minute (server clock)
+    connection = await asyncpg.connect(pg_url)
+    try:
+        await connection.execute("UPDATE instances SET alive_at = alive_at - 60 WHERE id = 'a'")
+    finally:
+        await connection.close()
+    [taken] = await b.claim_due(T0 + 1, T0 + 61, {"crm": 1})
+    assert taken.id == held.id
+
+
+async def test_concurrency_is_a_total_across_instances(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    for store in (a, b):
+        store.set_limits({"crm": TargetLimits(concurrency=3)})
+    for _ in range(10):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+    claims = await asyncio.gather(
+        *(store.claim_due(T0, T0 + 60, {"crm": 3}) for store in (a, b, a, b))
+    )
+    assert sum(len(claim) for claim in claims) == 3
+    # An attempt finished frees a place for any instance.
+    first = next(c for claim in claims for c in claim)
+    await a.release([first.id], T0)
+    assert len(await b.claim_due(T0, T0 + 60, {"crm": 3})) == 1
+
+
+async def test_a_rate_is_a_total_across_instances(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    for store in (a, b):
+        store.set_limits({"crm": TargetLimits(concurrency=10, paces=(("target:crm", 0.2),))})
+    for _ in range(5):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+    assert len(await a.claim_due(T0, T0 + 60, {"crm": 5})) == 1  # no bursts
+    assert await b.claim_due(T0 + 0.1, T0 + 60, {"crm": 5}) == []  # a took this slot
+    assert len(await b.claim_due(T0 + 0.2, T0 + 60, {"crm": 5})) == 1
+    assert await a.claim_due(T0 + 0.3, T0 + 60, {"crm": 5}) == []
+
+
+async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    assert await a.lead()
+    assert not await b.lead()
+    assert await a.lead()  # still
+    await a.close()  # its session ends, and the lock with it
+    assert await b.lead()
+
+
+async def test_wake_ups_reach_the_other_instances(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    heard: list[str] = []
+    listening = asyncio.create_task(b.listen(heard.append))
+    try:
+        await eventually(lambda: "listening" in heard)
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+        await eventually(lambda: "event" in heard)
+        await a.set_paused("crm", True, T0)
+        await eventually(lambda: "pause" in heard)
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not in time"
+        await asyncio.sleep(0.01)

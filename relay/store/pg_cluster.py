@@ -1,0 +1,218 @@
+"""What N relay instances on one PostgreSQL database share besides the queue.
+
+- Limits: a target's `concurrency` and `rate` (and a rate group's) are totals
+  across instances. Each claim locks the pacing rows of the targets it claims
+  for (in one order, so two instances never wait on each other in a cycle),
+  counts the target's live leases, and moves the next allowed moment forward.
+- Liveness: each instance's row in `instances` is touched every
+  HEARTBEAT_EVERY seconds by the server's clock; leases of an instance not
+  seen for DEAD_AFTER are claimable before they expire (kill -9 costs seconds,
+  not the lease's length). The server's clock, not the injected one: this is
+  about processes being alive, which every instance must judge alike.
+- Leadership: retention runs on the instance holding a session advisory lock;
+  when that instance dies its session ends and another takes the lock.
+- Wake-ups: LISTEN on one channel; a broken connection is made again, and
+  polling covers the gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import asyncpg
+
+from relay.config import Config
+from relay.store.pg_errors import Connection
+
+log = logging.getLogger("relay.store")
+
+HEARTBEAT_EVERY = 2.0
+DEAD_AFTER = 10.0
+LEADER_LOCK = 0x72656C6179_02
+# Cluster pacing runs 3 % slower than the limit: an instance claims, then
+# sends a few milliseconds later, and two instances' delays differ; the
+# margin keeps a receiver counting any one-second window within its limit.
+CLUSTER_PACE_MARGIN = 1.03
+SERVER_NOW = "extract(epoch from clock_timestamp())"
+
+
+@dataclass(frozen=True)
+class TargetLimits:
+    concurrency: int
+    # (pacing row, seconds between two sends): the target's own rate, its groups'.
+    paces: tuple[tuple[str, float], ...] = ()
+
+
+def cluster_limits(config: Config) -> dict[str, TargetLimits]:
+    """Each target's limits as every instance must share them."""
+    limits = {}
+    for name, target in config.targets.items():
+        paces = []
+        if target.rate is not None:
+            paces.append((f"target:{name}", CLUSTER_PACE_MARGIN / target.rate.per_second))
+        for group, rate in target.shared_rates:
+            paces.append((f"group:{group}", CLUSTER_PACE_MARGIN / rate.per_second))
+        limits[name] = TargetLimits(target.concurrency, tuple(paces))
+    return limits
+
+
+async def allowed(
+    connection: Connection,
+    wanted: Mapping[str, int],
+    limits: Mapping[str, TargetLimits],
+    now: float,
+) -> dict[str, int]:
+    """How many of each target this instance may claim now, in the caller's
+    transaction; the pacing rows stay locked until it ends."""
+    known = {target: limits[target] for target in wanted if target in limits}
+    if not known:
+        return dict(wanted)
+    names = sorted(
+        {f"claim:{t}" for t in known} | {name for rule in known.values() for name, _ in rule.paces}
+    )
+    await connection.execute(
+        "INSERT INTO pacing (name, next_at) SELECT n, 0 FROM unnest($1::text[]) AS n"
+        " ON CONFLICT (name) DO NOTHING",
+        names,
+    )
+    next_at = {
+        row[0]: row[1]
+        for row in await connection.fetch(
+            "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[]) ORDER BY name"
+            " FOR UPDATE",
+            names,
+        )
+    }
+    busy = {
+        row[0]: row[1]
+        for row in await connection.fetch(
+            "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
+            " AND target = ANY($1::text[]) AND lease_until > $2 GROUP BY target",
+            list(known),
+            now,
+        )
+    }
+    result = {}
+    for target, limit in wanted.items():
+        rule = known.get(target)
+        if rule is not None:
+            limit = min(limit, rule.concurrency - busy.get(target, 0))
+            if rule.paces:
+                paced = all(next_at[name] <= now for name, _ in rule.paces)
+                limit = min(limit, 1) if paced else 0
+        if limit > 0:
+            result[target] = limit
+    return result
+
+
+async def took(
+    connection: Connection,
+    counts: Mapping[str, int],
+    limits: Mapping[str, TargetLimits],
+    now: float,
+) -> None:
+    """Move each pace on by the sends just claimed (idle time never piles up)."""
+    for target, count in counts.items():
+        rule = limits.get(target)
+        if rule is None or count == 0:
+            continue
+        for name, interval in rule.paces:
+            await connection.execute(
+                "UPDATE pacing SET next_at = GREATEST(next_at, $1) + $2 WHERE name = $3",
+                now,
+                count * interval,
+                name,
+            )
+
+
+async def heartbeats(url: str, instance_id: str, command_timeout: float) -> None:
+    """Touch this instance's row until cancelled; errors are retried."""
+    while True:
+        try:
+            connection = await asyncpg.connect(url, timeout=command_timeout)
+            try:
+                while True:
+                    await connection.execute(
+                        f"INSERT INTO instances (id, started_at, seen_at, alive_at)"
+                        f" VALUES ($1, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
+                        f" ON CONFLICT (id) DO UPDATE SET alive_at = {SERVER_NOW}",
+                        instance_id,
+                        timeout=command_timeout,
+                    )
+                    await asyncio.sleep(HEARTBEAT_EVERY)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), command_timeout)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
+            log.debug("heartbeat failed, trying again: %s", error)
+            await asyncio.sleep(HEARTBEAT_EVERY)
+
+
+class Leadership:
+    """The instance holding LEADER_LOCK runs the singletons (retention)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self._url = url
+        self._timeout = timeout
+        self._connection: asyncpg.Connection[asyncpg.Record] | None = None
+        self._held = False
+
+    async def lead(self) -> bool:
+        """Whether this instance leads now; takes the lead when it is free."""
+        try:
+            if self._connection is None or self._connection.is_closed():
+                self._held = False
+                self._connection = await asyncpg.connect(self._url, timeout=self._timeout)
+            if not self._held:
+                self._held = bool(
+                    await self._connection.fetchval(
+                        "SELECT pg_try_advisory_lock($1)", LEADER_LOCK, timeout=self._timeout
+                    )
+                )
+            else:
+                # Still the same session (a lost session lost the lock with it).
+                await self._connection.fetchval("SELECT 1", timeout=self._timeout)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+            await self.close()
+            return False
+        return self._held
+
+    async def close(self) -> None:
+        self._held = False
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._connection.close(), self._timeout)
+            self._connection = None
+
+
+async def listen_forever(url: str, channel: str, callback: Callable[[str], None]) -> None:
+    """Call `callback` with each notification on `channel` until cancelled,
+    connecting again when the connection breaks."""
+    while True:
+        try:
+            connection = await asyncpg.connect(url, timeout=10)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+            await asyncio.sleep(1.0)
+            continue
+        try:
+
+            def received(_: object, __: int, ___: str, payload: object) -> None:
+                callback(str(payload))
+
+            await connection.add_listener(channel, received)
+            callback("listening")  # anything missed while not listening is due now
+            while not connection.is_closed():
+                await asyncio.sleep(1.0)
+                try:
+                    await connection.fetchval("SELECT 1", timeout=5)
+                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+                    break
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+            await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 5)
