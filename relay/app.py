@@ -177,6 +177,7 @@ class Relay:
         self._runners: dict[str, web.BaseRunner] = {}
         self.connection_caps: dict[str, ConnectionCap | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._listening: asyncio.Task[None] | None = None
         self._opened: list[Callable[[], object]] = []
         self._stopping = False
         # Set when a background task ends while relay is not stopping: `serve()`
@@ -193,6 +194,12 @@ class Relay:
 
     def _accepted(self) -> None:
         self.scheduler.wake()
+
+    def _stop_listening(self) -> None:
+        # It listens until cancelled: there is no "done" for other instances' news.
+        if self._listening is not None:
+            self._listening.cancel()
+            self._listening = None
 
     def _woken(self, what: str) -> None:
         if what == "pause":
@@ -306,6 +313,7 @@ class Relay:
                 if isinstance(self.store, PostgresStore):
                     # Other instances' new events and operator actions wake this one.
                     self._spawn(self.store.listen(self._woken), "wake-ups", essential=True)
+                    self._listening = self._tasks[-1]
             ingress_cap, admin_cap = connection_limits()
             await self._listen(
                 "ingress", self.ingress.server(), self.config.server.listen, ingress_cap
@@ -441,6 +449,7 @@ class Relay:
             ("stopping the search indexer", self.indexer.stop),
             ("stopping the database watch", self.database_watch.stop),
             ("stopping alerts", self.alerter.stop),
+            ("stopping wake-ups", self._stop_listening),
             ("waiting for tasks", lambda: asyncio.gather(*tasks, return_exceptions=True)),
         ]
         admin = self._runners.pop("admin", None)

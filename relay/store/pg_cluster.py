@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from relay.config import Config
-from relay.store.pg_errors import Connection
+from relay.store.pg_errors import DRIVER_ERRORS, Connection
 
 log = logging.getLogger("relay.store")
 
@@ -147,7 +147,7 @@ async def heartbeats(url: str, instance_id: str, command_timeout: float) -> None
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), command_timeout)
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
+        except DRIVER_ERRORS as error:
             log.debug("heartbeat failed, trying again: %s", error)
             await asyncio.sleep(HEARTBEAT_EVERY)
 
@@ -176,7 +176,7 @@ class Leadership:
             else:
                 # Still the same session (a lost session lost the lock with it).
                 await self._connection.fetchval("SELECT 1", timeout=self._timeout)
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+        except DRIVER_ERRORS:
             await self.close()
             return False
         return self._held
@@ -195,7 +195,7 @@ async def listen_forever(url: str, channel: str, callback: Callable[[str], None]
     while True:
         try:
             connection = await asyncpg.connect(url, timeout=10)
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+        except DRIVER_ERRORS:
             await asyncio.sleep(1.0)
             continue
         try:
@@ -209,9 +209,9 @@ async def listen_forever(url: str, channel: str, callback: Callable[[str], None]
                 await asyncio.sleep(1.0)
                 try:
                     await connection.fetchval("SELECT 1", timeout=5)
-                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+                except DRIVER_ERRORS:
                     break
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError):
+        except DRIVER_ERRORS:
             await asyncio.sleep(1.0)
         finally:
             with contextlib.suppress(Exception):

@@ -9,6 +9,7 @@ names what the server said.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TypeAlias
 
 import asyncpg
@@ -35,6 +36,7 @@ def is_environmental(error: BaseException) -> bool:
         | ConnectionError
         | asyncio.TimeoutError
         | asyncpg.InterfaceError
+        | asyncpg.exceptions.InternalClientError
         | asyncpg.exceptions.ConnectionDoesNotExistError,
     ):
         return True
@@ -51,6 +53,32 @@ def unavailable(error: BaseException) -> StoreError:
     if is_environmental(error):
         return StoreUnavailable(f"database cannot be reached or written: {_describe(error)}")
     return StoreError(f"database error: {_describe(error)}")
+
+
+# What a driver call can raise, all of it turned into the store's own errors.
+DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+
+class OneLine(logging.Filter):
+    """asyncpg's pool logs a whole traceback each time it cannot reconnect
+    (the database is away): one line is what an operator needs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {_describe(record.exc_info[1])}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+logging.getLogger("asyncpg.pool").addFilter(OneLine())
 
 
 def _describe(error: BaseException) -> str:

@@ -163,12 +163,17 @@ class PgIntake:
         return results
 
     async def _transaction(self, jobs: Sequence[AcceptJob]) -> list[Accepted]:
-        async with self._pool.acquire() as connection, connection.transaction():
-            results = await store_batch(connection, jobs)
-            if self._notify:
-                # Delivered with the commit, to every instance listening.
-                await connection.execute("SELECT pg_notify($1, 'event')", self._notify)
-            return results
+        async with self._pool.acquire() as connection:
+            try:
+                async with connection.transaction():
+                    results = await store_batch(connection, jobs)
+                    if self._notify:
+                        # Delivered with the commit, to every instance listening.
+                        await connection.execute("SELECT pg_notify($1, 'event')", self._notify)
+                    return results
+            except asyncpg.exceptions.InternalClientError:
+                connection.terminate()  # its protocol state is unknown: not to be lent again
+                raise
 
 
 async def store_batch(connection: Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:

@@ -80,7 +80,7 @@ from relay.store.pg_cluster import (
     listen_forever,
     took,
 )
-from relay.store.pg_errors import Connection, unavailable
+from relay.store.pg_errors import DRIVER_ERRORS, Connection, unavailable
 from relay.store.pg_intake import PgIntake, store_batch
 from relay.store.pg_schema import LATEST, migrate
 from relay.store.rows import (
@@ -198,7 +198,7 @@ class PostgresStore:
                 command_timeout=self._command_timeout,
                 timeout=self._command_timeout,
             )
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
+        except DRIVER_ERRORS as error:
             await self.close()
             raise unavailable(error) from None
         self._intake = PgIntake(self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL)
@@ -251,8 +251,13 @@ class PostgresStore:
             raise StoreUnavailable("store is not open")
         try:
             async with self._pool.acquire() as connection:
-                yield connection
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as error:
+                try:
+                    yield connection
+                except asyncpg.exceptions.InternalClientError:
+                    # Its protocol state is unknown: never lend it out again.
+                    connection.terminate()
+                    raise
+        except DRIVER_ERRORS as error:
             raise unavailable(error) from None
 
     async def _write(self, job: Callable[[Connection], Awaitable[T]]) -> T:
@@ -353,6 +358,27 @@ class PostgresStore:
             moments = [float(m) for m in (pending, leased) if m is not None]
             if moments:
                 due[target] = min(moments)
+        return await self._paced(due)
+
+    async def _paced(self, due: dict[str, float]) -> dict[str, float]:
+        """Not before the cluster's pace lets the target send again (another
+        instance may have taken the slot): the scheduler sleeps until then."""
+        paces = {
+            target: [name for name, _ in self._limits[target].paces]
+            for target in due
+            if target in self._limits and self._limits[target].paces
+        }
+        if not paces:
+            return due
+        names = sorted({name for names in paces.values() for name in names})
+        next_at = {
+            row[0]: float(row[1])
+            for row in await self._read(
+                "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[])", names
+            )
+        }
+        for target, names in paces.items():
+            due[target] = max([due[target], *(next_at.get(name, 0.0) for name in names)])
         return due
 
     async def record_attempt(
