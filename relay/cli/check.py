@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+from pathlib import Path
 
 import asyncpg
 
 from relay.advice import warnings
 from relay.cli.common import add_config_option, add_service_environment_options, read_config
 from relay.config import Config, FileTarget, HttpTarget, SmtpTarget, TargetConfig
+from relay.envfile import parse_env_file
 from relay.retry import describe_schedule
 from relay.secrets import Masker
 from relay.units import format_size
@@ -25,9 +28,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def run(args: argparse.Namespace) -> int:
     config = read_config(args)
     print(describe(config))
-    for warning in [*warnings(config), *database_warnings(config)]:
+    found = [*warnings(config), *database_warnings(config), *env_file_warnings(args.env_file)]
+    for warning in found:
         print(f"warning: {warning}")
     return 0
+
+
+def env_file_warnings(path: Path | None) -> list[str]:
+    """What a shell and systemd read differently in an environment file:
+    systemd keeps a comment after a value as part of the value."""
+    if path is None:
+        return []
+    found = []
+    for name, value in parse_env_file(path.read_text(encoding="utf-8")).items():
+        if re.search(r"\s[#;]", value):
+            found.append(
+                f"{path}: {name}'s value has a comment after it, which systemd keeps as part"
+                " of the value: put comments on lines of their own"
+            )
+    return found
 
 
 def database_warnings(config: Config) -> list[str]:

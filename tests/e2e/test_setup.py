@@ -163,6 +163,9 @@ def test_check_reads_the_env_file_as_systemd_and_the_credential_files(tmp_path: 
     )
     assert "config OK" in checked.stdout
     assert "123:AAsecret" not in checked.stdout
+    # The comment is in the value: as systemd would pass it, and said so.
+    assert "CHAT_ID's value has a comment after it, which systemd keeps" in checked.stdout
+    assert "BOT_TOKEN's value" not in checked.stdout
 
 
 def test_backup_is_private(tmp_path: Path) -> None:
