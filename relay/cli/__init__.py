@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from relay import __version__
-from relay.cli import check, events, operate, render, resend, serve, setup
+from relay.cli import check, events, movestore, operate, render, resend, serve, setup
 from relay.cli.common import CommandError, as_root_hint
 from relay.lockfile import AlreadyRunning
 from relay.store import StoreError
 
-COMMANDS = (serve, check, events, operate, render, resend, setup)
+COMMANDS = (serve, check, events, operate, render, resend, setup, movestore)
 
 
 def parser() -> argparse.ArgumentParser:
