@@ -37,10 +37,8 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -54,6 +52,7 @@ from pytest_aiohttp import AiohttpServer
 from relay.envfile import parse_env_file
 
 from helpers import Sink, free_port
+from unit.test_watchdog import NotifySocket
 
 pytestmark = [
     pytest.mark.deploy,
@@ -236,34 +235,6 @@ def read_unit(path: Path) -> dict[str, list[str]]:
     return directives
 
 
-class NotifySocket:
-    """systemd's notify socket, abstract: reachable from any mount namespace and uid."""
-
-    def __init__(self) -> None:
-        self.name = f"relay-deploy-{os.getpid()}-{time.monotonic_ns()}"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind("\0" + self.name)
-        self.sock.settimeout(0.1)
-        self.messages: list[str] = []
-        self._stop = False
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        while not self._stop:
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stop = True
-        self._thread.join()
-        self.sock.close()
-
-
 @dataclass
 class Service:
     process: subprocess.Popen[bytes]
@@ -313,7 +284,7 @@ def start_service(machine: Machine, unit_path: Path) -> Service:
     os.chown(credentials, uid, uid)
     credentials.chmod(0o500)
 
-    notify = NotifySocket()
+    notify = NotifySocket(abstract=True)
     environment = {
         "PATH": SYSTEM_PATH,
         "LANG": "C.UTF-8",
@@ -325,7 +296,7 @@ def start_service(machine: Machine, unit_path: Path) -> Service:
         "CACHE_DIRECTORY": str(cache),
         "CONFIGURATION_DIRECTORY": str(prefix / "etc" / config_name),
         "CREDENTIALS_DIRECTORY": str(credentials),
-        "NOTIFY_SOCKET": "@" + notify.name,
+        "NOTIFY_SOCKET": notify.path,
         "WATCHDOG_USEC": str(int(unit["WatchdogSec"][0].rstrip("s")) * 1_000_000),
     }
     for item in unit.get("Environment", []):
@@ -377,7 +348,7 @@ def start_service(machine: Machine, unit_path: Path) -> Service:
 def wait_ready(service: Service, timeout: float = 120) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for message in service.notify.messages:
+        for _, message in service.notify.messages:
             if "READY=1" in message:
                 return message
         if service.process.poll() is not None:
@@ -579,7 +550,7 @@ async def _follow(
         return started
     if plain == "systemctl status relay":
         assert service is not None
-        ready = next(m for m in service.notify.messages if "READY=1" in m)
+        ready = next(m for _, m in service.notify.messages if "READY=1" in m)
         assert "STATUS=pending 0, dead 0" in ready, ready
         return service
     result = await asyncio.to_thread(machine.run, machine.rewrite(plain))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import tempfile
 import threading
@@ -16,13 +17,21 @@ from relay.systemd import Notifier, watchdog
 
 
 class NotifySocket:
-    """A datagram socket like systemd's; a thread stamps each message on arrival."""
+    """A datagram socket like systemd's; a thread stamps each message on arrival.
 
-    def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="notify-", dir="/tmp")
-        self.path = str(Path(self.folder, "s"))
+    `path` is what NOTIFY_SOCKET says. An abstract socket ("@name") is reached
+    from any mount namespace and by any uid, as the deploy test needs."""
+
+    def __init__(self, *, abstract: bool = False) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
+        self.folder: str | None = None
+        if abstract:
+            self.path = f"@relay-notify-{os.getpid()}-{time.monotonic_ns()}"
+            self.sock.bind("\0" + self.path[1:])
+        else:
+            self.folder = tempfile.mkdtemp(prefix="notify-", dir="/tmp")
+            self.path = str(Path(self.folder, "s"))
+            self.sock.bind(self.path)
         self.sock.settimeout(0.1)
         self.messages: list[tuple[float, str]] = []
         self._stop = False
@@ -43,8 +52,9 @@ class NotifySocket:
         self._stop = True
         self._thread.join()
         self.sock.close()
-        Path(self.path).unlink(missing_ok=True)
-        Path(self.folder).rmdir()
+        if self.folder is not None:
+            Path(self.path).unlink(missing_ok=True)
+            Path(self.folder).rmdir()
 
     def pings(self) -> list[float]:
         return [at for at, text in self.messages if text == "WATCHDOG=1"]
