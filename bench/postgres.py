@@ -1,0 +1,301 @@
+"""PostgreSQL beside SQLite: ingest and end to end, one and two relay instances.
+
+    python bench/postgres.py [--seconds 10] [--connections 64] [--rounds 1]
+
+Needs Debian's postgresql (a throwaway cluster is started as in the tests:
+tests/pgcluster.py, a unix socket, no TCP) and wrk. For each setup (SQLite;
+PostgreSQL with one instance; with two instances, wrk's connections split
+between them) two runs:
+
+- ingest: the target never answers (concurrency 1), so only accepting is
+  measured: acknowledged per second, p99, and CPU seconds per 1,000 events of
+  relay (all instances) and of the PostgreSQL server (postmaster and its
+  backends) separately;
+- end to end: the target is a local sink answering 200; wrk flat out for the
+  window, then until everything acknowledged is delivered: events delivered
+  per second over the whole run, ingest-to-delivery p99, the same CPU split.
+
+Every acknowledged event must be in the database afterwards (a benchmark that
+loses events fails). From the PostgreSQL CPU per event it projects how many
+events a second a database host with N cores could take, CPU-bound.
+
+This machine has 2 shared cores: run it only on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from common import ROOT, Server, WrkResult, free_port, print_table, run_wrk, write_json
+from ingest import black_hole
+
+from pgcluster import Cluster, create_cluster, remove_cluster
+
+SETUPS = ("sqlite", "postgres x1", "postgres x2")
+
+
+def config(folder: Path, port: int, admin_port: int, target_port: int, url: str | None) -> Path:
+    storage = f'url = "{url}"' if url else 'path = "relay.db"\nsynchronous = "full"'
+    path = folder / f"relay-{port}.toml"
+    path.write_text(f"""
+[server]
+listen = "127.0.0.1:{port}"
+shutdown_timeout = "2s"
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+
+[storage]
+{storage}
+
+[log]
+level = "warning"
+
+[targets.crm]
+type = "http"
+url = "http://127.0.0.1:{target_port}/hook"
+concurrency = 32
+
+[routes.orders]
+path = "/hooks/orders"
+targets = ["crm"]
+""")
+    return path
+
+
+def pg_cpu_seconds(cluster: Cluster) -> float:
+    """User + system CPU of the postmaster, its live backends and those that ended."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    postmaster = cluster.postmaster_pid()
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == postmaster:
+            total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        elif int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+async def _pg(url: str, sql: str) -> Any:
+    connection = await asyncpg.connect(url)
+    try:
+        return await connection.fetch(sql)
+    finally:
+        await connection.close()
+
+
+def stored_events(folder: Path, url: str | None) -> dict[int, float]:
+    sql = "SELECT id, received_at FROM events"
+    if url is None:
+        database = sqlite3.connect(folder / "relay.db")
+        try:
+            return dict(database.execute(sql).fetchall())
+        finally:
+            database.close()
+    return {row[0]: row[1] for row in asyncio.run(_pg(url, sql))}
+
+
+def delivered_count(folder: Path, url: str | None) -> int:
+    sql = "SELECT COUNT(*) FROM deliveries WHERE status = 'delivered'"
+    if url is None:
+        database = sqlite3.connect(folder / "relay.db")
+        try:
+            return int(database.execute(sql).fetchone()[0])
+        finally:
+            database.close()
+    return int(asyncio.run(_pg(url, sql))[0][0])
+
+
+def wrk_all(ports: list[int], connections: int, seconds: float, prefix: int) -> list[WrkResult]:
+    """wrk against each instance at once, the connections split between them."""
+    results: list[WrkResult] = []
+    share = max(1, connections // len(ports))
+
+    def one(index: int, port: int) -> None:
+        results.append(
+            run_wrk(
+                f"http://127.0.0.1:{port}/hooks/orders",
+                connections=share,
+                seconds=seconds,
+                prefix=prefix * 10 + index,
+                cpu=None,
+            )
+        )
+
+    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(ports)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def run_setup(
+    setup: str, mode: str, cluster: Cluster, args: argparse.Namespace, round_number: int
+) -> dict[str, float]:
+    count = 2 if setup.endswith("x2") else 1
+    with tempfile.TemporaryDirectory(prefix="relay-bench-pg-") as tmp:
+        folder = Path(tmp)
+        if cluster.as_postgres:
+            os.chmod(folder, 0o755)
+        url = None
+        if setup != "sqlite":
+            name = f"bench_{round_number}_{mode.replace('-', '_')}_{count}"
+            asyncio.run(_pg(cluster.url("postgres"), f"DROP DATABASE IF EXISTS {name}"))
+            asyncio.run(_pg(cluster.url("postgres"), f"CREATE DATABASE {name}"))
+            url = cluster.url(name)
+        sink = None
+        arrivals = folder / "arrivals.txt"
+        if mode == "ingest":
+            target_port = black_hole()
+        else:
+            target_port = free_port()
+            sink = Server(
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "sink_server.py"),
+                    str(target_port),
+                    str(arrivals),
+                ],
+                target_port,
+                cpu=None,
+            )
+        relays = []
+        try:
+            for _ in range(count):
+                port = free_port()
+                path = config(folder, port, free_port(), target_port, url)
+                relays.append(
+                    Server(
+                        [sys.executable, "-m", "relay", "serve", "--config", str(path)],
+                        port,
+                        cpu=None,
+                        cwd=folder,
+                    )
+                )
+            relay_before = sum(r.cpu_seconds() for r in relays)
+            pg_before = pg_cpu_seconds(cluster)
+            started = time.monotonic()
+            results = wrk_all(
+                [r.port for r in relays], args.connections, args.seconds, round_number
+            )
+            acked = sum(r.acked for r in results)
+            if mode == "end-to-end":
+                deadline = time.monotonic() + 120
+                while delivered_count(folder, url) < acked and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            elapsed = time.monotonic() - started
+            relay_cpu = sum(r.cpu_seconds() for r in relays) - relay_before
+            pg_cpu = pg_cpu_seconds(cluster) - pg_before if url else 0.0
+        finally:
+            for relay in relays:
+                relay.stop()
+            if sink is not None:
+                sink.stop()
+        received = stored_events(folder, url)
+        lost = max(0, acked - len(received))
+        latencies = []
+        if mode == "end-to-end" and arrivals.exists():
+            latencies = sorted(
+                float(at) - received[int(event)]
+                for event, at in (line.split() for line in arrivals.read_text().splitlines())
+                if event.isdigit() and int(event) in received
+            )
+    window = results[0].seconds if results else args.seconds
+    return {
+        "rate": acked / (window if mode == "ingest" else elapsed),
+        "p99_ms": max(r.p99 for r in results) if mode == "ingest" else _p99(latencies) * 1000,
+        "relay_cpu_per_1k": relay_cpu / max(acked, 1) * 1000,
+        "pg_cpu_per_1k": pg_cpu / max(acked, 1) * 1000,
+        "acked": float(acked),
+        "lost": float(lost),
+    }
+
+
+def _p99(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, round(0.99 * (len(values) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+
+    cluster = create_cluster()
+    results: dict[str, list[dict[str, float]]] = {}
+    try:
+        for round_number in range(args.rounds):
+            for mode in ("ingest", "end-to-end"):
+                for setup in SETUPS:
+                    result = run_setup(setup, mode, cluster, args, round_number)
+                    results.setdefault(f"{mode} {setup}", []).append(result)
+                    print(
+                        f"round {round_number + 1} {mode:10} {setup:12}: {result['rate']:7.0f}/s"
+                        f"  p99 {result['p99_ms']:7.1f} ms  relay {result['relay_cpu_per_1k']:.3f}"
+                        f"  pg {result['pg_cpu_per_1k']:.3f} CPU s/1k  lost {result['lost']:.0f}",
+                        flush=True,
+                    )
+    finally:
+        remove_cluster(cluster)
+
+    rows = []
+    for key, runs in results.items():
+        rows.append(
+            [
+                key,
+                f"{statistics.median(r['rate'] for r in runs):.0f}",
+                f"{statistics.median(r['p99_ms'] for r in runs):.1f}",
+                f"{statistics.median(r['relay_cpu_per_1k'] for r in runs):.3f}",
+                f"{statistics.median(r['pg_cpu_per_1k'] for r in runs):.3f}",
+            ]
+        )
+    print_table(
+        f"PostgreSQL beside SQLite, {args.connections} connections, ~1 KiB JSON,"
+        f" median of {args.rounds} rounds of {args.seconds:g}s",
+        ["run", "events/s", "p99 ms", "relay CPU s/1k", "PostgreSQL CPU s/1k"],
+        rows,
+    )
+    ingest_pg = results.get("ingest postgres x2") or results.get("ingest postgres x1") or []
+    per_1k = statistics.median(r["pg_cpu_per_1k"] for r in ingest_pg) if ingest_pg else 0.0
+    if per_1k > 0:
+        for cores in (2, 4, 8, 16):
+            print(
+                f"a database host with {cores} cores: ~{cores / per_1k * 1000:.0f} events/s"
+                " of ingest before its CPU is the limit (disk and network aside)"
+            )
+    lost = sum(r["lost"] for runs in results.values() for r in runs)
+    path = write_json("postgres", {"args": vars(args), "results": results, "lost": lost})
+    print(f"results: {path}")
+    if lost:
+        print("FAILED: acknowledged events are missing from the database")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
