@@ -21,7 +21,7 @@ from aiohttp import web
 from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
-from relay.config import Config, ConfigError, Listen, StorageConfig, load_config
+from relay.config import Config, ConfigError, Listen, load_config
 from relay.config.files import write_token_file
 from relay.dbwatch import DatabaseWatch
 from relay.guard import CappedSite, ConnectionCap, connection_limits
@@ -35,7 +35,8 @@ from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.secrets import Masker
-from relay.store import SqliteStore, Status, StoreError
+from relay.store import Status, StoreError
+from relay.store.backends import open_store
 from relay.store.pg_cluster import cluster_limits
 from relay.store.postgres import PostgresStore
 from relay.systemd import Notifier, watchdog
@@ -43,24 +44,6 @@ from relay.targets import Target, build_target
 from relay.units import format_instant
 
 log = logging.getLogger("relay")
-
-
-def open_store(storage: StorageConfig) -> SqliteStore | PostgresStore:
-    """The backend the config names: PostgreSQL for a `url`, else the SQLite file."""
-    if storage.url is not None:
-        return PostgresStore(
-            storage.url,
-            # A request waits at most this long for a place in a commit before 503.
-            write_queue_timeout=storage.busy_timeout + 1.0,
-            command_timeout=storage.busy_timeout + 5.0,
-        )
-    return SqliteStore(
-        storage.path,
-        synchronous=storage.synchronous,
-        busy_timeout=storage.busy_timeout,
-        # A request waits at most this long for a place in a commit before 503.
-        write_queue_timeout=storage.busy_timeout + 1.0,
-    )
 
 
 def lock_path(database: Path) -> Path:

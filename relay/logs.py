@@ -9,15 +9,17 @@ from __future__ import annotations
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from relay.config import LogConfig
 from relay.retry import Next
-from relay.scheduler import AttemptReport
 from relay.secrets import Masker
 from relay.views import iso
+
+if TYPE_CHECKING:
+    from relay.scheduler import AttemptReport
 
 attempt_log = logging.getLogger("relay.attempts")
 

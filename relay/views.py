@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay.config import FileTarget, HttpTarget, SmtpTarget, TargetConfig, TelegramTarget
-from relay.resend import Preview
 from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,
@@ -24,6 +23,9 @@ from relay.store import (
     TextSearch,
 )
 from relay.units import format_instant
+
+if TYPE_CHECKING:
+    from relay.resend import Preview  # the resend planner needs the targets
 
 
 def iso(timestamp: float | None) -> str | None:

@@ -7,9 +7,6 @@ import asyncio
 import re
 from pathlib import Path
 
-import asyncpg
-
-from relay.advice import warnings
 from relay.cli.common import add_config_option, add_service_environment_options, read_config
 from relay.config import Config, FileTarget, HttpTarget, SmtpTarget, TargetConfig
 from relay.envfile import parse_env_file
@@ -26,6 +23,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def run(args: argparse.Namespace) -> int:
+    # advice reads the whole config model with its targets (aiohttp's client):
+    # imported by the command that uses it, not by every `relay` command.
+    from relay.advice import warnings
+
     config = read_config(args)
     print(describe(config))
     found = [*warnings(config), *database_warnings(config), *env_file_warnings(args.env_file)]
@@ -79,6 +80,8 @@ def durability_warnings(settings: dict[str, str]) -> list[str]:
 
 
 async def _server_settings(url: str) -> dict[str, str]:
+    import asyncpg  # only a PostgreSQL config needs the driver
+
     connection = await asyncpg.connect(url, timeout=5)
     try:
         rows = await connection.fetch(

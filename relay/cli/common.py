@@ -12,16 +12,18 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from relay.app import open_store
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.envfile import parse_env_file
 from relay.loops import loop_factory
-from relay.store import SqliteStore
-from relay.store.postgres import PostgresStore
+from relay.store.backends import open_store
+from relay.store.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from relay.store.postgres import PostgresStore
 
 T = TypeVar("T")
 

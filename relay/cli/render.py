@@ -13,13 +13,9 @@ from relay.cli.common import (
     add_service_environment_options,
     read_config,
 )
-from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.payload import strip_form_fields
 from relay.secrets import Masker
-from relay.sources import Ping, Reject, build_source
 from relay.store import Status
-from relay.targets import Envelope, build_target
-from relay.templates import TemplateError, marking_defaults
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,6 +40,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def render(args: argparse.Namespace) -> int:
+    # The pipeline's modules (sources, targets with aiohttp's client, Jinja2) are
+    # imported by the command that runs them, not by every `relay` command.
+    from relay.incoming import Incoming, idempotency_key, plan_deliveries
+    from relay.sources import Ping, Reject, build_source
+    from relay.targets import Envelope, build_target
+    from relay.templates import TemplateError, marking_defaults
+
     config = read_config(args)
     route = config.routes.get(args.route)
     if route is None:

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay.cli.common import (
     CommandError,
@@ -24,10 +24,12 @@ from relay.cli.common import (
     run,
 )
 from relay.payload import media_type
-from relay.resend import EditRejected, ResendPlan, editable_body, plan_resend
 from relay.secrets import Masker
 from relay.store import EventDetail
 from relay.views import preview_view
+
+if TYPE_CHECKING:
+    from relay.resend import ResendPlan
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +66,10 @@ def who() -> str:
 
 
 def resend(args: argparse.Namespace) -> int:
+    # Planning renders the targets' templates (aiohttp's client, Jinja2): imported
+    # by the command that sends, not by every `relay` command.
+    from relay.resend import EditRejected, editable_body, plan_resend
+
     config = read_config(args)
     try:
         event_id = int(args.event_id)

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 
 from relay import logs
-from relay.app import serve
 from relay.cli.common import add_config_option, read_config, run
 from relay.secrets import Masker
 
@@ -28,4 +27,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.log_level:
         log_config = dataclasses.replace(log_config, level=args.log_level)
     logs.configure(log_config, Masker(config.secrets))
+    # The daemon's whole machinery (aiohttp.web, Jinja2, prometheus) is imported
+    # here, not with the CLI: the operator commands start without it.
+    from relay.app import serve
+
     return run(serve(config))

@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from relay.templates import Template
+if TYPE_CHECKING:
+    # Compiled by the reader; the operator commands read no template and start
+    # without Jinja2.
+    from relay.templates import Template
 
 Backoff = Literal["exponential", "list"]
 Synchronous = Literal["full", "normal"]

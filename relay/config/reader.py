@@ -10,10 +10,12 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relay.templates import Template, compile_expression, compile_template
 from relay.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from relay.templates import Template
 
 
 class ConfigError(Exception):
@@ -243,6 +245,8 @@ class Section:
 
     def expression(self, name: str, default: Any = REQUIRED) -> Any:
         """A condition such as `json.Status == 'PAID'`, compiled now."""
+        from relay.templates import compile_expression  # see _compile
+
         source = self.string(name, default)
         if source is default and default is not REQUIRED:
             return source
@@ -254,6 +258,10 @@ class Section:
     def _compile(
         self, name: str, source: str, *, html: bool, markdown_v2: bool = False
     ) -> Template:
+        # Jinja2 is imported by the first template a config holds: the operator
+        # commands (`relay events`, `relay stats`) read none, and start without it.
+        from relay.templates import compile_template
+
         try:
             return compile_template(source, html=html, markdown_v2=markdown_v2)
         except ValueError as error:

@@ -1,0 +1,147 @@
+"""Operator commands import only what they use: no daemon machinery to start.
+
+Every `relay` command once imported aiohttp.web, Jinja2 and prometheus
+through the daemon's wiring (~0.75 s before `relay events` printed a line).
+A timer would be flaky on a shared machine; what makes the start slow is
+which modules are loaded, and that is checked exactly: each command runs in
+a fresh interpreter and reports what it imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relay.store import NewDelivery, NewEvent, SqliteStore
+
+from helpers import write_config
+
+# The daemon's (and `relay check`'s, `relay render`'s) machinery.
+HEAVY = (
+    "aiohttp",
+    "aiohttp.web",
+    "jinja2",
+    "prometheus_client",
+    "aiosmtplib",
+    "relay.app",
+    "relay.targets",
+    "relay.templates",
+    "relay.scheduler",
+)
+
+# PostgreSQL's driver, for a config that names no PostgreSQL server.
+DRIVERS = ("asyncpg",)
+
+# Runs one command as `relay` would, then writes what it imported to argv[1].
+RUN_AND_REPORT = """
+import json, sys
+from pathlib import Path
+from relay.cli import main
+try:
+    code = main(sys.argv[2:])
+except SystemExit as exit:  # argparse's --version
+    code = exit.code
+Path(sys.argv[1]).write_text(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.fixture
+async def config(tmp_path: Path) -> Path:
+    path = write_config(
+        tmp_path / "relay.toml",
+        {
+            "storage": {"path": str(tmp_path / "relay.db")},
+            "targets": {
+                "crm": {
+                    "type": "http",
+                    "url": "http://127.0.0.1:9/leads",
+                    "body": '{"n": {{ json.n }}}',
+                },
+                "mail": {
+                    "type": "smtp",
+                    "host": "127.0.0.1",
+                    "from": "relay@example.com",
+                    "to": ["ops@example.com"],
+                    "subject": "order {{ json.n }}",
+                    "text": "{{ body }}",
+                },
+            },
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm", "mail"]}},
+        },
+    )
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    for n in range(3):
+        await store.accept_event(
+            NewEvent(
+                route="orders",
+                idempotency_key=None,
+                received_at=1_800_000_000.0 + n,
+                remote_addr="127.0.0.1",
+                method="POST",
+                path="/hooks/orders",
+                query="",
+                headers=[("Content-Type", "application/json")],
+                content_type="application/json",
+                body=json.dumps({"n": n}).encode(),
+            ),
+            [NewDelivery("crm"), NewDelivery("mail")],
+            1_800_000_000.0 + n,
+        )
+    await store.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["--version"],
+        ["events"],
+        ["events", "--json"],
+        ["stats"],
+        ["show", "1"],
+        ["retry", "1"],
+        ["pause", "crm"],
+        ["resume", "crm"],
+        ["rejections"],
+    ],
+    ids=" ".join,
+)
+def test_operator_commands_do_not_import_the_daemon(
+    config: Path, tmp_path: Path, command: list[str]
+) -> None:
+    argv = command if command == ["--version"] else [*command, "--config", str(config)]
+    report_path = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_AND_REPORT, str(report_path), *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    report = json.loads(report_path.read_text())
+    assert report["code"] == 0, done.stderr
+    assert done.stdout, "the command printed nothing: it did not run"
+    loaded = [name for name in (*HEAVY, *DRIVERS) if name in report["modules"]]
+    assert loaded == [], f"relay {' '.join(command)} imported {loaded}"
+
+
+def test_the_heavy_list_is_what_serve_really_loads(config: Path) -> None:
+    """The check above means something only if these names are the real ones."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; import relay.app; print(json.dumps(sorted(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    modules = json.loads(done.stdout)
+    assert [name for name in HEAVY if name not in modules] == []
