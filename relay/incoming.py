@@ -1,7 +1,7 @@
 """One webhook as relay sees it before storing: its parts, parsed once, on demand.
 
-Ingress and `relay render` share this: the idempotency key, the `when`
-filters and (later) source profiles read the same parsed body.
+Ingress and `relay render` share this: the source profile, the idempotency
+key, the `when` filters and the ordering key read the same parsed body.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from relay.payload import (
     parse_json,
     parse_query,
     storable,
+    template_context,
 )
 from relay.store import NewDelivery, Status
 from relay.templates import Template, TemplateError, holds
@@ -70,17 +71,7 @@ class Incoming:
         return parse_query(self.query)
 
     def context(self, wanted: Iterable[str]) -> dict[str, Any]:
-        names = set(wanted)
-        values: dict[str, Any] = {"headers": self.headers}
-        if "json" in names:
-            values["json"] = self.json
-        if "form" in names:
-            values["form"] = self.form
-        if "query" in names:
-            values["query"] = self.query_fields
-        if "body" in names:
-            values["body"] = self.body.decode("utf-8", errors="replace")
-        return values
+        return template_context(wanted, self)
 
     def render(self, template: Template) -> str:
         return template.render(self.context(template.variables))

@@ -7,7 +7,9 @@ template reads, and only those are built. The raw body is never changed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote_plus
 
 import orjson
@@ -87,26 +89,70 @@ def header_map(headers: Iterable[tuple[str, str]]) -> CIMultiDictProxy[str]:
     return CIMultiDictProxy(CIMultiDict(headers))
 
 
+# What a template can read, by where it is written. A route's `when`,
+# `idempotency_key` and `order_by` are decided before the request is stored,
+# when it has no id: they read the request; a target's templates also `event`.
+# The config refuses any other name at load (relay.templates.compile_template).
+REQUEST_VARIABLES = frozenset({"headers", "json", "form", "query", "body"})
+EVENT_VARIABLES = REQUEST_VARIABLES | {"event"}
+
+
+class RequestParts(Protocol):
+    """A request as templates read it; each view parsed at most once by its holder."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def json(self) -> Any: ...
+
+    @property
+    def form(self) -> dict[str, str] | None: ...
+
+    @property
+    def query_fields(self) -> dict[str, str]: ...
+
+
+@dataclass
+class StoredRequest:
+    """The parts of a request already stored (a delivery's payload), parsed on demand."""
+
+    body: bytes
+    content_type: str | None
+    headers: Mapping[str, str]
+    query: str
+
+    @cached_property
+    def json(self) -> Any:
+        return parse_json(self.body)
+
+    @cached_property
+    def form(self) -> dict[str, str] | None:
+        return parse_form(self.content_type, self.body)
+
+    @cached_property
+    def query_fields(self) -> dict[str, str]:
+        return parse_query(self.query)
+
+
 def template_context(
-    wanted: Iterable[str],
-    *,
-    body: bytes,
-    content_type: str | None,
-    headers: Mapping[str, str],
-    query: str,
-    event: Mapping[str, Any] | None = None,
+    wanted: Iterable[str], parts: RequestParts, event: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The variables named in `wanted` (and only those) for a template render."""
+    """The variables named in `wanted` (and only those) for a template render:
+    the one builder for ingress (`when`, keys, ordering) and targets alike."""
     names = set(wanted)
-    context: dict[str, Any] = {"headers": headers}
+    context: dict[str, Any] = {"headers": parts.headers}
     if "json" in names:
-        context["json"] = parse_json(body)
+        context["json"] = parts.json
     if "form" in names:
-        context["form"] = parse_form(content_type, body)
+        context["form"] = parts.form
     if "body" in names:
-        context["body"] = body.decode("utf-8", errors="replace")
+        context["body"] = parts.body.decode("utf-8", errors="replace")
     if "query" in names:
-        context["query"] = parse_query(query)
+        context["query"] = parts.query_fields
     if event is not None:
         context["event"] = event
     return context

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ import jinja2
 import jinja2.meta
 from jinja2.filters import do_default
 
+from relay.payload import EVENT_VARIABLES
 from relay.sandbox import (
     MAX_OPERATIONS,
     MAX_OUTPUT_CHARS,
@@ -132,10 +133,18 @@ class Template:
         return "".join(pieces)
 
 
-def compile_template(source: str, *, html: bool = False, markdown_v2: bool = False) -> Template:
+def compile_template(
+    source: str,
+    *,
+    html: bool = False,
+    markdown_v2: bool = False,
+    offers: Collection[str] | None = None,
+) -> Template:
     """Compile `source`; raises ValueError with Jinja's message on a syntax error.
 
-    `html` escapes every value for HTML, `markdown_v2` for Telegram's MarkdownV2."""
+    `html` escapes every value for HTML, `markdown_v2` for Telegram's MarkdownV2.
+    With `offers`, a variable that is neither offered nor one of Jinja's own
+    (`range`, `namespace`...) is refused now: rendered, it would fail every time."""
     environment = _HTML if html else _MARKDOWN_V2 if markdown_v2 else _PLAIN
     try:
         tree = environment.parse(source)
@@ -147,16 +156,35 @@ def compile_template(source: str, *, html: bool = False, markdown_v2: bool = Fal
     except (RecursionError, SyntaxError, MemoryError):
         # Hundreds of nested filters or brackets: Jinja's compiler or Python's gives up.
         raise ValueError("template nested too deeply") from None
+    if offers is not None:
+        _refuse_unknown(variables, offers, environment)
     return Template(source=source, variables=variables, _compiled=compiled)
 
 
-def compile_expression(source: str) -> Template:
+def _refuse_unknown(
+    variables: frozenset[str], offers: Collection[str], environment: jinja2.Environment
+) -> None:
+    unknown = sorted(variables - set(offers) - set(environment.globals))
+    if not unknown:
+        return
+    readable = ", ".join(sorted(offers))
+    name = unknown[0]
+    if name in EVENT_VARIABLES:
+        raise ValueError(
+            f"reads {name}, which is not known here (this template can read {readable};"
+            " event exists only in a target's templates: a request has no id before it"
+            " is stored)"
+        )
+    raise ValueError(f"reads {name}, which is not a template variable (use {readable})")
+
+
+def compile_expression(source: str, *, offers: Collection[str] | None = None) -> Template:
     """A boolean condition such as `json.Status == 'CONFIRMED'`, as a template.
 
     Rendered through the same sandbox; the result is "1" when it holds and ""
     when it does not (see `holds`).
     """
-    wrapped = compile_template("{% if (" + source + ") %}1{% endif %}")
+    wrapped = compile_template("{% if (" + source + ") %}1{% endif %}", offers=offers)
     # Messages ("when: ... is false") show the condition as the user wrote it.
     return dataclasses.replace(wrapped, source=source)
 

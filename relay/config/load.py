@@ -39,6 +39,7 @@ from relay.config.sources import (
     source_secrets,
 )
 from relay.config.targets import NAME, parse_target
+from relay.payload import REQUEST_VARIABLES
 
 
 def load_config(path: Path, environ: Mapping[str, str]) -> Config:
@@ -323,7 +324,7 @@ def _route(
         name=name,
         path=path,
         targets=route_targets,
-        idempotency_key=section.template("idempotency_key", None),
+        idempotency_key=section.template("idempotency_key", None, offers=REQUEST_VARIABLES),
         require_idempotency_key=section.boolean("require_idempotency_key", False),
         max_body_size=section.size("max_body_size", server.max_body_size),
         dedup_window=dedup_window,
@@ -355,12 +356,8 @@ def _route_target(
         raise ConfigError(key, f'unknown target "{name}" (configured: {known})')
     # A route-level override starts from the target's own schedule.
     policy = parse_retry(table.section("retry"), targets[name].retry)
-    when = table.expression("when", None)
-    order_by = table.template("order_by", None)
-    if order_by is not None and "event" in order_by.variables:
-        raise ConfigError(
-            table.key("order_by"),
-            "can read json, form, headers, query and body, not event (it has no id yet)",
-        )
+    # Decided before the event is stored: no `event` to read yet.
+    when = table.expression("when", None, offers=REQUEST_VARIABLES)
+    order_by = table.template("order_by", None, offers=REQUEST_VARIABLES)
     table.done()
     return RouteTarget(target=name, retry=policy, when=when, order_by=order_by)

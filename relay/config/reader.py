@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -224,26 +224,30 @@ class Section:
         name: str,
         default: Any = REQUIRED,
         *,
+        offers: Collection[str],
         html: bool = False,
         markdown_v2: bool = False,
         compile_default: bool = False,
     ) -> Any:
-        """A Jinja2 template, compiled now: a syntax error is a config error.
+        """A Jinja2 template, compiled now: a syntax error, or a variable that is not
+        in `offers` (what this place's context holds), is a config error.
 
         With `compile_default`, an absent key gets `default` compiled as its template.
         """
         source = self.string(name, default, nonempty=False)
         if source is default and default is not REQUIRED and not compile_default:
             return source
-        return self._compile(name, source, html=html, markdown_v2=markdown_v2)
+        return self._compile(name, source, offers, html=html, markdown_v2=markdown_v2)
 
-    def template_map(self, name: str, *, html: bool = False) -> dict[str, Template]:
+    def template_map(
+        self, name: str, *, offers: Collection[str], html: bool = False
+    ) -> dict[str, Template]:
         return {
-            key: self._compile(f"{name}.{key}", value, html=html)
+            key: self._compile(f"{name}.{key}", value, offers, html=html)
             for key, value in self.string_map(name, {}).items()
         }
 
-    def expression(self, name: str, default: Any = REQUIRED) -> Any:
+    def expression(self, name: str, default: Any = REQUIRED, *, offers: Collection[str]) -> Any:
         """A condition such as `json.Status == 'PAID'`, compiled now."""
         from relay.templates import compile_expression  # see _compile
 
@@ -251,19 +255,25 @@ class Section:
         if source is default and default is not REQUIRED:
             return source
         try:
-            return compile_expression(source)
+            return compile_expression(source, offers=offers)
         except ValueError as error:
             raise ConfigError(self.key(name), f"{error} in {describe(source)}") from None
 
     def _compile(
-        self, name: str, source: str, *, html: bool, markdown_v2: bool = False
+        self,
+        name: str,
+        source: str,
+        offers: Collection[str],
+        *,
+        html: bool,
+        markdown_v2: bool = False,
     ) -> Template:
         # Jinja2 is imported by the first template a config holds: the operator
         # commands (`relay events`, `relay stats`) read none, and start without it.
         from relay.templates import compile_template
 
         try:
-            return compile_template(source, html=html, markdown_v2=markdown_v2)
+            return compile_template(source, html=html, markdown_v2=markdown_v2, offers=offers)
         except ValueError as error:
             raise ConfigError(self.key(name), str(error)) from None
 

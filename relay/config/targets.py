@@ -23,6 +23,7 @@ from relay.config.model import (
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
+from relay.payload import EVENT_VARIABLES
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
 HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
@@ -138,10 +139,10 @@ def _http(section: Section) -> HttpTarget:
     method = section.string("method", "POST").upper()
     if method not in HTTP_METHODS:
         raise section.error("method", "one of " + ", ".join(HTTP_METHODS), method)
-    headers = section.template_map("headers")
+    headers = section.template_map("headers", offers=EVENT_VARIABLES)
     body_format = section.choice("format", ("raw", "json", "form"), "raw")
-    body = section.template("body", None)
-    form = section.template_map("form")
+    body = section.template("body", None, offers=EVENT_VARIABLES)
+    form = section.template_map("form", offers=EVENT_VARIABLES)
     if body_format == "json" and body is None:
         raise ConfigError(section.key("body"), 'is required with format = "json"')
     if body_format == "form" and not form:
@@ -203,10 +204,14 @@ def _smtp(section: Section, base: Path) -> SmtpTarget:
         sender=sender,
         to=_addresses(section, "to", required=True),
         cc=_addresses(section, "cc", required=False),
-        reply_to=section.template("reply_to", None),
-        subject=section.template("subject", DEFAULT_MAIL_SUBJECT, compile_default=True),
-        text=section.template("text", DEFAULT_MAIL_TEXT, compile_default=True),
-        html=section.template("html", None, html=True),
+        reply_to=section.template("reply_to", None, offers=EVENT_VARIABLES),
+        subject=section.template(
+            "subject", DEFAULT_MAIL_SUBJECT, offers=EVENT_VARIABLES, compile_default=True
+        ),
+        text=section.template(
+            "text", DEFAULT_MAIL_TEXT, offers=EVENT_VARIABLES, compile_default=True
+        ),
+        html=section.template("html", None, offers=EVENT_VARIABLES, html=True),
         username=username,
         password=password,
         tls_verify=section.boolean("tls_verify", True),
@@ -226,6 +231,7 @@ def _telegram(section: Section) -> TelegramTarget:
     text = section.template(
         "text",
         DEFAULT_TELEGRAM_TEXT,
+        offers=EVENT_VARIABLES,
         html=parse_mode == "HTML",
         markdown_v2=parse_mode == "MarkdownV2",
         compile_default=True,

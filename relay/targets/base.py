@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from relay.outcome import Outcome
-from relay.payload import header_map, template_context
+from relay.payload import StoredRequest, header_map, template_context
 from relay.templates import Template
 from relay.units import format_instant
 
@@ -84,12 +84,15 @@ def variables(templates: Iterable[Template | None]) -> frozenset[str]:
 
 
 def context(envelope: Envelope, wanted: Iterable[str]) -> dict[str, Any]:
-    return template_context(
-        wanted,
+    parts = StoredRequest(
         body=envelope.body,
         content_type=envelope.content_type,
         headers=header_map(envelope.headers),
         query=envelope.query,
+    )
+    return template_context(
+        wanted,
+        parts,
         event={
             "id": str(envelope.event_id),
             "route": envelope.route,

@@ -226,3 +226,73 @@ def test_check_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0
     assert "server.lisen: unknown key" in result.stderr
+
+
+# Issue 15: a template naming what its place does not offer used to pass
+# `relay check` and then fail at run time, each time: a `when` reading `event`
+# made every delivery dead ("'event' is undefined"), an `idempotency_key` reading
+# it silently gave no key (de-duplication off), and `jsn.id` failed every send.
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            merged(
+                routes={"orders": {"targets": [{"target": "crm", "when": "event.route == 'x'"}]}}
+            ),
+            "routes.orders.targets[0].when: reads event, which is not known here",
+        ),
+        (
+            merged(routes={"orders": {"idempotency_key": "{{ event.id }}"}}),
+            "routes.orders.idempotency_key: reads event, which is not known here",
+        ),
+        (
+            merged(
+                routes={"orders": {"targets": [{"target": "crm", "order_by": "{{ event.id }}"}]}}
+            ),
+            "routes.orders.targets[0].order_by: reads event, which is not known here",
+        ),
+        (
+            merged(routes={"orders": {"idempotency_key": "{{ jsn.id }}"}}),
+            "routes.orders.idempotency_key: reads jsn, which is not a template variable"
+            " (use body, form, headers, json, query)",
+        ),
+        (
+            merged(targets={"crm": {"format": "json", "body": '{"id": {{ jsn.id }}}'}}),
+            "targets.crm.body: reads jsn, which is not a template variable"
+            " (use body, event, form, headers, json, query)",
+        ),
+        (
+            merged(targets={"crm": {"headers": {"X-Order": "{{ evnt.id }}"}}}),
+            "targets.crm.headers.X-Order: reads evnt, which is not a template variable",
+        ),
+    ],
+)
+def test_a_template_may_read_only_what_its_place_offers(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(data)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_templates_read_what_they_are_offered_and_jinja_names() -> None:
+    config = parse(
+        merged(
+            targets={
+                "crm": {
+                    "format": "json",
+                    "body": '{"id": "{{ event.id }}", "n": [{% for i in range(2) %}{{ i }},'
+                    "{% endfor %}0]}",
+                    "headers": {"X-Route": "{{ event.route }} {{ headers['X-A'] | default('') }}"},
+                }
+            },
+            routes={
+                "orders": {
+                    "idempotency_key": "{{ json.id }}{{ form.id }}{{ query.id }}{{ body[:1] }}",
+                    "targets": [
+                        {"target": "crm", "when": "json.ok and headers['X-A'] != 'no'"},
+                    ],
+                }
+            },
+        )
+    )
+    assert config.routes["orders"].targets[0].when is not None
