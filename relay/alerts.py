@@ -75,10 +75,6 @@ class Alerter:
         self._stopped = asyncio.Event()
         self._stopping = False
 
-    @property
-    def enabled(self) -> bool:
-        return self.config.target is not None
-
     def observe(self, report: AttemptReport) -> None:
         """Called for every recorded attempt; cheap, never blocks."""
         target = self.config.target

@@ -131,6 +131,7 @@ class Relay:
             self.store,
             config,
             self.clock,
+            self.metrics.purged.inc,
             # On PostgreSQL one instance of the cluster purges: the one leading.
             leader=self.store.lead if isinstance(self.store, PostgresStore) else None,
         )

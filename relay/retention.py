@@ -68,6 +68,7 @@ class RetentionJob:
         store: Store,
         config: Config,
         clock: Clock,
+        on_purged: Callable[[int], None],
         *,
         leader: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
@@ -76,28 +77,32 @@ class RetentionJob:
         self._leader = leader
         self.config = config
         self._clock = clock
+        # Told how many events each pass removed (relay_purged_events_total).
+        self._on_purged = on_purged
         self._stop = asyncio.Event()
-        self.purged = 0
 
     async def run(self) -> None:
         while not self._stop.is_set():
-            if self._leader is not None and not await self._leader():
-                await self._clock.wait(self._stop, self._clock.now() + INTERVAL)
-                continue
-            try:
-                removed = await purge(
-                    self.store,
-                    self.config.storage.retention,
-                    dedup_windows(self.config),
-                    self._clock.now(),
-                )
-            except StoreError as error:
-                log.warning("retention pass failed, will try again: %s", error)
-            else:
-                self.purged += removed
-                if removed:
-                    log.info("retention removed %d finished events", removed)
+            if self._leader is None or await self._leader():
+                await self.run_once()
             await self._clock.wait(self._stop, self._clock.now() + INTERVAL)
+
+    async def run_once(self) -> int:
+        """One pass: the finished events past their time removed; how many."""
+        try:
+            removed = await purge(
+                self.store,
+                self.config.storage.retention,
+                dedup_windows(self.config),
+                self._clock.now(),
+            )
+        except StoreError as error:
+            log.warning("retention pass failed, will try again: %s", error)
+            return 0
+        if removed:
+            self._on_purged(removed)
+            log.info("retention removed %d finished events", removed)
+        return removed
 
     def stop(self) -> None:
         self._stop.set()

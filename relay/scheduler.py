@@ -41,7 +41,6 @@ from relay.store import (
 from relay.targets import Envelope, Target
 
 log = logging.getLogger("relay.scheduler")
-attempt_log = logging.getLogger("relay.attempts")
 
 # A lease outlives the attempt it covers by this much: if it expires, the
 # attempt's process is gone and another may claim the delivery.

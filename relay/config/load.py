@@ -95,10 +95,16 @@ def _too_deep(data: object) -> bool:
 
 
 def parse_config(
-    data: Mapping[str, Any], environ: Mapping[str, str], *, base: Path, source: Path | None = None
+    data: Mapping[str, Any],
+    environ: Mapping[str, str],
+    *,
+    base: Path,
+    source: Path | None = None,
+    asked_keys: set[str] | None = None,
 ) -> Config:
+    """The config in `data`; `asked_keys`, when given, gets every key read."""
     secrets: set[str] = set()
-    root = Section(substitute(dict(data), environ, "", secrets), "")
+    root = Section(substitute(dict(data), environ, "", secrets), "", recorder=asked_keys)
     server = _server(root.section("server"))
     storage = parse_storage(root.section("storage"), base)
     admin = _admin(root.section("admin"), base)
@@ -344,9 +350,9 @@ def _route_target(
     route: Section, where: str, item: object, targets: Mapping[str, TargetConfig]
 ) -> RouteTarget:
     if isinstance(item, str):
-        table = Section({"target": item}, route.key(where))
+        table = route.nested({"target": item}, route.key(where))
     elif isinstance(item, dict):
-        table = Section(item, route.key(where))
+        table = route.nested(item, route.key(where))
     else:
         raise route.error(where, 'a target name or a table like { target = "crm" }', item)
     name = table.string("target")

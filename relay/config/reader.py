@@ -59,14 +59,19 @@ def describe(value: object) -> str:
 class Section:
     """One TOML table being read; `where` is its dotted name ("" for the root)."""
 
-    # When set, every dotted key asked for is added here: the docs test uses it
-    # to list every key the loader knows.
-    asked_keys: set[str] | None = None
-
-    def __init__(self, data: Mapping[str, Any], where: str) -> None:
+    def __init__(
+        self, data: Mapping[str, Any], where: str, *, recorder: set[str] | None = None
+    ) -> None:
+        """`recorder`, when given, gets every dotted key asked for here and in the
+        tables below: the docs test lists every key the loader knows with it."""
         self._data = dict(data)
         self._asked: list[str] = []
+        self._recorder = recorder
         self.where = where
+
+    def nested(self, data: Mapping[str, Any], where: str) -> Section:
+        """A table read on behalf of this one (its recorder follows)."""
+        return Section(data, where, recorder=self._recorder)
 
     def key(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
@@ -80,8 +85,8 @@ class Section:
     def take(self, name: str, default: Any = REQUIRED) -> Any:
         if name not in self._asked:
             self._asked.append(name)
-        if Section.asked_keys is not None:
-            Section.asked_keys.add(self.key(name))
+        if self._recorder is not None:
+            self._recorder.add(self.key(name))
         if name in self._data:
             return self._data.pop(name)
         if default is REQUIRED:
@@ -281,7 +286,7 @@ class Section:
         value = self.take(name, {})
         if not isinstance(value, dict):
             raise self.error(name, "a table", value)
-        return Section(value, self.key(name))
+        return self.nested(value, self.key(name))
 
     def subsections(self, name: str) -> dict[str, Section]:
         table = self.section(name)

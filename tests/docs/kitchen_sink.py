@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from relay.config import parse_config
-from relay.config.reader import Section
 from relay.config.sources import SOURCES
 
 TARGETS: dict[str, dict[str, Any]] = {
@@ -42,44 +41,41 @@ SOURCE_OPTIONS: dict[str, dict[str, Any]] = {
 def every_key() -> set[str]:
     """Every dotted key the loader asks for, with names and indexes generalised:
     targets.NAME.url, routes.NAME.targets[].when, retry.base..."""
-    Section.asked_keys = set()
-    try:
-        routes = {
-            f"r_{source}": {
-                "path": f"/{source}",
-                "targets": [
-                    "http",
-                    {
-                        "target": "file",
-                        "when": "true",
-                        "retry": {"retries": 1},
-                        "order_by": "{{ json.id }}",
-                    },
-                ],
-                "source": source,
-                "response": {"status": 200, "body": "ok"},
-                "strip_fields": ["api_key"],
-                **SOURCE_OPTIONS.get(source, {}),
-            }
-            for source in SOURCES
+    asked: set[str] = set()
+    routes = {
+        f"r_{source}": {
+            "path": f"/{source}",
+            "targets": [
+                "http",
+                {
+                    "target": "file",
+                    "when": "true",
+                    "retry": {"retries": 1},
+                    "order_by": "{{ json.id }}",
+                },
+            ],
+            "source": source,
+            "response": {"status": 200, "body": "ok"},
+            "strip_fields": ["api_key"],
+            **SOURCE_OPTIONS.get(source, {}),
         }
-        parse_config(
-            {
-                "server": {},
-                "storage": {},
-                "admin": {},
-                "log": {},
-                "retry": {},
-                "alerts": {"target": "http"},
-                "targets": {name: {**table, "retry": {}} for name, table in TARGETS.items()},
-                "routes": routes,
-            },
-            {},
-            base=Path("/tmp"),
-        )
-        asked = set(Section.asked_keys)
-    finally:
-        Section.asked_keys = None
+        for source in SOURCES
+    }
+    parse_config(
+        {
+            "server": {},
+            "storage": {},
+            "admin": {},
+            "log": {},
+            "retry": {},
+            "alerts": {"target": "http"},
+            "targets": {name: {**table, "retry": {}} for name, table in TARGETS.items()},
+            "routes": routes,
+        },
+        {},
+        base=Path("/tmp"),
+        asked_keys=asked,
+    )
     keys = set()
     for key in asked:
         key = re.sub(r"^targets\.[^.]+\.", "targets.NAME.", key)

@@ -173,3 +173,25 @@ async def test_ids_are_never_given_twice_after_everything_is_purged(
     assert int(new_id) > max(int(event_id) for _, event_id in first)
     (after,) = await relay.store.list_events(EventQuery())
     assert min(d.id for d in after.deliveries) > last_delivery
+
+
+async def test_the_retention_pass_counts_what_it_removed_in_metrics(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    # relay_purged_events_total was registered and documented, and stayed 0.
+    config = make_config(
+        {"ok": {"type": "file", "path": "ok.jsonl"}},
+        {"done": {"path": "/done", "targets": ["ok"]}},
+        storage={"retention": "30d"},
+    )
+    clock = FakeClock()
+    relay = await start_relay(config, background=False, clock=clock)
+    for i in range(3):
+        await post(relay, http, "/done", f"k{i}")
+    await relay.scheduler.drain()
+    assert await relay.retention.run_once() == 0
+    clock.advance(31 * DAY)
+    assert await relay.retention.run_once() == 3
+    async with http.get(relay.admin_url + "/metrics") as response:
+        text = await response.text()
+    assert "relay_purged_events_total 3.0" in text.splitlines()
