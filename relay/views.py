@@ -6,7 +6,8 @@ import base64
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from relay.config import FileTarget, HttpTarget, SmtpTarget, TargetConfig, TelegramTarget
+from relay.config import TargetConfig
+from relay.kinds import target_kind
 from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,
@@ -173,21 +174,8 @@ def target_view(
     schedule: str,
     masker: Masker,
 ) -> dict[str, Any]:
-    settings = target.settings
     view: dict[str, Any] = {"name": target.name, "type": target.type}
-    if isinstance(settings, HttpTarget):
-        view["url"] = masker.text(settings.url)
-        view["method"] = settings.method
-        sources = [(name, template.source) for name, template in settings.headers.items()]
-        view["headers"] = dict(masker.headers(sources))
-        view["format"] = settings.format
-    elif isinstance(settings, FileTarget):
-        view["path"] = str(settings.path)
-    elif isinstance(settings, SmtpTarget):
-        view["host"] = f"{settings.host}:{settings.port} ({settings.tls})"
-        view["to"] = list(settings.to)
-    elif isinstance(settings, TelegramTarget):
-        view["chat_id"] = settings.chat_id
+    view.update(target_kind(target.type).view(target.settings, masker))
     view.update(
         concurrency=target.concurrency,
         rate=str(target.rate) if target.rate is not None else None,

@@ -8,8 +8,9 @@ import re
 from pathlib import Path
 
 from relay.cli.common import add_config_option, add_service_environment_options, read_config
-from relay.config import Config, FileTarget, HttpTarget, SmtpTarget, TargetConfig
+from relay.config import Config, TargetConfig
 from relay.envfile import parse_env_file
+from relay.kinds import target_kind
 from relay.retry import describe_schedule
 from relay.secrets import Masker
 from relay.units import format_size
@@ -93,15 +94,7 @@ async def _server_settings(url: str) -> dict[str, str]:
 
 
 def where(target: TargetConfig, masker: Masker) -> str:
-    settings = target.settings
-    if isinstance(settings, HttpTarget):
-        body = "" if settings.format == "raw" else f", {settings.format} body"
-        return f"{settings.method} {masker.text(settings.url)}{body}"
-    if isinstance(settings, FileTarget):
-        return str(settings.path)
-    if isinstance(settings, SmtpTarget):
-        return f"{settings.host}:{settings.port} {settings.tls}, to {', '.join(settings.to)}"
-    return f"chat {settings.chat_id}, {settings.parse_mode}"
+    return target_kind(target.type).describe(target.settings, masker)
 
 
 def describe(config: Config) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import math
 import tomllib
 from collections import Counter
@@ -11,12 +10,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import relay.kinds as kinds  # the module: see relay.config.targets
 from relay.config.files import folder_problem, read_token_file
 from relay.config.model import (
     AdminConfig,
     AlertsConfig,
     Config,
-    HttpTarget,
     Listen,
     LogConfig,
     Rate,
@@ -24,10 +23,8 @@ from relay.config.model import (
     RouteConfig,
     RouteTarget,
     ServerConfig,
-    SmtpTarget,
     StorageConfig,
     TargetConfig,
-    TelegramTarget,
 )
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section, substitute
@@ -149,14 +146,7 @@ def parse_config(
 def _credentials(admin: AdminConfig, targets: Mapping[str, TargetConfig]) -> set[str]:
     found = {admin.token} if admin.token else set()
     for target in targets.values():
-        settings = target.settings
-        if isinstance(settings, TelegramTarget):
-            found.add(settings.bot_token)
-        elif isinstance(settings, SmtpTarget) and settings.password:
-            found.add(settings.password)
-        elif isinstance(settings, HttpTarget):
-            # The base64 part of "whsec_...": masked whether or not the prefix shows.
-            found |= {base64.b64encode(key).decode() for key in settings.sign}
+        found.update(kinds.TARGET_KINDS[target.type].secrets(target.settings))
     return found
 
 

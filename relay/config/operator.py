@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+import relay.kinds as kinds  # the module: see relay.config.targets
 from relay.config.load import parse_storage, read_toml
 from relay.config.model import StorageConfig
 from relay.config.reader import Section, substitute
@@ -59,7 +60,7 @@ def _inline_credentials(tree: dict[str, object]) -> set[str]:
     if isinstance(admin, dict) and isinstance(admin.get("token"), str):
         found.add(admin["token"])
     for group, keys in (
-        ("targets", ("bot_token", "password", "sign")),
+        ("targets", tuple(k for kind in kinds.TARGET_KINDS.values() for k in kind.secret_keys)),
         ("routes", ("token", "api_key", "password", "secret", "secret_token")),
     ):
         tables = tree.get(group)

@@ -26,15 +26,15 @@ HEAVY = (
     "aiohttp.web",
     "jinja2",
     "prometheus_client",
-    "aiosmtplib",
     "relay.app",
     "relay.targets",
     "relay.templates",
     "relay.scheduler",
 )
 
-# PostgreSQL's driver, for a config that names no PostgreSQL server.
-DRIVERS = ("asyncpg",)
+# Loaded only when the config names what needs them: PostgreSQL's driver for a
+# [storage] url, the mail client when a target is built to send mail.
+DRIVERS = ("asyncpg", "aiosmtplib")
 
 # Runs one command as `relay` would, then writes what it imported to argv[1].
 RUN_AND_REPORT = """

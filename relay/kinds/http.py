@@ -1,0 +1,102 @@
+"""`type = "http"`: a request to a URL, the body as received or from templates."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import yarl
+
+from relay.config.model import HttpTarget as HttpSettings
+from relay.config.reader import ConfigError, Section
+from relay.config.sources import secret_list, whsec
+from relay.kinds.base import TargetKind
+from relay.payload import EVENT_VARIABLES
+
+if TYPE_CHECKING:
+    from relay.secrets import Masker
+    from relay.targets.base import Target
+
+HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
+
+
+def parse_url(section: Section, name: str, default: str | None = None) -> str:
+    url: str = section.string(name) if default is None else section.string(name, default)
+    try:
+        parsed = yarl.URL(url)
+    except (ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise section.error(name, "an http:// or https:// URL", url)
+    return url
+
+
+def parse(section: Section, base: Path) -> HttpSettings:
+    url = parse_url(section, "url")
+    method = section.string("method", "POST").upper()
+    if method not in HTTP_METHODS:
+        raise section.error("method", "one of " + ", ".join(HTTP_METHODS), method)
+    headers = section.template_map("headers", offers=EVENT_VARIABLES)
+    body_format = section.choice("format", ("raw", "json", "form"), "raw")
+    body = section.template("body", None, offers=EVENT_VARIABLES)
+    form = section.template_map("form", offers=EVENT_VARIABLES)
+    if body_format == "json" and body is None:
+        raise ConfigError(section.key("body"), 'is required with format = "json"')
+    if body_format == "form" and not form:
+        raise ConfigError(section.key("form"), 'is required with format = "form"')
+    if body_format != "json" and body is not None:
+        raise ConfigError(section.key("body"), 'is used only with format = "json"')
+    if body_format != "form" and form:
+        raise ConfigError(section.key("form"), 'is used only with format = "form"')
+    sign = tuple(
+        whsec(section, "sign", value) for value in secret_list(section, "sign", required=False)
+    )
+    return HttpSettings(
+        url=url,
+        method=method,
+        headers=MappingProxyType(headers),
+        format=body_format,
+        body=body,
+        form=MappingProxyType(form),
+        sign=sign,
+    )
+
+
+def build(name: str, settings: HttpSettings, concurrency: int) -> Target:
+    from relay.targets.http import HttpTarget  # aiohttp's client: only to send
+
+    return HttpTarget(name, settings, concurrency=concurrency)
+
+
+def describe(settings: HttpSettings, masker: Masker) -> str:
+    body = "" if settings.format == "raw" else f", {settings.format} body"
+    return f"{settings.method} {masker.text(settings.url)}{body}"
+
+
+def view(settings: HttpSettings, masker: Masker) -> dict[str, Any]:
+    sources = [(name, template.source) for name, template in settings.headers.items()]
+    return {
+        "url": masker.text(settings.url),
+        "method": settings.method,
+        "headers": dict(masker.headers(sources)),
+        "format": settings.format,
+    }
+
+
+def secrets(settings: HttpSettings) -> Iterable[str]:
+    # The base64 part of "whsec_...": masked whether or not the prefix shows.
+    return [base64.b64encode(key).decode() for key in settings.sign]
+
+
+KIND = TargetKind(
+    name="http",
+    parse=parse,
+    build=build,
+    describe=describe,
+    view=view,
+    secrets=secrets,
+    secret_keys=("sign",),
+)

@@ -1,0 +1,162 @@
+"""A new kind of target is one module and one registration (relay.kinds).
+
+This file is that module for a throwaway kind, `notebook`: it keeps each
+delivery's body in a list, under a label, and needs a credential. Registered,
+it is read from a config, checked, shown masked, built and sent to by a real
+relay, end to end, with nothing else in relay knowing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from relay.cli.check import describe as check_text
+from relay.config import ConfigError, load_operator_config
+from relay.config.reader import Section
+from relay.kinds import TargetKind, register_target, unregister_target
+from relay.outcome import Outcome
+from relay.secrets import Masker
+from relay.store import EventQuery, Status
+from relay.targets.base import Envelope, Target
+from relay.views import target_view
+
+from conftest import ConfigFactory, RelayFactory
+from helpers import write_config
+
+NOTEBOOKS: dict[str, list[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class NotebookSettings:
+    label: str
+    key: str
+
+
+def parse(section: Section, base: Path) -> NotebookSettings:
+    label = section.string("label")
+    key = section.string("key")
+    if len(key) < 8:
+        raise section.error("key", "a key of 8 characters or more", "(hidden)")
+    return NotebookSettings(label=label, key=key)
+
+
+class Notebook:
+    def __init__(self, name: str, settings: NotebookSettings) -> None:
+        self.name = name
+        self._settings = settings
+
+    async def start(self) -> None:
+        NOTEBOOKS.setdefault(self._settings.label, [])
+
+    async def close(self) -> None:
+        pass
+
+    def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
+        return f"write in {self._settings.label}: {envelope.body!r}"
+
+    async def send(self, envelope: Envelope) -> Outcome:
+        NOTEBOOKS[self._settings.label].append(envelope.body)
+        return Outcome.success()
+
+
+def build(name: str, settings: NotebookSettings, concurrency: int) -> Target:
+    return Notebook(name, settings)
+
+
+def describe(settings: NotebookSettings, masker: Masker) -> str:
+    return masker.text(f"notebook {settings.label} (key {settings.key})")
+
+
+def view(settings: NotebookSettings, masker: Masker) -> dict[str, Any]:
+    return {"label": settings.label, "key": masker.text(settings.key)}
+
+
+def secrets(settings: NotebookSettings) -> Iterable[str]:
+    return [settings.key]
+
+
+NOTEBOOK = TargetKind(
+    name="notebook",
+    parse=parse,
+    build=build,
+    describe=describe,
+    view=view,
+    secrets=secrets,
+    secret_keys=("key",),
+    default_concurrency=2,
+)
+
+
+@pytest.fixture
+def notebook_kind() -> Iterator[None]:
+    register_target(NOTEBOOK)
+    NOTEBOOKS.clear()
+    yield
+    unregister_target("notebook")
+
+
+def notebook_config(make_config: ConfigFactory, **notebook: Any) -> Any:
+    return make_config(
+        {"book": {"type": "notebook", **notebook}},
+        {"orders": {"path": "/hooks/orders", "targets": ["book"]}},
+    )
+
+
+async def test_a_registered_kind_is_read_shown_built_and_sent_to(
+    notebook_kind: None,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    config = notebook_config(make_config, label="orders", key="k-5551234-secret")
+    target = config.targets["book"]
+    assert (target.type, target.concurrency) == ("notebook", 2)
+    assert "k-5551234-secret" in config.secrets
+
+    text = check_text(config)
+    assert "book (notebook notebook orders (key ***)" in text
+    assert "k-5551234-secret" not in text
+    shown = target_view(
+        target, None, paused=False, counts={}, schedule="", masker=Masker(config.secrets)
+    )
+    assert (shown["type"], shown["label"], shown["key"]) == ("notebook", "orders", "***")
+
+    relay = await start_relay(config, background=False)
+    async with http.post(relay.ingress_url + "/hooks/orders", data=b'{"n": 1}') as answer:
+        assert answer.status == 200
+    await relay.scheduler.drain()
+    assert NOTEBOOKS["orders"] == [b'{"n": 1}']
+    (event,) = await relay.store.list_events(EventQuery())
+    assert [d.status for d in event.deliveries] == [Status.DELIVERED]
+
+
+def test_its_settings_errors_name_the_key(notebook_kind: None, make_config: ConfigFactory) -> None:
+    with pytest.raises(ConfigError, match=r"^targets\.book\.key: expected a key of 8"):
+        notebook_config(make_config, label="orders", key="short")
+    with pytest.raises(ConfigError, match=r"^targets\.book\.colour: unknown key"):
+        notebook_config(make_config, label="orders", key="long-enough", colour="red")
+
+
+def test_an_unregistered_kind_is_an_unknown_type(make_config: ConfigFactory) -> None:
+    with pytest.raises(ConfigError, match=r'targets\.book\.type: expected one of "http"'):
+        notebook_config(make_config, label="orders", key="long-enough")
+
+
+def test_the_operator_commands_mask_its_credential_keys(
+    notebook_kind: None, tmp_path: Path
+) -> None:
+    # They read targets by name only, but a key written in the file is masked.
+    path = write_config(
+        tmp_path / "relay.toml",
+        {
+            "targets": {"book": {"type": "notebook", "label": "o", "key": "inline-key-123"}},
+            "routes": {"orders": {"path": "/o", "targets": ["book"]}},
+        },
+    )
+    assert "inline-key-123" in load_operator_config(path, {}).secrets
