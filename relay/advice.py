@@ -5,25 +5,10 @@ from __future__ import annotations
 import stat
 import tomllib
 
-from relay.config import (
-    CdekSource,
-    Config,
-    GenericSource,
-    RouteConfig,
-    StandardWebhooksSource,
-    TbankSource,
-    TildaSource,
-)
+from relay.config import Config, RouteConfig
+from relay.kinds import source_kind
 from relay.retry import schedule
 from relay.units import format_duration
-
-# How long senders keep retrying on their own (from their documentation).
-# relay answers 200 at once, so the sender stops: relay should then keep
-# trying at least as long as the sender would have.
-SENDER_RETRY_WINDOWS: dict[type, tuple[str, float]] = {
-    TbankSource: ("T-Bank", 30 * 86400.0),
-    StandardWebhooksSource: ("a Standard Webhooks sender", 27 * 3600.0),
-}
 
 
 def warnings(config: Config) -> list[str]:
@@ -87,24 +72,14 @@ def _readable_secrets(config: Config) -> list[str]:
 
 
 def _route_warnings(route: RouteConfig, config: Config) -> list[str]:
-    found = []
-    source = route.source
+    kind = source_kind(route.source_kind)
     where = f"routes.{route.name}"
-    if isinstance(source, GenericSource) and not source.tokens and not route.allow_ips:
-        found.append(
-            f"{where}: anyone can post to it (no token, no signature, no allow_ips);"
-            " set a source profile or a token"
-        )
-    elif isinstance(source, TildaSource) and not source.api_keys and not route.allow_ips:
-        found.append(f"{where}: Tilda route without api_key: anyone can post a form to it")
-    elif isinstance(source, CdekSource) and not route.allow_ips:
-        found.append(
-            f"{where}: CDEK does not sign its webhooks: keep a secret in the path and set"
-            " allow_ips to CDEK's addresses"
-        )
-    window = SENDER_RETRY_WINDOWS.get(type(source))
+    found = [f"{where}: {advice}" for advice in kind.advice(route.source, route)]
+    # relay answers 200 at once, so the sender stops retrying: relay should then
+    # keep trying at least as long as the sender would have.
+    window = kind.retry_window
     if window is not None:
-        sender, seconds = window
+        sender, seconds = window.sender, window.seconds
         for route_target in route.targets:
             policy = route_target.retry
             cycle = sum(schedule(policy)) if policy.retry_on_error else 0.0

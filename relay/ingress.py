@@ -85,8 +85,7 @@ class Ingress:
         # One assignment: a request sees either the old routes or the new ones.
         self._settings = _Settings(
             routes={
-                route.path: _Route(route, build_source(route.source))
-                for route in config.routes.values()
+                route.path: _Route(route, build_source(route)) for route in config.routes.values()
             },
             trusted_proxies=config.server.trusted_proxies,
             masker=Masker(config.secrets),

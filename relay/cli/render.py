@@ -66,7 +66,7 @@ def render(args: argparse.Namespace) -> int:
     masker = Masker(config.secrets)
     print(f"route {route.name}: POST {masker.text(route.path)}")
     # The same steps as ingress: the route's source profile, then its key.
-    source = build_source(route.source)
+    source = build_source(route)
     check = source.check(incoming, time.time())
     if isinstance(check, Ping):
         answer = check.answer.body.decode("utf-8", "replace")

@@ -28,13 +28,7 @@ from relay.config.model import (
 )
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section, substitute
-from relay.config.sources import (
-    minimum_dedup_window,
-    parse_answer,
-    parse_networks,
-    parse_source,
-    source_secrets,
-)
+from relay.config.sources import parse_answer, parse_networks
 from relay.config.targets import NAME, parse_target
 from relay.payload import REQUEST_VARIABLES
 
@@ -128,7 +122,7 @@ def parse_config(
     # Credentials are masked wherever they show, even when written in the file itself.
     secrets |= _credentials(admin, targets)
     for route in routes.values():
-        secrets |= source_secrets(route.source)
+        secrets.update(kinds.SOURCE_KINDS[route.source_kind].secrets(route.source))
     return Config(
         server=server,
         storage=storage,
@@ -311,9 +305,10 @@ def _route(
                 section.key(f"targets[{index}]"), f'target "{route_target.target}" is listed twice'
             )
         seen.add(route_target.target)
-    source = parse_source(section)
+    source_kind = kinds.SOURCE_KINDS[section.choice("source", kinds.SOURCE_KINDS, "generic")]
+    source = source_kind.parse(section)
     dedup_window = section.duration("dedup_window", None)
-    floor = minimum_dedup_window(source)
+    floor = source_kind.dedup_window
     if floor is not None and (dedup_window is None or dedup_window < floor):
         dedup_window = floor
     route = RouteConfig(
@@ -325,6 +320,7 @@ def _route(
         max_body_size=section.size("max_body_size", server.max_body_size),
         dedup_window=dedup_window,
         source=source,
+        source_kind=source_kind.name,
         allow_ips=parse_networks(section, "allow_ips"),
         response=parse_answer(section, "response"),
         key_conflict="reject"

@@ -280,18 +280,6 @@ class HmacSource:
     prefix: str = ""
 
 
-SourceSettings = (
-    GenericSource
-    | TildaSource
-    | TbankSource
-    | WooCommerceSource
-    | TelegramSource
-    | CdekSource
-    | StandardWebhooksSource
-    | HmacSource
-)
-
-
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
@@ -303,7 +291,9 @@ class RouteConfig:
     # Keep this route's events (and so refuse their duplicates) at least this
     # long, even past the storage retention.
     dedup_window: float | None = None
-    source: SourceSettings = GenericSource()
+    # The settings its source kind read (relay.kinds.sources), and the kind's name.
+    source: object = GenericSource()
+    source_kind: str = "generic"
     allow_ips: tuple[IPv4Network | IPv6Network, ...] = ()
     response: Answer | None = None  # overrides the source's own answer
     # A stored key arriving with other content: "store" it as a new event

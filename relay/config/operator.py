@@ -61,7 +61,7 @@ def _inline_credentials(tree: dict[str, object]) -> set[str]:
         found.add(admin["token"])
     for group, keys in (
         ("targets", tuple(k for kind in kinds.TARGET_KINDS.values() for k in kind.secret_keys)),
-        ("routes", ("token", "api_key", "password", "secret", "secret_token")),
+        ("routes", tuple(k for kind in kinds.SOURCE_KINDS.values() for k in kind.secret_keys)),
     ):
         tables = tree.get(group)
         for table in tables.values() if isinstance(tables, dict) else ():

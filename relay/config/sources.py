@@ -1,4 +1,5 @@
-"""A route's `source` and its options, read from the route table itself.
+"""What the source kinds (relay.kinds.sources) and a route table share: secrets
+given as one or a list, Standard Webhooks keys, networks, a fixed answer.
 
 [routes.payments]
 path = "/hooks/tbank"
@@ -14,85 +15,8 @@ import importlib.util
 import ipaddress
 from ipaddress import IPv4Network, IPv6Network
 
-from relay.config.model import (
-    Answer,
-    CdekSource,
-    GenericSource,
-    HmacSource,
-    SourceSettings,
-    StandardWebhooksSource,
-    TbankSource,
-    TelegramSource,
-    TildaSource,
-    WooCommerceSource,
-)
+from relay.config.model import Answer
 from relay.config.reader import ConfigError, Section, describe
-
-SOURCES = (
-    "generic",
-    "tilda",
-    "tbank",
-    "woocommerce",
-    "telegram",
-    "cdek",
-    "standard-webhooks",
-    "hmac",
-)
-
-# T-Bank resends a notification for up to a month: its duplicates must be
-# recognised that long, whatever the storage retention.
-TBANK_DEDUP_WINDOW = 30 * 86400.0
-
-
-def parse_source(section: Section) -> SourceSettings:
-    kind = section.choice("source", SOURCES, "generic")
-    if kind == "generic":
-        return GenericSource(
-            tokens=secret_list(section, "token", required=False),
-            token_header=section.string("token_header", "X-Relay-Token"),
-            token_query=section.string("token_query", "token"),
-        )
-    if kind == "tilda":
-        return TildaSource(
-            api_keys=secret_list(section, "api_key", required=False),
-            api_key_header=section.string("api_key_header", "X-Tilda-Api-Key"),
-            api_key_field=section.string("api_key_field", "api_key"),
-        )
-    if kind == "tbank":
-        return TbankSource(passwords=secret_list(section, "password"))
-    if kind == "woocommerce":
-        return WooCommerceSource(secrets=secret_list(section, "secret"))
-    if kind == "telegram":
-        return TelegramSource(secret_tokens=secret_list(section, "secret_token"))
-    if kind == "cdek":
-        return CdekSource()
-    if kind == "standard-webhooks":
-        secrets = tuple(
-            whsec(section, "secret", value)
-            for value in secret_list(section, "secret", required=False)
-        )
-        public_keys = tuple(
-            whpk(section, "public_key", value)
-            for value in secret_list(section, "public_key", required=False)
-        )
-        if not secrets and not public_keys:
-            raise ConfigError(
-                section.key("secret"),
-                'expected a secret like "whsec_<base64>" (v1 signatures), or public_key'
-                ' = "whpk_<base64>" (v1a, ed25519), or both',
-            )
-        return StandardWebhooksSource(
-            secrets=secrets,
-            public_keys=public_keys,
-            tolerance=section.duration("tolerance", 300.0),
-        )
-    return HmacSource(
-        header=section.string("header"),
-        secrets=secret_list(section, "secret"),
-        algorithm=section.choice("algorithm", ("sha1", "sha256", "sha512"), "sha256"),
-        encoding=section.choice("encoding", ("hex", "base64"), "hex"),
-        prefix=section.string("prefix", "", nonempty=False),
-    )
 
 
 def secret_list(section: Section, name: str, *, required: bool = True) -> tuple[str, ...]:
@@ -174,22 +98,3 @@ def parse_answer(section: Section, name: str) -> Answer | None:
     )
     table.done()
     return answer
-
-
-def source_secrets(source: SourceSettings) -> set[str]:
-    """The credentials in a source's settings, to be masked wherever they show."""
-    if isinstance(source, GenericSource):
-        return set(source.tokens)
-    if isinstance(source, TildaSource):
-        return set(source.api_keys)
-    if isinstance(source, TbankSource):
-        return set(source.passwords)
-    if isinstance(source, WooCommerceSource | HmacSource):
-        return set(source.secrets)
-    if isinstance(source, TelegramSource):
-        return set(source.secret_tokens)
-    return set()
-
-
-def minimum_dedup_window(source: SourceSettings) -> float | None:
-    return TBANK_DEDUP_WINDOW if isinstance(source, TbankSource) else None

@@ -1,20 +1,48 @@
-"""The kinds of target relay knows: each is one module, registered here.
+"""The kinds of target and source relay knows: each is one module, registered here.
 
-Adding a target type is writing `relay/kinds/<type>.py` with its `KIND` (a
-`TargetKind`: how its settings are read, how it is built and shown, which
-settings are credentials) and adding it to `TARGET_KINDS`; nothing else in
-relay names a type. `register_target` adds one at run time (tests do).
+Adding a target type is writing `relay/kinds/targets/<type>.py` with its
+`KIND` (a `TargetKind`: how its settings are read, how it is built and shown,
+which settings are credentials) and adding it to `TARGET_KINDS`; a source
+profile is `relay/kinds/sources/<name>.py` with a `SourceKind` (its settings,
+its profile, its credentials, its sender's own retry window) added to
+`SOURCE_KINDS`. Nothing else in relay names a kind. `register_target` and
+`register_source` add one at run time (tests do).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from relay.kinds import file, http, smtp, telegram
-from relay.kinds.base import TargetKind
+from relay.kinds.base import SenderRetry, SourceKind, TargetKind
+from relay.kinds.sources import (
+    cdek,
+    generic,
+    hmac,
+    standard_webhooks,
+    tbank,
+    tilda,
+    woocommerce,
+)
+from relay.kinds.sources import telegram as telegram_source
+from relay.kinds.targets import file, http, smtp, telegram
 
 TARGET_KINDS: dict[str, TargetKind[Any]] = {
     kind.name: kind for kind in (http.KIND, file.KIND, smtp.KIND, telegram.KIND)
+}
+
+# In the order `relay check` and the docs list them; "generic" is the default.
+SOURCE_KINDS: dict[str, SourceKind[Any]] = {
+    kind.name: kind
+    for kind in (
+        generic.KIND,
+        tilda.KIND,
+        tbank.KIND,
+        woocommerce.KIND,
+        telegram_source.KIND,
+        cdek.KIND,
+        standard_webhooks.KIND,
+        hmac.KIND,
+    )
 }
 
 
@@ -32,4 +60,30 @@ def target_kind(name: str) -> TargetKind[Any]:
     return TARGET_KINDS[name]
 
 
-__all__ = ["TARGET_KINDS", "TargetKind", "register_target", "target_kind", "unregister_target"]
+def register_source(kind: SourceKind[Any]) -> None:
+    if kind.name in SOURCE_KINDS:
+        raise ValueError(f"a source {kind.name!r} is already registered")
+    SOURCE_KINDS[kind.name] = kind
+
+
+def unregister_source(name: str) -> None:
+    del SOURCE_KINDS[name]
+
+
+def source_kind(name: str) -> SourceKind[Any]:
+    return SOURCE_KINDS[name]
+
+
+__all__ = [
+    "SOURCE_KINDS",
+    "TARGET_KINDS",
+    "SenderRetry",
+    "SourceKind",
+    "TargetKind",
+    "register_source",
+    "register_target",
+    "source_kind",
+    "target_kind",
+    "unregister_source",
+    "unregister_target",
+]

@@ -1,9 +1,10 @@
-"""What a kind of target is: one value that every part of relay asks.
+"""What a kind of target or source is: one value that every part of relay asks.
 
-A kind declares its `type` name, how its settings are read and checked, how
-it is built, which of its settings are credentials, and how it is shown. The
-config reader, the daemon, `relay check`, the admin API and the masker read
-these, and know no kind by name (datasette loads its own built-ins through
+A kind declares its name, how its settings are read and checked, how it is
+built, which of its settings are credentials, how it is shown (targets) and
+how long its sender retries (sources). The config reader, the daemon,
+`relay check`, the admin API and the masker read these, and know no kind by
+name (datasette loads its own built-ins through
 the same hook as plugins; huey picks its storage with one attribute).
 """
 
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from relay.config.model import Rate
+    from relay.config.model import Rate, RouteConfig
     from relay.config.reader import Section
     from relay.secrets import Masker
+    from relay.sources.base import Source
     from relay.targets.base import Target
 
 S = TypeVar("S")
@@ -54,3 +56,37 @@ class TargetKind(Generic[S]):
     default_concurrency: int = 4
     # Limits shared with other targets sending to the same place.
     shared_rates: Callable[[S], tuple[tuple[str, Rate], ...]] = _no_shared_rates
+
+
+@dataclass(frozen=True)
+class SenderRetry:
+    """How long a sender keeps retrying on its own (from its documentation)."""
+
+    sender: str  # as a warning names it: "T-Bank"
+    seconds: float
+
+
+def _no_advice(settings: Any, route: RouteConfig) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class SourceKind(Generic[S]):
+    # The `source` of a [routes.NAME] table.
+    name: str
+    # Reads this source's own keys of the route table (a ConfigError names the key).
+    parse: Callable[[Section], S]
+    # The profile that checks and answers its requests.
+    build: Callable[[S], Source]
+    # The credential values in its settings, masked wherever they show.
+    secrets: Callable[[S], Iterable[str]] = _no_secrets
+    # The route keys holding credentials as written in the file (see TargetKind).
+    secret_keys: tuple[str, ...] = ()
+    # relay answers at once, so the sender stops retrying: `relay check` warns
+    # when a target of the route gives up sooner than the sender would have.
+    retry_window: SenderRetry | None = None
+    # A sender that resends this long: its duplicates are recognised at least
+    # as long (the route's dedup_window is raised to it), whatever the retention.
+    dedup_window: float | None = None
+    # `relay check`'s warnings for a risky but valid use of it on a route.
+    advice: Callable[[S, RouteConfig], list[str]] = _no_advice

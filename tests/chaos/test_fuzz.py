@@ -24,10 +24,9 @@ from hypothesis import strategies as st
 
 from relay.config import ConfigError, parse_config
 from relay.config.reader import Section
-from relay.config.sources import SOURCES, parse_source
 from relay.incoming import Incoming
+from relay.kinds import SOURCE_KINDS
 from relay.payload import parse_form, parse_json
-from relay.sources import build_source
 from relay.sources.base import Accept, Ping, Reject
 
 from figures import record_figures
@@ -291,13 +290,14 @@ def test_body_parsers_never_raise(content_type: str, body: bytes) -> None:
 
 def _sources() -> list[Any]:
     built = []
-    for kind in SOURCES:
+    for kind in SOURCE_KINDS:
         options = {"source": kind, **SOURCE_OPTIONS.get(kind, {})}
         if kind in ("generic",):
             options["token"] = "t"
         if kind == "tilda":
             options["api_key"] = "k"
-        built.append(build_source(parse_source(Section(options, "routes.r"))))
+        source = SOURCE_KINDS[kind]
+        built.append(source.build(source.parse(Section(options, "routes.r"))))
     return built
 
 

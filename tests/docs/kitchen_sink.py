@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.config import parse_config
-from relay.config.sources import SOURCES
+from relay.kinds import SOURCE_KINDS as SOURCES
 
 TARGETS: dict[str, dict[str, Any]] = {
     "http": {

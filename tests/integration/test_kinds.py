@@ -1,9 +1,11 @@
-"""A new kind of target is one module and one registration (relay.kinds).
+"""A new kind of target or source is one module and one registration (relay.kinds).
 
-This file is that module for a throwaway kind, `notebook`: it keeps each
-delivery's body in a list, under a label, and needs a credential. Registered,
-it is read from a config, checked, shown masked, built and sent to by a real
-relay, end to end, with nothing else in relay knowing it.
+This file is that module for two throwaway kinds. The target `notebook` keeps
+each delivery's body in a list, under a label, and needs a credential. The
+source `stamped` accepts a request whose X-Stamp header carries its secret,
+names the event by its X-Stamp-Id, and says its sender retries for two days.
+Registered, each is read from a config, checked, shown masked, built and run
+by a real relay, end to end, with nothing else in relay knowing it.
 """
 
 from __future__ import annotations
@@ -16,12 +18,24 @@ from typing import Any
 import aiohttp
 import pytest
 
+from relay.advice import warnings
 from relay.cli.check import describe as check_text
-from relay.config import ConfigError, load_operator_config
+from relay.config import Answer, ConfigError, RouteConfig, load_operator_config
 from relay.config.reader import Section
-from relay.kinds import TargetKind, register_target, unregister_target
+from relay.incoming import Incoming
+from relay.kinds import (
+    SenderRetry,
+    SourceKind,
+    TargetKind,
+    register_source,
+    register_target,
+    unregister_source,
+    unregister_target,
+)
 from relay.outcome import Outcome
 from relay.secrets import Masker
+from relay.sources import Accept, Check, Reject, Source
+from relay.sources.base import matches_any
 from relay.store import EventQuery, Status
 from relay.targets.base import Envelope, Target
 from relay.views import target_view
@@ -160,3 +174,105 @@ def test_the_operator_commands_mask_its_credential_keys(
         },
     )
     assert "inline-key-123" in load_operator_config(path, {}).secrets
+
+
+@dataclass(frozen=True)
+class StampedSettings:
+    secret: str
+
+
+class Stamped:
+    answer: Answer | None = Answer(status=202, body=b"stamped", content_type="text/plain")
+
+    def __init__(self, settings: StampedSettings) -> None:
+        self._settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        if not matches_any(incoming.headers.get("X-Stamp"), [self._settings.secret]):
+            return Reject("bad_stamp")
+        return Accept(self.key(incoming))
+
+    def key(self, incoming: Incoming) -> str | None:
+        return incoming.headers.get("X-Stamp-Id")
+
+
+def parse_stamped(section: Section) -> StampedSettings:
+    return StampedSettings(secret=section.string("stamp_secret"))
+
+
+def build_stamped(settings: StampedSettings) -> Source:
+    return Stamped(settings)
+
+
+def stamped_secrets(settings: StampedSettings) -> Iterable[str]:
+    return [settings.secret]
+
+
+def stamped_advice(settings: StampedSettings, route: RouteConfig) -> list[str]:
+    return [] if route.allow_ips else ["stamped senders should be allowed by address too"]
+
+
+STAMPED = SourceKind(
+    name="stamped",
+    parse=parse_stamped,
+    build=build_stamped,
+    secrets=stamped_secrets,
+    secret_keys=("stamp_secret",),
+    retry_window=SenderRetry("the stamping sender", 2 * 86400.0),
+    dedup_window=40 * 86400.0,
+    advice=stamped_advice,
+)
+
+
+@pytest.fixture
+def stamped_kind() -> Iterator[None]:
+    register_source(STAMPED)
+    yield
+    unregister_source("stamped")
+
+
+async def test_a_registered_source_is_read_checked_and_answers_as_its_kind_says(
+    stamped_kind: None,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    config = make_config(
+        {"audit": {"type": "file", "path": "audit.jsonl", "retry": {"retries": 2}}},
+        {
+            "stamps": {
+                "path": "/hooks/stamps",
+                "targets": ["audit"],
+                "source": "stamped",
+                "stamp_secret": "st-9f8e7d6c",
+            }
+        },
+    )
+    route = config.routes["stamps"]
+    assert route.source_kind == "stamped"
+    assert route.dedup_window == 40 * 86400.0  # raised to the kind's window
+    assert "st-9f8e7d6c" in config.secrets
+    found = warnings(config)
+    assert "routes.stamps: stamped senders should be allowed by address too" in found
+    assert any(
+        "target audit gives up after" in w and "the stamping sender would have kept trying" in w
+        for w in found
+    )
+
+    relay = await start_relay(config, background=False)
+    url = relay.ingress_url + "/hooks/stamps"
+    async with http.post(url, data=b"{}", headers={"X-Stamp": "wrong"}) as answer:
+        assert answer.status == 401
+    headers = {"X-Stamp": "st-9f8e7d6c", "X-Stamp-Id": "evt-1"}
+    async with http.post(url, data=b"{}", headers=headers) as answer:
+        assert (answer.status, await answer.read()) == (202, b"stamped")
+    (event,) = await relay.store.list_events(EventQuery())
+    assert event.idempotency_key == "evt-1"
+
+
+def test_an_unregistered_source_is_an_unknown_one(make_config: ConfigFactory) -> None:
+    with pytest.raises(ConfigError, match=r'routes\.r\.source: expected one of "generic"'):
+        make_config(
+            {"audit": {"type": "file", "path": "audit.jsonl"}},
+            {"r": {"path": "/r", "targets": ["audit"], "source": "stamped"}},
+        )

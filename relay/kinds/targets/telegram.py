@@ -12,7 +12,7 @@ from relay.config.model import Rate
 from relay.config.model import TelegramTarget as TelegramSettings
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import TargetKind
-from relay.kinds.http import parse_url
+from relay.kinds.targets.http import parse_url
 from relay.payload import EVENT_VARIABLES
 
 if TYPE_CHECKING:

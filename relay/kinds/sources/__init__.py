@@ -1,0 +1,1 @@
+"""Source kinds, one module each (registered in relay.kinds)."""

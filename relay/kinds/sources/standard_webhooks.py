@@ -1,0 +1,50 @@
+"""`source = "standard-webhooks"`: Standard Webhooks senders (Svix and others),
+v1 (HMAC) and v1a (ed25519) signatures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relay.config.model import StandardWebhooksSource
+from relay.config.reader import ConfigError, Section
+from relay.config.sources import secret_list, whpk, whsec
+from relay.kinds.base import SenderRetry, SourceKind
+
+if TYPE_CHECKING:
+    from relay.sources.base import Source
+
+
+def parse(section: Section) -> StandardWebhooksSource:
+    secrets = tuple(
+        whsec(section, "secret", value) for value in secret_list(section, "secret", required=False)
+    )
+    public_keys = tuple(
+        whpk(section, "public_key", value)
+        for value in secret_list(section, "public_key", required=False)
+    )
+    if not secrets and not public_keys:
+        raise ConfigError(
+            section.key("secret"),
+            'expected a secret like "whsec_<base64>" (v1 signatures), or public_key'
+            ' = "whpk_<base64>" (v1a, ed25519), or both',
+        )
+    return StandardWebhooksSource(
+        secrets=secrets,
+        public_keys=public_keys,
+        tolerance=section.duration("tolerance", 300.0),
+    )
+
+
+def build(settings: StandardWebhooksSource) -> Source:
+    from relay.sources.profiles import StandardWebhooks
+
+    return StandardWebhooks(settings)
+
+
+KIND = SourceKind(
+    name="standard-webhooks",
+    parse=parse,
+    build=build,
+    secret_keys=("secret",),
+    retry_window=SenderRetry("a Standard Webhooks sender", 27 * 3600.0),
+)

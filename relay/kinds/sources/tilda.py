@@ -1,0 +1,48 @@
+"""`source = "tilda"`: Tilda's form webhooks, an optional API key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from relay.config.model import RouteConfig, TildaSource
+from relay.config.reader import Section
+from relay.config.sources import secret_list
+from relay.kinds.base import SourceKind
+
+if TYPE_CHECKING:
+    from relay.sources.base import Source
+
+
+def parse(section: Section) -> TildaSource:
+    return TildaSource(
+        api_keys=secret_list(section, "api_key", required=False),
+        api_key_header=section.string("api_key_header", "X-Tilda-Api-Key"),
+        api_key_field=section.string("api_key_field", "api_key"),
+    )
+
+
+def build(settings: TildaSource) -> Source:
+    from relay.sources.profiles import Tilda
+
+    return Tilda(settings)
+
+
+def secrets(settings: TildaSource) -> Iterable[str]:
+    return settings.api_keys
+
+
+def advice(settings: TildaSource, route: RouteConfig) -> list[str]:
+    if settings.api_keys or route.allow_ips:
+        return []
+    return ["Tilda route without api_key: anyone can post a form to it"]
+
+
+KIND = SourceKind(
+    name="tilda",
+    parse=parse,
+    build=build,
+    secrets=secrets,
+    secret_keys=("api_key",),
+    advice=advice,
+)

@@ -1,0 +1,33 @@
+"""`source = "woocommerce"`: WooCommerce webhooks, HMAC-SHA256 in base64."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from relay.config.model import WooCommerceSource
+from relay.config.reader import Section
+from relay.config.sources import secret_list
+from relay.kinds.base import SourceKind
+
+if TYPE_CHECKING:
+    from relay.sources.base import Source
+
+
+def parse(section: Section) -> WooCommerceSource:
+    return WooCommerceSource(secrets=secret_list(section, "secret"))
+
+
+def build(settings: WooCommerceSource) -> Source:
+    from relay.sources.profiles import WooCommerce
+
+    return WooCommerce(settings)
+
+
+def secrets(settings: WooCommerceSource) -> Iterable[str]:
+    return settings.secrets
+
+
+KIND = SourceKind(
+    name="woocommerce", parse=parse, build=build, secrets=secrets, secret_keys=("secret",)
+)

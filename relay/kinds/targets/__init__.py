@@ -1,0 +1,1 @@
+"""Target kinds, one module each (registered in relay.kinds)."""
