@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from relay.config.model import RetryPolicy
+from relay.config.model import Backoff, RetryPolicy
 from relay.config.reader import ConfigError, Section
+
+BACKOFFS: tuple[Backoff, ...] = ("exponential", "list")
 
 
 def parse_retry(section: Section, inherited: RetryPolicy) -> RetryPolicy:
@@ -14,7 +16,7 @@ def parse_retry(section: Section, inherited: RetryPolicy) -> RetryPolicy:
     the last delay repeats.
     """
     raw_delays = section.take("delays", None)
-    backoff = section.choice("backoff", ("exponential", "list"), None)
+    backoff = section.choice("backoff", BACKOFFS, None)
     if backoff is None:
         backoff = "list" if raw_delays is not None else inherited.backoff
     base = section.number("base", inherited.base, minimum=1.0, maximum=100.0)

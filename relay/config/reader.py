@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from relay.units import parse_duration, parse_size
 
@@ -40,7 +40,12 @@ class _Missing:
         return "<required>"
 
 
+# The default of a getter called without one: the key must be there. A getter's
+# type is its value's, or the default's (`string("url", None)` is `str | None`;
+# without a default the type variable has no solution and the type is `str`).
 REQUIRED: Any = _Missing()
+D = TypeVar("D")
+C = TypeVar("C", bound=str)
 
 
 def describe(value: object) -> str:
@@ -104,25 +109,27 @@ class Section:
             raise self.error(name, expected, value)
         return value
 
-    def string(self, name: str, default: Any = REQUIRED, *, nonempty: bool = True) -> Any:
+    def string(self, name: str, default: D = REQUIRED, *, nonempty: bool = True) -> str | D:
         expected = "a non-empty string" if nonempty else "a string"
-        return self._typed(
+        value: str | D = self._typed(
             name, default, lambda v: isinstance(v, str) and (bool(v) or not nonempty), expected
         )
+        return value
 
-    def boolean(self, name: str, default: Any = REQUIRED) -> Any:
-        return self._typed(name, default, lambda v: isinstance(v, bool), "true or false")
+    def boolean(self, name: str, default: D = REQUIRED) -> bool | D:
+        value: bool | D = self._typed(name, default, lambda v: isinstance(v, bool), "true or false")
+        return value
 
     def integer(
         self,
         name: str,
-        default: Any = REQUIRED,
+        default: D = REQUIRED,
         *,
         minimum: int | None = None,
         maximum: int | None = None,
-    ) -> Any:
+    ) -> int | D:
         expected = _range_text("an integer", minimum, maximum)
-        return self._typed(
+        value: int | D = self._typed(
             name,
             default,
             lambda v: (
@@ -133,15 +140,16 @@ class Section:
             ),
             expected,
         )
+        return value
 
     def number(
         self,
         name: str,
-        default: Any = REQUIRED,
+        default: D = REQUIRED,
         *,
         minimum: float | None = None,
         maximum: float | None = None,
-    ) -> Any:
+    ) -> float | D:
         expected = _range_text("a number", minimum, maximum)
         value = self._typed(
             name,
@@ -156,12 +164,13 @@ class Section:
         )
         return float(value) if isinstance(value, int) else value
 
-    def choice(self, name: str, choices: Iterable[str], default: Any = REQUIRED) -> Any:
+    def choice(self, name: str, choices: Iterable[C], default: D = REQUIRED) -> C | D:
         options = list(choices)
         expected = "one of " + ", ".join(f'"{c}"' for c in options)
-        return self._typed(name, default, lambda v: v in options, expected)
+        value: C | D = self._typed(name, default, lambda v: v in options, expected)
+        return value
 
-    def duration(self, name: str, default: Any = REQUIRED, *, positive: bool = True) -> Any:
+    def duration(self, name: str, default: D = REQUIRED, *, positive: bool = True) -> float | D:
         value = self.take(name, default)
         if value is default and default is not REQUIRED:
             return value
@@ -179,7 +188,7 @@ class Section:
             raise self.error(name, "a duration above zero", value)
         return seconds
 
-    def size(self, name: str, default: Any = REQUIRED) -> Any:
+    def size(self, name: str, default: D = REQUIRED) -> int | D:
         value = self.take(name, default)
         if value is default and default is not REQUIRED:
             return value
@@ -196,7 +205,7 @@ class Section:
             raise self.error(name, "a size above zero", value)
         return size
 
-    def string_list(self, name: str, default: Any = REQUIRED) -> Any:
+    def string_list(self, name: str, default: D = REQUIRED) -> tuple[str, ...] | D:
         value = self._typed(
             name,
             default,
@@ -205,7 +214,7 @@ class Section:
         )
         return tuple(value) if isinstance(value, list) else value
 
-    def string_map(self, name: str, default: Any = REQUIRED) -> Any:
+    def string_map(self, name: str, default: D = REQUIRED) -> dict[str, str] | D:
         value = self.take(name, default)
         if value is default and default is not REQUIRED:
             return value
@@ -218,30 +227,41 @@ class Section:
                 )
         return dict(value)
 
-    def path(self, name: str, base: Path, default: Any = REQUIRED) -> Any:
-        value = self.string(name, default)
-        if value is default and default is not REQUIRED:
-            return value
+    def path(self, name: str, base: Path, default: D = REQUIRED) -> Path | D:
+        value = self.string(name, None)
+        if value is None:
+            absent: Path | D = self.take(name, default)  # the default, or "is required"
+            return absent
         return resolve_path(value, base)
 
     def template(
         self,
         name: str,
-        default: Any = REQUIRED,
+        default: D = REQUIRED,
         *,
         offers: Collection[str],
         html: bool = False,
         markdown_v2: bool = False,
-        compile_default: bool = False,
-    ) -> Any:
+    ) -> Template | D:
         """A Jinja2 template, compiled now: a syntax error, or a variable that is not
-        in `offers` (what this place's context holds), is a config error.
+        in `offers` (what this place's context holds), is a config error."""
+        source = self.string(name, None, nonempty=False)
+        if source is None:
+            absent: Template | D = self.take(name, default)  # the default, or "is required"
+            return absent
+        return self._compile(name, source, offers, html=html, markdown_v2=markdown_v2)
 
-        With `compile_default`, an absent key gets `default` compiled as its template.
-        """
-        source = self.string(name, default, nonempty=False)
-        if source is default and default is not REQUIRED and not compile_default:
-            return source
+    def template_or(
+        self,
+        name: str,
+        default_source: str,
+        *,
+        offers: Collection[str],
+        html: bool = False,
+        markdown_v2: bool = False,
+    ) -> Template:
+        """A template, or `default_source` compiled as one when the key is absent."""
+        source = self.string(name, default_source, nonempty=False)
         return self._compile(name, source, offers, html=html, markdown_v2=markdown_v2)
 
     def template_map(
@@ -252,13 +272,16 @@ class Section:
             for key, value in self.string_map(name, {}).items()
         }
 
-    def expression(self, name: str, default: Any = REQUIRED, *, offers: Collection[str]) -> Any:
+    def expression(
+        self, name: str, default: D = REQUIRED, *, offers: Collection[str]
+    ) -> Template | D:
         """A condition such as `json.Status == 'PAID'`, compiled now."""
         from relay.templates import compile_expression  # see _compile
 
-        source = self.string(name, default)
-        if source is default and default is not REQUIRED:
-            return source
+        source = self.string(name, None)
+        if source is None:
+            absent: Template | D = self.take(name, default)  # the default, or "is required"
+            return absent
         try:
             return compile_expression(source, offers=offers)
         except ValueError as error:

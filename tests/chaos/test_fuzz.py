@@ -38,6 +38,23 @@ from helpers import RelayProcess, write_config
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
 TRIED: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def record_fuzz_figures() -> Iterator[None]:
+    """How many inputs each fuzz test tried, written when this module's tests are
+    done, in whatever order they ran (was a last test named test_zz_...)."""
+    yield
+    record_figures(
+        "fuzz",
+        {
+            "config_inputs": TRIED["config"],
+            "parser_inputs": TRIED["parsers"],
+            "verifier_inputs": TRIED["verifiers"],
+        },
+    )
+
+
 ANY = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much]
 
 token = st.text(alphabet=string.ascii_letters + string.digits + "-_", min_size=1, max_size=30)
@@ -337,14 +354,3 @@ def test_source_verifiers_never_raise(
     incoming = Incoming("POST", "/x", query, headers, body)
     result = SOURCE_OBJECTS[index].check(incoming, 1_800_000_000.0)
     assert isinstance(result, Accept | Ping | Reject)
-
-
-def test_zz_record_fuzz_figures() -> None:
-    record_figures(
-        "fuzz",
-        {
-            "config_inputs": TRIED["config"],
-            "parser_inputs": TRIED["parsers"],
-            "verifier_inputs": TRIED["verifiers"],
-        },
-    )

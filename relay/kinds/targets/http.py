@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import yarl
 
+from relay.config.model import HttpFormat
 from relay.config.model import HttpTarget as HttpSettings
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from relay.targets.base import Target
 
 HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
+HTTP_FORMATS: tuple[HttpFormat, ...] = ("raw", "json", "form")
 
 
 def parse_url(section: Section, name: str, default: str | None = None) -> str:
@@ -40,7 +42,7 @@ def parse(section: Section, base: Path) -> HttpSettings:
     if method not in HTTP_METHODS:
         raise section.error("method", "one of " + ", ".join(HTTP_METHODS), method)
     headers = section.template_map("headers", offers=EVENT_VARIABLES)
-    body_format = section.choice("format", ("raw", "json", "form"), "raw")
+    body_format: HttpFormat = section.choice("format", HTTP_FORMATS, "raw")
     body = section.template("body", None, offers=EVENT_VARIABLES)
     form = section.template_map("form", offers=EVENT_VARIABLES)
     if body_format == "json" and body is None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.config.files import ca_file_problem
 from relay.config.model import SmtpTarget as SmtpSettings
+from relay.config.model import SmtpTls
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import TargetKind
 from relay.payload import EVENT_VARIABLES
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from relay.targets.base import Target
 
 _EMAIL = re.compile(r"[^@\s<>]+@[^@\s<>]+|.*<[^@\s<>]+@[^@\s<>]+>")
+SMTP_TLS: tuple[SmtpTls, ...] = ("implicit", "starttls", "none")
 DEFAULT_MAIL_SUBJECT = "{{ json.summary | default('relay: event ' ~ event.id) }}"
 DEFAULT_MAIL_TEXT = "{{ json.text | default(body) }}"
 
@@ -37,7 +39,7 @@ def _addresses(section: Section, name: str, *, required: bool) -> tuple[str, ...
 
 def parse(section: Section, base: Path) -> SmtpSettings:
     host = section.string("host")
-    tls = section.choice("tls", ("implicit", "starttls", "none"), "starttls")
+    tls: SmtpTls = section.choice("tls", SMTP_TLS, "starttls")
     default_port = {"implicit": 465, "starttls": 587, "none": 25}[tls]
     port = section.integer("port", default_port, minimum=1, maximum=65535)
     username = section.string("username", None)
@@ -62,12 +64,8 @@ def parse(section: Section, base: Path) -> SmtpSettings:
         to=_addresses(section, "to", required=True),
         cc=_addresses(section, "cc", required=False),
         reply_to=section.template("reply_to", None, offers=EVENT_VARIABLES),
-        subject=section.template(
-            "subject", DEFAULT_MAIL_SUBJECT, offers=EVENT_VARIABLES, compile_default=True
-        ),
-        text=section.template(
-            "text", DEFAULT_MAIL_TEXT, offers=EVENT_VARIABLES, compile_default=True
-        ),
+        subject=section.template_or("subject", DEFAULT_MAIL_SUBJECT, offers=EVENT_VARIABLES),
+        text=section.template_or("text", DEFAULT_MAIL_TEXT, offers=EVENT_VARIABLES),
         html=section.template("html", None, offers=EVENT_VARIABLES, html=True),
         username=username,
         password=password,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from relay.config.model import Rate
+from relay.config.model import Rate, TelegramParseMode
 from relay.config.model import TelegramTarget as TelegramSettings
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import TargetKind
@@ -26,6 +26,8 @@ TELEGRAM_CHAT_RATE = Rate(1, 1.0)
 TELEGRAM_GROUP_RATE = Rate(20, 60.0)
 TELEGRAM_BOT_RATE = Rate(30, 1.0)
 
+PARSE_MODES: tuple[TelegramParseMode, ...] = ("HTML", "MarkdownV2", "none")
+
 # What a Telegram text becomes when none is set: an alert's text, else the body.
 DEFAULT_TELEGRAM_TEXT = "{{ json.text | default(body) }}"
 
@@ -38,14 +40,13 @@ def parse(section: Section, base: Path) -> TelegramSettings:
     chat = section.take("chat_id")
     if isinstance(chat, bool) or not isinstance(chat, int | str) or not str(chat).strip():
         raise section.error("chat_id", 'a chat id like -1001234567890 or "@channel"', chat)
-    parse_mode = section.choice("parse_mode", ("HTML", "MarkdownV2", "none"), "HTML")
-    text = section.template(
+    parse_mode: TelegramParseMode = section.choice("parse_mode", PARSE_MODES, "HTML")
+    text = section.template_or(
         "text",
         DEFAULT_TELEGRAM_TEXT,
         offers=EVENT_VARIABLES,
         html=parse_mode == "HTML",
         markdown_v2=parse_mode == "MarkdownV2",
-        compile_default=True,
     )
     return TelegramSettings(
         bot_token=token,
