@@ -13,7 +13,6 @@ import os
 import random
 import signal
 from collections.abc import Callable, Coroutine, Mapping
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -36,7 +35,7 @@ from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.secrets import Masker
 from relay.store import Status, StoreError
-from relay.store.backends import open_store
+from relay.store.backends import lock_path, open_store
 from relay.store.pg_cluster import cluster_limits
 from relay.store.postgres import PostgresStore
 from relay.systemd import Notifier, watchdog
@@ -44,13 +43,6 @@ from relay.targets import Target, build_target
 from relay.units import format_instant
 
 log = logging.getLogger("relay")
-
-
-def lock_path(database: Path) -> Path:
-    """The lock beside the database file itself: a symlink to the same database
-    under another name must meet the same lock, or two daemons would share it."""
-    database = database.resolve()
-    return database.with_name(database.name + ".lock")
 
 
 def with_admin_token(config: Config) -> Config:

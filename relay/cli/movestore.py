@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from relay.app import lock_path
 from relay.cli.common import CommandError, add_config_option, read_operator_config, run
 from relay.lockfile import AlreadyRunning, ProcessLock
-from relay.store.pg_copy import copy_into, open_source
+from relay.store.backends import lock_path
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,6 +42,9 @@ def migrate_store(args: argparse.Namespace) -> int:
             f"relay serve is running on {path}: stop it first (systemctl stop relay),"
             " so that nothing arrives after the copy"
         ) from None
+    # asyncpg: imported by the command that copies, not by every `relay` command.
+    from relay.store.pg_copy import copy_into, open_source
+
     try:
         source = open_source(path)
         try:

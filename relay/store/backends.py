@@ -6,6 +6,7 @@ operator command on a SQLite database never pays for asyncpg.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relay.store.sqlite import SqliteStore
@@ -33,3 +34,10 @@ def open_store(storage: StorageConfig) -> SqliteStore | PostgresStore:
         # A request waits at most this long for a place in a commit before 503.
         write_queue_timeout=storage.busy_timeout + 1.0,
     )
+
+
+def lock_path(database: Path) -> Path:
+    """The lock beside the database file itself: a symlink to the same database
+    under another name must meet the same lock, or two daemons would share it."""
+    database = database.resolve()
+    return database.with_name(database.name + ".lock")
