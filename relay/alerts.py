@@ -22,7 +22,7 @@ from relay.config import AlertsConfig
 from relay.outcome import Verdict
 from relay.retry import Next
 from relay.scheduler import AttemptReport
-from relay.store import NewDelivery, NewEvent, Status, Store, StoreError
+from relay.store import Intake, NewDelivery, NewEvent, Status, StoreError
 from relay.targets import ALERTS_ROUTE
 from relay.units import format_duration
 
@@ -61,7 +61,7 @@ class Alerter:
     def __init__(
         self,
         config: AlertsConfig,
-        store: Store,
+        store: Intake,
         clock: Clock,
         *,
         on_created: Callable[[dict[str, Any]], None] | None = None,

@@ -27,15 +27,13 @@ from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
 from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
-from relay.lockfile import ProcessLock
 from relay.logs import log_attempt, set_masker
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.secrets import Masker
-from relay.store import Status, StoreError
-from relay.store.backends import lock_path, open_store
+from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.pg_cluster import cluster_limits
 from relay.store.postgres import PostgresStore
 from relay.systemd import Notifier, watchdog
@@ -146,10 +144,7 @@ class Relay:
             current_config=lambda: self.config,
             store_stats=lambda: self.store.write_stats,
         )
-        # One process per SQLite file; PostgreSQL is shared by design.
-        self._lock = (
-            ProcessLock(lock_path(config.storage.path)) if config.storage.url is None else None
-        )
+        self._lock = serve_lock(config.storage)
         self._runners: dict[str, web.BaseRunner] = {}
         self.connection_caps: dict[str, ConnectionCap | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -264,9 +259,8 @@ class Relay:
         caller (tests drive them with `drain()` on an injected clock).
         """
         try:
-            if self._lock is not None:
-                self._lock.acquire()
-                self._opened.append(self._lock.release)
+            self._lock.acquire()
+            self._opened.append(self._lock.release)
             await self.store.open()
             self._opened.append(self.store.close)
             now = self.clock.now()

@@ -14,7 +14,7 @@ import logging
 import time
 
 from relay.alerts import Alerter
-from relay.store import Store
+from relay.store import Health
 
 log = logging.getLogger("relay.store")
 
@@ -23,7 +23,7 @@ REPEAT_SECONDS = 60.0
 
 
 class DatabaseWatch:
-    def __init__(self, store: Store, alerter: Alerter, *, interval: float = CHECK_SECONDS) -> None:
+    def __init__(self, store: Health, alerter: Alerter, *, interval: float = CHECK_SECONDS) -> None:
         self._store = store
         self._alerter = alerter
         self._interval = interval

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from relay.clock import Clock
 from relay.search import MAX_BODY_BYTES, documents
 from relay.secrets import Masker
-from relay.store import Store, StoreError
+from relay.store import Indexing, StoreError
 
 log = logging.getLogger("relay.indexer")
 
@@ -41,7 +41,7 @@ RETRY_AFTER_ERROR = 5.0
 class SearchIndexer:
     def __init__(
         self,
-        store: Store,
+        store: Indexing,
         clock: Clock,
         masker: Callable[[], Masker],
         *,

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import orjson
 from aiohttp import web
@@ -28,9 +29,14 @@ from relay.payload import storable
 from relay.sandbox import one_budget
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source, build_source
-from relay.store import Accepted, NewEvent, Rejection, Store, StoreError
+from relay.store import Accepted, Health, Intake, NewEvent, Rejection, StoreError
 
 log = logging.getLogger("relay.ingress")
+
+
+class IngressStore(Intake, Health, Protocol):
+    """Ingress stores events and refusals, and asks per request whether it may."""
+
 
 MAX_KEY_LENGTH = 512
 # Seconds a sender is asked to wait after a 503: long enough for a full disk
@@ -65,7 +71,7 @@ class Ingress:
     def __init__(
         self,
         config: Config,
-        store: Store,
+        store: IngressStore,
         clock: Clock,
         *,
         metrics: Metrics | None = None,

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from relay.clock import Clock
 from relay.config import Config
-from relay.store import Store, StoreError
+from relay.store import Maintenance, StoreError
 
 log = logging.getLogger("relay.retention")
 
@@ -39,7 +39,7 @@ def cutoffs(
 
 
 async def purge(
-    store: Store,
+    store: Maintenance,
     retention: float,
     windows: Mapping[str, float | None],
     now: float,
@@ -65,7 +65,7 @@ async def purge(
 class RetentionJob:
     def __init__(
         self,
-        store: Store,
+        store: Maintenance,
         config: Config,
         clock: Clock,
         on_purged: Callable[[int], None],

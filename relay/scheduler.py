@@ -31,9 +31,9 @@ from relay.store import (
     DownState,
     FailureStreak,
     Hold,
+    Queue,
     RetryAt,
     Status,
-    Store,
     StoreError,
     Transition,
     Waits,
@@ -108,7 +108,7 @@ class _State:
 class Scheduler:
     def __init__(
         self,
-        store: Store,
+        store: Queue,
         config: Config,
         targets: Mapping[str, Target],
         clock: Clock,

@@ -17,10 +17,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from relay.app import Relay
 from relay.config import Config, parse_config
+from relay.store import Store
 from relay.store.postgres import PostgresStore
 
 from helpers import Sink
 from pgcluster import Cluster, create_cluster, remove_cluster, server_bin
+from store_backends import BACKENDS, Harness
+from store_backends import PARAMS as BACKENDS_PARAMS
 
 PG_TEMPLATE = "relay_template"
 
@@ -150,3 +153,22 @@ def pg_cluster_url_empty(pg_cluster: Cluster) -> Iterator[str]:
     _in_thread(_admin(pg_cluster, f"CREATE DATABASE {name}"))
     yield pg_cluster.url(name)
     _in_thread(_admin(pg_cluster, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(params=BACKENDS_PARAMS)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    """The store contract's backend: each contract test runs once per backend
+    in store_backends.BACKENDS (PostgreSQL's marked `postgres`)."""
+    database, _ = BACKENDS[request.param]
+    harness = Harness(request.param, database(request, tmp_path))
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+@pytest.fixture
+async def store(backend: Harness) -> Store:
+    """A store opened on the contract's backend (tests/store/ override it where
+    they test one backend's own behaviour)."""
+    return await backend.open()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -15,16 +15,30 @@ from relay.metrics import Metrics, StoreSnapshot
 from relay.retry import describe_schedule
 from relay.scheduler import Scheduler
 from relay.secrets import Masker
-from relay.store import DeliveryView, NotFound, Resend, Selection, Status, Store
+from relay.store import (
+    DeliveryView,
+    Health,
+    NotFound,
+    Operations,
+    Queries,
+    Resend,
+    Selection,
+    Status,
+)
 from relay.views import target_view
 
 # /metrics reads the store at most this often, however often it is scraped.
 SNAPSHOT_TTL = 5.0
 
 
+class ConsoleStore(Operations, Queries, Health, Protocol):
+    """What the API and the dashboard use: they read, act on deliveries and
+    targets, and /readyz proves the store writable."""
+
+
 @dataclass
 class Operator:
-    store: Store
+    store: ConsoleStore
     scheduler: Scheduler
     clock: Clock
     metrics: Metrics

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from relay import __version__
 from relay.cli import check, events, movestore, operate, render, resend, serve, setup
 from relay.cli.common import CommandError, as_root_hint
-from relay.lockfile import AlreadyRunning
-from relay.store import StoreError
+from relay.store import AlreadyRunning, StoreError
 
 COMMANDS = (serve, check, events, operate, render, resend, setup, movestore)
 

@@ -12,18 +12,14 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.envfile import parse_env_file
 from relay.loops import loop_factory
-from relay.store.backends import open_store
-from relay.store.sqlite import SqliteStore
-
-if TYPE_CHECKING:
-    from relay.store.postgres import PostgresStore
+from relay.store import Store, open_store
 
 T = TypeVar("T")
 
@@ -140,9 +136,7 @@ def existing_database(path: Path) -> None:
 
 
 @asynccontextmanager
-async def opened_store(
-    config: Config | OperatorConfig,
-) -> AsyncIterator[SqliteStore | PostgresStore]:
+async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[Store]:
     if config.storage.url is None:
         existing_database(config.storage.path)
     store = open_store(config.storage)

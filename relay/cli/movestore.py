@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from relay.cli.common import CommandError, add_config_option, read_operator_config, run
-from relay.lockfile import AlreadyRunning, ProcessLock
 from relay.store.backends import lock_path
+from relay.store.lock import AlreadyRunning, ProcessLock
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

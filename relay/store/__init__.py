@@ -1,5 +1,6 @@
 """The store: the only part of relay that speaks SQL (see `base` for the contract)."""
 
+from relay.store.backends import BACKENDS, Backend, open_store, serve_lock
 from relay.store.base import (
     Accepted,
     AttemptRecord,
@@ -16,14 +17,21 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     Header,
+    Health,
     HeldBehind,
     Hold,
     HourlyActivity,
+    Indexing,
     IndexSource,
+    Intake,
     LogEntry,
+    Maintenance,
     NewDelivery,
     NewEvent,
     NotFound,
+    Operations,
+    Queries,
+    Queue,
     Rejection,
     Resend,
     ResendLink,
@@ -41,12 +49,16 @@ from relay.store.base import (
     Transition,
     Waits,
 )
+from relay.store.lock import AlreadyRunning, ServeLock
 from relay.store.sqlite import SqliteStore
 
 __all__ = [
+    "BACKENDS",
     "Accepted",
+    "AlreadyRunning",
     "AttemptRecord",
     "AttemptView",
+    "Backend",
     "ClaimedDelivery",
     "Conflict",
     "Dead",
@@ -59,14 +71,21 @@ __all__ = [
     "FailureStreak",
     "Gauges",
     "Header",
+    "Health",
     "HeldBehind",
     "Hold",
     "HourlyActivity",
     "IndexSource",
+    "Indexing",
+    "Intake",
     "LogEntry",
+    "Maintenance",
     "NewDelivery",
     "NewEvent",
     "NotFound",
+    "Operations",
+    "Queries",
+    "Queue",
     "Rejection",
     "Resend",
     "ResendLink",
@@ -74,6 +93,7 @@ __all__ = [
     "SearchDocument",
     "SearchProgress",
     "Selection",
+    "ServeLock",
     "SqliteStore",
     "Stats",
     "Status",
@@ -84,4 +104,6 @@ __all__ = [
     "TextSearch",
     "Transition",
     "Waits",
+    "open_store",
+    "serve_lock",
 ]

@@ -1,32 +1,50 @@
-"""Which store a config names: PostgreSQL for a `url`, else the SQLite file.
+"""Which store a config asks for, chosen in one place.
 
-Each backend's driver is imported only when the config names it, so an
-operator command on a SQLite database never pays for asyncpg.
+A backend is a kind name, how to build its store from the `[storage]`
+section, and the lock that keeps `relay serve` processes from sharing a store
+that cannot be shared. Adding one is a module with a Store (passing the
+contract suite, tests/store/test_contract*.py, unchanged), a line in BACKENDS
+and, in `backend_kind`, how a config names it.
+
+    [storage] path = "relay.db"               sqlite      one serve per file (flock)
+    [storage] url = "postgresql://..."        postgresql  any number of instances
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from relay.store.base import Store
+from relay.store.lock import ProcessLock, ServeLock, lock_path
 from relay.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
-    from relay.config.model import StorageConfig
-    from relay.store.postgres import PostgresStore
+    from relay.config import StorageConfig
+
+# lock_path: also for `relay migrate-store`, which must meet a running serve's lock.
+__all__ = ["BACKENDS", "Backend", "lock_path", "open_store", "serve_lock"]
 
 
-def open_store(storage: StorageConfig) -> SqliteStore | PostgresStore:
-    """The backend the config names: PostgreSQL for a `url`, else the SQLite file."""
-    if storage.url is not None:
-        from relay.store.postgres import PostgresStore
+@dataclass(frozen=True)
+class Backend:
+    kind: str
+    store: Callable[[StorageConfig], Store]
+    lock: Callable[[StorageConfig], ServeLock]
 
-        return PostgresStore(
-            storage.url,
-            # A request waits at most this long for a place in a commit before 503.
-            write_queue_timeout=storage.busy_timeout + 1.0,
-            command_timeout=storage.busy_timeout + 5.0,
-        )
+
+class Shared:
+    """No lock: instances share the store by design (each leases what it claims)."""
+
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def _sqlite_store(storage: StorageConfig) -> Store:
     return SqliteStore(
         storage.path,
         synchronous=storage.synchronous,
@@ -36,8 +54,46 @@ def open_store(storage: StorageConfig) -> SqliteStore | PostgresStore:
     )
 
 
-def lock_path(database: Path) -> Path:
-    """The lock beside the database file itself: a symlink to the same database
-    under another name must meet the same lock, or two daemons would share it."""
-    database = database.resolve()
-    return database.with_name(database.name + ".lock")
+def _sqlite_lock(storage: StorageConfig) -> ServeLock:
+    return ProcessLock(lock_path(storage.path))
+
+
+def _postgres_store(storage: StorageConfig) -> Store:
+    from relay.store.postgres import PostgresStore  # asyncpg: only when configured
+
+    assert storage.url is not None
+    return PostgresStore(
+        storage.url,
+        # A request waits at most this long for a place in a commit before 503.
+        write_queue_timeout=storage.busy_timeout + 1.0,
+        command_timeout=storage.busy_timeout + 5.0,
+    )
+
+
+BACKENDS: dict[str, Backend] = {
+    "sqlite": Backend("sqlite", _sqlite_store, _sqlite_lock),
+    "postgresql": Backend("postgresql", _postgres_store, lambda storage: Shared()),
+}
+
+
+def backend_kind(storage: StorageConfig) -> str:
+    """The backend a `[storage]` section names: its `url`'s scheme, else the
+    SQLite file at `path`."""
+    if storage.url is None:
+        return "sqlite"
+    scheme = storage.url.partition("://")[0]
+    return "postgresql" if scheme == "postgres" else scheme
+
+
+def backend(storage: StorageConfig) -> Backend:
+    return BACKENDS[backend_kind(storage)]
+
+
+def open_store(storage: StorageConfig) -> Store:
+    """The store `storage` names, built but not opened (call `open()`)."""
+    return backend(storage).store(storage)
+
+
+def serve_lock(storage: StorageConfig) -> ServeLock:
+    """The lock `relay serve` holds on that store for its whole life."""
+    return backend(storage).lock(storage)

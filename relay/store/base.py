@@ -10,6 +10,24 @@ speaks SQL. Driver errors never cross this line: they become
      └── Conflict           the verb does not apply in the current state
 
 Every verb whose result depends on the time takes `now` as an argument.
+
+The verbs are grouped by who uses them; each part of relay takes only its role:
+
+    Intake       accept_event, record_rejection          ingress, alerts
+    Queue        claim_due, next_due, record_attempt,    the scheduler
+                 release, recover_orphans, ...
+    Operations   retry_now, requeue, resend, pause...    admin API, dashboard, CLI
+    Queries      list_events, get_event, stats...        admin API, dashboard, CLI, metrics
+    Indexing     events_to_index, index_events           the search indexer
+    Health       heartbeat, file_problem                 ingress, /readyz, database watch
+    Maintenance  purge, reclaim_space, backup...         retention, `relay backup`
+    Store        all of them, plus open/close            whoever opens it (relay.store.open_store)
+
+ADDING A VERB: put it in the role of the part that calls it (a new consumer
+with a new need gets a new small role, not the whole Store), keep its name
+in the domain's words (never insert_row/update_status), take `now` rather
+than read a clock, and cover it in tests/store/test_contract.py, which every
+backend must pass unchanged (a reviewer reads that suite verb by verb).
 """
 
 from __future__ import annotations
@@ -430,10 +448,8 @@ class EventQuery:
     before_id: int | None = None  # cursor: only events older than this id
 
 
-class Store(Protocol):
-    async def open(self) -> None: ...
-
-    async def close(self) -> None: ...
+class Intake(Protocol):
+    """Taking events in (ingress, alerts): store them, keep what was refused."""
 
     async def accept_event(
         self,
@@ -452,6 +468,15 @@ class Store(Protocol):
         marked refused). Raises StoreUnavailable if it cannot commit.
         """
         ...
+
+    async def record_rejection(self, rejection: Rejection) -> None:
+        """Keep a refused request for the operator; only the last REJECTIONS_KEPT per route."""
+        ...
+
+
+class Queue(Protocol):
+    """The scheduler's view: lease what is due, record each attempt, give leases
+    back, recover a crashed process's leases; which targets are paused or down."""
 
     async def claim_due(
         self,
@@ -497,38 +522,26 @@ class Store(Protocol):
         ...
 
     async def recover_orphans(self, now: float) -> int:
-        """Make every in-flight delivery claimable again; for a process that
-        knows it is the only one running (it holds the store's lock)."""
+        """At start, make claimable again the in-flight deliveries no live
+        process is attempting: this store's own leases, expired ones and, where
+        the serve lock proves this process is the only one (SQLite), all of
+        them at once. Returns how many."""
         ...
 
-    async def list_events(self, query: EventQuery) -> list[EventView]: ...
-
-    async def get_event(self, event_id: int) -> EventDetail | None: ...
-
-    async def resend(self, resend: Resend, now: float) -> int:
-        """Store an edited copy of an event as a new event (no idempotency key:
-        it goes out with its own id as one), linked to the original, with one
-        pending delivery per chosen target, in one transaction; the original
-        is not touched. Returns the new event's id; NotFound without the original."""
+    async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
+        """Mark pending deliveries whose target is not in the config (they wait,
+        never dropped, until it comes back); returns how many per target."""
         ...
 
-    # Search index, kept off the ingest path by a background indexer
+    async def paused_targets(self) -> frozenset[str]: ...
 
-    async def search_progress(self) -> SearchProgress: ...
-
-    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
-        """The oldest events not in the search index yet, at most `limit`."""
+    async def down_targets(self) -> dict[str, DownState]:
+        """Targets that are down (hold_when_down), whatever the config says now."""
         ...
 
-    async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
-        """Put these documents in the index and mark every event up to `through`
-        indexed, in one transaction (a crash loses neither, nor doubles them).
-        Events purged meanwhile are left out."""
-        ...
 
-    async def get_delivery(self, delivery_id: int) -> DeliveryView | None: ...
-
-    # Operator verbs
+class Operations(Protocol):
+    """What a person does to deliveries and targets (dashboard, API, CLI)."""
 
     async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
         """One more attempt, due now. The attempt count is kept and no cycle
@@ -553,19 +566,26 @@ class Store(Protocol):
         """How many deliveries a requeue of `selection` would take."""
         ...
 
-    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
-        """Per hour from `since`: attempts made, failed, and deliveries gone dead."""
+    async def resend(self, resend: Resend, now: float) -> int:
+        """Store an edited copy of an event as a new event (no idempotency key:
+        it goes out with its own id as one), linked to the original, with one
+        pending delivery per chosen target, in one transaction; the original
+        is not touched. Returns the new event's id; NotFound without the original."""
         ...
 
     async def set_paused(self, target: str, paused: bool, now: float) -> None:
         """Pause or resume a target; resuming a down one makes its probe due now."""
         ...
 
-    async def paused_targets(self) -> frozenset[str]: ...
 
-    async def down_targets(self) -> dict[str, DownState]:
-        """Targets that are down (hold_when_down), whatever the config says now."""
-        ...
+class Queries(Protocol):
+    """Reading for people and metrics; never changes anything."""
+
+    async def list_events(self, query: EventQuery) -> list[EventView]: ...
+
+    async def get_event(self, event_id: int) -> EventDetail | None: ...
+
+    async def get_delivery(self, delivery_id: int) -> DeliveryView | None: ...
 
     async def target_states(self) -> dict[str, TargetState]: ...
 
@@ -573,30 +593,32 @@ class Store(Protocol):
 
     async def stats(self) -> Stats: ...
 
-    async def purge(
-        self, cutoffs: Mapping[str, float], default_cutoff: float, *, limit: int, dry_run: bool
-    ) -> int:
-        """Remove up to `limit` finished events (every delivery delivered or
-        skipped) received before their route's cutoff, with their deliveries
-        and attempts. Never touches pending or dead deliveries. With dry_run,
-        counts every event that would go instead."""
-        ...
-
-    async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
-        """Mark pending deliveries whose target is not in the config (they wait,
-        never dropped, until it comes back); returns how many per target."""
-        ...
-
-    async def record_rejection(self, rejection: Rejection) -> None:
-        """Keep a refused request for the operator; only the last REJECTIONS_KEPT per route."""
+    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
+        """Per hour from `since`: attempts made, failed, and deliveries gone dead."""
         ...
 
     async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]: ...
 
-    async def backup(self, destination: Path) -> int:
-        """A consistent copy of the whole store at `destination` while it is in use;
-        returns how many events the copy holds."""
+    async def search_progress(self) -> SearchProgress: ...
+
+
+class Indexing(Protocol):
+    """The background search indexer's two steps."""
+
+    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
+        """The oldest events not in the search index yet, at most `limit`."""
         ...
+
+    async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
+        """Put these documents in the index and mark every event up to `through`
+        indexed, in one transaction (a crash loses neither, nor doubles them).
+        Events purged meanwhile are left out."""
+        ...
+
+
+class Health(Protocol):
+    """Whether the store can take events now (ingress per request, /readyz, the
+    database watch)."""
 
     async def heartbeat(self, now: float) -> None:
         """A small durable write: proves the store is writable right now (and,
@@ -608,7 +630,40 @@ class Store(Protocol):
         file was deleted or replaced), or None. Cheap: called per request."""
         ...
 
+
+class Maintenance(Protocol):
+    """Retention, space, backups, and how well writes are batched."""
+
+    async def purge(
+        self, cutoffs: Mapping[str, float], default_cutoff: float, *, limit: int, dry_run: bool
+    ) -> int:
+        """Remove up to `limit` finished events (every delivery delivered or
+        skipped) received before their route's cutoff, with their deliveries
+        and attempts. Never touches pending or dead deliveries. With dry_run,
+        counts every event that would go instead."""
+        ...
+
     async def reclaim_space(self) -> int:
         """Give pages freed by purges back to the file system, a bounded step at a
         time; returns how many pages this step gave back."""
         ...
+
+    async def backup(self, destination: Path) -> int:
+        """A consistent copy of the whole store at `destination` while it is in use;
+        returns how many events the copy holds."""
+        ...
+
+    @property
+    def write_stats(self) -> tuple[int, int]:
+        """(transactions committed, jobs in them): how well writes are batched."""
+        ...
+
+
+class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, Protocol):
+    """A whole backend: every role, opened and closed. Only the code that opens
+    a store (relay.app, the CLI's `opened_store`) holds one of these; every
+    other part takes the role it uses."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from relay.app import lock_path
-from relay.lockfile import ProcessLock
 from relay.store import (
     AttemptRecord,
     Dead,
@@ -23,6 +21,8 @@ from relay.store import (
     SqliteStore,
     Status,
 )
+from relay.store.backends import lock_path
+from relay.store.lock import ProcessLock
 from relay.store.postgres import PostgresStore
 
 from helpers import arelay_cli, write_config

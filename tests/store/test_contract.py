@@ -1,15 +1,15 @@
-"""The store contract, run against every backend (SQLite today).
+"""The store contract: every verb of every role (relay.store.base), run
+against every backend the `backend` fixture names (tests/store_backends.py).
 
-Real database files in tmp_path; time is passed in, never read.
+A backend passes this suite unchanged. Real databases; time is passed in as
+`now`, never read. Backend-specific behaviour (SQLite's WAL, its file
+permissions, its group commit) is in that backend's own test file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sqlite3
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,67 +26,20 @@ from relay.store import (
     Hold,
     IndexSource,
     NewDelivery,
-    NewEvent,
     NotFound,
     Resend,
     ResendLink,
     RetryAt,
     SearchProgress,
-    SqliteStore,
     Status,
-    StoreUnavailable,
+    Store,
     Waits,
 )
-from relay.store.migrations import MIGRATIONS
-from relay.store.postgres import PostgresStore
 
-T0 = 1_800_000_000.0
+from samples import T0, TWO, event
 
 
-def event(
-    key: str | None = None, route: str = "orders", body: bytes = b'{"a": 1}', at: float = T0
-) -> NewEvent:
-    return NewEvent(
-        route=route,
-        idempotency_key=key,
-        received_at=at,
-        remote_addr="127.0.0.1",
-        method="POST",
-        path="/hooks/orders",
-        query="x=1",
-        headers=[("Content-Type", "application/json"), ("X-Dup", "1"), ("X-Dup", "2")],
-        content_type="application/json",
-        body=body,
-    )
-
-
-TWO = [NewDelivery("crm"), NewDelivery("audit")]
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    if request.param == "postgres":
-        pg: Any = PostgresStore(request.getfixturevalue("pg_url"))
-        await pg.open()
-        yield pg
-        await pg.close()
-        return
-    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.2)
-    await store.open()
-    yield store
-    await store.close()
-
-
-@pytest.fixture
-async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    """For what only a file has (WAL, locks, permissions)."""
-    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.2)
-    await store.open()
-    yield store
-    await store.close()
-
-
-async def test_accept_stores_event_and_one_delivery_per_target(store: SqliteStore) -> None:
+async def test_accept_stores_event_and_one_delivery_per_target(store: Store) -> None:
     accepted = await store.accept_event(event("k1", body=b"\xff\x00raw"), TWO, T0)
     assert not accepted.duplicate
     detail = await store.get_event(accepted.event_id)
@@ -103,7 +56,7 @@ async def test_accept_stores_event_and_one_delivery_per_target(store: SqliteStor
     ] == [("crm", Status.PENDING, 0, T0), ("audit", Status.PENDING, 0, T0)]
 
 
-async def test_duplicate_key_on_the_same_route_creates_nothing(store: SqliteStore) -> None:
+async def test_duplicate_key_on_the_same_route_creates_nothing(store: Store) -> None:
     first = await store.accept_event(event("k1"), TWO, T0)
     again = await store.accept_event(event("k1"), TWO, T0 + 5)
     other_route = await store.accept_event(event("k1", route="leads"), TWO, T0)
@@ -113,14 +66,14 @@ async def test_duplicate_key_on_the_same_route_creates_nothing(store: SqliteStor
     assert len(await store.list_events(EventQuery())) == 2
 
 
-async def test_duplicates_inside_one_group_commit(store: SqliteStore) -> None:
+async def test_duplicates_inside_one_group_commit(store: Store) -> None:
     results = await asyncio.gather(*(store.accept_event(event("same"), TWO, T0) for _ in range(20)))
     assert sum(not r.duplicate for r in results) == 1
     assert len({r.event_id for r in results}) == 1
 
 
 async def test_same_key_with_other_content_is_a_new_event_flagged_as_a_conflict(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     first = await store.accept_event(event("k1", body=b'{"order": 1}'), TWO, T0)
     other = await store.accept_event(event("k1", body=b'{"order": 2}'), TWO, T0 + 1)
@@ -147,14 +100,14 @@ async def test_same_key_with_other_content_is_a_new_event_flagged_as_a_conflict(
     assert len(detail.event.deliveries) == 2
 
 
-async def test_canonically_equal_payloads_are_duplicates(store: SqliteStore) -> None:
+async def test_canonically_equal_payloads_are_duplicates(store: Store) -> None:
     first = await store.accept_event(event("k", body=b'{"a": 1, "b": [1, 2]}'), TWO, T0)
     again = await store.accept_event(event("k", body=b'{ "b":[1,2],\n"a":1 }'), TWO, T0)
     assert again.duplicate
     assert again.event_id == first.event_id
 
 
-async def test_a_refused_conflict_stores_nothing(store: SqliteStore) -> None:
+async def test_a_refused_conflict_stores_nothing(store: Store) -> None:
     first = await store.accept_event(event("k", body=b"one"), TWO, T0)
     refused = await store.accept_event(event("k", body=b"two"), TWO, T0, refuse_conflict=True)
     assert refused.refused
@@ -166,7 +119,7 @@ async def test_a_refused_conflict_stores_nothing(store: SqliteStore) -> None:
     assert not resend.refused
 
 
-async def test_conflicts_inside_one_group_commit(store: SqliteStore) -> None:
+async def test_conflicts_inside_one_group_commit(store: Store) -> None:
     bodies = [b"a", b"b", b"a", b"c", b"b"] * 4
     results = await asyncio.gather(
         *(store.accept_event(event("same", body=body), TWO, T0) for body in bodies)
@@ -180,35 +133,7 @@ async def test_conflicts_inside_one_group_commit(store: SqliteStore) -> None:
     assert sum(r.conflict_of is not None for r in results) == 2
 
 
-async def test_rows_stored_before_digests_are_compared_by_their_body(tmp_path: Path) -> None:
-    path = tmp_path / "relay.db"
-    store = SqliteStore(path)
-    await store.open()
-    first = await store.accept_event(event("k", body=b'{"x": 1}'), TWO, T0)
-    await store.close()
-    with sqlite3.connect(path) as db:  # as a row written by relay before migration 6
-        db.execute("UPDATE events SET digest = NULL")
-    store = SqliteStore(path)
-    await store.open()
-    try:
-        again = await store.accept_event(event("k", body=b'{"x":1}'), TWO, T0)
-        other = await store.accept_event(event("k", body=b'{"x": 2}'), TWO, T0)
-    finally:
-        await store.close()
-    assert again.duplicate
-    assert again.event_id == first.event_id
-    assert other.conflict_of == first.event_id
-
-
-async def test_concurrent_accepts_share_commits(store: SqliteStore) -> None:
-    before = store.write_stats
-    await asyncio.gather(*(store.accept_event(event(f"k{i}"), TWO, T0) for i in range(200)))
-    batches, jobs = (a - b for a, b in zip(store.write_stats, before, strict=True))
-    assert jobs == 200
-    assert batches < 50  # many requests per fsync, not one each
-
-
-async def test_claim_leases_due_deliveries_per_target_limit(store: SqliteStore) -> None:
+async def test_claim_leases_due_deliveries_per_target_limit(store: Store) -> None:
     for i in range(5):
         await store.accept_event(event(f"k{i}"), TWO, T0)
     claimed = await store.claim_due(T0, T0 + 60, {"crm": 3})
@@ -220,14 +145,14 @@ async def test_claim_leases_due_deliveries_per_target_limit(store: SqliteStore) 
     assert not {c.id for c in claimed} & {c.id for c in again}
 
 
-async def test_not_due_yet_is_not_claimed(store: SqliteStore) -> None:
+async def test_not_due_yet_is_not_claimed(store: Store) -> None:
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     assert await store.claim_due(T0 - 1, T0 + 60, {"crm": 10}) == []
     assert await store.next_due(["crm", "audit"]) == {"crm": T0}
     assert await store.next_due(["audit"]) == {}
 
 
-async def test_expired_lease_is_claimed_again(store: SqliteStore) -> None:
+async def test_expired_lease_is_claimed_again(store: Store) -> None:
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     [first] = await store.claim_due(T0, T0 + 30, {"crm": 10})
     assert await store.claim_due(T0 + 29, T0 + 59, {"crm": 10}) == []
@@ -236,7 +161,7 @@ async def test_expired_lease_is_claimed_again(store: SqliteStore) -> None:
     assert again.id == first.id
 
 
-async def test_record_attempt_transitions(store: SqliteStore) -> None:
+async def test_record_attempt_transitions(store: Store) -> None:
     accepted = await store.accept_event(event(), [*TWO, NewDelivery("mail")], T0)
     claimed = {
         c.target: c for c in await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1, "mail": 1})
@@ -265,7 +190,7 @@ async def test_record_attempt_transitions(store: SqliteStore) -> None:
     ]
 
 
-async def test_release_and_recover_give_leases_back_without_an_attempt(store: SqliteStore) -> None:
+async def test_release_and_recover_give_leases_back_without_an_attempt(store: Store) -> None:
     await store.accept_event(event(), TWO, T0)
     claimed = await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1})
     await store.release([claimed[0].id], T0)
@@ -275,7 +200,7 @@ async def test_release_and_recover_give_leases_back_without_an_attempt(store: Sq
     assert all(c.attempts == 0 for c in again)
 
 
-async def test_list_events_filters_and_cursor(store: SqliteStore) -> None:
+async def test_list_events_filters_and_cursor(store: Store) -> None:
     for i in range(5):
         await store.accept_event(event(f"k{i}", at=T0 + i), [NewDelivery("crm")], T0 + i)
     await store.accept_event(
@@ -293,51 +218,8 @@ async def test_list_events_filters_and_cursor(store: SqliteStore) -> None:
     assert len(await store.list_events(EventQuery(since=T0 + 3, until=T0 + 5))) == 2
 
 
-async def test_a_locked_database_fails_the_write_instead_of_waiting(
-    sqlite_store: SqliteStore, tmp_path: Path
-) -> None:
-    other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    try:
-        with pytest.raises(StoreUnavailable, match="locked"):
-            await sqlite_store.accept_event(event("k"), TWO, T0)
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
-    # And it recovers by itself once the lock is gone.
-    assert not (await sqlite_store.accept_event(event("k"), TWO, T0)).duplicate
-
-
-async def test_wal_mode_and_partial_due_index(sqlite_store: SqliteStore, tmp_path: Path) -> None:
-    await sqlite_store.accept_event(event(), TWO, T0)
-    assert (tmp_path / "relay.db-wal").exists()
-    db = sqlite3.connect(tmp_path / "relay.db")
-    try:
-        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        index_sql = db.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'deliveries_due'"
-        ).fetchone()[0]
-        assert "WHERE status = 'pending'" in index_sql
-        plan = " ".join(
-            str(row[3])
-            for row in db.execute(
-                "EXPLAIN QUERY PLAN SELECT id FROM deliveries WHERE status = 'pending'"
-                " AND target = 'crm' AND next_attempt_at <= 1 ORDER BY next_attempt_at LIMIT 5"
-            )
-        )
-        assert "deliveries_due" in plan
-        versions = [row[0] for row in db.execute("SELECT version FROM schema_migrations")]
-        assert versions == [version for version, _, _ in MIGRATIONS]
-    finally:
-        db.close()
-
-
-async def test_database_file_is_private(sqlite_store: SqliteStore, tmp_path: Path) -> None:
-    assert (tmp_path / "relay.db").stat().st_mode & 0o077 == 0
-
-
 async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     ids = []
     for i in range(3):
@@ -393,7 +275,7 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
 
 
 async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batches(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     keyed = [NewDelivery("crm", order_key="A"), NewDelivery("audit")]
     # Two in one group commit, one later: only the first of key A is due.
@@ -442,7 +324,7 @@ async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batche
 
 
 async def test_search_index_follows_a_high_water_mark_and_finds_by_text_and_digits(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     bodies = [
         b'{"name": "Anna", "phone": "+7 (999) 123-45-67"}',
@@ -486,7 +368,7 @@ async def test_search_index_follows_a_high_water_mark_and_finds_by_text_and_digi
 
 
 async def test_search_leaves_out_events_purged_meanwhile_and_purge_takes_index_rows(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     done = [NewDelivery("crm", Status.SKIPPED)]
     first = (await store.accept_event(event(body=b'{"name": "Gone"}'), done, T0)).event_id
@@ -507,7 +389,7 @@ async def test_search_leaves_out_events_purged_meanwhile_and_purge_takes_index_r
 
 
 async def test_resend_stores_a_linked_copy_and_leaves_the_original_alone(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     original = (await store.accept_event(event("k-1"), TWO, T0)).event_id
     before = await store.get_event(original)

@@ -1,5 +1,8 @@
 """One `relay serve` per database: an exclusive lock held for the life of the process.
 
+Each backend gives its own (`relay.store.backends`): for SQLite, a file lock
+beside the database file.
+
 Holding it also proves that no other serve process is running, so every
 delivery still marked in flight was orphaned by a crash and can be taken
 back at once instead of waiting for its lease to expire. The kernel drops
@@ -11,13 +14,33 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from typing import Protocol
 
 
 class AlreadyRunning(Exception):
     pass
 
 
+class ServeLock(Protocol):
+    """Held by `relay serve` from before the store opens until after it closes."""
+
+    def acquire(self) -> None:
+        """Take the lock, or raise AlreadyRunning naming who holds it."""
+        ...
+
+    def release(self) -> None: ...
+
+
+def lock_path(database: Path) -> Path:
+    """The lock beside the database file itself: a symlink to the same database
+    under another name must meet the same lock, or two daemons would share it."""
+    database = database.resolve()
+    return database.with_name(database.name + ".lock")
+
+
 class ProcessLock:
+    """flock() on a file, never waiting: taken at once or AlreadyRunning."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None

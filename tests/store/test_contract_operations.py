@@ -1,0 +1,240 @@
+"""Store contract, the Operations role (what a person does): retry_now, skip,
+requeue, count, resend, set_paused. Runs over every backend
+(tests/store_backends.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.store import (
+    AttemptRecord,
+    ClaimedDelivery,
+    Conflict,
+    Dead,
+    Delivered,
+    NewDelivery,
+    NotFound,
+    Resend,
+    RetryAt,
+    Selection,
+    Status,
+    Store,
+)
+
+from samples import T0, TWO, event
+
+FAILED = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
+
+
+async def _dead(store: Store, key: str = "k", at: float = T0) -> ClaimedDelivery:
+    """A crm delivery that went dead after one attempt."""
+    await store.accept_event(event(key, at=at), [NewDelivery("crm")], at)
+    [claim] = await store.claim_due(at, at + 60, {"crm": 1})
+    await store.record_attempt(claim, FAILED, Dead("HTTP 503 too long"), at)
+    return claim
+
+
+async def test_retry_now_makes_a_dead_delivery_due_keeping_its_count(store: Store) -> None:
+    dead = await _dead(store)
+    view = await store.retry_now(dead.id, T0 + 100)
+    assert (view.status, view.next_attempt_at, view.attempts) == (Status.PENDING, T0 + 100, 1)
+    [claim] = await store.claim_due(T0 + 100, T0 + 160, {"crm": 1})
+    # The scheduler learns it is a manual attempt, and where a failure returns it.
+    assert (claim.manual, claim.resume_status, claim.resume_at) == (True, Status.DEAD, None)
+    assert claim.attempts == 1
+    # It fails: back to dead, the attempt counted, no step of a cycle spent.
+    await store.record_attempt(
+        claim, AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503"), Dead("still"), T0 + 100
+    )
+    after = await store.get_delivery(dead.id)
+    assert after is not None
+    assert (after.status, after.attempts, after.attempts_in_cycle) == (Status.DEAD, 2, 1)
+    detail = await store.get_event(dead.event_id)
+    assert detail is not None
+    assert [(e.kind, e.at) for e in detail.log[dead.id]] == [("retry", T0 + 100)]
+
+
+async def test_retry_now_on_a_waiting_delivery_keeps_its_schedule(store: Store) -> None:
+    await store.accept_event(event(), [NewDelivery("crm")], T0)
+    [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
+    await store.record_attempt(claim, FAILED, RetryAt(T0 + 3600), T0)
+    view = await store.retry_now(claim.id, T0 + 10)
+    assert (view.status, view.next_attempt_at) == (Status.PENDING, T0 + 10)
+    # Asking twice is asking once: one log entry, the first schedule kept.
+    await store.retry_now(claim.id, T0 + 20)
+    [manual] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 1})
+    assert (manual.manual, manual.resume_status, manual.resume_at) == (
+        True,
+        Status.PENDING,
+        T0 + 3600,
+    )
+    assert manual.attempts_in_cycle == 1
+    # It fails: the scheduler returns it to its place; the cycle is not advanced.
+    await store.record_attempt(
+        manual,
+        AttemptRecord(2, T0 + 20, 0.01, "retry", 503, "HTTP 503"),
+        RetryAt(T0 + 3600),
+        T0 + 20,
+    )
+    after = await store.get_delivery(claim.id)
+    assert after is not None
+    assert (after.status, after.next_attempt_at, after.attempts, after.attempts_in_cycle) == (
+        Status.PENDING,
+        T0 + 3600,
+        2,
+        1,
+    )
+    detail = await store.get_event(claim.event_id)
+    assert detail is not None
+    assert [e.kind for e in detail.log[claim.id]] == ["retry"]
+    # The next claim of it is an ordinary step of the schedule again.
+    [scheduled] = await store.claim_due(T0 + 3600, T0 + 3660, {"crm": 1})
+    assert (scheduled.manual, scheduled.resume_status) == (False, None)
+
+
+async def test_retry_now_refuses_what_it_cannot_retry(store: Store) -> None:
+    accepted = await store.accept_event(
+        event(), [NewDelivery("crm"), NewDelivery("audit"), NewDelivery("skip", Status.SKIPPED)], T0
+    )
+    claims = {c.target: c for c in await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1})}
+    await store.record_attempt(
+        claims["audit"], AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0
+    )
+    detail = await store.get_event(accepted.event_id)
+    assert detail is not None
+    skipped = next(d for d in detail.event.deliveries if d.target == "skip")
+    with pytest.raises(Conflict, match="in_flight"):
+        await store.retry_now(claims["crm"].id, T0)
+    with pytest.raises(Conflict, match="delivered"):
+        await store.retry_now(claims["audit"].id, T0)
+    with pytest.raises(Conflict, match="skipped"):
+        await store.retry_now(skipped.id, T0)
+    with pytest.raises(NotFound):
+        await store.retry_now(10_000, T0)
+
+
+async def test_skip_sets_a_delivery_aside_for_good(store: Store) -> None:
+    dead = await _dead(store)
+    view = await store.skip(dead.id, T0 + 5)
+    assert (view.status, view.next_attempt_at) == (Status.SKIPPED, None)
+    assert view.last_error is not None
+    assert "skipped" in view.last_error
+    detail = await store.get_event(dead.event_id)
+    assert detail is not None
+    assert [e.kind for e in detail.log[dead.id]] == ["skip"]
+    with pytest.raises(Conflict):
+        await store.skip(dead.id, T0 + 6)
+    waiting = await store.accept_event(event("p"), [NewDelivery("crm")], T0)
+    [pending] = (await store.get_event(waiting.event_id)).event.deliveries  # type: ignore[union-attr]
+    assert (await store.skip(pending.id, T0 + 7)).status is Status.SKIPPED
+    assert await store.claim_due(T0 + 10, T0 + 70, {"crm": 5}) == []
+
+
+async def test_requeue_starts_a_fresh_cycle_keeping_the_history(store: Store) -> None:
+    dead = await _dead(store)
+    assert await store.count(Selection()) == 1
+    assert await store.requeue(Selection(), T0 + 100) == [dead.id]
+    view = await store.get_delivery(dead.id)
+    assert view is not None
+    assert (view.status, view.next_attempt_at, view.attempts, view.attempts_in_cycle) == (
+        Status.PENDING,
+        T0 + 100,
+        1,
+        0,
+    )
+    [claim] = await store.claim_due(T0 + 100, T0 + 160, {"crm": 1})
+    # A fresh cycle, not a manual attempt: a failure follows the schedule again.
+    assert (claim.manual, claim.resume_status, claim.attempts, claim.attempts_in_cycle) == (
+        False,
+        None,
+        1,
+        0,
+    )
+    await store.record_attempt(
+        claim,
+        AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503"),
+        RetryAt(T0 + 110),
+        T0 + 100,
+    )
+    after = await store.get_delivery(dead.id)
+    assert after is not None
+    assert (after.attempts, after.attempts_in_cycle) == (2, 1)
+    detail = await store.get_event(dead.event_id)
+    assert detail is not None
+    assert [a.number for a in detail.attempts[dead.id]] == [1, 2]  # history kept
+    assert [e.kind for e in detail.log[dead.id]] == ["requeue"]
+
+
+async def test_requeue_and_count_take_what_the_selection_names(store: Store) -> None:
+    a = await _dead(store, "a", T0)
+    await store.accept_event(event("b", route="leads", at=T0 + 10), [NewDelivery("crm")], T0 + 10)
+    [b] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
+    await store.record_attempt(b, FAILED, Dead("no"), T0 + 10)
+    c = await _dead(store, "c", T0 + 20)
+    pending = await store.accept_event(event("p"), [NewDelivery("crm")], T0 + 30)
+
+    assert await store.count(Selection(route="leads")) == 1
+    assert await store.count(Selection(since=T0 + 5, until=T0 + 20)) == 1
+    assert await store.count(Selection(ids=(a.id, c.id))) == 2
+    assert await store.count(Selection(target="audit")) == 0
+    assert await store.count(Selection(status=Status.PENDING)) == 1
+    # Pending ones are never requeued: they already wait for their next attempt.
+    assert await store.requeue(Selection(status=Status.PENDING), T0 + 40) == []
+    assert await store.requeue(Selection(since=T0 + 5, until=T0 + 20), T0 + 40) == [b.id]
+    assert await store.requeue(Selection(ids=(a.id, c.id)), T0 + 40) == sorted([a.id, c.id])
+    assert await store.count(Selection()) == 0
+    assert await store.requeue(Selection(), T0 + 41) == []
+    detail = await store.get_event(pending.event_id)
+    assert detail is not None
+    assert detail.log[detail.event.deliveries[0].id] == ()
+
+
+async def test_requeue_sends_a_delivered_one_again(store: Store) -> None:
+    await store.accept_event(event(), [NewDelivery("crm")], T0)
+    [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
+    await store.record_attempt(claim, AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0)
+    assert await store.requeue(Selection(status=Status.DELIVERED), T0 + 5) == [claim.id]
+    [again] = await store.claim_due(T0 + 5, T0 + 65, {"crm": 1})
+    assert (again.id, again.attempts, again.attempts_in_cycle) == (claim.id, 1, 0)
+
+
+async def test_resend_stores_an_edited_copy_linked_to_the_original(store: Store) -> None:
+    original = await store.accept_event(event("k", body=b'{"phone": "bad"}'), TWO, T0)
+    copy_id = await store.resend(
+        Resend(
+            original_id=original.event_id,
+            headers=(("Content-Type", "application/json"),),
+            body=b'{"phone": "+7 900"}',
+            content_type="application/json",
+            targets=("crm",),
+            by="cli user anna",
+        ),
+        T0 + 50,
+    )
+    assert copy_id != original.event_id
+    copy = await store.get_event(copy_id)
+    assert copy is not None
+    assert (copy.body, copy.event.route, copy.event.idempotency_key) == (
+        b'{"phone": "+7 900"}',
+        "orders",
+        None,  # goes out with its own id as the key
+    )
+    assert copy.event.received_at == T0 + 50
+    assert [(d.target, d.status, d.next_attempt_at) for d in copy.event.deliveries] == [
+        ("crm", Status.PENDING, T0 + 50)
+    ]
+    assert copy.resent_from is not None
+    assert (copy.resent_from.original_id, copy.resent_from.by, copy.resent_from.at) == (
+        original.event_id,
+        "cli user anna",
+        T0 + 50,
+    )
+    first = await store.get_event(original.event_id)
+    assert first is not None
+    assert first.body == b'{"phone": "bad"}'  # the original never changes
+    assert [link.copy_id for link in first.resent_as] == [copy_id]
+    # The original's key is still its own: a re-send of it is a duplicate of it.
+    again = await store.accept_event(event("k", body=b'{"phone": "bad"}'), TWO, T0 + 60)
+    assert (again.duplicate, again.event_id) == (True, original.event_id)
+    with pytest.raises(NotFound):
+        await store.resend(Resend(10_000, (), b"{}", "application/json", ("crm",), "x"), T0 + 70)

@@ -1,0 +1,248 @@
+"""Store contract, the Queue role (the scheduler's verbs): claim_due, next_due,
+record_attempt, release, recover_orphans, flag_unconfigured, paused_targets,
+down_targets. Runs over every backend (tests/store_backends.py)."""
+
+from __future__ import annotations
+
+from relay.store import (
+    AttemptRecord,
+    Dead,
+    Delivered,
+    EventQuery,
+    NewDelivery,
+    RetryAt,
+    Status,
+    Store,
+    Waits,
+)
+
+from samples import T0, TWO, event
+from store_backends import Harness
+
+FAILED = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
+OK = AttemptRecord(1, T0, 0.01, "success", 200)
+
+
+async def test_a_claim_carries_the_event_as_stored(store: Store) -> None:
+    accepted = await store.accept_event(event("k", body=b"\x00\xffbytes"), [NewDelivery("crm")], T0)
+    [claimed] = await store.claim_due(T0, T0 + 60, {"crm": 1})
+    assert (claimed.event_id, claimed.route, claimed.target) == (accepted.event_id, "orders", "crm")
+    assert (claimed.idempotency_key, claimed.received_at, claimed.remote_addr) == (
+        "k",
+        T0,
+        "127.0.0.1",
+    )
+    assert (claimed.method, claimed.path, claimed.query) == ("POST", "/hooks/orders", "x=1")
+    assert list(claimed.headers) == [
+        ("Content-Type", "application/json"),
+        ("X-Dup", "1"),
+        ("X-Dup", "2"),
+    ]
+    assert (claimed.content_type, claimed.body) == ("application/json", b"\x00\xffbytes")
+    assert (claimed.attempts, claimed.attempts_in_cycle) == (0, 0)
+    assert (claimed.manual, claimed.resume_status, claimed.resume_at) == (False, None, None)
+    view = await store.get_delivery(claimed.id)
+    assert view is not None
+    assert view.status is Status.IN_FLIGHT
+
+
+async def test_claims_go_oldest_due_first_and_skip_what_is_not_pending(store: Store) -> None:
+    late = await store.accept_event(event("late"), [NewDelivery("crm")], T0 + 5)
+    early = await store.accept_event(event("early"), [NewDelivery("crm")], T0)
+    await store.accept_event(
+        event("skipped"), [NewDelivery("crm", Status.SKIPPED, "when: false")], T0
+    )
+    await store.accept_event(event("dead"), [NewDelivery("crm", Status.DEAD, "bad template")], T0)
+    # Under a limit, the one due longest goes first (by due time, not by id).
+    [first] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
+    assert first.event_id == early.event_id
+    rest = await store.claim_due(T0 + 10, T0 + 70, {"crm": 10})
+    assert [c.event_id for c in rest] == [late.event_id]
+
+
+async def test_a_zero_limit_or_an_unknown_target_claims_nothing(store: Store) -> None:
+    await store.accept_event(event(), TWO, T0)
+    assert await store.claim_due(T0, T0 + 60, {"crm": 0}) == []
+    assert await store.claim_due(T0, T0 + 60, {}) == []
+    assert await store.claim_due(T0, T0 + 60, {"elsewhere": 5}) == []
+    [audit] = await store.claim_due(T0, T0 + 60, {"crm": 0, "audit": 5})
+    assert audit.target == "audit"
+
+
+async def test_an_expired_lease_held_by_this_process_is_not_claimed_again(store: Store) -> None:
+    await store.accept_event(event(), [NewDelivery("crm")], T0)
+    [first] = await store.claim_due(T0, T0 + 30, {"crm": 1})
+    # The clock jumped past the lease while the attempt is still under way here.
+    assert await store.claim_due(T0 + 100, T0 + 160, {"crm": 1}, exclude=[first.id]) == []
+    [again] = await store.claim_due(T0 + 100, T0 + 160, {"crm": 1})
+    assert again.id == first.id
+
+
+async def test_next_due_is_the_earliest_of_waits_and_leases(store: Store) -> None:
+    assert await store.next_due([]) == {}
+    await store.accept_event(event("a"), TWO, T0)
+    await store.accept_event(event("b"), [NewDelivery("crm")], T0 + 50)
+    [crm] = await store.claim_due(T0, T0 + 30, {"crm": 1})
+    assert await store.next_due(["crm", "audit", "mail"]) == {"crm": T0 + 30, "audit": T0}
+    await store.record_attempt(crm, FAILED, RetryAt(T0 + 500), T0)
+    assert await store.next_due(["crm"]) == {"crm": T0 + 50}
+
+
+async def test_record_attempt_counts_and_keeps_every_attempt(store: Store) -> None:
+    accepted = await store.accept_event(event(), [NewDelivery("crm")], T0)
+    [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
+    await store.record_attempt(claim, FAILED, RetryAt(T0 + 10), T0)
+    [claim] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
+    assert (claim.attempts, claim.attempts_in_cycle) == (1, 1)
+    second = AttemptRecord(2, T0 + 10, 0.5, "retry", None, "connection refused", b"")
+    await store.record_attempt(claim, second, RetryAt(T0 + 30), T0 + 10)
+    [claim] = await store.claim_due(T0 + 30, T0 + 90, {"crm": 1})
+    assert (claim.attempts, claim.attempts_in_cycle) == (2, 2)
+    third = AttemptRecord(3, T0 + 30, 0.2, "success", 200, None, b"ok")
+    await store.record_attempt(claim, third, Delivered(), T0 + 30)
+    detail = await store.get_event(accepted.event_id)
+    assert detail is not None
+    [delivery] = detail.event.deliveries
+    assert (delivery.status, delivery.attempts, delivery.next_attempt_at, delivery.last_error) == (
+        Status.DELIVERED,
+        3,
+        None,
+        None,
+    )
+    assert delivery.updated_at == T0 + 30
+    log = detail.attempts[delivery.id]
+    assert [
+        (a.number, a.started_at, a.duration, a.outcome, a.error, a.next_attempt_at) for a in log
+    ] == [
+        (1, T0, 0.01, "retry", "HTTP 503", T0 + 10),
+        (2, T0 + 10, 0.5, "retry", "connection refused", T0 + 30),
+        (3, T0 + 30, 0.2, "success", None, None),
+    ]
+    assert log[2].response == b"ok"
+    assert await store.claim_due(T0 + 1000, T0 + 1060, {"crm": 1}) == []
+
+
+async def test_a_dead_delivery_says_why_and_is_never_claimed(store: Store) -> None:
+    await store.accept_event(event(), [NewDelivery("crm")], T0)
+    [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
+    attempt = AttemptRecord(1, T0, 0.01, "fail", 400, "HTTP 400")
+    await store.record_attempt(claim, attempt, Dead("HTTP 400: bad field"), T0)
+    view = await store.get_delivery(claim.id)
+    assert view is not None
+    assert (view.status, view.last_error, view.next_attempt_at) == (
+        Status.DEAD,
+        "HTTP 400: bad field",
+        None,
+    )
+    assert await store.claim_due(T0 + 10**6, T0 + 10**6 + 60, {"crm": 1}) == []
+    assert await store.next_due(["crm"]) == {}
+
+
+async def test_the_failure_streak_counts_failures_in_a_row_per_target(store: Store) -> None:
+    for i in range(3):
+        await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], T0)
+    claims = await store.claim_due(T0, T0 + 60, {"crm": 3})
+    first = await store.record_attempt(claims[0], FAILED, RetryAt(T0 + 9), T0)
+    second = await store.record_attempt(claims[1], FAILED, RetryAt(T0 + 9), T0 + 1)
+    assert (first.before, first.after, second.before, second.after) == (0, 1, 1, 2)
+    state = (await store.target_states())["crm"]
+    assert (state.consecutive_failures, state.last_error, state.last_error_at) == (
+        2,
+        "HTTP 503",
+        T0 + 1,
+    )
+    # A failure the event caused (a template) says nothing about the target.
+    blameless = AttemptRecord(1, T0, 0.0, "fail", None, "template error", target_at_fault=False)
+    third = await store.record_attempt(claims[2], blameless, Dead("template error"), T0 + 2)
+    assert (third.before, third.after) == (2, 2)
+    [again] = await store.claim_due(T0 + 9, T0 + 69, {"crm": 1})
+    fourth = await store.record_attempt(again, OK, Delivered(), T0 + 9)
+    assert (fourth.before, fourth.after) == (2, 0)
+    state = (await store.target_states())["crm"]
+    assert (state.consecutive_failures, state.last_success_at) == (0, T0 + 9)
+
+
+async def test_a_waits_transition_spends_no_retry_and_keeps_its_place(store: Store) -> None:
+    await store.accept_event(event(), [NewDelivery("crm")], T0)
+    [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
+    await store.record_attempt(claim, FAILED, Waits(), T0 + 1)
+    view = await store.get_delivery(claim.id)
+    assert view is not None
+    # Pending as it was: due when it was due, no step of the cycle spent.
+    assert (view.status, view.next_attempt_at, view.attempts, view.attempts_in_cycle) == (
+        Status.PENDING,
+        T0,
+        1,
+        0,
+    )
+
+
+async def test_release_gives_leases_back_and_leaves_finished_ones_alone(store: Store) -> None:
+    await store.accept_event(event(), TWO, T0)
+    crm, audit = sorted(await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1}), key=str)
+    await store.record_attempt(audit, OK, Delivered(), T0)
+    await store.release([], T0)
+    await store.release([crm.id, audit.id], T0 + 1)
+    views = {
+        v.target: v
+        for v in [await store.get_delivery(crm.id), await store.get_delivery(audit.id)]
+        if v
+    }
+    assert (views["crm"].status, views["crm"].attempts) == (Status.PENDING, 0)
+    assert views["audit"].status is Status.DELIVERED
+    [again] = await store.claim_due(T0 + 1, T0 + 61, {"crm": 1, "audit": 1})
+    assert again.id == crm.id
+
+
+async def test_after_a_crash_the_next_process_takes_orphaned_leases_back_at_once(
+    backend: Harness,
+) -> None:
+    store = await backend.open()
+    await store.accept_event(event("a"), TWO, T0)
+    await store.accept_event(event("b"), [NewDelivery("crm")], T0)
+    claimed = await store.claim_due(T0, T0 + 3600, {"crm": 5, "audit": 5})
+    assert len(claimed) == 3
+    await store.record_attempt(claimed[0], FAILED, RetryAt(T0 + 10**6), T0)
+    # The process dies with two attempts under way; their leases run an hour.
+    # (SQLite takes them back at once: see test_sqlite.py; a shared store
+    # when they expire, as another instance may still be at work.)
+    store = await backend.restart(store)
+    later = T0 + 3600
+    assert await store.recover_orphans(later) == 2
+    again = await store.claim_due(later, later + 60, {"crm": 5, "audit": 5})
+    assert sorted(c.id for c in again) == sorted(c.id for c in claimed[1:])
+    assert all(c.attempts == 0 for c in again)  # a lost attempt is not counted
+    view = await store.get_delivery(claimed[0].id)
+    assert view is not None
+    assert (view.status, view.attempts) == (Status.PENDING, 1)  # recorded: not an orphan
+    assert await store.recover_orphans(later + 1) == 2  # its own leases, from this start
+    assert await store.recover_orphans(later + 1) == 0
+
+
+async def test_deliveries_for_a_target_gone_from_the_config_wait_with_a_note(store: Store) -> None:
+    await store.accept_event(event("a"), TWO, T0)
+    await store.accept_event(event("b"), [NewDelivery("old")], T0)
+    await store.accept_event(event("c"), [NewDelivery("old")], T0)
+    [old_claim] = await store.claim_due(T0, T0 + 60, {"old": 1})
+    assert await store.flag_unconfigured(["crm", "audit"], T0 + 1) == {"old": 2}
+    pending = await store.get_delivery(old_claim.id + 1)
+    assert pending is not None
+    assert pending.status is Status.PENDING  # kept, never dropped
+    assert pending.last_error is not None
+    assert "old" in pending.last_error
+    [first] = await store.list_events(EventQuery(key="a"))
+    assert all(d.last_error is None for d in first.deliveries)  # configured: no note
+    assert await store.flag_unconfigured(["crm", "audit", "old"], T0 + 2) == {}
+
+
+async def test_pause_is_kept_in_the_store(backend: Harness) -> None:
+    store = await backend.open()
+    assert await store.paused_targets() == frozenset()
+    await store.set_paused("crm", True, T0)
+    await store.set_paused("mail", True, T0)
+    await store.set_paused("mail", False, T0 + 1)
+    assert await store.paused_targets() == {"crm"}
+    # A restart keeps it.
+    store = await backend.restart(store)
+    assert await store.paused_targets() == {"crm"}
+    assert (await store.target_states())["crm"].paused
