@@ -97,7 +97,15 @@ def read_config(args: argparse.Namespace) -> Config:
     try:
         return load_config(config_path(args, environ), environ)
     except ConfigError as error:
-        raise CommandError(f"config error: {error}") from None
+        hint = ""
+        # `relay check`/`render` in a shell on the server: the variables are in
+        # the service's environment file, which only systemd loads.
+        unset = error.problem.startswith("environment variable ") and error.problem.endswith(
+            " is not set"
+        )
+        if unset and hasattr(args, "env_file") and args.env_file is None:
+            hint = " (outside the service: --env-file FILE, e.g. /etc/relay/relay.env)"
+        raise CommandError(f"config error: {error}{hint}") from None
 
 
 def read_operator_config(args: argparse.Namespace) -> OperatorConfig:

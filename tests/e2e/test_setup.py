@@ -44,6 +44,34 @@ def test_init_writes_a_config_that_checks_once_its_variables_are_set(tmp_path: P
     assert "exists" in again.stderr
 
 
+def test_render_and_check_outside_the_unit_say_how_to_read_the_service_secrets(
+    tmp_path: Path,
+) -> None:
+    """A new user on the VPS runs `relay render tilda --body lead.txt` (deploy.md
+    step 5): the starter's secrets live in relay.env, which the shell has not
+    loaded; the one-line error says which option reads it."""
+    path = tmp_path / "relay.toml"
+    relay_cli("init", str(path))
+    (tmp_path / "lead.txt").write_text("Name=Anna&Phone=%2B79990000001&tranid=1:1")
+    env = {k: v for k, v in STARTER_ENV.items() if k != "BITRIX_WEBHOOK_URL"}
+    for command in (
+        ["render", "tilda", "--body", str(tmp_path / "lead.txt")],
+        ["check"],
+    ):
+        unset = relay_cli(*command, "--config", str(path), env=env, check=False)
+        assert unset.returncode == 2
+        assert unset.stderr.count("\n") == 1, unset.stderr
+        assert "environment variable BITRIX_WEBHOOK_URL is not set" in unset.stderr
+        assert "--env-file FILE, e.g. /etc/relay/relay.env" in unset.stderr
+    env_file = tmp_path / "relay.env"
+    env_file.write_text("BITRIX_WEBHOOK_URL=https://example.bitrix24.ru/rest/1/abc123\n")
+    rendered = relay_cli(
+        "render", "tilda", "--body", str(tmp_path / "lead.txt"), "--config", str(path),
+        "--env-file", str(env_file), env=env,
+    )
+    assert "fields[NAME] = Anna" in rendered.stdout
+
+
 async def test_backup_while_webhooks_arrive_holds_every_acknowledged_event(
     tmp_path: Path, aiohttp_server: AiohttpServer
 ) -> None:
