@@ -55,7 +55,7 @@ def _sqlite_store(storage: StorageConfig) -> Store:
 
 
 def _sqlite_lock(storage: StorageConfig) -> ServeLock:
-    return ProcessLock(lock_path(storage.path))
+    return ProcessLock(lock_path(storage.path), database=storage.path)
 
 
 def _postgres_store(storage: StorageConfig) -> Store:

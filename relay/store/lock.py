@@ -41,8 +41,9 @@ def lock_path(database: Path) -> Path:
 class ProcessLock:
     """flock() on a file, never waiting: taken at once or AlreadyRunning."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, database: Path | None = None) -> None:
         self.path = path
+        self._database = database
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -55,12 +56,37 @@ class ProcessLock:
             raise AlreadyRunning(
                 f"another relay serve holds {self.path} (one process per database)"
             ) from None
+        self._fd = fd
+        if self._database is not None:
+            try:
+                refuse_other_names(self._database)
+            except AlreadyRunning:
+                self.release()
+                raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def refuse_other_names(database: Path) -> None:
+    """A database with a second hard link is refused: a lock named after a path
+    cannot see the other name, and SQLite keeps the WAL beside the name it opened,
+    so a process using the other name reads the file without this one's -wal
+    (delivered deliveries look pending and are sent again) and checkpoints its own
+    into the shared file. SQLite's "How To Corrupt" lists multiple links to one file.
+    """
+    try:
+        links = os.stat(database).st_nlink
+    except FileNotFoundError:
+        return  # created by this process: one name
+    if links > 1:
+        raise AlreadyRunning(
+            f"{database} has {links} names (hard links): another relay could open it"
+            " under the other name and send its deliveries again; keep one name"
+            " (remove the other link) and start again"
+        )

@@ -39,3 +39,27 @@ def test_a_symlinked_database_path_meets_the_same_lock(tmp_path: Path) -> None:
         assert "another relay serve holds" in second.log()
     finally:
         assert first.stop() == 0
+
+
+def test_a_hard_linked_database_is_refused(tmp_path: Path) -> None:
+    """A second name for the same file (a hard link) escapes any lock named after
+    a path, and worse: SQLite keeps the WAL beside the name it opened, so a second
+    daemon on link.db reads the file without the first one's relay.db-wal, sees
+    delivered deliveries as pending and sends them again (seen: a delivered event
+    sent a second time), then checkpoints its own WAL into the shared file. SQLite
+    lists "multiple links to the same file" among the ways to corrupt a database
+    (https://www.sqlite.org/howtocorrupt.html, "Multiple links to the same file")."""
+    (tmp_path / "data").mkdir()
+    first = RelayProcess(config(tmp_path / "a.toml", "data/relay.db"), tmp_path / "a.log").start()
+    try:
+        (tmp_path / "link.db").hardlink_to(tmp_path / "data" / "relay.db")
+        second = RelayProcess(config(tmp_path / "b.toml", "link.db"), tmp_path / "b.log")
+        try:
+            with pytest.raises(AssertionError, match="exited"):
+                second.start()
+        finally:
+            second.stop()
+        [line] = [x for x in second.log().splitlines() if "hard link" in x]
+        assert "link.db" in line
+    finally:
+        assert first.stop() == 0

@@ -66,8 +66,15 @@ def test_render_and_check_outside_the_unit_say_how_to_read_the_service_secrets(
     env_file = tmp_path / "relay.env"
     env_file.write_text("BITRIX_WEBHOOK_URL=https://example.bitrix24.ru/rest/1/abc123\n")
     rendered = relay_cli(
-        "render", "tilda", "--body", str(tmp_path / "lead.txt"), "--config", str(path),
-        "--env-file", str(env_file), env=env,
+        "render",
+        "tilda",
+        "--body",
+        str(tmp_path / "lead.txt"),
+        "--config",
+        str(path),
+        "--env-file",
+        str(env_file),
+        env=env,
     )
     assert "fields[NAME] = Anna" in rendered.stdout
 
