@@ -23,6 +23,13 @@ def folder_problem(path: Path) -> str | None:
             ancestor = ancestor.parent
         if not ancestor.is_dir():
             return f"cannot create the folder {folder}: {ancestor} is not a folder"
+        if ancestor != folder and not os.access(ancestor, os.W_OK | os.X_OK):
+            # Read-only (the unit's ProtectSystem=strict) or another user's: the
+            # mkdir would fail when the target starts, in the middle of a reload.
+            return (
+                f"cannot create the folder {folder}: {ancestor} is not writable by this"
+                " user (under the systemd unit only /var/lib/relay is)"
+            )
     except OSError as error:
         return f"cannot create the folder {folder}: {error.strerror or error}"
     return None

@@ -4,6 +4,10 @@ once got past the reader and failed half-way through applying the config."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +78,41 @@ def test_file_target_folder_that_cannot_be_created(tmp_path: Path) -> None:
     fine = config(tmp_path, audit={"type": "file", "path": "new/deeper/audit.jsonl"})
     load_config(write_config(tmp_path / "relay.toml", fine), {})
     assert not (tmp_path / "new").exists()  # reading a config creates nothing
+
+
+AS_SERVICE_UID = ["setpriv", "--reuid=61237", "--regid=61237", "--clear-groups"]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="reads the config as another uid, as the service does"
+)
+def test_file_target_folder_the_service_user_cannot_create() -> None:
+    """Under the unit, relay runs as a dynamic user on a read-only system but
+    /var/lib/relay: a new file target at /srv/leads/leads.jsonl made the reload
+    fail with "OSError: [Errno 30] Read-only file system: '/srv'", naming no key.
+    The same as the user the service runs as: a root-owned folder it cannot write
+    (pytest's tmp_path is root's alone, so a folder of its own that uid can enter)."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        root.chmod(0o755)
+        (root / "srv").mkdir(mode=0o755)
+        data = config(root, leads={"type": "file", "path": "srv/leads/leads.jsonl"})
+        path = write_config(root / "relay.toml", data)
+        path.chmod(0o644)
+        script = (
+            "import sys\n"
+            "from pathlib import Path\n"
+            "from relay.config import ConfigError, load_config\n"
+            "try:\n    load_config(Path(sys.argv[1]), {})\n"
+            "except ConfigError as error:\n    print(error)\n"
+        )
+        read = subprocess.run(
+            [*AS_SERVICE_UID, sys.executable, "-c", script, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            cwd="/",
+        )
+    assert read.stdout.startswith("targets.leads.path: cannot create the folder "), read
+    assert f"{root / 'srv'} is not writable" in read.stdout
