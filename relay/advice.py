@@ -10,9 +10,13 @@ from relay.kinds import source_kind
 from relay.retry import schedule
 from relay.units import format_duration
 
+NO_ROUTES = "routes: none: every webhook gets 404 (a running relay refuses to reload to this)"
+
 
 def warnings(config: Config) -> list[str]:
     found = []
+    if not config.routes:
+        found.append(NO_ROUTES)
     admin = config.admin
     if admin.enabled and not admin.listen.is_loopback:
         found.append(

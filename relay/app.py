@@ -322,6 +322,14 @@ class Relay:
         Returns the keys whose change needs a restart (those keep their old value)."""
         config = with_admin_token(config)
         old = self.config
+        if old.routes and not config.routes:
+            # An empty file (an editor that saved on a full disk) or the routes
+            # cut away: valid TOML, but applied it would answer 404 to every sender.
+            raise ConfigError(
+                "routes",
+                "none in the new file: every webhook would get 404; the running routes"
+                " stay (to run without routes, restart)",
+            )
         needs_restart = []
         if config.server.listen != old.server.listen:
             needs_restart.append("server.listen")

@@ -139,6 +139,37 @@ async def test_reload_with_a_file_that_cannot_be_applied_keeps_running(
     assert again.stop() == 0
 
 
+@pytest.mark.parametrize("text", ["", "# routes moved to another file\n[log]\nlevel = 'info'\n"])
+async def test_reload_with_no_routes_keeps_the_running_ones(tmp_path: Path, text: str) -> None:
+    """An editor that saved an empty file (the disk was full), or a file whose
+    routes were cut away: valid TOML, so the reload was applied ("reloaded: 0
+    routes, 0 targets") and every webhook got 404 from then on. A running relay
+    keeps its routes; `relay check` warns."""
+    path = write_config(tmp_path / "relay.toml", good_config(tmp_path))
+    relay = RelayProcess(path, tmp_path / "relay.log").start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert await post(http, relay.url, 1) == 200
+            path.write_text(text)
+            checked = await asyncio.to_thread(relay_cli, "check", "--config", str(path))
+            assert "warning: routes: none" in checked.stdout
+            assert relay.process is not None
+            relay.process.send_signal(signal.SIGHUP)
+
+            async def failed() -> bool:
+                return "reload failed" in relay.log()
+
+            await eventually(failed, timeout=10)
+            assert await post(http, relay.url, 2) == 200
+            result = 'relay_config_reloads_total{result="failed"}'
+            assert await metric(http, relay.admin_url, result) == 1.0
+        assert await relay.astop() == 0
+    finally:
+        relay.stop()
+    [line] = [row for row in relay.log().splitlines() if "reload failed" in row]
+    assert "routes: none" in line
+
+
 async def test_reload_whose_new_target_cannot_start_keeps_the_running_config(
     tmp_path: Path,
 ) -> None:
