@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
@@ -28,8 +29,12 @@ SECRETS = {
 }
 
 
+# The same operator's day on either backend (PostgreSQL: pytest -m postgres).
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 async def test_cli_and_api_drive_a_running_relay_and_never_show_a_secret(
-    tmp_path: Path, aiohttp_server: AiohttpServer
+    tmp_path: Path, aiohttp_server: AiohttpServer, backend: str, request: pytest.FixtureRequest
 ) -> None:
     def echo(request: web.Request, number: int) -> web.StreamResponse:
         # A target that echoes what it got, credentials included, and fails.
@@ -38,9 +43,15 @@ async def test_cli_and_api_drive_a_running_relay_and_never_show_a_secret(
     crm = Sink(script=echo)
     crm_server = await aiohttp_server(crm.app())
     crm_base = str(crm_server.make_url(""))
+    storage: dict[str, str] = {}
+    env = dict(SECRETS)
+    if backend == "postgres":
+        storage = {"url": "${RELAY_DB_URL}"}
+        env["RELAY_DB_URL"] = request.getfixturevalue("pg_url")
     config = write_config(
         tmp_path / "relay.toml",
         {
+            "storage": storage,
             "admin": {"listen": "127.0.0.1:0", "token": "${RELAY_ADMIN_TOKEN}"},
             "retry": {"unit": "1ms", "retries": 2, "jitter": 0},
             "targets": {
@@ -66,7 +77,6 @@ async def test_cli_and_api_drive_a_running_relay_and_never_show_a_secret(
             },
         },
     )
-    env = dict(SECRETS)
     relay = RelayProcess(config, tmp_path / "relay.log", env=env).start()
     outputs: list[str] = []
     try:
