@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from relay.clock import Clock
-from relay.config import AlertsConfig
+from relay.config import AlertsConfig, Config
 from relay.outcome import Verdict
 from relay.retry import Next
 from relay.scheduler import AttemptReport
@@ -74,6 +74,9 @@ class Alerter:
         self._flush_soon = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping = False
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config.alerts
 
     def observe(self, report: AttemptReport) -> None:
         """Called for every recorded attempt; cheap, never blocks."""

@@ -32,7 +32,6 @@ from relay.metrics import Metrics
 from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
-from relay.secrets import Masker
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.pg_cluster import cluster_limits
 from relay.store.postgres import PostgresStore
@@ -65,7 +64,7 @@ def with_admin_token(config: Config) -> Config:
         admin=dataclasses.replace(admin, token=token),
         secrets=config.secrets | {token},
     )
-    set_masker(Masker(with_token.secrets))
+    set_masker(with_token.masker)
     return with_token
 
 
@@ -94,7 +93,7 @@ class Relay:
         config = with_admin_token(config)
         self.config = config
         self.clock = clock or SystemClock()
-        self.masker = Masker(config.secrets)
+        self.masker = config.masker
         self.metrics = Metrics()
         self.store = open_store(config.storage)
         self.targets: dict[str, Target] = {
@@ -372,15 +371,15 @@ class Relay:
             raise
         retired = [t for name, t in self.targets.items() if targets.get(name) is not t]
         self.config = config
-        self.masker = Masker(config.secrets)
+        self.masker = config.masker
         self.targets = targets
         self.scheduler.reconfigure(config, targets)
         if isinstance(self.store, PostgresStore):
             self.store.set_limits(cluster_limits(config))
         self.ingress.reconfigure(config)
-        self.alerter.config = config.alerts
-        self.retention.config = config
-        set_masker(self.masker)
+        self.alerter.reconfigure(config)
+        self.retention.reconfigure(config)
+        set_masker(config.masker)
         for target in retired:
             self._spawn(self._retire(target), "retire-target")
         # The new config is in place now: a store hiccup here must not be

@@ -94,7 +94,7 @@ class Ingress:
                 route.path: _Route(route, build_source(route)) for route in config.routes.values()
             },
             trusted_proxies=config.server.trusted_proxies,
-            masker=Masker(config.secrets),
+            masker=config.masker,
             read_timeout=config.server.read_timeout,
             bodies_in_flight_limit=max(
                 BODIES_IN_FLIGHT,

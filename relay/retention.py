@@ -81,6 +81,9 @@ class RetentionJob:
         self._on_purged = on_purged
         self._stop = asyncio.Event()
 
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+
     async def run(self) -> None:
         while not self._stop.is_set():
             if self._leader is None or await self._leader():

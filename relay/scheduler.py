@@ -121,7 +121,7 @@ class Scheduler:
     ) -> None:
         self._store = store
         self._clock = clock
-        self._masker = masker or Masker(config.secrets)
+        self._masker = masker or config.masker
         self._rng = rng or random.Random()
         self._poll_interval = poll_interval
         self._batch_size = batch_size
@@ -255,7 +255,7 @@ class Scheduler:
     def reconfigure(self, config: Config, targets: Mapping[str, Target]) -> None:
         """Switch to a new config; attempts in flight finish on the one they started with."""
         self._state = _State(config, targets, self._state.lanes)
-        self._masker = Masker(config.secrets)
+        self._masker = config.masker
         self._sync_lanes()
         self._wake.set()
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
+
+from relay.secrets import Masker
 
 if TYPE_CHECKING:
     # Compiled by the reader; the operator commands read no template and start
@@ -323,3 +326,9 @@ class Config:
     # Every value that came from ${VAR} or ${file:...}: masked wherever shown.
     secrets: frozenset[str] = frozenset()
     source: Path | None = None
+
+    @cached_property
+    def masker(self) -> Masker:
+        """The masker of these secrets: built once per config, shared by every
+        component that shows or logs what a request or a target said."""
+        return Masker(self.secrets)

@@ -1,0 +1,57 @@
+"""A reload reaches every component through its reconfigure(config), with the
+new config's one masker: a secret that appears only in the new config is
+masked in what the scheduler stores and in the log, from the first attempt."""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from relay.clock import FakeClock
+from relay.store import EventQuery
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+
+NEW_TOKEN = "tok-new-8c1d9e2f"
+
+
+async def test_a_reload_masks_the_new_configs_secrets_everywhere(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def echo(request: web.Request, number: int) -> web.StreamResponse:
+        # A receiver that repeats the credential it was sent, and fails.
+        return web.Response(status=500, text=f"bad key {request.headers.get('X-Key')}")
+
+    sink, url = await start_sink(echo)
+    routes = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
+    before = make_config({"crm": {"type": "http", "url": url}}, routes, retry={"retries": 0})
+    after = make_config(
+        {"crm": {"type": "http", "url": url, "headers": {"X-Key": "${CRM_KEY}"}}},
+        routes,
+        retry={"retries": 0},
+        environ={"CRM_KEY": NEW_TOKEN},
+    )
+    assert NEW_TOKEN in after.secrets
+    assert NEW_TOKEN not in before.secrets
+    relay = await start_relay(before, background=False, clock=FakeClock())
+    assert await relay.reload(after) == []
+    assert relay.masker is relay.config.masker
+
+    caplog.set_level(logging.DEBUG)
+    async with http.post(relay.ingress_url + "/hooks/orders", data=b"{}") as answer:
+        assert answer.status == 200
+    await relay.scheduler.drain()
+    assert sink.requests[0].headers["X-Key"] == NEW_TOKEN  # it was sent
+    (event,) = await relay.store.list_events(EventQuery())
+    detail = await relay.store.get_event(event.id)
+    assert detail is not None
+    (attempt,) = [a for attempts in detail.attempts.values() for a in attempts]
+    assert attempt.response == b"bad key ***"
+    assert NEW_TOKEN not in caplog.text
