@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from relay.admin.api import add_routes, api_guard
-from relay.admin.context import OPERATOR, Operator
 from relay.admin.dashboard import add_dashboard
+from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import origin_guard
 from relay.admin.throttle import AUTH_FAILURES, AuthFailures
 

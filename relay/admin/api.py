@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from relay.admin.context import OPERATOR, Operator
 from relay.admin.inputs import BadRequest, optional_text, row_id, whole_number
+from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.payload import media_type

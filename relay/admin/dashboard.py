@@ -22,8 +22,8 @@ import jinja2
 import orjson
 from aiohttp import web
 
-from relay.admin.context import OPERATOR, Operator
 from relay.admin.inputs import BadRequest, row_id
+from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.payload import parse_form

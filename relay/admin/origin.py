@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 
-from relay.admin.context import OPERATOR
+from relay.admin.operator import OPERATOR
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -1,4 +1,4 @@
-"""What the operator surface (API, metrics, dashboard) can reach, as one typed object."""
+"""`Operator`: what the API, metrics and dashboard can reach and do, as one object."""
 
 from __future__ import annotations
 
