@@ -76,6 +76,45 @@ def decide(
     return Decision(Next.RETRY, at=now + delay, reason=error)
 
 
+@dataclass(frozen=True)
+class ManualRetry:
+    """An attempt a person asked for (`relay retry`, the API's retry): where the
+    delivery was, so that failing it changes nothing."""
+
+    was_dead: bool
+    # Its next scheduled attempt when it was pending (None: it was dead).
+    resume_at: float | None = None
+
+
+def decide_attempt(
+    policy: RetryPolicy,
+    outcome: Outcome,
+    *,
+    attempts: int,
+    attempts_in_cycle: int,
+    now: float,
+    manual: ManualRetry | None = None,
+    rng: random.Random | None = None,
+) -> Decision:
+    """What follows an attempt of a delivery that had made `attempts` in all and
+    `attempts_in_cycle` in its cycle before this one.
+
+    The manual-retry rule: a manual attempt keeps the counter (it is not one of
+    the schedule's retries), and when it fails the delivery returns to where it
+    was: dead stays dead, pending keeps its place in the schedule."""
+    in_cycle = attempts_in_cycle + (0 if manual else 1)
+    decision = decide(policy, outcome, attempts_in_cycle=in_cycle, now=now, rng=rng)
+    if manual is None or outcome.verdict is not Verdict.RETRY:
+        return decision
+    if manual.was_dead:
+        # Counted in all (this one included), not the cycle's: the cycle's
+        # count would say one attempt fewer than were made.
+        reason = f"{outcome.error or 'failed'} (still dead after a manual retry;"
+        return Decision(Next.DEAD, reason=f"{reason} {attempts + 1} attempts in all)")
+    at = manual.resume_at if manual.resume_at is not None else decision.at
+    return Decision(Next.RETRY, at=at, reason=decision.reason)
+
+
 def describe_schedule(policy: RetryPolicy) -> str:
     if not policy.retry_on_error or policy.retries == 0:
         return "no retries: the first failure is final"

@@ -21,7 +21,7 @@ from relay.config import Config, RetryPolicy
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
 from relay.payload import strip_form_fields
 from relay.ratelimit import Pacer
-from relay.retry import Decision, Next, decide, delay_before_retry
+from relay.retry import Decision, ManualRetry, Next, decide_attempt, delay_before_retry
 from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
@@ -496,19 +496,22 @@ class Scheduler:
     def _decide(
         self, policy: RetryPolicy, delivery: ClaimedDelivery, outcome: Outcome, now: float
     ) -> tuple[Decision, Transition]:
-        in_cycle = delivery.attempts_in_cycle + (0 if delivery.manual else 1)
-        decision = decide(policy, outcome, attempts_in_cycle=in_cycle, now=now, rng=self._rng)
-        if delivery.manual and outcome.verdict is Verdict.RETRY:
-            # One more try asked for by a person: failing it changes nothing.
-            if delivery.resume_status is Status.DEAD:
-                # Counted in all (this one included), not the cycle's: the
-                # cycle's count would say one attempt fewer than were made.
-                made = delivery.attempts + 1
-                reason = f"{outcome.error or 'failed'} (still dead after a manual retry;"
-                decision = Decision(Next.DEAD, reason=f"{reason} {made} attempts in all)")
-            else:
-                at = delivery.resume_at if delivery.resume_at is not None else decision.at
-                decision = Decision(Next.RETRY, at=at, reason=decision.reason)
+        manual = (
+            ManualRetry(
+                was_dead=delivery.resume_status is Status.DEAD, resume_at=delivery.resume_at
+            )
+            if delivery.manual
+            else None
+        )
+        decision = decide_attempt(
+            policy,
+            outcome,
+            attempts=delivery.attempts,
+            attempts_in_cycle=delivery.attempts_in_cycle,
+            now=now,
+            manual=manual,
+            rng=self._rng,
+        )
         if decision.next is Next.DELIVERED:
             return decision, Delivered()
         if decision.next is Next.RETRY:

@@ -38,7 +38,6 @@ from relay.store.base import (
     AttemptRecord,
     AttemptView,
     ClaimedDelivery,
-    Conflict,
     Delivered,
     DeliveryView,
     DownState,
@@ -91,6 +90,7 @@ from relay.store.rows import (
     delivery_view,
     selection_where,
 )
+from relay.store.verbs import Missing, NotApplicable, VerbResult, outcome
 
 T = TypeVar("T")
 
@@ -622,22 +622,22 @@ class PostgresStore:
         return copy_id
 
     async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
-        async def job(connection: Connection) -> DeliveryView | str:
+        async def job(connection: Connection) -> VerbResult:
             row = await connection.fetchrow(
                 "SELECT status, resume_status, next_attempt_at, target, order_key"
                 " FROM deliveries WHERE id = $1 FOR UPDATE",
                 delivery_id,
             )
             if row is None:
-                return "missing"
+                return Missing()
             status, resume_status = Status(row[0]), row[1]
             if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
-                return status.value
+                return NotApplicable(status.value)
             if status is Status.PENDING and row[2] is None and row[4] is not None:
                 # Sending it now would overtake the one before it.
                 head = await connection.fetchrow(HEAD_OF_LINE, row[3], row[4])
                 assert head is not None  # it is in its line, so the line has a head
-                return (
+                return NotApplicable(
                     f"waiting its turn behind delivery {head[0]} ({head[1]}):"
                     " retry, requeue or skip that one"
                 )
@@ -663,24 +663,20 @@ class PostgresStore:
             )
             return await _select_delivery(connection, delivery_id)
 
-        result = await self._write(job)
-        if result == "missing":
-            raise NotFound(f"no delivery {delivery_id}")
-        if isinstance(result, str):
-            raise Conflict(f"delivery {delivery_id} is {result}")
+        result = outcome(delivery_id, await self._write(job))
         await self._wake("retry")
         return result
 
     async def skip(self, delivery_id: int, now: float) -> DeliveryView:
-        async def job(connection: Connection) -> DeliveryView | str:
+        async def job(connection: Connection) -> VerbResult:
             status_text = await connection.fetchval(
                 "SELECT status FROM deliveries WHERE id = $1 FOR UPDATE", delivery_id
             )
             if status_text is None:
-                return "missing"
+                return Missing()
             status = Status(status_text)
             if status not in (Status.PENDING, Status.DEAD):
-                return status.value
+                return NotApplicable(status.value)
             await connection.execute(
                 "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
                 " resume_status = NULL, resume_at = NULL, last_error = $1, updated_at = $2"
@@ -695,11 +691,7 @@ class PostgresStore:
             await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
             return await _select_delivery(connection, delivery_id)
 
-        result = await self._write(job)
-        if result == "missing":
-            raise NotFound(f"no delivery {delivery_id}")
-        if isinstance(result, str):
-            raise Conflict(f"delivery {delivery_id} is {result}")
+        result = outcome(delivery_id, await self._write(job))
         await self._wake("skip")
         return result
 

@@ -22,7 +22,6 @@ from relay.store.base import (
     AttemptRecord,
     AttemptView,
     ClaimedDelivery,
-    Conflict,
     Delivered,
     DeliveryView,
     DownState,
@@ -73,6 +72,7 @@ from relay.store.rows import (
     selection_where,
     update_health,
 )
+from relay.store.verbs import Missing, NotApplicable, VerbResult, outcome
 from relay.store.writer import GroupCommitWriter, unavailable
 
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
@@ -615,21 +615,21 @@ class SqliteStore:
         return copy_id
 
     async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
-        def job(connection: sqlite3.Connection) -> DeliveryView | str:
+        def job(connection: sqlite3.Connection) -> VerbResult:
             row = connection.execute(
                 "SELECT status, resume_status, next_attempt_at, target, order_key"
                 " FROM deliveries WHERE id = ?",
                 (delivery_id,),
             ).fetchone()
             if row is None:
-                return "missing"
+                return Missing()
             status, resume_status = Status(row[0]), row[1]
             if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
-                return status.value
+                return NotApplicable(status.value)
             if status is Status.PENDING and row[2] is None and row[4] is not None:
                 # Sending it now would overtake the one before it.
                 head = connection.execute(HEAD_OF_LINE, (row[3], row[4])).fetchone()
-                return (
+                return NotApplicable(
                     f"waiting its turn behind delivery {head[0]} ({head[1]}):"
                     " retry, requeue or skip that one"
                 )
@@ -655,28 +655,23 @@ class SqliteStore:
         return await self._delivery_verb(delivery_id, job)
 
     async def _delivery_verb(
-        self, delivery_id: int, job: Callable[[sqlite3.Connection], DeliveryView | str]
+        self, delivery_id: int, job: Callable[[sqlite3.Connection], VerbResult]
     ) -> DeliveryView:
         """Run an operator's verb on one delivery: the job answers its new view,
-        "missing", or why the verb does not apply (its state)."""
-        result = await self._write(job)
-        if result == "missing":
-            raise NotFound(f"no delivery {delivery_id}")
-        if isinstance(result, str):
-            raise Conflict(f"delivery {delivery_id} is {result}")
-        view: DeliveryView = result
-        return view
+        Missing, or why the verb does not apply (relay.store.verbs)."""
+        result: VerbResult = await self._write(job)
+        return outcome(delivery_id, result)
 
     async def skip(self, delivery_id: int, now: float) -> DeliveryView:
-        def job(connection: sqlite3.Connection) -> DeliveryView | str:
+        def job(connection: sqlite3.Connection) -> VerbResult:
             row = connection.execute(
                 "SELECT status FROM deliveries WHERE id = ?", (delivery_id,)
             ).fetchone()
             if row is None:
-                return "missing"
+                return Missing()
             status = Status(row[0])
             if status not in (Status.PENDING, Status.DEAD):
-                return status.value
+                return NotApplicable(status.value)
             connection.execute(
                 "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
                 " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"

@@ -4,7 +4,16 @@ import pytest
 
 from relay.config import RetryPolicy
 from relay.outcome import Outcome
-from relay.retry import DEFAULT_RETRY_AFTER_CAP, Next, decide, delay_before_retry, schedule
+from relay.retry import (
+    DEFAULT_RETRY_AFTER_CAP,
+    Decision,
+    ManualRetry,
+    Next,
+    decide,
+    decide_attempt,
+    delay_before_retry,
+    schedule,
+)
 
 DEFAULT = RetryPolicy(jitter=0)
 
@@ -67,3 +76,68 @@ def test_retries_off_makes_the_first_failure_final() -> None:
     assert decision.next is Next.DEAD
     assert decision.reason is not None
     assert "retries are off" in decision.reason
+
+
+# The manual-retry rule (issue 15): a manual attempt keeps the counter, and a
+# failed one returns the delivery to where it was.
+NOW = 1_800_000_000.0
+FAILED = Outcome.retry("HTTP 503")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "attempts", "in_cycle", "manual", "expected"),
+    [
+        # Scheduled attempts: the cycle's count grows by this one.
+        (FAILED, 2, 2, None, Decision(Next.RETRY, at=NOW + 8, reason="HTTP 503")),
+        (
+            FAILED,
+            15,
+            15,
+            None,
+            Decision(Next.DEAD, reason="HTTP 503 (gave up after 16 attempts)"),
+        ),
+        # A manual retry of a pending delivery that fails keeps its place.
+        (
+            FAILED,
+            2,
+            2,
+            ManualRetry(was_dead=False, resume_at=NOW + 600),
+            Decision(Next.RETRY, at=NOW + 600, reason="HTTP 503"),
+        ),
+        # ... and counts nothing: the schedule's next delay is still the third.
+        (
+            FAILED,
+            2,
+            2,
+            ManualRetry(was_dead=False, resume_at=None),
+            Decision(Next.RETRY, at=NOW + 4, reason="HTTP 503"),
+        ),
+        # A manual retry of a dead delivery that fails leaves it dead.
+        (
+            FAILED,
+            16,
+            16,
+            ManualRetry(was_dead=True),
+            Decision(
+                Next.DEAD,
+                reason="HTTP 503 (still dead after a manual retry; 17 attempts in all)",
+            ),
+        ),
+        # Success and a hard failure are what they are, manual or not.
+        (Outcome.success(), 16, 16, ManualRetry(was_dead=True), Decision(Next.DELIVERED)),
+        (
+            Outcome.fail("HTTP 400"),
+            2,
+            2,
+            ManualRetry(was_dead=False, resume_at=NOW + 600),
+            Decision(Next.DEAD, reason="HTTP 400"),
+        ),
+    ],
+)
+def test_decide_attempt_keeps_the_manual_retry_rule(
+    outcome: Outcome, attempts: int, in_cycle: int, manual: ManualRetry | None, expected: Decision
+) -> None:
+    decision = decide_attempt(
+        DEFAULT, outcome, attempts=attempts, attempts_in_cycle=in_cycle, now=NOW, manual=manual
+    )
+    assert decision == expected
