@@ -74,6 +74,17 @@ async def burst(url: str, keys: list[str], acked: dict[str, str]) -> None:
         await asyncio.gather(*(one(key) for key in keys))
 
 
+async def until_acknowledged(
+    acked: dict[str, str], count: int, sending: asyncio.Task[None], limit: float = 30.0
+) -> None:
+    """Wait until `count` webhooks in all were acknowledged (or the burst ended)."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while len(acked) < count and not sending.done():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"only {len(acked)} acknowledged in {limit:.0f} s")
+        await asyncio.sleep(0.005)
+
+
 def stored_keys(database: Path) -> set[str]:
     connection = sqlite3.connect(database)
     try:
@@ -104,7 +115,11 @@ async def run_cuts(tmp_path: Path, shim: Path, synchronous: str) -> dict[str, An
         await asyncio.to_thread(relay.start)
         keys = [f"{synchronous}-{cut}-{i}" for i in range(1500)]
         sending = asyncio.create_task(burst(f"{relay.url}/hooks/orders", keys, acked))
-        await asyncio.sleep(rng.uniform(0.1, 0.5))  # mid-burst, as a rule
+        # Mid-burst: after a random number of acknowledgements rather than a
+        # random time, so a slow or busy machine cuts as deep into the burst
+        # as a fast one (a fixed 0.1-0.5 s let a loaded CI machine acknowledge
+        # under 200 webhooks in all six cuts).
+        await until_acknowledged(acked, len(acked) + rng.randint(60, 200), sending)
         await asyncio.to_thread(relay.kill)  # the lights go out
         await sending
         power_cut(folder)
