@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mappi
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiosqlite
 import orjson
@@ -73,9 +73,12 @@ from relay.store.rows import (
     update_health,
 )
 from relay.store.verbs import Missing, NotApplicable, VerbResult, outcome
-from relay.store.writer import GroupCommitWriter, unavailable
+from relay.store.writer import GroupCommitWriter, Job, unavailable
 
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
+
+# What a write job returns, returned by _write after the commit.
+T = TypeVar("T")
 
 
 class SqliteStore:
@@ -194,7 +197,7 @@ class SqliteStore:
             raise
         return connection
 
-    async def _write(self, job: Any, *, queue_timeout: float | None = None) -> Any:
+    async def _write(self, job: Job[T], *, queue_timeout: float | None = None) -> T:
         return await self._writer.run(job, queue_timeout=queue_timeout)
 
     @asynccontextmanager
