@@ -25,6 +25,7 @@ from relay.scheduler import AttemptReport
 from relay.store import Intake, NewDelivery, NewEvent, Status, StoreError
 from relay.targets import ALERTS_ROUTE
 from relay.units import format_duration
+from relay.wording import count
 
 log = logging.getLogger("relay.alerts")
 
@@ -209,7 +210,7 @@ def alert_body(window: _Window) -> dict[str, Any]:
         for item in window.dead:
             lines.append(
                 f"dead: event {item['event_id']} route {item['route']} → {item['target']}"
-                f" after {item['attempts']} attempts: {item['error']}"
+                f" after {count(item['attempts'], 'attempt')}: {item['error']}"
             )
         if window.dead_count > len(window.dead):
             lines.append(f"... and {window.dead_count - len(window.dead)} more")
@@ -218,19 +219,19 @@ def alert_body(window: _Window) -> dict[str, Any]:
     for item in window.failing.values():
         parts.append(f"target {item['target']} is failing")
         lines.append(
-            f"failing: target {item['target']} failed {item['failures']} attempts in a row;"
-            f" last error: {item['error']}"
+            f"failing: target {item['target']} failed"
+            f" {count(item['failures'], 'attempt')} in a row; last error: {item['error']}"
         )
     for item in window.recovered.values():
         parts.append(f"target {item['target']} recovered")
         lines.append(
             f"recovered: target {item['target']} delivered again"
-            f" after {item['failures_before']} failures"
+            f" after {count(item['failures_before'], 'failure')}"
         )
     for item in window.down.values():
         parts.append(f"target {item['target']} is down")
         lines.append(
-            f"down: target {item['target']} failed {item['failures']} attempts in a row"
+            f"down: target {item['target']} failed {count(item['failures'], 'attempt')} in a row"
             f" (last error: {item['error']}); its deliveries wait, spending no retries,"
             " while relay probes it"
         )

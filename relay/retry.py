@@ -13,6 +13,7 @@ from enum import StrEnum
 from relay.config import RetryPolicy
 from relay.outcome import Outcome, Verdict
 from relay.units import format_duration
+from relay.wording import count
 
 # A Retry-After larger than this is not honoured in full unless the policy
 # sets its own max_delay: a target must not park a delivery for days.
@@ -68,7 +69,8 @@ def decide(
         return Decision(Next.DEAD, reason=f"{error} (retries are off for this target)")
     retry = attempts_in_cycle
     if retry > policy.retries:
-        return Decision(Next.DEAD, reason=f"{error} (gave up after {attempts_in_cycle} attempts)")
+        gave_up = f"gave up after {count(attempts_in_cycle, 'attempt')}"
+        return Decision(Next.DEAD, reason=f"{error} ({gave_up})")
     delay = delay_before_retry(policy, retry, rng)
     if outcome.retry_after is not None:
         cap = policy.max_delay if policy.max_delay is not None else DEFAULT_RETRY_AFTER_CAP
@@ -110,7 +112,7 @@ def decide_attempt(
         # Counted in all (this one included), not the cycle's: the cycle's
         # count would say one attempt fewer than were made.
         reason = f"{outcome.error or 'failed'} (still dead after a manual retry;"
-        return Decision(Next.DEAD, reason=f"{reason} {attempts + 1} attempts in all)")
+        return Decision(Next.DEAD, reason=f"{reason} {count(attempts + 1, 'attempt')} in all)")
     at = manual.resume_at if manual.resume_at is not None else decision.at
     return Decision(Next.RETRY, at=at, reason=decision.reason)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,12 +30,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         code: int = args.handler(args)
+        sys.stdout.flush()  # here, where a closed pipe is still ours to answer
     except CommandError as error:
         print(f"relay: {error}", file=sys.stderr)
         return 2
     except (StoreError, AlreadyRunning) as error:
         print(f"relay: {error}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # `relay check | head`: the reader has all it wanted. Quiet, like other
+        # tools, and with nothing left for the interpreter to flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for it
     except PermissionError as error:
         print(
             f"relay: {error.filename or 'a file'}: permission denied"

@@ -23,6 +23,7 @@ from relay.search import SearchError, parse_search
 from relay.secrets import Masker
 from relay.store import EventQuery, SearchProgress, Status
 from relay.views import event_detail, event_summary, rejection_view, search_view
+from relay.wording import count
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -210,7 +211,7 @@ def _event_text(event: dict[str, Any]) -> str:
     for delivery in event["deliveries"]:
         lines.append(
             f"delivery {delivery['id']} → {delivery['target']}: {delivery['status']},"
-            f" {delivery['attempts']} attempts"
+            f" {count(delivery['attempts'], 'attempt')}"
             + (f", next at {delivery['next_attempt_at']}" if delivery["next_attempt_at"] else "")
         )
         if delivery["last_error"]:

@@ -204,11 +204,40 @@ def classify(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Out
         return Outcome.success(status, excerpt)
     if 300 <= status < 400:
         return Outcome.fail(f"HTTP {status}: redirects are not followed", status, excerpt)
+    reason = f"HTTP {status}"
+    said = answer_says(excerpt)
+    if said:
+        reason += f": {said}"
     if status == 429 or status >= 500:
         # Bitrix24's QUERY_LIMIT_EXCEEDED is a 503: a retry, like every 5xx.
         retry_after = parse_retry_after(headers.get("Retry-After"))
-        return Outcome.retry(f"HTTP {status}", status, excerpt, retry_after)
-    return Outcome.fail(f"HTTP {status}", status, excerpt)
+        return Outcome.retry(reason, status, excerpt, retry_after)
+    return Outcome.fail(reason, status, excerpt)
+
+
+# Where JSON APIs put their reason: Bitrix24 ({"error": "...", "error_description":
+# "..."}), OAuth-style and most CRMs (error_description, message, detail).
+_REASON_KEYS = ("error_description", "message", "detail", "description", "error")
+_REASON_LIMIT = 200
+
+
+def answer_says(excerpt: bytes) -> str:
+    """The reason a JSON error answer gives, on one short line ("" if none).
+
+    A person reading `relay stats`, an alert or the attempt log should see the
+    CRM's "Phone is not valid", not only "HTTP 400"."""
+    try:
+        answer = orjson.loads(excerpt)
+    except orjson.JSONDecodeError:
+        return ""
+    if not isinstance(answer, dict):
+        return ""
+    for key in _REASON_KEYS:
+        value = answer.get(key)
+        if isinstance(value, str) and value.strip():
+            line = " ".join(value.split())
+            return line if len(line) <= _REASON_LIMIT else line[: _REASON_LIMIT - 1] + "…"
+    return ""
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

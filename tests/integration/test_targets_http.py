@@ -103,6 +103,8 @@ async def test_json_body_and_bitrix_query_limit_is_a_retry(
     first, _second = found.attempts[delivery.id]
     assert first.outcome == "retry"
     assert first.http_status == 503
+    # The CRM's own reason, not only "HTTP 503", for the log, stats and alerts.
+    assert first.error == "HTTP 503: Too many requests"
     assert b"QUERY_LIMIT_EXCEEDED" in first.response
     assert delivery.status.value == "delivered"
     sent = json.loads(sink.requests[1].body)

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
 
 from relay.cli.common import emit
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "relay.example.toml"
 
 
 class ShortWriter(io.RawIOBase):
@@ -52,3 +57,23 @@ def test_json_output_is_written_whole_through_short_writes(
     data = [{"id": str(n), "body": "x" * 100} for n in range(5_000)]
     emit(argparse.Namespace(json=True), data, lambda _: "")
     assert orjson.loads(bytes(raw.received)) == data
+
+
+def test_a_reader_that_closed_the_pipe_gets_no_error_line(tmp_path: Path) -> None:
+    # `relay check | head -1` printed "relay: Broken pipe" on stderr.
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before relay writes a line
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "relay", "check", "--config", str(EXAMPLE)],
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141

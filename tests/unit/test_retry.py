@@ -141,3 +141,10 @@ def test_decide_attempt_keeps_the_manual_retry_rule(
         DEFAULT, outcome, attempts=attempts, attempts_in_cycle=in_cycle, now=NOW, manual=manual
     )
     assert decision == expected
+
+
+def test_a_single_attempt_is_said_in_the_singular() -> None:
+    # "gave up after 1 attempts" was what a target with retries = 0 said.
+    policy = RetryPolicy(retries=0, jitter=0)
+    decision = decide(policy, FAILED, attempts_in_cycle=1, now=NOW)
+    assert decision == Decision(Next.DEAD, reason="HTTP 503 (gave up after 1 attempt)")
