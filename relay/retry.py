@@ -7,7 +7,7 @@ passed in, so a schedule is a table in a test.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from relay.config import RetryPolicy
@@ -31,6 +31,9 @@ class Decision:
     next: Next
     at: float | None = None  # when the next attempt is due, for Next.RETRY
     reason: str | None = None
+    # This attempt was a step of the retry cycle: the store adds it to the
+    # cycle's count. A person's extra try and a down target's probe are not.
+    in_cycle: bool = True
 
 
 def delay_before_retry(policy: RetryPolicy, retry: int, rng: random.Random | None = None) -> float:
@@ -106,15 +109,19 @@ def decide_attempt(
     was: dead stays dead, pending keeps its place in the schedule."""
     in_cycle = attempts_in_cycle + (0 if manual else 1)
     decision = decide(policy, outcome, attempts_in_cycle=in_cycle, now=now, rng=rng)
-    if manual is None or outcome.verdict is not Verdict.RETRY:
+    if manual is None:
         return decision
+    if outcome.verdict is not Verdict.RETRY:
+        return replace(decision, in_cycle=False)
     if manual.was_dead:
         # Counted in all (this one included), not the cycle's: the cycle's
         # count would say one attempt fewer than were made.
         reason = f"{outcome.error or 'failed'} (still dead after a manual retry;"
-        return Decision(Next.DEAD, reason=f"{reason} {count(attempts + 1, 'attempt')} in all)")
+        return Decision(
+            Next.DEAD, reason=f"{reason} {count(attempts + 1, 'attempt')} in all)", in_cycle=False
+        )
     at = manual.resume_at if manual.resume_at is not None else decision.at
-    return Decision(Next.RETRY, at=at, reason=decision.reason)
+    return Decision(Next.RETRY, at=at, reason=decision.reason, in_cycle=False)
 
 
 def describe_schedule(policy: RetryPolicy) -> str:

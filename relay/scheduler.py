@@ -417,7 +417,9 @@ class Scheduler:
             if failed_probe and hold is not None and not delivery.manual:
                 # A failed probe spends nobody's retry, its own included (a
                 # person's retry now keeps its own rule: it changes nothing).
-                decision = Decision(Next.RETRY, at=hold.probe_at, reason=decision.reason)
+                decision = Decision(
+                    Next.RETRY, at=hold.probe_at, reason=decision.reason, in_cycle=False
+                )
                 then = Waits()
             attempt = AttemptRecord(
                 number=number,
@@ -428,6 +430,7 @@ class Scheduler:
                 error=self._masker.optional(outcome.error),
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
                 target_at_fault=outcome.target_at_fault,
+                in_cycle=decision.in_cycle,
             )
             streak = await self._record(delivery, attempt, then, now, hold)
             if streak is not None:

@@ -147,6 +147,10 @@ class AttemptRecord:
     response: bytes = b""
     # False: the event could not be sent as rendered; the target's health stays as it was.
     target_at_fault: bool = True
+    # False: not a step of the retry cycle (a person's retry now, a down
+    # target's probe), so the delivery's cycle count stays as it was. Decided
+    # by relay.retry (Decision.in_cycle); the store only records it.
+    in_cycle: bool = True
 
 
 @dataclass(frozen=True)

@@ -390,7 +390,7 @@ class PostgresStore:
         hold: Hold | None = None,
     ) -> FailureStreak:
         waits = isinstance(then, Waits)
-        cycle = delivery.attempts_in_cycle + (0 if delivery.manual or waits else 1)
+        cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
         if isinstance(then, Delivered):
             status, next_at, error = Status.DELIVERED, None, None
         elif isinstance(then, RetryAt):

@@ -315,7 +315,7 @@ class SqliteStore:
         # A manual attempt is one more try, not a step of the schedule; nor is
         # a probe of a down target.
         waits = isinstance(then, Waits)
-        cycle = delivery.attempts_in_cycle + (0 if delivery.manual or waits else 1)
+        cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
         if isinstance(then, Delivered):
             status, next_at, error = Status.DELIVERED, None, None
         elif isinstance(then, RetryAt):

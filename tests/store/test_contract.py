@@ -243,7 +243,7 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     assert probe.id == first.id
     streak = await store.record_attempt(
         probe,
-        AttemptRecord(2, now + 20, 0.01, "retry", None, "connection refused"),
+        AttemptRecord(2, now + 20, 0.01, "retry", None, "connection refused", in_cycle=False),
         Waits(),
         now + 20,
         Hold(2, now + 60, probe=True),

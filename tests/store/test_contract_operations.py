@@ -42,10 +42,10 @@ async def test_retry_now_makes_a_dead_delivery_due_keeping_its_count(store: Stor
     # The scheduler learns it is a manual attempt, and where a failure returns it.
     assert (claim.manual, claim.resume_status, claim.resume_at) == (True, Status.DEAD, None)
     assert claim.attempts == 1
-    # It fails: back to dead, the attempt counted, no step of a cycle spent.
-    await store.record_attempt(
-        claim, AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503"), Dead("still"), T0 + 100
-    )
+    # It fails: retry.decide says back to dead, and no step of the cycle (the
+    # rule is in relay.retry); the store records the attempt as told.
+    failed = AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
+    await store.record_attempt(claim, failed, Dead("still"), T0 + 100)
     after = await store.get_delivery(dead.id)
     assert after is not None
     assert (after.status, after.attempts, after.attempts_in_cycle) == (Status.DEAD, 2, 1)
@@ -69,13 +69,9 @@ async def test_retry_now_on_a_waiting_delivery_keeps_its_schedule(store: Store) 
         T0 + 3600,
     )
     assert manual.attempts_in_cycle == 1
-    # It fails: the scheduler returns it to its place; the cycle is not advanced.
-    await store.record_attempt(
-        manual,
-        AttemptRecord(2, T0 + 20, 0.01, "retry", 503, "HTTP 503"),
-        RetryAt(T0 + 3600),
-        T0 + 20,
-    )
+    # It fails: retry.decide returns it to its place, no step of the cycle.
+    failed = AttemptRecord(2, T0 + 20, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
+    await store.record_attempt(manual, failed, RetryAt(T0 + 3600), T0 + 20)
     after = await store.get_delivery(claim.id)
     assert after is not None
     assert (after.status, after.next_attempt_at, after.attempts, after.attempts_in_cycle) == (

@@ -165,7 +165,8 @@ async def test_the_failure_streak_counts_failures_in_a_row_per_target(store: Sto
 async def test_a_waits_transition_spends_no_retry_and_keeps_its_place(store: Store) -> None:
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    await store.record_attempt(claim, FAILED, Waits(), T0 + 1)
+    probe = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
+    await store.record_attempt(claim, probe, Waits(), T0 + 1)
     view = await store.get_delivery(claim.id)
     assert view is not None
     # Pending as it was: due when it was due, no step of the cycle spent.

@@ -102,7 +102,7 @@ FAILED = Outcome.retry("HTTP 503")
             2,
             2,
             ManualRetry(was_dead=False, resume_at=NOW + 600),
-            Decision(Next.RETRY, at=NOW + 600, reason="HTTP 503"),
+            Decision(Next.RETRY, at=NOW + 600, reason="HTTP 503", in_cycle=False),
         ),
         # ... and counts nothing: the schedule's next delay is still the third.
         (
@@ -110,7 +110,7 @@ FAILED = Outcome.retry("HTTP 503")
             2,
             2,
             ManualRetry(was_dead=False, resume_at=None),
-            Decision(Next.RETRY, at=NOW + 4, reason="HTTP 503"),
+            Decision(Next.RETRY, at=NOW + 4, reason="HTTP 503", in_cycle=False),
         ),
         # A manual retry of a dead delivery that fails leaves it dead.
         (
@@ -121,16 +121,23 @@ FAILED = Outcome.retry("HTTP 503")
             Decision(
                 Next.DEAD,
                 reason="HTTP 503 (still dead after a manual retry; 17 attempts in all)",
+                in_cycle=False,
             ),
         ),
         # Success and a hard failure are what they are, manual or not.
-        (Outcome.success(), 16, 16, ManualRetry(was_dead=True), Decision(Next.DELIVERED)),
+        (
+            Outcome.success(),
+            16,
+            16,
+            ManualRetry(was_dead=True),
+            Decision(Next.DELIVERED, in_cycle=False),
+        ),
         (
             Outcome.fail("HTTP 400"),
             2,
             2,
             ManualRetry(was_dead=False, resume_at=NOW + 600),
-            Decision(Next.DEAD, reason="HTTP 400"),
+            Decision(Next.DEAD, reason="HTTP 400", in_cycle=False),
         ),
     ],
 )
