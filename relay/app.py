@@ -449,12 +449,23 @@ def _how_it_ended(task: asyncio.Task[None]) -> str:
     return f"failed: {type(error).__name__}: {error}"
 
 
+SLOW_STOP_STEP = 5.0
+
+
 async def _quietly(what: str, step: Callable[[], object]) -> bool:
     """Run one step of a shutdown; a failure is logged in one line, not raised."""
     try:
         result = step()
         if inspect.isawaitable(result):
-            await result
+            waiting = asyncio.ensure_future(result)
+            # A stop that takes long says what it is waiting for (systemd's
+            # TimeoutStopSec would otherwise kill it without a word).
+            while True:
+                done, _ = await asyncio.wait([waiting], timeout=SLOW_STOP_STEP)
+                if done:
+                    waiting.result()
+                    break
+                log.warning("stopping: still %s", what)
     except Exception as error:
         log.error("%s failed: %s", what, _describe(error))
         return False

@@ -160,7 +160,9 @@ class RelayProcess:
     ) -> None:
         self.config_path = config_path
         self.log_path = log_path
-        self.env = {**os.environ, **(env or {})}
+        # A fatal signal makes Python print every thread's stack: a relay that
+        # does not stop is sent SIGABRT, so its log says where it was stuck.
+        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.max_open_files = max_open_files  # `ulimit -n` for the process
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -201,11 +203,15 @@ class RelayProcess:
         try:
             return self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.process.send_signal(signal.SIGABRT)  # stacks into the log
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
             raise AssertionError(
                 f"relay did not exit within 30 s of signal {signum}; its log ends:\n"
-                + self.log()[-3000:]
+                + self.log()[-8000:]
             ) from None
 
     def stop(self) -> int:

@@ -136,15 +136,19 @@ class GroupCommitWriter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._has_work.wait()
-            self._has_work.clear()
+            if not self._queue:
+                # Closing ends the loop only once the queue is empty: close()
+                # wakes it once, and that wake-up may be spent on a last batch
+                # (an attempt recorded while relay stops), after which waiting
+                # for another one would hang the shutdown for good.
+                if self._closing:
+                    return
+                await self._has_work.wait()
+                self._has_work.clear()
+                continue
             batch = [p for p in self._queue[: self._max_batch] if not p.future.done()]
             del self._queue[: self._max_batch]
-            if self._queue:
-                self._has_work.set()
             if not batch:
-                if self._closing and not self._queue:
-                    return
                 continue
             for pending in batch:
                 pending.taken = True
