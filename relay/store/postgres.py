@@ -29,14 +29,12 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
-from relay.outcome import Verdict
 from relay.store import rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
     Accepted,
     AttemptRecord,
-    AttemptView,
     ClaimedDelivery,
     Delivered,
     DeliveryView,
@@ -50,13 +48,11 @@ from relay.store.base import (
     Hold,
     HourlyActivity,
     IndexSource,
-    LogEntry,
     NewDelivery,
     NewEvent,
     NotFound,
     Rejection,
     Resend,
-    ResendLink,
     RetryAt,
     SearchDocument,
     SearchProgress,
@@ -69,6 +65,7 @@ from relay.store.base import (
     Transition,
     Waits,
 )
+from relay.store.health import HEALTH_COLUMNS, health_after
 from relay.store.pg_cluster import (
     DEAD_AFTER,
     SERVER_NOW,
@@ -83,11 +80,17 @@ from relay.store.pg_errors import DRIVER_ERRORS, Connection, unavailable
 from relay.store.pg_intake import PgIntake, store_batch
 from relay.store.pg_schema import LATEST, migrate
 from relay.store.rows import (
+    ATTEMPT_COLUMNS,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
+    LOG_COLUMNS,
+    RESEND_COLUMNS,
+    Row,
     claimed_delivery,
     decode_headers,
     delivery_view,
+    event_detail,
+    event_view,
     selection_where,
 )
 from relay.store.verbs import Missing, NotApplicable, VerbResult, outcome
@@ -515,18 +518,7 @@ class PostgresStore:
         async with self._snapshot() as connection:
             rows = await connection.fetch(numbered(sql), *params)
             deliveries = await _deliveries_of(connection, [row[0] for row in rows])
-        return [
-            EventView(
-                id=row[0],
-                route=row[1],
-                idempotency_key=row[2],
-                received_at=row[3],
-                remote_addr=row[4],
-                deliveries=tuple(deliveries.get(row[0], ())),
-                conflict_of=row[5],
-            )
-            for row in rows
-        ]
+        return [event_view(row, deliveries.get(row[0], ())) for row in rows]
 
     async def search_progress(self) -> SearchProgress:
         rows = await self._read(
@@ -1050,53 +1042,25 @@ async def _event_detail(connection: Connection, event_id: int) -> EventDetail | 
         return None
     deliveries = tuple((await _deliveries_of(connection, [event_id])).get(event_id, ()))
     ids = [delivery.id for delivery in deliveries]
-    attempts: dict[int, list[AttemptView]] = {delivery_id: [] for delivery_id in ids}
-    log: dict[int, list[LogEntry]] = {delivery_id: [] for delivery_id in ids}
+    attempts: Sequence[Row] = ()
+    log: Sequence[Row] = ()
     if ids:
-        for a in await connection.fetch(
-            "SELECT delivery_id, number, started_at, duration, outcome, http_status, error,"
-            " response, next_attempt_at FROM attempts WHERE delivery_id = ANY($1::bigint[])"
+        attempts = await connection.fetch(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id = ANY($1::bigint[])"
             " ORDER BY id",
             ids,
-        ):
-            attempts[a[0]].append(
-                AttemptView(a[0], a[1], a[2], a[3], a[4], a[5], a[6], bytes(a[7] or b""), a[8])
-            )
-        for entry in await connection.fetch(
-            "SELECT delivery_id, at, kind, detail FROM delivery_log"
-            " WHERE delivery_id = ANY($1::bigint[]) ORDER BY id",
-            ids,
-        ):
-            log[entry[0]].append(LogEntry(entry[0], entry[1], entry[2], entry[3]))
-    links = [
-        ResendLink(original_id=link[0], copy_id=link[1], at=link[2], by=link[3])
-        for link in await connection.fetch(
-            "SELECT original_id, copy_id, at, by FROM resends"
-            " WHERE copy_id = $1 OR original_id = $1 ORDER BY copy_id",
-            event_id,
         )
-    ]
-    return EventDetail(
-        event=EventView(
-            id=row[0],
-            route=row[1],
-            idempotency_key=row[2],
-            received_at=row[3],
-            remote_addr=row[4],
-            deliveries=deliveries,
-            conflict_of=row[11],
-        ),
-        method=row[5],
-        path=row[6],
-        query=row[7],
-        headers=decode_headers(row[8]),
-        content_type=row[9],
-        body=bytes(row[10]),
-        attempts={key: tuple(value) for key, value in attempts.items()},
-        log={key: tuple(value) for key, value in log.items()},
-        resent_from=next((link for link in links if link.copy_id == event_id), None),
-        resent_as=tuple(link for link in links if link.original_id == event_id),
+        log = await connection.fetch(
+            f"SELECT {LOG_COLUMNS} FROM delivery_log WHERE delivery_id = ANY($1::bigint[])"
+            " ORDER BY id",
+            ids,
+        )
+    links = await connection.fetch(
+        f"SELECT {RESEND_COLUMNS} FROM resends"
+        " WHERE copy_id = $1 OR original_id = $1 ORDER BY copy_id",
+        event_id,
     )
+    return event_detail(row, deliveries, attempts, log, links)
 
 
 async def _update_health(
@@ -1106,65 +1070,36 @@ async def _update_health(
     now: float,
     hold: Hold | None,
 ) -> FailureStreak:
-    """The target's health after this attempt (relay/store/rows.py update_health,
-    with the row locked: instances record attempts of one target at once)."""
+    """The target's health after this attempt (relay.store.health), written down
+    with the row locked: instances record attempts of one target at once."""
     await connection.execute(
         "INSERT INTO targets (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", target
     )
     row = await connection.fetchrow(
-        "SELECT consecutive_failures, down_streak, down_since FROM targets"
-        " WHERE name = $1 FOR UPDATE",
-        target,
+        f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1 FOR UPDATE", target
     )
     assert row is not None  # inserted just above
-    before, down_streak, down_since = row
-    if not attempt.target_at_fault:
-        return FailureStreak(before, before, down=down_since is not None)
-    succeeded = attempt.outcome == Verdict.SUCCESS
-    down_signal = attempt.outcome == Verdict.RETRY
-    down_streak = down_streak + 1 if down_signal else 0
-    if succeeded:
-        after = 0
-        await connection.execute(
-            "UPDATE targets SET last_success_at = $1, consecutive_failures = 0, down_streak = 0"
-            " WHERE name = $2",
-            now,
-            target,
-        )
-    else:
-        after = before + 1
-        await connection.execute(
-            "UPDATE targets SET last_error_at = $1, last_error = $2, consecutive_failures = $3,"
-            " down_streak = $4 WHERE name = $5",
-            now,
-            attempt.error,
-            after,
-            down_streak,
-            target,
-        )
-    if down_since is not None and not down_signal:
-        waited = await connection.fetchval(
-            "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = $1", target
+    change = health_after(
+        attempt,
+        now,
+        hold,
+        before=row[0],
+        down_streak=row[1],
+        down_since=row[2],
+        probes=row[3],
+    )
+    if change.columns:
+        assignments = ", ".join(
+            f"{column} = ${number}" for number, column in enumerate(change.columns, start=1)
         )
         await connection.execute(
-            "UPDATE targets SET down_since = NULL, probe_at = NULL, probes = 0 WHERE name = $1",
+            f"UPDATE targets SET {assignments} WHERE name = ${len(change.columns) + 1}",
+            *change.columns.values(),
             target,
         )
-        return FailureStreak(before, after, came_up=True, waited=waited, down_for=now - down_since)
-    if hold is None or not down_signal:
-        return FailureStreak(before, after, down=down_since is not None)
-    if down_since is None and down_streak >= hold.down_after:
-        await connection.execute(
-            "UPDATE targets SET down_since = $1, probe_at = $2, probes = 0 WHERE name = $3",
-            now,
-            hold.probe_at,
-            target,
-        )
-        return FailureStreak(before, after, went_down=True, down=True)
-    if down_since is not None and hold.probe:
-        await connection.execute(
-            "UPDATE targets SET probe_at = $1, probes = probes + 1 WHERE name = $2",
-            hold.probe_at,
-            target,
-        )
-    return FailureStreak(before, after, down=down_since is not None)
+    if not change.count_waiting:
+        return change.streak
+    waited = await connection.fetchval(
+        "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = $1", target
+    )
+    return replace(change.streak, waited=waited)

@@ -1,25 +1,32 @@
-"""SQL text and row mapping shared by the SQLite store's reads and write jobs."""
+"""SQL text and row mapping shared by the SQLite store's reads and write jobs;
+the row mapping (same columns, same order) by the PostgreSQL store too."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 import orjson
 
-from relay.outcome import Verdict
 from relay.store.base import (
     AttemptRecord,
+    AttemptView,
     ClaimedDelivery,
     DeliveryView,
+    EventDetail,
+    EventView,
     FailureStreak,
     Header,
     Hold,
+    LogEntry,
+    ResendLink,
     Selection,
     Status,
     TextSearch,
 )
+from relay.store.health import HEALTH_COLUMNS, health_after
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
@@ -127,57 +134,32 @@ def update_health(
     now: float,
     hold: Hold | None,
 ) -> FailureStreak:
+    """The target's health after this attempt (relay.store.health), written down."""
     row = connection.execute(
-        "SELECT consecutive_failures, down_streak, down_since FROM targets WHERE name = ?",
-        (target,),
+        f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
     ).fetchone()
-    before, down_streak, down_since = row if row else (0, 0, None)
+    before, down_streak, down_since, probes = row if row else (0, 0, None, 0)
     connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
-    if not attempt.target_at_fault:
-        # The event could not be sent as rendered: nothing was learnt about the target.
-        return FailureStreak(before, before, down=down_since is not None)
-    succeeded = attempt.outcome == Verdict.SUCCESS
-    # A retry outcome (network, timeout, 5xx, 429) says the target may be down;
-    # any answer about the payload (success, a 4xx) says it is up.
-    down_signal = attempt.outcome == Verdict.RETRY
-    down_streak = down_streak + 1 if down_signal else 0
-    if succeeded:
-        after = 0
+    change = health_after(
+        attempt,
+        now,
+        hold,
+        before=before,
+        down_streak=down_streak,
+        down_since=down_since,
+        probes=probes,
+    )
+    if change.columns:
+        assignments = ", ".join(f"{column} = ?" for column in change.columns)
         connection.execute(
-            "UPDATE targets SET last_success_at = ?, consecutive_failures = 0, down_streak = 0"
-            " WHERE name = ?",
-            (now, target),
+            f"UPDATE targets SET {assignments} WHERE name = ?", (*change.columns.values(), target)
         )
-    else:
-        after = before + 1
-        connection.execute(
-            "UPDATE targets SET last_error_at = ?, last_error = ?, consecutive_failures = ?,"
-            " down_streak = ? WHERE name = ?",
-            (now, attempt.error, after, down_streak, target),
-        )
-    if down_since is not None and not down_signal:
-        waited = connection.execute(
-            "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
-        ).fetchone()[0]
-        connection.execute(
-            "UPDATE targets SET down_since = NULL, probe_at = NULL, probes = 0 WHERE name = ?",
-            (target,),
-        )
-        return FailureStreak(before, after, came_up=True, waited=waited, down_for=now - down_since)
-    if hold is None or not down_signal:
-        return FailureStreak(before, after, down=down_since is not None)
-    if down_since is None and down_streak >= hold.down_after:
-        connection.execute(
-            "UPDATE targets SET down_since = ?, probe_at = ?, probes = 0 WHERE name = ?",
-            (now, hold.probe_at, target),
-        )
-        return FailureStreak(before, after, went_down=True, down=True)
-    if down_since is not None and hold.probe:
-        connection.execute(
-            "UPDATE targets SET probe_at = ?, probes = probes + 1 WHERE name = ?",
-            (hold.probe_at, target),
-        )
-    return FailureStreak(before, after, down=down_since is not None)
+    if not change.count_waiting:
+        return change.streak
+    waited = connection.execute(
+        "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
+    ).fetchone()[0]
+    return replace(change.streak, waited=waited)
 
 
 # While a target is down its deliveries' retry times mean nothing (none is
@@ -217,6 +199,100 @@ def delivery_view(row: Sequence[Any]) -> DeliveryView:
         last_error=row[7],
         updated_at=row[8],
         order_key=row[9],
+    )
+
+
+class Row(Protocol):
+    """A result row of either backend (a tuple, sqlite3's, asyncpg's Record)."""
+
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+# Columns the mappings below read, in this order.
+EVENT_LIST_COLUMNS = "id, route, idempotency_key, received_at, remote_addr, conflict_of"
+ATTEMPT_COLUMNS = (
+    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
+    " next_attempt_at"
+)
+LOG_COLUMNS = "delivery_id, at, kind, detail"
+RESEND_COLUMNS = "original_id, copy_id, at, by"
+
+
+def event_view(row: Row, deliveries: Iterable[DeliveryView]) -> EventView:
+    """An event in a listing, from a row of EVENT_LIST_COLUMNS."""
+    return EventView(
+        id=row[0],
+        route=row[1],
+        idempotency_key=row[2],
+        received_at=row[3],
+        remote_addr=row[4],
+        deliveries=tuple(deliveries),
+        conflict_of=row[5],
+    )
+
+
+def attempt_view(row: Row) -> AttemptView:
+    """One attempt, from a row of ATTEMPT_COLUMNS."""
+    return AttemptView(
+        delivery_id=row[0],
+        number=row[1],
+        started_at=row[2],
+        duration=row[3],
+        outcome=row[4],
+        http_status=row[5],
+        error=row[6],
+        response=bytes(row[7] or b""),
+        next_attempt_at=row[8],
+    )
+
+
+def log_entry(row: Row) -> LogEntry:
+    """One history line, from a row of LOG_COLUMNS."""
+    return LogEntry(row[0], row[1], row[2], row[3])
+
+
+def resend_link(row: Row) -> ResendLink:
+    """A corrected copy and its original, from a row of RESEND_COLUMNS."""
+    return ResendLink(original_id=row[0], copy_id=row[1], at=row[2], by=row[3])
+
+
+def event_detail(
+    row: Row,
+    deliveries: Sequence[DeliveryView],
+    attempts: Iterable[Row],
+    log: Iterable[Row],
+    links: Iterable[Row],
+) -> EventDetail:
+    """One event with everything about it: `row` of EVENT_COLUMNS, then rows of
+    ATTEMPT_COLUMNS and LOG_COLUMNS (oldest first) and of RESEND_COLUMNS."""
+    by_attempt: dict[int, list[AttemptView]] = {delivery.id: [] for delivery in deliveries}
+    by_log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
+    for attempt in attempts:
+        by_attempt[attempt[0]].append(attempt_view(attempt))
+    for entry in log:
+        by_log[entry[0]].append(log_entry(entry))
+    event_id = row[0]
+    resends = [resend_link(link) for link in links]
+    return EventDetail(
+        event=EventView(
+            id=event_id,
+            route=row[1],
+            idempotency_key=row[2],
+            received_at=row[3],
+            remote_addr=row[4],
+            deliveries=tuple(deliveries),
+            conflict_of=row[11],
+        ),
+        method=row[5],
+        path=row[6],
+        query=row[7],
+        headers=decode_headers(row[8]),
+        content_type=row[9],
+        body=bytes(row[10]),
+        attempts={key: tuple(value) for key, value in by_attempt.items()},
+        log={key: tuple(value) for key, value in by_log.items()},
+        resent_from=next((link for link in resends if link.copy_id == event_id), None),
+        resent_as=tuple(link for link in resends if link.original_id == event_id),
     )
 
 

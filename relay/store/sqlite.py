@@ -20,7 +20,6 @@ from relay.store.base import (
     REJECTIONS_KEPT,
     Accepted,
     AttemptRecord,
-    AttemptView,
     ClaimedDelivery,
     Delivered,
     DeliveryView,
@@ -34,13 +33,11 @@ from relay.store.base import (
     Hold,
     HourlyActivity,
     IndexSource,
-    LogEntry,
     NewDelivery,
     NewEvent,
     NotFound,
     Rejection,
     Resend,
-    ResendLink,
     RetryAt,
     SearchDocument,
     SearchProgress,
@@ -55,15 +52,22 @@ from relay.store.base import (
 )
 from relay.store.migrations import LATEST, migrate
 from relay.store.rows import (
+    ATTEMPT_COLUMNS,
     CLAIM_DUE,
     CLAIM_EXPIRED,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
+    EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
+    LOG_COLUMNS,
     NEXT_IN_LINE,
+    RESEND_COLUMNS,
+    Row,
     claimed_delivery,
     decode_headers,
     delivery_view,
+    event_detail,
+    event_view,
     insert_log,
     line_up_by_arrival,
     match_expression,
@@ -428,10 +432,7 @@ class SqliteStore:
             order = "event_search.rowid"
             where.insert(0, "event_search MATCH ?")
             params.insert(0, match_expression(query.search))
-        sql = (
-            "SELECT id, route, idempotency_key, received_at, remote_addr, conflict_of"
-            f" FROM {source}"
-        )
+        sql = f"SELECT {EVENT_LIST_COLUMNS} FROM {source}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY {order} DESC LIMIT ?"
@@ -439,18 +440,7 @@ class SqliteStore:
         async with self._snapshot():
             rows = await self._read(sql, params, slow=True)
             deliveries = await self._deliveries_of([row[0] for row in rows])
-        return [
-            EventView(
-                id=row[0],
-                route=row[1],
-                idempotency_key=row[2],
-                received_at=row[3],
-                remote_addr=row[4],
-                deliveries=tuple(deliveries.get(row[0], ())),
-                conflict_of=row[5],
-            )
-            for row in rows
-        ]
+        return [event_view(row, deliveries.get(row[0], ())) for row in rows]
 
     async def search_progress(self) -> SearchProgress:
         rows = await self._read(
@@ -500,70 +490,31 @@ class SqliteStore:
         )
         if not rows:
             return None
-        row = rows[0]
         deliveries = tuple((await self._deliveries_of([event_id])).get(event_id, ()))
         ids = [delivery.id for delivery in deliveries]
-        attempts: dict[int, list[AttemptView]] = {delivery_id: [] for delivery_id in ids}
-        log: dict[int, list[LogEntry]] = {delivery_id: [] for delivery_id in ids}
+        attempts: Sequence[Row] = ()
+        log: Sequence[Row] = ()
         if ids:
             marks = placeholders(len(ids))
-            for attempt in await self._read(
-                "SELECT delivery_id, number, started_at, duration, outcome, http_status, error,"
-                f" response, next_attempt_at FROM attempts WHERE delivery_id IN ({marks})"
+            attempts = await self._read(
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id IN ({marks})"
                 " ORDER BY id",
                 ids,
                 slow=True,
-            ):
-                attempts[attempt[0]].append(
-                    AttemptView(
-                        delivery_id=attempt[0],
-                        number=attempt[1],
-                        started_at=attempt[2],
-                        duration=attempt[3],
-                        outcome=attempt[4],
-                        http_status=attempt[5],
-                        error=attempt[6],
-                        response=bytes(attempt[7] or b""),
-                        next_attempt_at=attempt[8],
-                    )
-                )
-            for entry in await self._read(
-                "SELECT delivery_id, at, kind, detail FROM delivery_log"
-                f" WHERE delivery_id IN ({marks}) ORDER BY id",
+            )
+            log = await self._read(
+                f"SELECT {LOG_COLUMNS} FROM delivery_log WHERE delivery_id IN ({marks})"
+                " ORDER BY id",
                 ids,
                 slow=True,
-            ):
-                log[entry[0]].append(LogEntry(entry[0], entry[1], entry[2], entry[3]))
-        links = [
-            ResendLink(original_id=link[0], copy_id=link[1], at=link[2], by=link[3])
-            for link in await self._read(
-                "SELECT original_id, copy_id, at, by FROM resends"
-                " WHERE copy_id = ? OR original_id = ? ORDER BY copy_id",
-                (event_id, event_id),
-                slow=True,
             )
-        ]
-        return EventDetail(
-            event=EventView(
-                id=row[0],
-                route=row[1],
-                idempotency_key=row[2],
-                received_at=row[3],
-                remote_addr=row[4],
-                deliveries=deliveries,
-                conflict_of=row[11],
-            ),
-            method=row[5],
-            path=row[6],
-            query=row[7],
-            headers=decode_headers(row[8]),
-            content_type=row[9],
-            body=bytes(row[10]),
-            attempts={key: tuple(value) for key, value in attempts.items()},
-            log={key: tuple(value) for key, value in log.items()},
-            resent_from=next((link for link in links if link.copy_id == event_id), None),
-            resent_as=tuple(link for link in links if link.original_id == event_id),
+        links = await self._read(
+            f"SELECT {RESEND_COLUMNS} FROM resends"
+            " WHERE copy_id = ? OR original_id = ? ORDER BY copy_id",
+            (event_id, event_id),
+            slow=True,
         )
+        return event_detail(rows[0], deliveries, attempts, log, links)
 
     async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
         rows = await self._read(

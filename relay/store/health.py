@@ -1,0 +1,67 @@
+"""A target's health after an attempt: one rule for every backend.
+
+The backends read the target's row, ask `health_after` what changes, write
+the returned columns and, when the target came back up, count the
+deliveries that waited for it. Only the I/O differs between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.outcome import Verdict
+from relay.store.base import AttemptRecord, FailureStreak, Hold
+
+# What the rule reads of the target's row, in this order.
+HEALTH_COLUMNS = "consecutive_failures, down_streak, down_since, probes"
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    streak: FailureStreak  # `waited` is for the backend to fill in (count_waiting)
+    columns: dict[str, Any] = field(default_factory=dict)  # of the targets row, to set
+    count_waiting: bool = False  # the target came up: how many deliveries waited?
+
+
+def health_after(
+    attempt: AttemptRecord,
+    now: float,
+    hold: Hold | None,
+    *,
+    before: int,
+    down_streak: int,
+    down_since: float | None,
+    probes: int,
+) -> HealthChange:
+    """What this attempt changes of its target's row (read as HEALTH_COLUMNS)."""
+    if not attempt.target_at_fault:
+        # The event could not be sent as rendered: nothing was learnt about the target.
+        return HealthChange(FailureStreak(before, before, down=down_since is not None))
+    # A retry outcome (network, timeout, 5xx, 429) says the target may be down;
+    # any answer about the payload (success, a 4xx) says it is up.
+    down_signal = attempt.outcome == Verdict.RETRY
+    down_streak = down_streak + 1 if down_signal else 0
+    columns: dict[str, Any]
+    if attempt.outcome == Verdict.SUCCESS:
+        after = 0
+        columns = {"last_success_at": now, "consecutive_failures": 0, "down_streak": 0}
+    else:
+        after = before + 1
+        columns = {
+            "last_error_at": now,
+            "last_error": attempt.error,
+            "consecutive_failures": after,
+            "down_streak": down_streak,
+        }
+    if down_since is not None and not down_signal:
+        columns |= {"down_since": None, "probe_at": None, "probes": 0}
+        streak = FailureStreak(before, after, came_up=True, down_for=now - down_since)
+        return HealthChange(streak, columns, count_waiting=True)
+    if hold is not None and down_signal:
+        if down_since is None and down_streak >= hold.down_after:
+            columns |= {"down_since": now, "probe_at": hold.probe_at, "probes": 0}
+            return HealthChange(FailureStreak(before, after, went_down=True, down=True), columns)
+        if down_since is not None and hold.probe:
+            columns |= {"probe_at": hold.probe_at, "probes": probes + 1}
+    return HealthChange(FailureStreak(before, after, down=down_since is not None), columns)
