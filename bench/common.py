@@ -224,10 +224,14 @@ def relay_to_sink_config(
     *,
     log_level: str = "info",
     order_by: str | None = None,
+    storage_url: str | None = None,
+    name: str = "relay.toml",
 ) -> Path:
-    """relay with one route into one HTTP target, `crm`, at the local sink."""
+    """relay with one route into one HTTP target, `crm`, at the local sink; its
+    store a SQLite file in `folder`, or the database at `storage_url`."""
     target = f'{{ target = "crm", order_by = "{order_by}" }}' if order_by else '"crm"'
-    path = folder / "relay.toml"
+    storage = f'url = "{storage_url}"' if storage_url else 'path = "relay.db"\nsynchronous = "full"'
+    path = folder / name
     path.write_text(f"""
 [server]
 listen = "127.0.0.1:{port}"
@@ -237,8 +241,7 @@ shutdown_timeout = "2s"
 listen = "127.0.0.1:{admin_port}"
 
 [storage]
-path = "relay.db"
-synchronous = "full"
+{storage}
 
 [log]
 level = "{log_level}"

@@ -41,41 +41,21 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from common import ROOT, Server, WrkResult, free_port, print_table, run_wrk, write_json
+from common import (
+    ROOT,
+    Server,
+    WrkResult,
+    free_port,
+    print_table,
+    relay_to_sink_config,
+    run_wrk,
+    write_json,
+)
 from ingest import black_hole
 
 from pgcluster import Cluster, create_cluster, remove_cluster
 
 SETUPS = ("sqlite", "postgres x1", "postgres x2")
-
-
-def config(folder: Path, port: int, admin_port: int, target_port: int, url: str | None) -> Path:
-    storage = f'url = "{url}"' if url else 'path = "relay.db"\nsynchronous = "full"'
-    path = folder / f"relay-{port}.toml"
-    path.write_text(f"""
-[server]
-listen = "127.0.0.1:{port}"
-shutdown_timeout = "2s"
-
-[admin]
-listen = "127.0.0.1:{admin_port}"
-
-[storage]
-{storage}
-
-[log]
-level = "warning"
-
-[targets.crm]
-type = "http"
-url = "http://127.0.0.1:{target_port}/hook"
-concurrency = 32
-
-[routes.orders]
-path = "/hooks/orders"
-targets = ["crm"]
-""")
-    return path
 
 
 def pg_cpu_seconds(cluster: Cluster) -> float:
@@ -185,7 +165,16 @@ def run_setup(
         try:
             for _ in range(count):
                 port = free_port()
-                path = config(folder, port, free_port(), target_port, url)
+                path = relay_to_sink_config(
+                    folder,
+                    port,
+                    free_port(),
+                    target_port,
+                    32,
+                    log_level="warning",
+                    storage_url=url,
+                    name=f"relay-{port}.toml",
+                )
                 relays.append(
                     Server(
                         [sys.executable, "-m", "relay", "serve", "--config", str(path)],
