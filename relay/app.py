@@ -33,8 +33,7 @@ from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.store import Status, StoreError, open_store, serve_lock
-from relay.store.pg_cluster import cluster_limits
-from relay.store.postgres import PostgresStore
+from relay.store.base import Shared
 from relay.systemd import Notifier, watchdog
 from relay.targets import Target, build_target
 from relay.units import format_instant
@@ -122,10 +121,10 @@ class Relay:
             self.clock,
             self.metrics.purged.inc,
             # On PostgreSQL one instance of the cluster purges: the one leading.
-            leader=self.store.lead if isinstance(self.store, PostgresStore) else None,
+            leader=self.store.lead if isinstance(self.store, Shared) else None,
         )
-        if isinstance(self.store, PostgresStore):
-            self.store.set_limits(cluster_limits(config))
+        if isinstance(self.store, Shared):
+            self.store.reconfigure(config)
         self.indexer = SearchIndexer(self.store, self.clock, lambda: self.masker)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.ingress = Ingress(
@@ -279,7 +278,7 @@ class Relay:
                 self._spawn(self.retention.run(), "retention", essential=True)
                 self._spawn(self.indexer.run(), "search-indexer", essential=True)
                 self._spawn(self.database_watch.run(), "database-watch", essential=True)
-                if isinstance(self.store, PostgresStore):
+                if isinstance(self.store, Shared):
                     # Other instances' new events and operator actions wake this one.
                     self._spawn(self.store.listen(self._woken), "wake-ups", essential=True)
                     self._listening = self._tasks[-1]
@@ -374,8 +373,8 @@ class Relay:
         self.masker = config.masker
         self.targets = targets
         self.scheduler.reconfigure(config, targets)
-        if isinstance(self.store, PostgresStore):
-            self.store.set_limits(cluster_limits(config))
+        if isinstance(self.store, Shared):
+            self.store.reconfigure(config)
         self.ingress.reconfigure(config)
         self.alerter.reconfigure(config)
         self.retention.reconfigure(config)

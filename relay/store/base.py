@@ -32,11 +32,14 @@ backend must pass unchanged (a reviewer reads that suite verb by verb).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from relay.config import Config
 
 
 class StoreError(Exception):
@@ -671,3 +674,22 @@ class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, P
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Shared(Protocol):
+    """A store that several relay instances share (PostgreSQL): what only such
+    a store does. The app asks `isinstance(store, Shared)` instead of naming a
+    backend, so a single-process store needs none of it (nor its driver)."""
+
+    def reconfigure(self, config: Config) -> None:
+        """Targets' concurrency and rates of this config, as cluster totals."""
+        ...
+
+    async def lead(self) -> bool:
+        """Whether this instance runs the singletons (retention) now."""
+        ...
+
+    async def listen(self, callback: Callable[[str], None]) -> None:
+        """Call `callback` with every wake-up any instance sends, until cancelled."""
+        ...

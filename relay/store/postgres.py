@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
+from relay.config import Config
 from relay.store import rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
@@ -72,6 +73,7 @@ from relay.store.pg_cluster import (
     Leadership,
     TargetLimits,
     allowed,
+    cluster_limits,
     heartbeats,
     listen_forever,
     took,
@@ -215,6 +217,10 @@ class PostgresStore:
         """Targets' concurrency and rates as totals for the whole cluster
         (relay.store.pg_cluster.cluster_limits of the config in force)."""
         self._limits = dict(limits)
+
+    def reconfigure(self, config: Config) -> None:
+        """The config's target limits, as totals for the whole cluster."""
+        self.set_limits(cluster_limits(config))
 
     async def lead(self) -> bool:
         """Whether this instance runs the singletons (retention) now."""

@@ -145,3 +145,21 @@ def test_the_heavy_list_is_what_serve_really_loads(config: Path) -> None:
     )
     modules = json.loads(done.stdout)
     assert [name for name in HEAVY if name not in modules] == []
+
+
+def test_the_daemon_on_sqlite_does_not_load_postgresqls_driver() -> None:
+    # relay.app named the PostgreSQL store for its cluster-only steps, so every
+    # `relay serve` on SQLite imported asyncpg too; it asks the store's role
+    # (relay.store.base.Shared) instead.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; import relay.app; print(json.dumps(sorted(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "asyncpg" not in json.loads(done.stdout)
