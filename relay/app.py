@@ -163,6 +163,7 @@ class Relay:
 
     def _accepted(self) -> None:
         self.scheduler.wake()
+        self.indexer.noticed()  # it indexes once arrivals pause, not amid them
 
     def _stop_listening(self) -> None:
         # It listens until cancelled: there is no "done" for other instances' news.

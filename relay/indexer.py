@@ -53,12 +53,14 @@ class SearchIndexer:
         self._batch = batch
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self._last_arrival = float("-inf")
+        self._arrived = False  # a webhook came since the indexer last looked
         self.indexed = 0
 
     def noticed(self) -> None:
-        """A webhook was stored: index it soon, but not while more keep coming."""
-        self._last_arrival = asyncio.get_running_loop().time()
+        """A webhook was stored: index it soon, but not while more keep coming.
+
+        Called for every webhook, so it only raises a flag and sets an event."""
+        self._arrived = True
         self._wake.set()
 
     async def step(self) -> int:
@@ -98,8 +100,11 @@ class SearchIndexer:
                 await self._sleep(SETTLE)
 
     async def _quiet_moment(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for QUIET seconds without a webhook (MAX_DEFER at most); at once
+        when none came since the last look."""
         deferred = loop.time()
-        while loop.time() - self._last_arrival < QUIET and loop.time() - deferred < MAX_DEFER:
+        while self._arrived and loop.time() - deferred < MAX_DEFER:
+            self._arrived = False
             await self._sleep(QUIET)
 
     async def _sleep(self, seconds: float) -> None:

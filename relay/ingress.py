@@ -56,6 +56,7 @@ JSON_HEADERS = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json"}
 class _Route:
     config: RouteConfig
     source: Source
+    templated: bool
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class Ingress:
         # One assignment: a request sees either the old routes or the new ones.
         self._settings = _Settings(
             routes={
-                route.path: _Route(route, build_source(route)) for route in config.routes.values()
+                route.path: _Route(route, build_source(route), route.templated)
+                for route in config.routes.values()
             },
             trusted_proxies=config.server.trusted_proxies,
             masker=config.masker,
@@ -155,7 +157,10 @@ class Ingress:
             )
         self._bodies_in_flight += held
         try:
-            with one_budget():  # the request's templates together: LOOP_SECONDS at most
+            if route.templated:
+                with one_budget():  # the request's templates together: LOOP_SECONDS at most
+                    response = await self._handle_route(request, route, settings)
+            else:  # nothing to budget, and a budget costs as much as the route lookup
                 response = await self._handle_route(request, route, settings)
         finally:
             self._bodies_in_flight -= held
@@ -194,8 +199,13 @@ class Ingress:
                 headers={"Accept-Encoding": ACCEPT_ENCODING},
             )
         try:
-            async with asyncio.timeout(settings.read_timeout):
+            if request.content.is_eof():
+                # The whole body came with the headers (nearly always for a
+                # webhook): reading it cannot wait, so it needs no timer.
                 body = await _read_body(request, route.max_body_size)
+            else:
+                async with asyncio.timeout(settings.read_timeout):
+                    body = await _read_body(request, route.max_body_size)
         except TimeoutError:
             self._count(route.name, "timeout")
             return _error(408, f"body not received within {settings.read_timeout:g}s")
@@ -248,7 +258,6 @@ class Ingress:
             headers=incoming.raw_headers,
             content_type=storable(content_type) if content_type is not None else None,
             body=body,
-            digest=incoming.digest if key is not None else None,
         )
         deliveries = plan_deliveries(route, incoming)
         if self._store.file_problem() is not None:

@@ -306,6 +306,13 @@ class RouteConfig:
     # (Tilda's api_key): stored as received, forwarded without them.
     strip_fields: tuple[str, ...] = ()
 
+    @property
+    def templated(self) -> bool:
+        """Whether a request on this route renders templates (its key, a `when`, an `order_by`)."""
+        return self.idempotency_key is not None or any(
+            target.when is not None or target.order_by is not None for target in self.targets
+        )
+
     def policy_for(self, target: str) -> RetryPolicy | None:
         for route_target in self.targets:
             if route_target.target == target:

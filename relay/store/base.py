@@ -83,7 +83,8 @@ class NewEvent:
     body: bytes
     # The digest of the payload's canonical form (relay.canonical): compared
     # when the key is already stored, to tell a re-send from other content.
-    # None: compare by the raw body.
+    # None (what ingress gives): the store works it out from the body only
+    # when the key turns out to be held already; most keys are new.
     digest: bytes | None = None
 
 
