@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -22,7 +22,15 @@ from relay.config import AlertsConfig, Config
 from relay.outcome import Verdict
 from relay.retry import Next
 from relay.scheduler import AttemptReport
-from relay.store import Intake, NewDelivery, NewEvent, Status, StoreError
+from relay.store import (
+    Accepted,
+    AlertNote,
+    Intake,
+    NewDelivery,
+    NewEvent,
+    Status,
+    StoreError,
+)
 from relay.targets import ALERTS_ROUTE
 from relay.units import format_duration
 from relay.wording import count
@@ -35,11 +43,21 @@ __all__ = ["ALERTS_ROUTE", "Alerter", "alert_body"]
 MAX_LISTED = 50
 
 
+# What an attempt saw that an alert must say, as a plain JSON-able value:
+# {"kind": "dead" | "failing" | "recovered" | "down" | "up" | "problem", ...}.
+# On one process the notes go straight into the window; on a cluster every
+# instance stores them and the leading one reads them back into one window.
+Note = dict[str, Any]
+
+# How often the leading instance of a cluster looks for other instances' notes.
+NOTES_POLL = 1.0
+
+
 @dataclass
 class _Window:
     dead: list[dict[str, Any]] = field(default_factory=list)
     dead_count: int = 0
-    dead_ids: set[int] = field(default_factory=set)
+    dead_ids: set[str] = field(default_factory=set)
     failing: dict[str, dict[str, Any]] = field(default_factory=dict)
     recovered: dict[str, dict[str, Any]] = field(default_factory=dict)
     # hold_when_down targets that went down (deliveries held) or came back up.
@@ -57,8 +75,116 @@ class _Window:
             or self.problems
         )
 
+    def add(self, note: Note) -> None:
+        """Fold one note in; later news about a target replaces earlier news."""
+        item = {key: value for key, value in note.items() if key != "kind"}
+        kind = note["kind"]
+        if kind == "dead":
+            # Within a window, each delivery once.
+            if item["delivery_id"] in self.dead_ids:
+                return
+            self.dead_ids.add(item["delivery_id"])
+            self.dead_count += 1
+            if len(self.dead) < MAX_LISTED:
+                self.dead.append(item)
+        elif kind == "problem":
+            self.problems.append(item["text"])
+        else:
+            news, opposite = {
+                "failing": (self.failing, self.recovered),
+                "recovered": (self.recovered, self.failing),
+                "down": (self.down, self.up),
+                "up": (self.up, self.down),
+            }[kind]
+            news[item["target"]] = item
+            opposite.pop(item["target"], None)
+
+
+def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
+    """What this attempt gives an alert to say (mostly nothing)."""
+    delivery = report.delivery
+    if config.target is None or delivery.route == ALERTS_ROUTE:
+        return []
+    notes: list[Note] = []
+    # A manual retry of a dead delivery that fails leaves it dead: it was
+    # reported when it went dead.
+    already_dead = delivery.manual and delivery.resume_status is Status.DEAD
+    if report.decision.next is Next.DEAD and not already_dead:
+        notes.append(
+            {
+                "kind": "dead",
+                "event_id": str(delivery.event_id),
+                "delivery_id": str(delivery.id),
+                "route": delivery.route,
+                "target": delivery.target,
+                "attempts": report.number,
+                "error": report.decision.reason,
+            }
+        )
+    if delivery.target == config.target:
+        return notes
+    name = delivery.target
+    streak = report.streak
+    error = report.outcome.error
+    if streak.went_down:
+        notes.append(
+            {
+                "kind": "down",
+                "target": name,
+                "failures": streak.after,
+                "error": error,
+            }
+        )
+    elif streak.came_up:
+        notes.append(
+            {
+                "kind": "up",
+                "target": name,
+                "waited": streak.waited,
+                "down_seconds": round(streak.down_for, 3),
+            }
+        )
+    threshold = config.failing_after
+    if report.outcome.verdict is not Verdict.SUCCESS and streak.after == threshold > streak.before:
+        notes.append(
+            {
+                "kind": "failing",
+                "target": name,
+                "failures": streak.after,
+                "error": error,
+            }
+        )
+    elif report.outcome.verdict is Verdict.SUCCESS and streak.before >= threshold:
+        notes.append({"kind": "recovered", "target": name, "failures_before": streak.before})
+    return notes
+
+
+class SharedNotes(Protocol):
+    """A store several instances share: notes wait in it for the leading one."""
+
+    async def note_alerts(self, notes: Sequence[bytes], now: float) -> None: ...
+
+    async def alert_notes(self) -> list[AlertNote]: ...
+
+    async def send_alert(
+        self,
+        notes: Collection[int],
+        event: NewEvent | None,
+        deliveries: Sequence[NewDelivery],
+        now: float,
+    ) -> Accepted | None: ...
+
 
 class Alerter:
+    """Groups what attempts saw into one alert per window.
+
+    With `shared` (several instances on one database) every instance stores
+    its notes there and only the instance `leading()` names groups them: a
+    window's deliveries gone dead on three instances make one alert, not
+    three, and notes taken but not yet sent by a leader that died are sent by
+    the next one.
+    """
+
     def __init__(
         self,
         config: AlertsConfig,
@@ -66,12 +192,17 @@ class Alerter:
         clock: Clock,
         *,
         on_created: Callable[[dict[str, Any]], None] | None = None,
+        shared: SharedNotes | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.config = config
         self._store = store
         self._clock = clock
         self._on_created = on_created
+        self._shared = shared
+        self._leading = leading
         self._window = _Window()
+        self._outbox: list[Note] = []  # shared: noted here, not stored yet
         self._flush_soon = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -81,82 +212,31 @@ class Alerter:
 
     def observe(self, report: AttemptReport) -> None:
         """Called for every recorded attempt; cheap, never blocks."""
-        target = self.config.target
-        delivery = report.delivery
-        if target is None or delivery.route == ALERTS_ROUTE:
-            return
-        window = self._window
-        # A manual retry of a dead delivery that fails leaves it dead: it was
-        # reported when it went dead. Within a window, each delivery once.
-        already_dead = delivery.manual and delivery.resume_status is Status.DEAD
-        if (
-            report.decision.next is Next.DEAD
-            and not already_dead
-            and delivery.id not in window.dead_ids
-        ):
-            window.dead_ids.add(delivery.id)
-            window.dead_count += 1
-            if len(window.dead) < MAX_LISTED:
-                window.dead.append(
-                    {
-                        "event_id": str(delivery.event_id),
-                        "delivery_id": str(delivery.id),
-                        "route": delivery.route,
-                        "target": delivery.target,
-                        "attempts": report.number,
-                        "error": report.decision.reason,
-                    }
-                )
-        if delivery.target != target:
-            self._down_or_up(report)
-            threshold = self.config.failing_after
-            streak = report.streak
-            if (
-                report.outcome.verdict is not Verdict.SUCCESS
-                and streak.after == threshold > streak.before
-            ):
-                window.failing[delivery.target] = {
-                    "target": delivery.target,
-                    "failures": streak.after,
-                    "error": report.outcome.error,
-                }
-                window.recovered.pop(delivery.target, None)
-            elif report.outcome.verdict is Verdict.SUCCESS and streak.before >= threshold:
-                window.recovered[delivery.target] = {
-                    "target": delivery.target,
-                    "failures_before": streak.before,
-                }
-                window.failing.pop(delivery.target, None)
-        if self._window:
-            self._flush_soon.set()
-
-    def _down_or_up(self, report: AttemptReport) -> None:
-        window = self._window
-        name = report.delivery.target
-        streak = report.streak
-        if streak.went_down:
-            window.down[name] = {
-                "target": name,
-                "failures": streak.after,
-                "error": report.outcome.error,
-            }
-            window.up.pop(name, None)
-        elif streak.came_up:
-            window.up[name] = {
-                "target": name,
-                "waited": streak.waited,
-                "down_seconds": round(streak.down_for, 3),
-            }
-            window.down.pop(name, None)
+        self._note(notes_on(report, self.config))
 
     def problem(self, text: str) -> None:
         """Something wrong with relay itself (its database file went away)."""
         if self.config.target is not None:
-            self._window.problems.append(text)
+            self._note([{"kind": "problem", "text": text}])
+
+    def wake(self) -> None:
+        """Look at the shared notes now: this instance has just taken the lead."""
+        self._flush_soon.set()
+
+    def _note(self, notes: list[Note]) -> None:
+        if self._shared is not None:
+            self._outbox.extend(notes)
+        else:
+            for note in notes:
+                self._window.add(note)
+        if self._outbox or self._window:
             self._flush_soon.set()
 
     async def run(self) -> None:
         """Flush at most once per group window, while there is something to say."""
+        if self._shared is not None:
+            await self._run_shared(self._shared)
+            return
         while not self._stopping:
             await self._flush_soon.wait()
             if self._stopping:
@@ -165,6 +245,36 @@ class Alerter:
             self._flush_soon.clear()
             await self.flush()
 
+    async def _run_shared(self, shared: SharedNotes) -> None:
+        """Store this instance's notes; when leading, send every instance's
+        notes one group window after the oldest of them was noted."""
+        while not self._stopping:
+            until = self._clock.now() + NOTES_POLL
+            try:
+                await self._store_notes(shared)
+                if self._leading():
+                    notes = await shared.alert_notes()
+                    if notes:
+                        due = notes[0].noted_at + self.config.group_window
+                        if self._clock.now() >= due:
+                            await self._send(shared, notes)
+                            continue
+                        until = min(until, due)
+            except StoreError as error:
+                log.warning("alert notes not read or stored, will try again: %s", error)
+            await self._clock.wait(self._flush_soon, until)
+            self._flush_soon.clear()
+
+    async def _store_notes(self, shared: SharedNotes) -> None:
+        if not self._outbox:
+            return
+        notes, self._outbox = self._outbox, []
+        try:
+            await shared.note_alerts([orjson.dumps(note) for note in notes], self._clock.now())
+        except StoreError:
+            self._outbox[:0] = notes
+            raise
+
     async def stop(self) -> None:
         self._stopping = True
         self._stopped.set()
@@ -172,16 +282,56 @@ class Alerter:
         await self.flush()
 
     async def flush(self) -> int | None:
-        """Turn what the window holds into one alert event; returns its id."""
+        """Turn what the window holds into one alert event now; returns its id.
+
+        Shared: this instance's notes are stored, and, when it leads, every
+        instance's notes are sent."""
+        if self._shared is not None:
+            try:
+                await self._store_notes(self._shared)
+                if not self._leading():
+                    return None
+                return await self._send(self._shared, await self._shared.alert_notes())
+            except StoreError as error:
+                log.error("alert notes not stored or sent (%s): they wait in the store", error)
+                return None
         window, self._window = self._window, _Window()
         if not window or self.config.target is None:
             return None
         body = alert_body(window)
-        now = self._clock.now()
-        event = NewEvent(
+        try:
+            accepted = await self._store.accept_event(
+                self._event(body), [NewDelivery(self.config.target)], self._clock.now()
+            )
+        except StoreError as error:
+            log.error("alert not stored (%s): %s", error, body["summary"])
+            return None
+        return self._created(accepted, body)
+
+    async def _send(self, shared: SharedNotes, notes: list[AlertNote]) -> int | None:
+        """One alert saying every note, stored as the notes are taken away."""
+        window = _Window()
+        for note in notes:
+            window.add(orjson.loads(note.note))
+        target = self.config.target
+        ids = [note.id for note in notes]
+        if not window or target is None:
+            # Alerts were turned off meanwhile: what was noted goes unsaid.
+            await shared.send_alert(ids, None, [], self._clock.now())
+            return None
+        body = alert_body(window)
+        accepted = await shared.send_alert(
+            ids, self._event(body), [NewDelivery(target)], self._clock.now()
+        )
+        if accepted is None:
+            return None
+        return self._created(accepted, body)
+
+    def _event(self, body: dict[str, Any]) -> NewEvent:
+        return NewEvent(
             route=ALERTS_ROUTE,
             idempotency_key=None,
-            received_at=now,
+            received_at=self._clock.now(),
             remote_addr=None,
             method="POST",
             path="/_alerts",
@@ -190,11 +340,8 @@ class Alerter:
             content_type="application/json",
             body=orjson.dumps(body),
         )
-        try:
-            accepted = await self._store.accept_event(event, [NewDelivery(self.config.target)], now)
-        except StoreError as error:
-            log.error("alert not stored (%s): %s", error, body["summary"])
-            return None
+
+    def _created(self, accepted: Accepted, body: dict[str, Any]) -> int:
         log.warning("alert %s: %s", accepted.event_id, body["summary"])
         if self._on_created is not None:
             self._on_created(body)

@@ -27,6 +27,7 @@ from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
 from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
+from relay.leadership import Leadership
 from relay.logs import log_attempt, set_masker
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
@@ -93,8 +94,12 @@ class Relay:
         self.config = config
         self.clock = clock or SystemClock()
         self.masker = config.masker
-        self.metrics = Metrics()
         self.store = open_store(config.storage)
+        shared = self.store if isinstance(self.store, Shared) else None
+        self.metrics = Metrics(cluster=shared is not None)
+        # On PostgreSQL one instance of the cluster runs retention, alert
+        # grouping and the queue gauges: the one leading. On SQLite, this one.
+        self.leadership = Leadership(shared.lead if shared is not None else None)
         self.targets: dict[str, Target] = {
             name: build_target(target) for name, target in config.targets.items()
         }
@@ -114,17 +119,17 @@ class Relay:
             self.store,
             self.clock,
             on_created=self._count_alert,
+            shared=shared,
+            leading=self._leading,
         )
         self.retention = RetentionJob(
-            self.store,
-            config,
-            self.clock,
-            self.metrics.purged.inc,
-            # On PostgreSQL one instance of the cluster purges: the one leading.
-            leader=self.store.lead if isinstance(self.store, Shared) else None,
+            self.store, config, self.clock, self.metrics.purged.inc, leading=self._leading
         )
-        if isinstance(self.store, Shared):
-            self.store.reconfigure(config)
+        # A new leader purges and sends what waits at once, not at its next pass.
+        self.leadership.on_gained(self.retention.wake)
+        self.leadership.on_gained(self.alerter.wake)
+        if shared is not None:
+            shared.reconfigure(config)
         self.indexer = SearchIndexer(self.store, self.clock, lambda: self.masker)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.ingress = Ingress(
@@ -141,6 +146,7 @@ class Relay:
             metrics=self.metrics,
             current_config=lambda: self.config,
             store_stats=lambda: self.store.write_stats,
+            leading=self._leading,
         )
         self._lock = serve_lock(config.storage)
         self._runners: dict[str, web.BaseRunner] = {}
@@ -160,6 +166,9 @@ class Relay:
     @property
     def admin_url(self) -> str:
         return _url(self._runners["admin"])
+
+    def _leading(self) -> bool:
+        return self.leadership.leading
 
     def _accepted(self) -> None:
         self.scheduler.wake()
@@ -262,6 +271,8 @@ class Relay:
             self._opened.append(self._lock.release)
             await self.store.open()
             self._opened.append(self.store.close)
+            # Whether this instance leads is known before anything asks.
+            await self.leadership.check()
             now = self.clock.now()
             recovered = await self.store.recover_orphans(now)
             if recovered:
@@ -279,6 +290,8 @@ class Relay:
                 self._spawn(self.retention.run(), "retention", essential=True)
                 self._spawn(self.indexer.run(), "search-indexer", essential=True)
                 self._spawn(self.database_watch.run(), "database-watch", essential=True)
+                if self.leadership.shared:
+                    self._spawn(self.leadership.run(), "leadership", essential=True)
                 if isinstance(self.store, Shared):
                     # Other instances' new events and operator actions wake this one.
                     self._spawn(self.store.listen(self._woken), "wake-ups", essential=True)
@@ -396,14 +409,20 @@ class Relay:
         await self._report_unconfigured()
 
     async def status_line(self) -> str:
-        """One line for systemd's STATUS: pending, dead, last delivery."""
-        gauges = await self.store.gauges()
+        """One line for systemd's STATUS: pending, dead, last delivery.
+
+        On a cluster only the leading instance counts the queue (as only it
+        exports the gauges); the others say that they follow."""
         states = await self.store.target_states()
-        pending = sum(n for (_, status), n in gauges.counts.items() if status is Status.PENDING)
-        dead = sum(n for (_, status), n in gauges.counts.items() if status is Status.DEAD)
         last = max((s.last_success_at or 0.0 for s in states.values()), default=0.0)
         when = format_instant(last) if last else "none yet"
-        return f"pending {pending}, dead {dead}, last delivery {when}"
+        if not self.leadership.leading:
+            return f"following the cluster's leading instance, last delivery {when}"
+        gauges = await self.store.gauges()
+        pending = sum(n for (_, status), n in gauges.counts.items() if status is Status.PENDING)
+        dead = sum(n for (_, status), n in gauges.counts.items() if status is Status.DEAD)
+        leading = "leading the cluster: " if self.leadership.shared else ""
+        return f"{leading}pending {pending}, dead {dead}, last delivery {when}"
 
     async def stop(self) -> bool:
         """Stop taking webhooks, finish what is in flight, close everything.
@@ -427,6 +446,7 @@ class Relay:
             ("stopping the database watch", self.database_watch.stop),
             ("stopping alerts", self.alerter.stop),
             ("stopping wake-ups", self._stop_listening),
+            ("stopping leadership checks", self.leadership.stop),
             ("waiting for tasks", lambda: asyncio.gather(*tasks, return_exceptions=True)),
         ]
         admin = self._runners.pop("admin", None)

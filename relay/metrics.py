@@ -34,7 +34,7 @@ class StoreSnapshot:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, cluster: bool = False) -> None:
         # A registry of our own: several relays in one test process must not mix.
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
@@ -92,11 +92,29 @@ class Metrics:
             "Writes (events, attempts...) in those transactions: the group commit's batching.",
             registry=registry,
         )
+        # Several instances on one database: which one leads (exports the
+        # queue gauges, runs retention and alerts). Not shown on one process.
+        self._leader = (
+            Gauge(
+                "relay_cluster_leader",
+                "1 on the instance of a PostgreSQL cluster that runs retention and alerts"
+                " and exports the queue gauges, 0 on the others.",
+                registry=registry,
+            )
+            if cluster
+            else None
+        )
         self._snapshot: StoreSnapshot | None = None
         registry.register(_StoreCollector(lambda: self._snapshot))
 
-    def set_snapshot(self, snapshot: StoreSnapshot) -> None:
+    def set_snapshot(self, snapshot: StoreSnapshot | None) -> None:
+        """The store's figures to export; None exports none (another instance
+        of the cluster exports them)."""
         self._snapshot = snapshot
+
+    def set_leading(self, leading: bool) -> None:
+        if self._leader is not None:
+            self._leader.set(1 if leading else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from relay.clock import Clock
 from relay.config import Config
@@ -70,25 +70,32 @@ class RetentionJob:
         clock: Clock,
         on_purged: Callable[[int], None],
         *,
-        leader: Callable[[], Awaitable[bool]] | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
-        # Several instances on one database: only the one `leader()` names purges.
-        self._leader = leader
+        # Several instances on one database: only the leading one purges.
+        self._leading = leading
         self.config = config
         self._clock = clock
         # Told how many events each pass removed (relay_purged_events_total).
         self._on_purged = on_purged
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
 
     def reconfigure(self, config: Config) -> None:
         self.config = config
 
     async def run(self) -> None:
         while not self._stop.is_set():
-            if self._leader is None or await self._leader():
+            if self._leading():
                 await self.run_once()
-            await self._clock.wait(self._stop, self._clock.now() + INTERVAL)
+            await self._clock.wait(self._wake, self._clock.now() + INTERVAL)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Run a pass now: this instance has just taken the lead (the one that
+        led may have died just before its pass)."""
+        self._wake.set()
 
     async def run_once(self) -> int:
         """One pass: the finished events past their time removed; how many."""
@@ -109,3 +116,4 @@ class RetentionJob:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()

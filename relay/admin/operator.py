@@ -44,6 +44,9 @@ class Operator:
     metrics: Metrics
     current_config: Callable[[], Config]
     store_stats: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    # Whether this instance exports the queue gauges: on a cluster, only the
+    # leading instance reads them (see Metrics.set_leading).
+    leading: Callable[[], bool] = lambda: True
     _snapshot_at: float = field(default=float("-inf"))
 
     @property
@@ -55,6 +58,17 @@ class Operator:
         return Masker(self.config.secrets)
 
     async def refresh_metrics(self) -> None:
+        commits, writes = self.store_stats()
+        self.metrics.commits.set(commits)
+        self.metrics.committed_writes.set(writes)
+        leading = self.leading()
+        self.metrics.set_leading(leading)
+        if not leading:
+            # The cluster's queue gauges come from the leading instance alone,
+            # so that a sum over every scraped instance counts each delivery once.
+            self.metrics.set_snapshot(None)
+            self._snapshot_at = float("-inf")
+            return
         if time.monotonic() - self._snapshot_at < SNAPSHOT_TTL:
             return
         gauges = await self.store.gauges()
@@ -68,9 +82,6 @@ class Operator:
                 now=self.clock.now(),
             )
         )
-        commits, writes = self.store_stats()
-        self.metrics.commits.set(commits)
-        self.metrics.committed_writes.set(writes)
         self._snapshot_at = time.monotonic()
 
     def changed(self) -> None:

@@ -3,6 +3,7 @@
 from relay.store.backends import BACKENDS, Backend, open_store, serve_lock
 from relay.store.base import (
     Accepted,
+    AlertNote,
     AttemptRecord,
     AttemptView,
     ClaimedDelivery,
@@ -55,6 +56,7 @@ from relay.store.sqlite import SqliteStore
 __all__ = [
     "BACKENDS",
     "Accepted",
+    "AlertNote",
     "AlreadyRunning",
     "AttemptRecord",
     "AttemptView",

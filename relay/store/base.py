@@ -366,6 +366,17 @@ class Gauges:
 
 
 @dataclass(frozen=True)
+class AlertNote:
+    """Something an instance's attempt saw that an alert must say (a delivery
+    gone dead, a target down...), waiting in a shared store for the leading
+    instance to group it with the others into one alert."""
+
+    id: int
+    noted_at: float
+    note: bytes  # JSON, as relay.alerts writes it
+
+
+@dataclass(frozen=True)
 class Stats:
     counts_by_route: Mapping[str, Mapping[Status, int]]
     counts_by_target: Mapping[str, Mapping[Status, int]]
@@ -688,7 +699,29 @@ class Shared(Protocol):
         ...
 
     async def lead(self) -> bool:
-        """Whether this instance runs the singletons (retention) now."""
+        """Whether this instance runs the singletons (retention, alert grouping,
+        gauges) now; takes the lead when it is free. One caller at a time."""
+        ...
+
+    async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:
+        """Keep what an alert must say until the leading instance sends it."""
+        ...
+
+    async def alert_notes(self) -> list[AlertNote]:
+        """Every note not sent yet, oldest first."""
+        ...
+
+    async def send_alert(
+        self,
+        notes: Collection[int],
+        event: NewEvent | None,
+        deliveries: Sequence[NewDelivery],
+        now: float,
+    ) -> Accepted | None:
+        """In one transaction, take these notes away and store the alert event
+        that says them (no event: the notes are only dropped). None, and
+        nothing changed, when any of them is gone already (another instance
+        that thought it led has sent them)."""
         ...
 
     async def listen(self, callback: Callable[[str], None]) -> None:

@@ -9,8 +9,10 @@
   seen for DEAD_AFTER are claimable before they expire (kill -9 costs seconds,
   not the lease's length). The server's clock, not the injected one: this is
   about processes being alive, which every instance must judge alike.
-- Leadership: retention runs on the instance holding a session advisory lock;
-  when that instance dies its session ends and another takes the lock.
+- Leadership: retention, alert grouping and the queue gauges run on the
+  instance holding a session advisory lock; when that instance dies its
+  session ends and another takes the lock. A hung one's session is ended by
+  the server after DEAD_AFTER of silence (idle_session_timeout).
 - Wake-ups: LISTEN on one channel; a broken connection is made again, and
   polling covers the gap.
 """
@@ -157,7 +159,8 @@ async def heartbeats(url: str, instance_id: str, command_timeout: float) -> None
 
 
 class Leadership:
-    """The instance holding LEADER_LOCK runs the singletons (retention)."""
+    """The instance holding LEADER_LOCK runs the singletons (retention, alerts,
+    gauges). relay.leadership.Leadership is its one caller."""
 
     def __init__(self, url: str, timeout: float) -> None:
         self._url = url
@@ -171,6 +174,14 @@ class Leadership:
             if self._connection is None or self._connection.is_closed():
                 self._held = False
                 self._connection = await asyncpg.connect(self._url, timeout=self._timeout)
+                if self._connection.get_server_version().major >= 14:
+                    # A leader that hangs (a frozen VM, a lost network) loses its
+                    # session, and so the lead, once silent for DEAD_AFTER: it
+                    # speaks on this connection at every check.
+                    await self._connection.execute(
+                        f"SET idle_session_timeout = {int(DEAD_AFTER * 1000)}",
+                        timeout=self._timeout,
+                    )
             if not self._held:
                 self._held = bool(
                     await self._connection.fetchval(

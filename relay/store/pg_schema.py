@@ -218,6 +218,19 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "instance liveness by the server's clock (leases of a dead instance are taken over)",
         ["ALTER TABLE instances ADD COLUMN alive_at DOUBLE PRECISION"],
     ),
+    (
+        4,
+        "alert notes: what each instance saw, grouped into one alert by the leading one",
+        [
+            """
+            CREATE TABLE alert_notes (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                noted_at DOUBLE PRECISION NOT NULL,
+                note BYTEA NOT NULL
+            )
+            """
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

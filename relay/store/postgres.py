@@ -35,6 +35,7 @@ from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
     Accepted,
+    AlertNote,
     AttemptRecord,
     ClaimedDelivery,
     Delivered,
@@ -147,6 +148,10 @@ HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
 
 
+class _AlreadySent(Exception):
+    """Rolls back an alert whose notes another instance took first."""
+
+
 def default_instance_id() -> str:
     """Host, process and a random part: unique even when a pid is reused."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -223,8 +228,52 @@ class PostgresStore:
         self.set_limits(cluster_limits(config))
 
     async def lead(self) -> bool:
-        """Whether this instance runs the singletons (retention) now."""
+        """Whether this instance runs the singletons (retention, alert grouping,
+        gauges) now; takes the lead when it is free. One caller at a time."""
         return await self._leadership.lead()
+
+    # Alerts: every instance notes, the leading one groups and sends.
+
+    async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:
+        async with self._connection() as connection:
+            await connection.execute(
+                "INSERT INTO alert_notes (noted_at, note) SELECT $1, n FROM unnest($2::bytea[]) n",
+                now,
+                list(notes),
+            )
+
+    async def alert_notes(self) -> list[AlertNote]:
+        rows = await self._read("SELECT id, noted_at, note FROM alert_notes ORDER BY id")
+        return [AlertNote(row[0], row[1], bytes(row[2])) for row in rows]
+
+    async def send_alert(
+        self,
+        notes: Collection[int],
+        event: NewEvent | None,
+        deliveries: Sequence[NewDelivery],
+        now: float,
+    ) -> Accepted | None:
+        ids = sorted(notes)
+
+        async def job(connection: Connection) -> Accepted | None:
+            taken = await connection.fetchval(
+                "WITH taken AS (DELETE FROM alert_notes WHERE id = ANY($1::bigint[]) RETURNING 1)"
+                " SELECT COUNT(*) FROM taken",
+                ids,
+            )
+            if taken != len(ids):
+                # Sent (in part) by another instance that thought it led: say nothing.
+                raise _AlreadySent
+            if event is None:
+                return None
+            [accepted] = await store_batch(connection, [AcceptJob(event, deliveries, now)])
+            await connection.execute("SELECT pg_notify($1, 'event')", CHANNEL)
+            return accepted
+
+        try:
+            return await self._write(job)
+        except _AlreadySent:
+            return None
 
     async def listen(self, callback: Callable[[str], None]) -> None:
         """Call `callback` with every wake-up any instance sends, until cancelled."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -237,3 +239,136 @@ def lambda_async_await(query: Any, count: int) -> Any:
         return len(await query()) == count
 
     return wrapped
+
+
+# Alert grouping, retention and the queue gauges: one instance of the cluster
+# (the one leading) runs them, and another takes over when it dies.
+
+
+def singleton_config(tmp_path: Path, crm_url: str, ops_url: str, audit_url: str) -> Path:
+    return write_config(
+        tmp_path / "relay.toml",
+        {
+            "storage": {"url": "${RELAY_DB_URL}", "retention": "1s"},
+            "alerts": {"target": "ops", "failing_after": 3, "group_window": "2s"},
+            "targets": {
+                # 400 is not retried: each attempt makes its delivery dead.
+                "crm": {"type": "http", "url": crm_url, "concurrency": 4},
+                "ops": {"type": "http", "url": ops_url},
+                "audit": {"type": "http", "url": audit_url},
+            },
+            "routes": {
+                "orders": {"path": "/hooks/orders", "targets": ["crm"]},
+                "audit": {"path": "/hooks/audit", "targets": ["audit"]},
+            },
+        },
+    )
+
+
+async def scrape(http: aiohttp.ClientSession, relay: RelayProcess) -> str:
+    async with http.get(f"{relay.admin_url}/metrics") as response:
+        assert response.status == 200
+        return await response.text()
+
+
+async def leading(http: aiohttp.ClientSession, relays: list[RelayProcess]) -> list[RelayProcess]:
+    """The instances whose /metrics say they lead the cluster."""
+    pages = [await scrape(http, relay) for relay in relays]
+    return [relay for relay, page in zip(relays, pages, strict=True) if LEADS in page]
+
+
+LEADS = "\nrelay_cluster_leader 1.0\n"
+
+
+async def post_keys(relays: list[RelayProcess], path: str, keys: list[str]) -> None:
+    turn = itertools.cycle(relays)
+    async with aiohttp.ClientSession() as http:
+        for key in keys:
+            async with http.post(
+                f"{next(turn).url}{path}", json={"key": key}, headers={"Idempotency-Key": key}
+            ) as response:
+                assert response.status == 200, await response.text()
+
+
+async def slowly_refused(request: web.Request, number: int) -> web.Response:
+    await asyncio.sleep(0.05)  # attempts overlap: every instance claims some
+    return web.Response(status=400, text="no such lead")
+
+
+async def test_a_cluster_sends_one_alert_for_what_every_instance_saw(
+    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
+) -> None:
+    crm, ops, audit = Sink(script=slowly_refused), Sink(), Sink()
+    urls = [str((await aiohttp_server(s.app())).make_url("/hook")) for s in (crm, ops, audit)]
+    config = singleton_config(tmp_path, *urls)
+    async with instances(config, tmp_path, pg_url) as relays, aiohttp.ClientSession() as http:
+        await post_keys(relays, "/hooks/orders", [f"k{i}" for i in range(30)])
+        await crm.wait_for(30, timeout=30)
+        # Each instance made deliveries dead: each saw something to alert about.
+        assert all("outcome=dead" in relay.log() for relay in relays), "not every instance sent"
+        await ops.wait_for(1, timeout=15)
+        await asyncio.sleep(3.5)  # past another group window and a leadership check
+        assert len(ops.requests) == 1, [json.loads(r.body)["summary"] for r in ops.requests]
+        alert = json.loads(ops.requests[0].body)
+        assert alert["dead_count"] == 30
+        assert alert["summary"] == "relay: 30 deliveries went dead; target crm is failing"
+        # Only the leading instance exports the queue gauges: summed over every
+        # scraped instance, the dead deliveries count once.
+        pages = [await scrape(http, relay) for relay in relays]
+        assert sum(LEADS in page for page in pages) == 1, pages
+        dead = 'relay_deliveries{status="dead",target="crm"} 30.0'
+        assert [dead in page for page in pages] == [LEADS in page for page in pages]
+        followers = [page for page in pages if LEADS not in page]
+        assert all("relay_deliveries{" not in page for page in followers)
+        assert all("\nrelay_cluster_leader 0.0\n" in page for page in followers)
+        # Counters stay each instance's own.
+        assert all("relay_attempts_total{" in page for page in pages)
+
+
+async def test_kill_9_of_the_leader_moves_alerts_and_retention_to_another(
+    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
+) -> None:
+    crm, ops, audit = Sink(script=slowly_refused), Sink(), Sink()
+    urls = [str((await aiohttp_server(s.app())).make_url("/hook")) for s in (crm, ops, audit)]
+    config = singleton_config(tmp_path, *urls)
+    async with instances(config, tmp_path, pg_url) as relays, aiohttp.ClientSession() as http:
+        [leader] = await leading(http, relays)
+        survivors = [relay for relay in relays if relay is not leader]
+        # Finished events past retention (1 s) wait for the leader's next pass,
+        # 10 minutes after its first: a new leader makes one at once.
+        await post_keys(relays, "/hooks/audit", [f"a{i}" for i in range(10)])
+        await audit.wait_for(10, timeout=30)
+        await asyncio.sleep(1.5)
+        assert await count_events(pg_url, "audit") == 10
+        await asyncio.to_thread(leader.kill)
+        killed_at = time.monotonic()
+
+        async def taken_over() -> bool:
+            return len(await leading(http, survivors)) == 1
+
+        await eventually(taken_over, timeout=10)
+        took = time.monotonic() - killed_at
+        [successor] = await leading(http, survivors)
+
+        async def purged() -> bool:
+            return await count_events(pg_url, "audit") == 0
+
+        await eventually(purged, timeout=10)
+        assert "retention removed 10 finished events" in successor.log()
+        assert all("retention removed" not in r.log() for r in survivors if r is not successor)
+        # What the survivors see go dead is still said, once, by the new leader.
+        await post_keys(survivors, "/hooks/orders", [f"k{i}" for i in range(10)])
+        await ops.wait_for(1, timeout=15)
+        await asyncio.sleep(3.5)
+        assert len(ops.requests) == 1, [json.loads(r.body)["summary"] for r in ops.requests]
+        assert json.loads(ops.requests[0].body)["dead_count"] == 10
+        print(f"lead taken over {took:.2f}s after kill -9")
+        assert took < 5
+
+
+async def count_events(url: str, route: str) -> int:
+    connection = await asyncpg.connect(url)
+    try:
+        return int(await connection.fetchval("SELECT COUNT(*) FROM events WHERE route = $1", route))
+    finally:
+        await connection.close()

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import asyncpg
 import pytest
 
-from relay.store import NewDelivery, NewEvent, StoreUnavailable
+from relay.store import EventQuery, NewDelivery, NewEvent, StoreUnavailable
 from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
@@ -235,6 +235,39 @@ async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(
     assert await a.lead()  # still
     await a.close()  # its session ends, and the lock with it
     assert await b.lead()
+
+
+async def test_alert_notes_from_two_instances_are_sent_once(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    await a.note_alerts([b'{"kind": "dead", "n": 1}'], T0)
+    await b.note_alerts([b'{"kind": "dead", "n": 2}', b'{"kind": "up", "n": 3}'], T0 + 1)
+    notes = await b.alert_notes()
+    assert [(n.noted_at, n.note) for n in notes] == [
+        (T0, b'{"kind": "dead", "n": 1}'),
+        (T0 + 1, b'{"kind": "dead", "n": 2}'),
+        (T0 + 1, b'{"kind": "up", "n": 3}'),
+    ]
+    ids = [n.id for n in notes]
+    # Two instances that both think they lead (the lock just moved) send once.
+    sent = await asyncio.gather(
+        a.send_alert(ids[1:], event(body=b"a"), [NewDelivery("ops")], T0 + 2),
+        b.send_alert(ids[1:], event(body=b"b"), [NewDelivery("ops")], T0 + 2),
+    )
+    assert sum(accepted is not None for accepted in sent) == 1
+    # Notes partly sent already: nothing is sent, nothing taken.
+    assert await a.send_alert(ids, event(), [NewDelivery("ops")], T0 + 2) is None
+    assert [n.id for n in await a.alert_notes()] == ids[:1]
+    assert await a.send_alert(ids[:1], event(), [NewDelivery("ops")], T0 + 2) is not None
+    assert await a.alert_notes() == []
+    alerts = await a.list_events(EventQuery(route="orders"))
+    assert len(alerts) == 2
+    # Notes are dropped without an alert when there is nothing to send them to.
+    await a.note_alerts([b"{}"], T0 + 3)
+    assert await a.send_alert([n.id for n in await a.alert_notes()], None, [], T0 + 3) is None
+    assert await a.alert_notes() == []
+    assert len(await a.list_events(EventQuery(route="orders"))) == 2
 
 
 async def test_wake_ups_reach_the_other_instances(
