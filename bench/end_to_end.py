@@ -8,6 +8,12 @@ over the load window, whether delivery kept up (the backlog at the end under
 one second of traffic), and the ingest→delivered latency (the sink's arrival
 time minus the event's received_at). The highest rate that keeps up is then
 run again at half that rate for the latency figure.
+
+The baseline, measured first in the same run: a minimal forwarder
+(bench/forwarder_server.py, one aiohttp handler that forwards each POST to the
+same sink with the same aiohttp client and stores nothing), driven flat out by
+the same wrk. Its rate is the most any relay could deliver on this machine;
+relay's highest rate that keeps up is reported as a ratio of it.
 """
 
 from __future__ import annotations
@@ -91,6 +97,47 @@ def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> 
     }
 
 
+def forwarder_rate(seconds: float, concurrency: int) -> dict[str, float]:
+    """The minimal forwarder flat out: what reached the sink per second."""
+    with tempfile.TemporaryDirectory(prefix="relay-e2e-") as tmp:
+        arrivals = Path(tmp) / "arrivals.txt"
+        port, sink_port = free_port(), free_port()
+        sink = Server(
+            [sys.executable, str(ROOT / "bench" / "sink_server.py"), str(sink_port), str(arrivals)],
+            sink_port,
+            cpu=0,
+        )
+        forwarder = Server(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "forwarder_server.py"),
+                str(port),
+                f"http://127.0.0.1:{sink_port}/hook",
+                str(concurrency),
+            ],
+            port,
+            cpu=1,
+        )
+        try:
+            result = run_wrk(
+                f"http://127.0.0.1:{port}/hooks/orders",
+                connections=64,
+                seconds=seconds,
+                prefix=0,
+                cpu=0,
+            )
+        finally:
+            forwarder.stop()
+            sink.stop()
+        delivered = len(arrivals.read_text().splitlines())
+    return {
+        "received_per_s": result.acked / result.seconds,
+        "delivered_per_s": min(delivered, result.acked) / result.seconds,
+        "ack_p50_ms": result.p50,
+        "ack_p99_ms": result.p99,
+    }
+
+
 def _percentile(values: list[float], percent: float) -> float:
     if not values:
         return float("nan")
@@ -104,6 +151,12 @@ def main() -> int:
     parser.add_argument("--rates", default="1000,2000,2500,3000,4000")
     parser.add_argument("--concurrency", type=int, default=32, help="the target's concurrency")
     args = parser.parse_args()
+    baseline = forwarder_rate(min(args.seconds, 20), args.concurrency)
+    print(
+        f"baseline, a minimal forwarder flat out: {baseline['delivered_per_s']:.0f}/s"
+        f" delivered, ack p99 {baseline['ack_p99_ms']:.1f} ms",
+        flush=True,
+    )
     rows = []
     runs = []
     best = None
@@ -153,12 +206,15 @@ def main() -> int:
     )
     if best is not None and half is not None:
         print(
-            f"\nhighest rate kept up: {best['received_per_s']:.0f}/s;"
+            f"\nhighest rate kept up: {best['received_per_s']:.0f}/s"
+            f" ({best['received_per_s'] / baseline['delivered_per_s']:.2f}x the minimal"
+            f" forwarder's {baseline['delivered_per_s']:.0f}/s);"
             f" at half of it ({half['received_per_s']:.0f}/s) ingest→delivered"
             f" p50 {half['latency_p50_ms']:.0f} ms, p99 {half['latency_p99_ms']:.0f} ms"
         )
     median_lost = statistics.median(run["lost"] for run in runs) if runs else 0
-    print(f"results: {write_json('end_to_end', {'args': vars(args), 'runs': runs})}")
+    data = {"args": vars(args), "baseline": baseline, "runs": runs}
+    print(f"results: {write_json('end_to_end', data)}")
     return 1 if median_lost else 0
 
 

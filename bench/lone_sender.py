@@ -1,0 +1,105 @@
+"""A lone sender: one connection, one request at a time, as a Tilda form feels relay.
+
+    python bench/lone_sender.py [--seconds 10] [--rounds 3]
+
+wrk with one connection posts ~1 KiB JSON webhooks back to back, each waiting
+for the answer to the one before, against the bare aiohttp app handler (the
+baseline), aiohttp's low-level server, and relay (synchronous = "full", so
+every answer waits for its own fsynced commit). The server runs on CPU 1 and
+wrk on CPU 0. Reported: the acknowledgement's p50 and p99; every webhook
+relay acknowledged must be in its database afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, Server, WrkResult, free_port, print_table, run_wrk, write_json
+from ingest import black_hole, relay_config
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    target_port = black_hole()
+    commands = {
+        "bare aiohttp app": [sys.executable, str(ROOT / "bench" / "bare_server.py")],
+        "bare aiohttp low-level": [sys.executable, str(ROOT / "bench" / "bare_lowlevel.py")],
+        "relay": [sys.executable, "-m", "relay", "serve", "--config"],
+    }
+    results: dict[str, list[WrkResult]] = {name: [] for name in commands}
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
+        folder = Path(tmp)
+        for round_number in range(args.rounds):
+            for name, command in commands.items():
+                port = free_port()
+                if name == "relay":
+                    config = relay_config(folder, port, target_port, "full")
+                    command = [*command, str(config)]
+                else:
+                    command = [*command, str(port)]
+                server = Server(command, port, cpu=1)
+                try:
+                    result = run_wrk(
+                        f"http://127.0.0.1:{port}/hooks/orders",
+                        connections=1,
+                        seconds=args.seconds,
+                        prefix=round_number,
+                        cpu=0,
+                    )
+                finally:
+                    server.stop()
+                results[name].append(result)
+                print(
+                    f"round {round_number + 1} {name:22}: p50 {result.p50:5.2f} ms"
+                    f"  p99 {result.p99:5.2f} ms  ({result.rate:.0f} req/s)",
+                    flush=True,
+                )
+        database = sqlite3.connect(folder / "relay.db")
+        stored = database.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        database.close()
+
+    rows = []
+    for name, runs in results.items():
+        rows.append(
+            [
+                name,
+                f"{statistics.median(r.p50 for r in runs):.2f}",
+                f"{statistics.median(r.p99 for r in runs):.2f}",
+                f"{statistics.median(r.p999 for r in runs):.2f}",
+                f"{statistics.median(r.rate for r in runs):.0f}",
+            ]
+        )
+    print_table(
+        f"a lone sender: 1 connection, ~1 KiB JSON, median of {args.rounds} rounds"
+        f" of {args.seconds:g}s",
+        ["server", "p50 ms", "p99 ms", "p99.9 ms", "req/s"],
+        rows,
+    )
+    acked = sum(r.acked for r in results["relay"])
+    lost = max(0, acked - stored)
+    print(f"\nacknowledged by relay: {acked}, in the database: {stored}, lost: {lost}")
+    path = write_json(
+        "lone_sender",
+        {"args": vars(args), "results": results, "acked": acked, "stored": stored, "lost": lost},
+    )
+    print(f"results: {path}")
+    # One connection: at most one request per round may be cut off unanswered.
+    if lost or stored > acked + args.rounds:
+        print("FAILED: acknowledged events are missing from the database")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
