@@ -27,7 +27,7 @@ from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
 from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
-from relay.leadership import Leadership
+from relay.leadership import CHECK_EVERY, Leadership
 from relay.logs import log_attempt, set_masker
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
@@ -99,7 +99,12 @@ class Relay:
         self.metrics = Metrics(cluster=shared is not None)
         # On PostgreSQL one instance of the cluster runs retention, alert
         # grouping and the queue gauges: the one leading. On SQLite, this one.
-        self.leadership = Leadership(shared.lead if shared is not None else None)
+        self.leadership = Leadership(
+            shared.lead if shared is not None else None,
+            # The leader speaks often enough that the server never takes it for
+            # dead (idle_session_timeout = dead_after) while it is alive.
+            every=min(CHECK_EVERY, config.storage.dead_after / 4),
+        )
         self.targets: dict[str, Target] = {
             name: build_target(target) for name, target in config.targets.items()
         }

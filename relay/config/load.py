@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections import Counter
 from collections.abc import Mapping
@@ -176,14 +177,49 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
         busy_timeout=section.duration("busy_timeout", defaults.busy_timeout),
         retention=section.duration("retention", defaults.retention),
         url=section.string("url", None),
+        instance_id=section.string("instance_id", None),
+        dead_after=section.duration("dead_after", defaults.dead_after),
     )
     if storage.url is not None and not storage.url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(
             section.key("url"),
             f'expected a URL like "postgresql://relay@db/relay", got {storage.url!r}',
         )
+    _cluster_keys(section, storage, defaults)
     section.done()
     return storage
+
+
+def _cluster_keys(section: Section, storage: StorageConfig, defaults: StorageConfig) -> None:
+    """instance_id and dead_after: what instances sharing PostgreSQL need."""
+    instance_id = storage.instance_id
+    if instance_id is not None and not re.fullmatch(r"[\w.:@-]{1,100}", instance_id):
+        raise ConfigError(
+            section.key("instance_id"),
+            "expected up to 100 letters, digits and . _ - : @ (a name unique in the"
+            f" cluster, like the host's), got {instance_id!r}",
+        )
+    if storage.dead_after < MIN_DEAD_AFTER:
+        raise ConfigError(
+            section.key("dead_after"),
+            f"expected {MIN_DEAD_AFTER:g}s or more (instances speak to the database"
+            f" several times within it), got {storage.dead_after:g}s",
+        )
+    if storage.url is None:
+        for name, value, default in (
+            ("instance_id", instance_id, None),
+            ("dead_after", storage.dead_after, defaults.dead_after),
+        ):
+            if value != default:
+                raise ConfigError(
+                    section.key(name),
+                    "applies to PostgreSQL only (set storage.url); one SQLite process needs none",
+                )
+
+
+# Heartbeats come every dead_after / 5, leadership checks every dead_after / 4
+# at most: below 2 s a busy second would pass for a dead instance.
+MIN_DEAD_AFTER = 2.0
 
 
 def _admin(section: Section, base: Path) -> AdminConfig:

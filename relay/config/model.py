@@ -62,6 +62,12 @@ class StorageConfig:
     # postgresql://... : PostgreSQL instead of the SQLite file at `path`, for
     # several relay instances sharing one database. None: SQLite.
     url: str | None = None
+    # PostgreSQL: this instance's name in the cluster (leases, heartbeats);
+    # None: host, process id and a random part.
+    instance_id: str | None = None
+    # PostgreSQL: an instance silent this long is dead: its leases are taken
+    # over, and, if it led, its session (and the lead) is ended by the server.
+    dead_after: float = 10.0
 
     def describe(self) -> str:
         """Where the data is, for logs and messages (a URL without its password)."""

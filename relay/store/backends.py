@@ -67,6 +67,8 @@ def _postgres_store(storage: StorageConfig) -> Store:
         # A request waits at most this long for a place in a commit before 503.
         write_queue_timeout=storage.busy_timeout + 1.0,
         command_timeout=storage.busy_timeout + 5.0,
+        instance_id=storage.instance_id,
+        dead_after=storage.dead_after,
     )
 
 

@@ -4,15 +4,16 @@
   across instances. Each claim locks the pacing rows of the targets it claims
   for (in one order, so two instances never wait on each other in a cycle),
   counts the target's live leases, and moves the next allowed moment forward.
-- Liveness: each instance's row in `instances` is touched every
-  HEARTBEAT_EVERY seconds by the server's clock; leases of an instance not
-  seen for DEAD_AFTER are claimable before they expire (kill -9 costs seconds,
-  not the lease's length). The server's clock, not the injected one: this is
-  about processes being alive, which every instance must judge alike.
+- Liveness: each instance's row in `instances` is touched every fifth of
+  dead_after (`[storage] dead_after`, DEAD_AFTER by default) by the server's
+  clock; leases of an instance not seen for dead_after are claimable before
+  they expire (kill -9 costs seconds, not the lease's length). The server's
+  clock, not the injected one: this is about processes being alive, which
+  every instance must judge alike.
 - Leadership: retention, alert grouping and the queue gauges run on the
   instance holding a session advisory lock; when that instance dies its
   session ends and another takes the lock. A hung one's session is ended by
-  the server after DEAD_AFTER of silence (idle_session_timeout).
+  the server after dead_after of silence (idle_session_timeout).
 - Wake-ups: LISTEN on one channel; a broken connection is made again, and
   polling covers the gap.
 """
@@ -32,7 +33,6 @@ from relay.store.pg_errors import DRIVER_ERRORS, Connection
 
 log = logging.getLogger("relay.store")
 
-HEARTBEAT_EVERY = 2.0
 DEAD_AFTER = 10.0
 LEADER_LOCK = 0x72656C6179_02
 # Cluster pacing runs 10 % slower than the limit: an instance claims, then
@@ -135,7 +135,7 @@ async def took(
             )
 
 
-async def heartbeats(url: str, instance_id: str, command_timeout: float) -> None:
+async def heartbeats(url: str, instance_id: str, command_timeout: float, every: float) -> None:
     """Touch this instance's row until cancelled; errors are retried."""
     while True:
         try:
@@ -149,22 +149,23 @@ async def heartbeats(url: str, instance_id: str, command_timeout: float) -> None
                         instance_id,
                         timeout=command_timeout,
                     )
-                    await asyncio.sleep(HEARTBEAT_EVERY)
+                    await asyncio.sleep(every)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), command_timeout)
         except DRIVER_ERRORS as error:
             log.debug("heartbeat failed, trying again: %s", error)
-            await asyncio.sleep(HEARTBEAT_EVERY)
+            await asyncio.sleep(every)
 
 
 class Leadership:
     """The instance holding LEADER_LOCK runs the singletons (retention, alerts,
     gauges). relay.leadership.Leadership is its one caller."""
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, dead_after: float = DEAD_AFTER) -> None:
         self._url = url
         self._timeout = timeout
+        self._dead_after = dead_after
         self._connection: asyncpg.Connection[asyncpg.Record] | None = None
         self._held = False
 
@@ -176,10 +177,10 @@ class Leadership:
                 self._connection = await asyncpg.connect(self._url, timeout=self._timeout)
                 if self._connection.get_server_version().major >= 14:
                     # A leader that hangs (a frozen VM, a lost network) loses its
-                    # session, and so the lead, once silent for DEAD_AFTER: it
+                    # session, and so the lead, once silent for dead_after: it
                     # speaks on this connection at every check.
                     await self._connection.execute(
-                        f"SET idle_session_timeout = {int(DEAD_AFTER * 1000)}",
+                        f"SET idle_session_timeout = {int(self._dead_after * 1000)}",
                         timeout=self._timeout,
                     )
             if not self._held:

@@ -116,7 +116,7 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
 """
-# Expired, or held by an instance not seen alive for DEAD_AFTER (by the server's clock).
+# Expired, or held by an instance not seen alive for dead_after ($7, by the server's clock).
 CLAIM_EXPIRED = f"""
 UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3
 WHERE id IN (
@@ -124,7 +124,7 @@ WHERE id IN (
     WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
     AND (lease_until <= $3 OR (lease_owner IS DISTINCT FROM $2 AND NOT EXISTS (
         SELECT 1 FROM instances i WHERE i.id = d.lease_owner
-        AND i.alive_at >= {SERVER_NOW} - {DEAD_AFTER})))
+        AND i.alive_at >= {SERVER_NOW} - $7)))
     ORDER BY lease_until LIMIT $5
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
@@ -167,6 +167,7 @@ class PostgresStore:
         max_connections: int = 10,
         command_timeout: float = 10.0,
         write_queue_timeout: float = 5.0,
+        dead_after: float = DEAD_AFTER,
     ) -> None:
         self.url = url
         self.instance_id = instance_id or default_instance_id()
@@ -179,7 +180,9 @@ class PostgresStore:
         self._started_at: float | None = None
         self._limits: dict[str, TargetLimits] = {}
         self._heartbeats: asyncio.Task[None] | None = None
-        self._leadership = Leadership(url, command_timeout)
+        # Seen silent this long, an instance is dead: its leases are taken over.
+        self.dead_after = dead_after
+        self._leadership = Leadership(url, command_timeout, dead_after)
 
     @property
     def path(self) -> str:
@@ -214,7 +217,7 @@ class PostgresStore:
         self._intake = PgIntake(self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL)
         self._intake.start()
         self._heartbeats = asyncio.create_task(
-            heartbeats(self.url, self.instance_id, self._command_timeout),
+            heartbeats(self.url, self.instance_id, self._command_timeout, self.dead_after / 5),
             name="relay-pg-heartbeat",
         )
 
@@ -375,7 +378,14 @@ class PostgresStore:
             counts: dict[str, int] = {}
             for target, limit in (await allowed(connection, wanted, self._limits, now)).items():
                 found = await connection.fetch(
-                    CLAIM_EXPIRED, lease_until, self.instance_id, now, target, limit, skip
+                    CLAIM_EXPIRED,
+                    lease_until,
+                    self.instance_id,
+                    now,
+                    target,
+                    limit,
+                    skip,
+                    self.dead_after,
                 )
                 if len(found) < limit:
                     found += await connection.fetch(

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -372,3 +373,65 @@ async def count_events(url: str, route: str) -> int:
         return int(await connection.fetchval("SELECT COUNT(*) FROM events WHERE route = $1", route))
     finally:
         await connection.close()
+
+
+async def test_a_frozen_leader_loses_the_lead_after_dead_after(
+    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
+) -> None:
+    """A leader that hangs (a frozen VM) does not close its session: the server
+    ends it after `[storage] dead_after` of silence, and another instance leads."""
+    audit = Sink()
+    audit_url = str((await aiohttp_server(audit.app())).make_url("/hook"))
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "storage": {
+                "url": "${RELAY_DB_URL}",
+                "instance_id": "${RELAY_INSTANCE}",
+                "dead_after": "2s",
+            },
+            "targets": {"audit": {"type": "http", "url": audit_url}},
+            "routes": {"audit": {"path": "/hooks/audit", "targets": ["audit"]}},
+        },
+    )
+    relays = [
+        RelayProcess(
+            config,
+            tmp_path / f"relay{n}.log",
+            env={"RELAY_DB_URL": pg_url, "RELAY_INSTANCE": f"vps-{n}"},
+        )
+        for n in range(2)
+    ]
+    try:
+        for relay in relays:
+            await asyncio.to_thread(relay.start)
+        connection = await asyncpg.connect(pg_url)
+        try:
+            names = {row[0] for row in await connection.fetch("SELECT id FROM instances")}
+        finally:
+            await connection.close()
+        assert names == {"vps-0", "vps-1"}
+        async with aiohttp.ClientSession() as http:
+            [leader] = await leading(http, relays)
+            [other] = [relay for relay in relays if relay is not leader]
+            assert leader.process is not None
+            leader.process.send_signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            try:
+
+                async def taken_over() -> bool:
+                    return len(await leading(http, [other])) == 1
+
+                await eventually(taken_over, timeout=15)
+                took = time.monotonic() - stopped_at
+            finally:
+                leader.process.send_signal(signal.SIGCONT)
+            # Back, the old leader finds its session ended: one leader, not two.
+            await asyncio.sleep(1.5)
+            assert await leading(http, relays) == [other]
+            assert "no longer leading the cluster" in leader.log()
+        print(f"lead taken from a frozen leader {took:.2f}s after SIGSTOP (dead_after 2s)")
+        assert 1.5 < took < 5
+    finally:
+        for relay in relays:
+            await relay.astop()

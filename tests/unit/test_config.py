@@ -166,6 +166,22 @@ def merged(**sections: Any) -> dict[str, Any]:
             merged(storage={"url": "mysql://relay@db/relay"}),
             'storage.url: expected a URL like "postgresql://relay@db/relay"',
         ),
+        (
+            merged(storage={"url": "postgresql://relay@db/relay", "dead_after": "1s"}),
+            "storage.dead_after: expected 2s or more",
+        ),
+        (
+            merged(storage={"url": "postgresql://relay@db/relay", "instance_id": "vps 1"}),
+            "storage.instance_id: expected up to 100 letters, digits and . _ - : @",
+        ),
+        (
+            merged(storage={"dead_after": "30s"}),
+            "storage.dead_after: applies to PostgreSQL only (set storage.url)",
+        ),
+        (
+            merged(storage={"instance_id": "vps1"}),
+            "storage.instance_id: applies to PostgreSQL only (set storage.url)",
+        ),
     ],
 )
 def test_errors_name_the_key_and_what_is_expected(data: dict[str, Any], message: str) -> None:
@@ -173,6 +189,16 @@ def test_errors_name_the_key_and_what_is_expected(data: dict[str, Any], message:
         parse(data)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_cluster_instance_takes_its_name_and_dead_after() -> None:
+    url = "postgresql://relay@db/relay"
+    storage = parse(
+        merged(storage={"url": url, "instance_id": "vps-1", "dead_after": "3s"})
+    ).storage
+    assert (storage.instance_id, storage.dead_after) == ("vps-1", 3.0)
+    defaults = parse(merged(storage={"url": url})).storage
+    assert (defaults.instance_id, defaults.dead_after) == (None, 10.0)
 
 
 def test_environment_references_are_substituted_and_remembered_as_secrets() -> None:
