@@ -7,6 +7,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -128,3 +129,22 @@ def test_a_secret_url_still_says_which_host() -> None:
     shown = masker.text("POST https://example.bitrix24.ru/rest/1/abc123def456/crm.lead.add.json")
     assert shown == "POST https://example.bitrix24.ru/***/crm.lead.add.json"
     assert Masker(["https://h:8443/x/key1"]).text("https://h:8443/x/key1") == "https://h:8443/***"
+
+
+@pytest.mark.parametrize(
+    "moments",
+    [
+        [0.0, 0.999, 1.0, 1.9999996],  # one second twice, the next, a rounding up
+        [1733011199.9995, 1733011200.0004, 1733011200.5],  # across midnight UTC
+        [1733011200.25, 1733011199.75, 1733011200.001],  # a clock stepped back
+    ],
+)
+def test_a_line_has_its_own_millisecond_though_its_second_is_formatted_once(
+    moments: list[float],
+) -> None:
+    for created in moments:
+        record = logging.LogRecord("relay", logging.INFO, __file__, 1, "m", None, None)
+        record.created = created
+        moment = datetime.fromtimestamp(created, UTC)  # as each line was formatted before
+        expected = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+        assert logs._timestamp(record) == expected
