@@ -1,8 +1,8 @@
-"""The admin JSON API under /api/v1/, plus /healthz, /readyz and /metrics."""
+"""The admin JSON API: a sub-application mounted at /api, whose every route
+needs the bearer token (and nothing else: a dashboard session is no key here)."""
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -64,13 +64,12 @@ def token_matches(header: str | None, token: str | None) -> bool:
 
 @web.middleware
 async def api_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every /api/ call needs the bearer token; store trouble becomes 503, bad input 400."""
-    if not request.path.startswith("/api/"):
-        return await handler(request)
-    operator = request.app[OPERATOR]
+    """Every API call needs the bearer token, even to a path that does not exist;
+    store trouble becomes 503, bad input 400."""
+    operator = request.config_dict[OPERATOR]
     token = operator.config.admin.token
     if token is not None:
-        failures = request.app[AUTH_FAILURES]
+        failures = request.config_dict[AUTH_FAILURES]
         address = client(request)
         wait = failures.retry_after(address)
         if wait is not None:
@@ -99,7 +98,7 @@ async def api_guard(request: web.Request, handler: Handler) -> web.StreamRespons
 
 
 def _operator(request: web.Request) -> Operator:
-    return request.app[OPERATOR]
+    return request.config_dict[OPERATOR]
 
 
 def _instant(value: Any, name: str, now: float) -> float | None:
@@ -332,47 +331,18 @@ async def list_rejections(request: web.Request) -> web.Response:
     return json_response({"rejections": [rejection_view(r, masker) for r in found]})
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "alive"})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    problems = []
-    try:
-        await operator.store.heartbeat(operator.clock.now())
-    except StoreError as problem:
-        problems.append(f"store not writable: {problem}")
-    if not operator.scheduler.running:
-        problems.append("scheduler not running")
-    if problems:
-        return json_response({"status": "not ready", "problems": problems}, 503)
-    return json_response({"status": "ready"})
-
-
-async def metrics(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    # If the store cannot be read, counters still count and gauges keep their last reading.
-    with contextlib.suppress(StoreError):
-        await operator.refresh_metrics()
-    return web.Response(
-        body=operator.metrics.render(),
-        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-    )
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/api/v1/events", list_events)
-    app.router.add_get("/api/v1/events/{event_id}", get_event)
-    app.router.add_post("/api/v1/events/{event_id}/resend", resend_event)
-    app.router.add_post("/api/v1/deliveries/{delivery_id}/retry", retry_delivery)
-    app.router.add_post("/api/v1/deliveries/{delivery_id}/skip", skip_delivery)
-    app.router.add_post("/api/v1/requeue", requeue)
-    app.router.add_get("/api/v1/targets", list_targets)
-    app.router.add_post("/api/v1/targets/{name}/pause", pause_target)
-    app.router.add_post("/api/v1/targets/{name}/resume", resume_target)
-    app.router.add_get("/api/v1/stats", stats)
-    app.router.add_get("/api/v1/rejections", list_rejections)
+def api_application() -> web.Application:
+    """The API's routes under their version; the admin listener mounts it at /api."""
+    app = web.Application(middlewares=[api_guard])
+    app.router.add_get("/v1/events", list_events)
+    app.router.add_get("/v1/events/{event_id}", get_event)
+    app.router.add_post("/v1/events/{event_id}/resend", resend_event)
+    app.router.add_post("/v1/deliveries/{delivery_id}/retry", retry_delivery)
+    app.router.add_post("/v1/deliveries/{delivery_id}/skip", skip_delivery)
+    app.router.add_post("/v1/requeue", requeue)
+    app.router.add_get("/v1/targets", list_targets)
+    app.router.add_post("/v1/targets/{name}/pause", pause_target)
+    app.router.add_post("/v1/targets/{name}/resume", resume_target)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/v1/rejections", list_rejections)
+    return app

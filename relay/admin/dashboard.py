@@ -56,11 +56,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SESSIONS = web.AppKey("sessions", Sessions)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
+STATIC = web.AppKey("static", dict[str, tuple[bytes, str]])
 SESSION = web.RequestKey("session", str)
-
-# Paths that are not dashboard pages: the API has its own bearer token.
-OPEN_PREFIXES = ("/api/", "/static/", "/login")
-OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 
 SECURITY_HEADERS = {
     # Scripts and styles only from here: no inline code, nothing from elsewhere.
@@ -105,53 +102,53 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
 
 
 def add_dashboard(app: web.Application, operator: Operator) -> None:
+    """The dashboard's pages on the admin listener, each behind the dashboard's
+    own rules (`signed_in`). They are routes of the listener, not a sub-app:
+    aiohttp mounts no sub-app at "/" (aio-libs/aiohttp#2979, where its author
+    advises guarding the handlers instead), and a domain-matched one is tried
+    before every other path, so it would take /api and the probes too."""
     app[SESSIONS] = Sessions(lambda: operator.config.admin.token)
     app[TEMPLATES] = _templates()
-    app.middlewares.append(guard)
-    app.middlewares.append(store_errors)
-    static = _load_static()
-
-    async def serve_static(request: web.Request) -> web.Response:
-        found = static.get(request.match_info["name"])
-        if found is None:
-            raise web.HTTPNotFound()
-        body, content_type = found
-        return web.Response(
-            body=body,
-            content_type=content_type,
-            headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"},
-        )
-
+    app[STATIC] = _load_static()
     router = app.router
-    router.add_get("/static/{name}", serve_static)
+    # What a signed-out browser may load: the sign-in and its stylesheet and script.
+    router.add_get("/static/{name}", static_file)
     router.add_get("/login", login_page)
     router.add_post("/login", login)
-    router.add_post("/logout", logout)
-    router.add_get("/", overview)
-    router.add_get("/deliveries", deliveries)
-    router.add_get("/dead", dead_letter)
-    router.add_post("/dead/requeue", requeue_dead)
-    router.add_get("/events/{event_id}", event_page)
-    router.add_get("/events/{event_id}/resend", resend_page)
-    router.add_post("/events/{event_id}/resend", resend_post)
-    router.add_post("/deliveries/{delivery_id}/retry", retry_delivery)
-    router.add_post("/deliveries/{delivery_id}/requeue", requeue_delivery)
-    router.add_post("/deliveries/{delivery_id}/skip", skip_delivery)
-    router.add_get("/targets", targets_page)
-    router.add_post("/targets/{name}/pause", pause_target)
-    router.add_post("/targets/{name}/resume", resume_target)
-    router.add_get("/rejections", rejections_page)
+    for method, path, page in PAGES:
+        router.add_route(method, path, signed_in(page))
+    # Any other GET is the dashboard's too: signed out, it leads to the sign-in
+    # (which page exists is nobody's business before that); signed in, a 404.
+    router.add_get("/{path:.*}", signed_in(no_such_page))
+
+
+async def static_file(request: web.Request) -> web.Response:
+    found = request.app[STATIC].get(request.match_info["name"])
+    if found is None:
+        raise web.HTTPNotFound()
+    body, content_type = found
+    return web.Response(
+        body=body,
+        content_type=content_type,
+        headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"},
+    )
 
 
 # Sessions, CSRF, headers
 
 
-@web.middleware
-async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    path = request.path
-    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
-        return await handler(request)
-    operator = request.app[OPERATOR]
+def signed_in(page: Handler) -> Handler:
+    """`page` for a signed-in session only, its forms with their CSRF token, its
+    answer with the dashboard's security headers and store trouble said plainly."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        return await guard(request, page)
+
+    return guarded
+
+
+async def guard(request: web.Request, page: Handler) -> web.StreamResponse:
+    operator = request.config_dict[OPERATOR]
     sessions = request.app[SESSIONS]
     session = sessions.valid(request.cookies.get(SESSION_COOKIE), time.time())
     fresh: str | None = None
@@ -172,7 +169,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not sessions.csrf_matches(session, given if isinstance(given, str) else None):
             return _plain(403, "This form has expired or did not come from this dashboard.")
     request[SESSION] = session
-    response = await handler(request)
+    response = await store_errors(request, page)
     if fresh is not None:
         _set_cookie(request, response, SESSION_COOKIE, fresh, SESSION_SECONDS)
     response.headers.update(SECURITY_HEADERS)
@@ -202,7 +199,7 @@ def _plain(status: int, text: str) -> web.Response:
 
 
 def _render(request: web.Request, name: str, **context: Any) -> web.Response:
-    operator = request.app[OPERATOR]
+    operator = request.config_dict[OPERATOR]
     session = request.get(SESSION)
     done = request.query.get("done", "")
     message = MESSAGES.get(done, "")
@@ -235,7 +232,7 @@ def _back(path: str, **params: object) -> web.HTTPSeeOther:
 
 
 async def login_page(request: web.Request) -> web.StreamResponse:
-    operator = request.app[OPERATOR]
+    operator = request.config_dict[OPERATOR]
     if operator.config.admin.token is None:
         raise web.HTTPFound("/")
     login_csrf = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
@@ -277,7 +274,7 @@ async def login(request: web.Request) -> web.StreamResponse:
         or not secrets.compare_digest(cookie, given_csrf)
     ):
         return _plain(403, "This form has expired: open the sign-in page again.")
-    failures = request.app[AUTH_FAILURES]
+    failures = request.config_dict[AUTH_FAILURES]
     address = client(request)
     wait = failures.retry_after(address)
     if wait is not None:
@@ -306,7 +303,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 
 def _operator(request: web.Request) -> Operator:
-    return request.app[OPERATOR]
+    return request.config_dict[OPERATOR]
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -757,14 +754,34 @@ async def rejections_page(request: web.Request) -> web.Response:
     )
 
 
-@web.middleware
-async def store_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def store_errors(request: web.Request, page: Handler) -> web.StreamResponse:
     """The store cannot be read: say so instead of a bare 500."""
-    if request.path.startswith("/api/"):
-        return await handler(request)
     try:
-        return await handler(request)
+        return await page(request)
     except BadRequest as problem:
         return _plain(400, f"Bad request: {problem}.")
     except StoreError as problem:
         return _plain(503, f"The database cannot be read right now: {problem}")
+
+
+async def no_such_page(request: web.Request) -> web.Response:
+    raise web.HTTPNotFound()
+
+
+PAGES: tuple[tuple[str, str, Handler], ...] = (
+    ("POST", "/logout", logout),
+    ("GET", "/", overview),
+    ("GET", "/deliveries", deliveries),
+    ("GET", "/dead", dead_letter),
+    ("POST", "/dead/requeue", requeue_dead),
+    ("GET", "/events/{event_id}", event_page),
+    ("GET", "/events/{event_id}/resend", resend_page),
+    ("POST", "/events/{event_id}/resend", resend_post),
+    ("POST", "/deliveries/{delivery_id}/retry", retry_delivery),
+    ("POST", "/deliveries/{delivery_id}/requeue", requeue_delivery),
+    ("POST", "/deliveries/{delivery_id}/skip", skip_delivery),
+    ("GET", "/targets", targets_page),
+    ("POST", "/targets/{name}/pause", pause_target),
+    ("POST", "/targets/{name}/resume", resume_target),
+    ("GET", "/rejections", rejections_page),
+)

@@ -85,7 +85,7 @@ def cross_origin_problem(request: web.Request, allowed: frozenset[str]) -> str |
 
 @web.middleware
 async def origin_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    allowed = request.app[OPERATOR].config.admin.allowed_hosts
+    allowed = request.config_dict[OPERATOR].config.admin.allowed_hosts
     host = request.headers.get("Host")
     if host is not None and not host_allowed(host, allowed):
         return _refuse(

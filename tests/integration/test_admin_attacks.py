@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sqlite3
 from typing import Any
 
 import aiohttp
@@ -389,3 +390,76 @@ async def test_bad_admin_inputs_are_400_naming_the_field(
         async with http.get(relay.admin_url + "/deliveries", params={"q": "²"}) as response:
             assert response.status == 200
         assert await dead_count(relay, http) == 1  # the bad requeue requeued nothing
+
+
+async def test_each_part_of_the_admin_listener_takes_only_its_own_key(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    """The API and the dashboard keep their own rules: a dashboard session is no
+    key to the API, a bearer token none to a page, and the probes need neither."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        relay = await dead_relay(make_config, start_relay, start_sink, browser, token=TOKEN)
+        await sign_in(browser, relay)
+        csrf = await csrf_of(browser, relay.admin_url + "/dead")
+        for path in ("/api/v1/stats", "/api/v1/no-such-call"):
+            async with browser.get(relay.admin_url + path, allow_redirects=False) as response:
+                assert response.status == 401, path
+                assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        async with browser.post(
+            relay.admin_url + "/api/v1/requeue", json={"csrf": csrf}, allow_redirects=False
+        ) as response:
+            assert response.status == 401
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=bearer) as script:
+        for path in ("/dead", "/no-such-page"):
+            async with script.get(relay.admin_url + path, allow_redirects=False) as response:
+                assert response.status == 302, path
+                assert response.headers["Location"].startswith("/login")
+        async with script.post(
+            relay.admin_url + "/dead/requeue", data={"confirm": "yes"}, allow_redirects=False
+        ) as response:
+            assert response.status == 403
+        async with script.get(relay.admin_url + "/api/v1/stats") as response:
+            assert (await response.json())["dead"] == 1  # neither requeue went through
+    async with aiohttp.ClientSession() as anyone:
+        for path in ("/healthz", "/metrics"):
+            async with anyone.get(relay.admin_url + path) as response:
+                assert response.status == 200, path
+
+
+async def test_a_locked_database_is_a_503_in_each_parts_own_words(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    """Store trouble is never a bare 500: JSON for the API, a sentence for a page."""
+    _, url = await start_sink([400])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}}, ROUTES, storage={"busy_timeout": "200ms"}
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.post(relay.ingress_url + "/hooks/orders", json={"n": 1}) as response:
+            assert response.status == 200
+        await relay.scheduler.drain()
+        csrf = await csrf_of(http, relay.admin_url + "/dead")
+        locker = sqlite3.connect(config.storage.path, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            async with http.post(
+                relay.admin_url + "/api/v1/deliveries/1/retry", headers=JSON
+            ) as response:
+                assert response.status == 503
+                assert (await response.json())["error"].startswith("store unavailable")
+            async with http.post(
+                relay.admin_url + "/deliveries/1/retry", data={"csrf": csrf}
+            ) as response:
+                assert response.status == 503
+                assert response.content_type == "text/plain"
+                assert "The database cannot be read right now" in await response.text()
+                assert "Content-Security-Policy" in response.headers
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()

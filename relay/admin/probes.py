@@ -1,0 +1,47 @@
+"""/healthz, /readyz and /metrics: what a supervisor or a scraper reads, open
+to anyone who may reach the admin listener (no token, no session)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from aiohttp import web
+
+from relay.admin.api import json_response
+from relay.admin.operator import OPERATOR
+from relay.store import StoreError
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    operator = request.config_dict[OPERATOR]
+    problems = []
+    try:
+        await operator.store.heartbeat(operator.clock.now())
+    except StoreError as problem:
+        problems.append(f"store not writable: {problem}")
+    if not operator.scheduler.running:
+        problems.append("scheduler not running")
+    if problems:
+        return json_response({"status": "not ready", "problems": problems}, 503)
+    return json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    operator = request.config_dict[OPERATOR]
+    # If the store cannot be read, counters still count and gauges keep their last reading.
+    with contextlib.suppress(StoreError):
+        await operator.refresh_metrics()
+    return web.Response(
+        body=operator.metrics.render(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+
+
+def add_probes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
