@@ -700,7 +700,9 @@ class Shared(Protocol):
 
     async def lead(self) -> bool:
         """Whether this instance runs the singletons (retention, alert grouping,
-        gauges) now; takes the lead when it is free. One caller at a time."""
+        gauges) now; takes the lead when it is free. One caller at a time, in
+        `relay serve` only: StoreError when another running instance has this
+        instance's id."""
         ...
 
     async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:

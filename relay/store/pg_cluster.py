@@ -29,12 +29,16 @@ from dataclasses import dataclass
 import asyncpg
 
 from relay.config import Config
+from relay.store.base import StoreError
 from relay.store.pg_errors import DRIVER_ERRORS, Connection
 
 log = logging.getLogger("relay.store")
 
 DEAD_AFTER = 10.0
 LEADER_LOCK = 0x72656C6179_02
+# With hashtext(instance id): held by the running instance of that name (the
+# two-key form: apart from the one-key locks above).
+NAME_LOCK = 0x72656C61
 # Cluster pacing runs 10 % slower than the limit: an instance claims, then
 # sends some milliseconds later (a template rendered in a thread, a
 # connection opened), and two instances' delays differ. N sends spaced by
@@ -158,14 +162,24 @@ async def heartbeats(url: str, instance_id: str, command_timeout: float, every: 
             await asyncio.sleep(every)
 
 
+class NamesakeRunning(StoreError):
+    """Another running instance has this instance's id: each would take the
+    other's leases for its own. Not to be retried: relay stops."""
+
+
 class Leadership:
     """The instance holding LEADER_LOCK runs the singletons (retention, alerts,
-    gauges). relay.leadership.Leadership is its one caller."""
+    gauges). relay.leadership.Leadership is its one caller, in `relay serve`
+    only, so its session also holds this instance's name (NAME_LOCK)."""
 
-    def __init__(self, url: str, timeout: float, dead_after: float = DEAD_AFTER) -> None:
+    def __init__(
+        self, url: str, timeout: float, dead_after: float = DEAD_AFTER, instance_id: str = ""
+    ) -> None:
         self._url = url
         self._timeout = timeout
         self._dead_after = dead_after
+        self._instance_id = instance_id
+        self._named = False  # this process has held its name
         self._connection: asyncpg.Connection[asyncpg.Record] | None = None
         self._held = False
 
@@ -183,6 +197,8 @@ class Leadership:
                         f"SET idle_session_timeout = {int(self._dead_after * 1000)}",
                         timeout=self._timeout,
                     )
+                if not await self._hold_name(self._connection):
+                    return False
             if not self._held:
                 self._held = bool(
                     await self._connection.fetchval(
@@ -196,6 +212,31 @@ class Leadership:
             await self.close()
             return False
         return self._held
+
+    async def _hold_name(self, connection: asyncpg.Connection[asyncpg.Record]) -> bool:
+        """Two running instances with one name would each give back the other's
+        attempts as its own: the second one refuses to run. A name whose
+        instance died is free at once (kill -9), or after dead_after (a hang).
+
+        Once this process held its name, a name still held when it connects
+        again is its own lost session, which the server has not ended yet:
+        it tries again at the next check (not leading meanwhile)."""
+        free = await connection.fetchval(
+            "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            NAME_LOCK,
+            self._instance_id,
+            timeout=self._timeout,
+        )
+        if free:
+            self._named = True
+            return True
+        await self.close()
+        if self._named:
+            return False
+        raise NamesakeRunning(
+            f"another relay instance named {self._instance_id!r} is running on this"
+            " database: give each instance its own [storage] instance_id"
+        )
 
     async def close(self) -> None:
         self._held = False

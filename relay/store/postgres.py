@@ -182,7 +182,7 @@ class PostgresStore:
         self._heartbeats: asyncio.Task[None] | None = None
         # Seen silent this long, an instance is dead: its leases are taken over.
         self.dead_after = dead_after
-        self._leadership = Leadership(url, command_timeout, dead_after)
+        self._leadership = Leadership(url, command_timeout, dead_after, self.instance_id)
 
     @property
     def path(self) -> str:

@@ -375,14 +375,8 @@ async def count_events(url: str, route: str) -> int:
         await connection.close()
 
 
-async def test_a_frozen_leader_loses_the_lead_after_dead_after(
-    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
-) -> None:
-    """A leader that hangs (a frozen VM) does not close its session: the server
-    ends it after `[storage] dead_after` of silence, and another instance leads."""
-    audit = Sink()
-    audit_url = str((await aiohttp_server(audit.app())).make_url("/hook"))
-    config = write_config(
+def named_config(tmp_path: Path, audit_url: str) -> Path:
+    return write_config(
         tmp_path / "relay.toml",
         {
             "storage": {
@@ -394,14 +388,44 @@ async def test_a_frozen_leader_loses_the_lead_after_dead_after(
             "routes": {"audit": {"path": "/hooks/audit", "targets": ["audit"]}},
         },
     )
-    relays = [
-        RelayProcess(
-            config,
-            tmp_path / f"relay{n}.log",
-            env={"RELAY_DB_URL": pg_url, "RELAY_INSTANCE": f"vps-{n}"},
-        )
-        for n in range(2)
-    ]
+
+
+def named(config: Path, log: Path, url: str, name: str) -> RelayProcess:
+    return RelayProcess(config, log, env={"RELAY_DB_URL": url, "RELAY_INSTANCE": name})
+
+
+async def test_a_second_instance_with_a_running_ones_name_refuses_to_start(
+    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
+) -> None:
+    audit = Sink()
+    config = named_config(tmp_path, str((await aiohttp_server(audit.app())).make_url("/hook")))
+    first = named(config, tmp_path / "first.log", pg_url, "vps-1")
+    second = named(config, tmp_path / "second.log", pg_url, "vps-1")
+    again = named(config, tmp_path / "again.log", pg_url, "vps-1")
+    try:
+        await asyncio.to_thread(first.start)
+        with pytest.raises(AssertionError, match="relay serve exited 1") as refused:
+            await asyncio.to_thread(second.start)
+        assert (
+            "relay: another relay instance named 'vps-1' is running on this database:"
+            " give each instance its own [storage] instance_id"
+        ) in str(refused.value)
+        # Its name is free as soon as it is gone: a restart after kill -9 waits for nothing.
+        await asyncio.to_thread(first.kill)
+        await asyncio.to_thread(again.start)
+    finally:
+        for relay in (first, second, again):
+            await relay.astop()
+
+
+async def test_a_frozen_leader_loses_the_lead_after_dead_after(
+    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
+) -> None:
+    """A leader that hangs (a frozen VM) does not close its session: the server
+    ends it after `[storage] dead_after` of silence, and another instance leads."""
+    audit = Sink()
+    config = named_config(tmp_path, str((await aiohttp_server(audit.app())).make_url("/hook")))
+    relays = [named(config, tmp_path / f"relay{n}.log", pg_url, f"vps-{n}") for n in range(2)]
     try:
         for relay in relays:
             await asyncio.to_thread(relay.start)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import asyncpg
 import pytest
 
-from relay.store import EventQuery, NewDelivery, NewEvent, StoreUnavailable
+from relay.store import EventQuery, NewDelivery, NewEvent, StoreError, StoreUnavailable
 from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
@@ -235,6 +235,22 @@ async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(
     assert await a.lead()  # still
     await a.close()  # its session ends, and the lock with it
     assert await b.lead()
+
+
+async def test_a_name_is_held_by_one_running_instance(pg_url: str) -> None:
+    a = PostgresStore(pg_url, instance_id="vps1")
+    b = PostgresStore(pg_url, instance_id="vps1")
+    await a.open()
+    await b.open()  # operator commands open the store too: only serving holds the name
+    try:
+        assert await a.lead()
+        with pytest.raises(StoreError, match="another relay instance named 'vps1' is running"):
+            await b.lead()
+        await a.close()
+        assert await b.lead()
+    finally:
+        await a.close()
+        await b.close()
 
 
 async def test_alert_notes_from_two_instances_are_sent_once(
