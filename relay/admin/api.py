@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from relay.admin.inputs import BadRequest, optional_text, row_id, whole_number
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
+from relay.inputs import BadRequest, instant, optional_text, row_id, whole_number
 from relay.payload import media_type
 from relay.resend import EditRejected, plan_resend
 from relay.search import SearchError, parse_search
@@ -26,7 +26,6 @@ from relay.store import (
     Status,
     StoreError,
 )
-from relay.units import parse_instant
 from relay.views import (
     delivery_summary,
     event_detail,
@@ -101,17 +100,6 @@ def _operator(request: web.Request) -> Operator:
     return request.config_dict[OPERATOR]
 
 
-def _instant(value: Any, name: str, now: float) -> float | None:
-    if value in (None, ""):
-        return None
-    try:
-        return parse_instant(str(value), now)
-    except ValueError:
-        raise BadRequest(
-            f'{name}: expected an ISO 8601 time, a Unix time or an age like "2h"'
-        ) from None
-
-
 def _status(value: Any, name: str = "status") -> Status | None:
     if value in (None, ""):
         return None
@@ -134,8 +122,8 @@ def event_query(params: Mapping[str, str], now: float) -> EventQuery:
         status=_status(params.get("status")),
         route=params.get("route") or None,
         target=params.get("target") or None,
-        since=_instant(params.get("since"), "since", now),
-        until=_instant(params.get("until"), "until", now),
+        since=instant(params.get("since"), "since", now),
+        until=instant(params.get("until"), "until", now),
         key=params.get("key") or None,
         search=search,
         limit=limit,
@@ -161,9 +149,7 @@ async def list_events(request: web.Request) -> web.Response:
 async def get_event(request: web.Request) -> web.Response:
     operator = _operator(request)
     event_id = row_id(request.match_info["event_id"], "event_id")
-    detail = await operator.store.get_event(event_id)
-    if detail is None:
-        raise NotFound(f"no event {event_id}")
+    detail = await operator.event(event_id)
     return json_response(event_detail(detail, operator.masker))
 
 
@@ -219,8 +205,8 @@ async def requeue(request: web.Request) -> web.Response:
         status=_status(body.get("status")) or Status.DEAD,
         route=optional_text(body.get("route"), "route"),
         target=optional_text(body.get("target"), "target"),
-        since=_instant(body.get("since"), "since", now),
-        until=_instant(body.get("until"), "until", now),
+        since=instant(body.get("since"), "since", now),
+        until=instant(body.get("until"), "until", now),
         ids=tuple(row_id(i, f"ids[{n}]") for n, i in enumerate(ids)),
     )
     requeued = await operator.requeue(selection)
@@ -259,9 +245,7 @@ async def resend_event(request: web.Request) -> web.Response:
     confirm = body.get("confirm", False)
     if not isinstance(confirm, bool):
         raise BadRequest("confirm: expected true or false")
-    detail = await operator.store.get_event(event_id)
-    if detail is None:
-        raise NotFound(f"no event {event_id}")
+    detail = await operator.event(event_id)
     masker = operator.masker
     try:
         plan = plan_resend(

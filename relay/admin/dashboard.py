@@ -22,10 +22,10 @@ import jinja2
 import orjson
 from aiohttp import web
 
-from relay.admin.inputs import BadRequest, row_id
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
+from relay.inputs import BadRequest, instant, row_id
 from relay.payload import parse_form
 from relay.resend import EditRejected, default_targets, editable_body, plan_resend
 from relay.search import SearchError, describe, parse_search
@@ -40,7 +40,7 @@ from relay.store import (
     Status,
     StoreError,
 )
-from relay.units import format_instant, parse_instant
+from relay.units import format_instant
 from relay.views import (
     delivery_summary,
     event_detail,
@@ -192,6 +192,11 @@ def _set_cookie(
         samesite="Strict",
         secure=_secure(request),
     )
+
+
+def _sentence(message: str) -> str:
+    """A message of relay's ("no event 5") as the dashboard shows it: "No event 5." """
+    return message[:1].upper() + message[1:] + "."
 
 
 def _plain(status: int, text: str) -> web.Response:
@@ -362,18 +367,6 @@ def _filters(request: web.Request) -> dict[str, str]:
     return {name: request.query.get(name, "").strip() for name in FILTERS}
 
 
-def _instant(value: str, field: str, now: float) -> float | None:
-    if not value:
-        return None
-    try:
-        return parse_instant(value, now)
-    except ValueError:
-        # Never ignored: a requeue "since" that is dropped would requeue everything.
-        raise BadRequest(
-            f'{field}: expected an ISO 8601 time, a Unix time or an age like "2h"'
-        ) from None
-
-
 async def _listing(
     request: web.Request, *, status: Status | None, template: str, **extra: Any
 ) -> web.Response:
@@ -389,8 +382,8 @@ async def _listing(
         status=status,
         route=filters["route"] or None,
         target=filters["target"] or None,
-        since=_instant(filters["since"], "since", now),
-        until=_instant(filters["until"], "until", now),
+        since=instant(filters["since"], "since", now),
+        until=instant(filters["until"], "until", now),
         limit=PAGE_SIZE,
         before_id=before_id,
     )
@@ -468,8 +461,8 @@ def _selection(fields: Mapping[str, str], now: float) -> Selection:
         status=Status.DEAD,
         route=fields.get("route") or None,
         target=fields.get("target") or None,
-        since=_instant(fields.get("since", ""), "since", now),
-        until=_instant(fields.get("until", ""), "until", now),
+        since=instant(fields.get("since", ""), "since", now),
+        until=instant(fields.get("until", ""), "until", now),
     )
 
 
@@ -546,10 +539,7 @@ async def event_page(request: web.Request) -> web.Response:
 
 async def _detail(request: web.Request) -> EventDetail:
     event_id = row_id(request.match_info["event_id"], "event id")
-    detail = await _operator(request).store.get_event(event_id)
-    if detail is None:
-        raise web.HTTPNotFound(text=f"No event {event_id}.")
-    return detail
+    return await _operator(request).event(event_id)
 
 
 async def resend_page(request: web.Request) -> web.Response:
@@ -589,14 +579,13 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
             operator.masker,
         )
     except EditRejected as rejected:
-        message = str(rejected)
         return _resend_form(
             request,
             detail,
             text,
             content_type,
             wanted,
-            problem=message[:1].upper() + message[1:] + ".",
+            problem=_sentence(str(rejected)),
             status=rejected.status,
         )
     digest = _previewed(text, plan.resend.content_type, plan.resend.targets)
@@ -659,8 +648,6 @@ async def retry_delivery(request: web.Request) -> web.StreamResponse:
     delivery_id = _delivery_id(request)
     try:
         delivery = await operator.retry(delivery_id)
-    except NotFound:
-        raise web.HTTPNotFound(text=f"No delivery {delivery_id}.") from None
     except Conflict as problem:
         return _plain(409, str(problem))
     raise _back(f"/events/{delivery.event_id}", done="retried", id=delivery_id)
@@ -669,9 +656,7 @@ async def retry_delivery(request: web.Request) -> web.StreamResponse:
 async def requeue_delivery(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     delivery_id = _delivery_id(request)
-    delivery = await operator.store.get_delivery(delivery_id)
-    if delivery is None:
-        raise web.HTTPNotFound(text=f"No delivery {delivery_id}.")
+    delivery = await operator.delivery(delivery_id)
     requeued = await operator.requeue(Selection(ids=(delivery_id,)))
     raise _back(f"/events/{delivery.event_id}", done="requeued", n=len(requeued))
 
@@ -681,9 +666,7 @@ async def skip_delivery(request: web.Request) -> web.StreamResponse:
     delivery of its ordering key go."""
     operator = _operator(request)
     delivery_id = _delivery_id(request)
-    delivery = await operator.store.get_delivery(delivery_id)
-    if delivery is None:
-        raise web.HTTPNotFound(text=f"No delivery {delivery_id}.")
+    delivery = await operator.delivery(delivery_id)
     form = await request.post()
     if form.get("confirm") != "yes":
         return _render(
@@ -723,10 +706,7 @@ async def targets_page(request: web.Request) -> web.Response:
 async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
     operator = _operator(request)
     name = request.match_info["name"]
-    try:
-        await operator.set_paused(name, paused)
-    except NotFound:
-        raise web.HTTPNotFound(text=f"No target {name}.") from None
+    await operator.set_paused(name, paused)
     raise _back("/targets", done="paused" if paused else "resumed", name=name)
 
 
@@ -755,11 +735,14 @@ async def rejections_page(request: web.Request) -> web.Response:
 
 
 async def store_errors(request: web.Request, page: Handler) -> web.StreamResponse:
-    """The store cannot be read: say so instead of a bare 500."""
+    """Bad input, a missing event, delivery or target (in relay.actions' words),
+    or a store that cannot be read: a sentence instead of a bare 500."""
     try:
         return await page(request)
     except BadRequest as problem:
         return _plain(400, f"Bad request: {problem}.")
+    except NotFound as problem:
+        return _plain(404, _sentence(str(problem)))
     except StoreError as problem:
         return _plain(503, f"The database cannot be read right now: {problem}")
 

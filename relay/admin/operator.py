@@ -1,4 +1,6 @@
-"""`Operator`: what the API, metrics and dashboard can reach and do, as one object."""
+"""`Operator`: what the API, metrics and dashboard can reach and do, as one object:
+the actions a person may take (`relay.actions`, shared with the CLI) and the
+running daemon's side of them (the scheduler acts at once, metrics re-read)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,16 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from relay.clock import Clock
+from relay.actions import Actions
 from relay.config import Config
 from relay.metrics import Metrics, StoreSnapshot
 from relay.retry import describe_schedule
 from relay.scheduler import Scheduler
 from relay.secrets import Masker
 from relay.store import (
-    DeliveryView,
     Health,
-    NotFound,
     Operations,
     Queries,
-    Resend,
-    Selection,
     Status,
 )
 from relay.views import target_view
@@ -37,12 +35,11 @@ class ConsoleStore(Operations, Queries, Health, Protocol):
 
 
 @dataclass
-class Operator:
+class Operator(Actions):
     store: ConsoleStore
-    scheduler: Scheduler
-    clock: Clock
-    metrics: Metrics
     current_config: Callable[[], Config]
+    scheduler: Scheduler
+    metrics: Metrics
     store_stats: Callable[[], tuple[int, int]] = lambda: (0, 0)
     # Whether this instance exports the queue gauges: on a cluster, only the
     # leading instance reads them (see Metrics.set_leading).
@@ -88,36 +85,6 @@ class Operator:
         """An operator changed the store: metrics re-read it, the scheduler looks again."""
         self._snapshot_at = float("-inf")
         self.scheduler.targets_changed()
-
-    # What a person may do, from the API or the dashboard alike: each change
-    # is followed by `changed()`, so the scheduler acts on it at once.
-
-    async def retry(self, delivery_id: int) -> DeliveryView:
-        delivery = await self.store.retry_now(delivery_id, self.clock.now())
-        self.changed()
-        return delivery
-
-    async def skip(self, delivery_id: int) -> DeliveryView:
-        delivery = await self.store.skip(delivery_id, self.clock.now())
-        self.changed()
-        return delivery
-
-    async def requeue(self, selection: Selection) -> list[int]:
-        requeued = await self.store.requeue(selection, self.clock.now())
-        self.changed()
-        return requeued
-
-    async def resend(self, resend: Resend) -> int:
-        """Store a corrected copy as a new event; the scheduler picks it up at once."""
-        copy_id = await self.store.resend(resend, self.clock.now())
-        self.changed()
-        return copy_id
-
-    async def set_paused(self, target: str, paused: bool) -> None:
-        if target not in self.config.targets:
-            raise NotFound(f"no target {target}")
-        await self.store.set_paused(target, paused, self.clock.now())
-        self.changed()
 
     async def target_views(self) -> list[dict[str, Any]]:
         """Every configured target: settings (secrets masked), schedule, pause, health, counts."""

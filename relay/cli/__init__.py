@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from relay import __version__
 from relay.cli import check, events, movestore, operate, render, resend, serve, setup
 from relay.cli.common import CommandError, as_root_hint
-from relay.store import AlreadyRunning, StoreError
+from relay.inputs import BadRequest
+from relay.store import AlreadyRunning, Conflict, NotFound, StoreError
 
 COMMANDS = (serve, check, events, operate, render, resend, setup, movestore)
 
@@ -31,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is still ours to answer
-    except CommandError as error:
+    except (CommandError, BadRequest, NotFound, Conflict) as error:
+        # What was asked cannot be: the words are the admin API's (relay.actions).
         print(f"relay: {error}", file=sys.stderr)
         return 2
     except (StoreError, AlreadyRunning) as error:

@@ -16,8 +16,11 @@ from typing import Any, TypeVar
 
 import orjson
 
+from relay.actions import Actions
+from relay.clock import SystemClock
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.envfile import parse_env_file
+from relay.inputs import row_id
 from relay.loops import loop_factory
 from relay.store import Store, open_store
 
@@ -153,6 +156,18 @@ async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[Store]:
         yield store
     finally:
         await store.close()
+
+
+@asynccontextmanager
+async def acting(config: Config | OperatorConfig) -> AsyncIterator[Actions]:
+    """What a person may do, with the same rules and words as the admin API."""
+    async with opened_store(config) as store:
+        yield Actions(store, SystemClock(), lambda: config)
+
+
+def row_ids(values: list[str], field: str) -> list[int]:
+    """Ids as the admin API takes them (BadRequest, naming `field`, for any other)."""
+    return [row_id(value, field) for value in values]
 
 
 def emit(args: argparse.Namespace, data: Any, render_text: Callable[[Any], str]) -> None:

@@ -10,6 +10,7 @@ import orjson
 
 from relay.cli.common import (
     CommandError,
+    acting,
     add_config_option,
     add_json_option,
     emit,
@@ -18,6 +19,7 @@ from relay.cli.common import (
     run,
     table,
 )
+from relay.inputs import row_id
 from relay.payload import media_type, parse_form, parse_json
 from relay.search import SearchError, parse_search
 from relay.secrets import Masker
@@ -122,20 +124,14 @@ def _rejections_text(rejections: list[dict[str, Any]]) -> str:
 
 def show_event(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
-    try:
-        event_id = int(args.event_id)
-    except ValueError:
-        raise CommandError(f"no event {args.event_id}") from None
+    event_id = row_id(args.event_id, "event id")
 
-    async def fetch() -> dict[str, Any] | None:
-        async with opened_store(config) as store:
-            detail = await store.get_event(event_id)
-        return event_detail(detail, Masker(config.secrets)) if detail else None
+    async def fetch() -> dict[str, Any]:
+        async with acting(config) as actions:
+            detail = await actions.event(event_id)
+        return event_detail(detail, Masker(config.secrets))
 
-    data = run(fetch())
-    if data is None:
-        raise CommandError(f"no event {args.event_id}")
-    emit(args, data, _event_text)
+    emit(args, run(fetch()), _event_text)
     return 0
 
 

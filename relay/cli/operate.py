@@ -12,19 +12,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from relay import retention
+from relay.actions import Actions
 from relay.cli.common import (
     CommandError,
+    acting,
     add_config_option,
     add_json_option,
     emit,
     opened_store,
     read_operator_config,
+    row_ids,
     run,
     table,
 )
+from relay.inputs import instant
 from relay.secrets import Masker
-from relay.store import Conflict, DeliveryView, NotFound, Selection, Status, Store
-from relay.units import format_duration, parse_instant
+from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
+from relay.units import format_duration
 from relay.views import delivery_summary, stats_view
 
 
@@ -86,17 +90,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     purge.set_defaults(handler=purge_events)
 
 
-def _ids(values: list[str]) -> list[int]:
-    try:
-        return [int(value) for value in values]
-    except ValueError as error:
-        raise CommandError(f"not a delivery id: {error}") from None
-
-
 def retry_deliveries(args: argparse.Namespace) -> int:
     return _each_delivery(
         args,
-        lambda store, delivery_id: store.retry_now(delivery_id, time.time()),
+        Actions.retry,
         lambda d: (
             f"delivery {d['id']} → {d['target']}: one more attempt queued"
             f" ({d['attempts']} made so far)"
@@ -107,28 +104,28 @@ def retry_deliveries(args: argparse.Namespace) -> int:
 def skip_deliveries(args: argparse.Namespace) -> int:
     return _each_delivery(
         args,
-        lambda store, delivery_id: store.skip(delivery_id, time.time()),
+        Actions.skip,
         lambda d: f"delivery {d['id']} → {d['target']}: skipped, it will not be sent",
     )
 
 
 def _each_delivery(
     args: argparse.Namespace,
-    verb: Callable[[Store, int], Awaitable[DeliveryView]],
+    verb: Callable[[Actions, int], Awaitable[DeliveryView]],
     line: Callable[[dict[str, Any]], str],
 ) -> int:
     """One operator verb on each delivery named; those it does not apply to are
     reported together at the end (and make the exit status 1)."""
     config = read_operator_config(args)
-    ids = _ids(args.delivery_ids)
+    ids = row_ids(args.delivery_ids, "delivery id")
 
     async def act() -> tuple[list[dict[str, Any]], list[str]]:
         done, problems = [], []
         masker = Masker(config.secrets)
-        async with opened_store(config) as store:
+        async with acting(config) as actions:
             for delivery_id in ids:
                 try:
-                    delivery = await verb(store, delivery_id)
+                    delivery = await verb(actions, delivery_id)
                 except (NotFound, Conflict) as error:
                     problems.append(str(error))
                     continue
@@ -145,23 +142,18 @@ def _each_delivery(
 def requeue_deliveries(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
     now = time.time()
-    try:
-        since = parse_instant(args.since, now) if args.since else None
-        until = parse_instant(args.until, now) if args.until else None
-    except ValueError as error:
-        raise CommandError(str(error)) from None
     selection = Selection(
         status=Status(args.status),
         route=args.route,
         target=args.target,
-        since=since,
-        until=until,
-        ids=tuple(_ids(args.delivery_ids)),
+        since=instant(args.since, "--since", now),
+        until=instant(args.until, "--until", now),
+        ids=tuple(row_ids(args.delivery_ids, "delivery id")),
     )
 
     async def act() -> list[int]:
-        async with opened_store(config) as store:
-            return await store.requeue(selection, now)
+        async with acting(config) as actions:
+            return await actions.requeue(selection)
 
     requeued = run(act())
     emit(
@@ -177,12 +169,10 @@ def requeue_deliveries(args: argparse.Namespace) -> int:
 
 def pause_target(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
-    if args.target not in config.targets:
-        raise CommandError(f"no target {args.target} in the config")
 
     async def act() -> None:
-        async with opened_store(config) as store:
-            await store.set_paused(args.target, args.paused, time.time())
+        async with acting(config) as actions:
+            await actions.set_paused(args.target, args.paused)
 
     run(act())
     print(f"target {args.target} {'paused' if args.paused else 'resumed'}")

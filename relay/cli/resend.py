@@ -9,20 +9,20 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relay.cli.common import (
     CommandError,
+    acting,
     add_config_option,
     add_json_option,
     add_service_environment_options,
     emit,
-    opened_store,
     read_config,
     run,
 )
+from relay.inputs import row_id
 from relay.payload import media_type
 from relay.secrets import Masker
 from relay.store import EventDetail
@@ -71,19 +71,14 @@ def resend(args: argparse.Namespace) -> int:
     from relay.resend import EditRejected, editable_body, plan_resend
 
     config = read_config(args)
-    try:
-        event_id = int(args.event_id)
-    except ValueError:
-        raise CommandError(f"no event {args.event_id}") from None
+    event_id = row_id(args.event_id, "event id")
     masker = Masker(config.secrets)
 
-    async def load() -> EventDetail | None:
-        async with opened_store(config) as store:
-            return await store.get_event(event_id)
+    async def load() -> EventDetail:
+        async with acting(config) as actions:
+            return await actions.event(event_id)
 
     detail = run(load())
-    if detail is None:
-        raise CommandError(f"no event {args.event_id}")
     try:
         shown = editable_body(detail, masker)
         edited = _edit(shown, detail) if args.edit else _read(args.body)
@@ -102,8 +97,8 @@ def resend(args: argparse.Namespace) -> int:
         return 1
 
     async def send() -> int:
-        async with opened_store(config) as store:
-            return await store.resend(plan.resend, time.time())
+        async with acting(config) as actions:
+            return await actions.resend(plan.resend)
 
     copy_id = run(send())
     result: dict[str, Any] = {

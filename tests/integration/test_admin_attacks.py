@@ -463,3 +463,39 @@ async def test_a_locked_database_is_a_503_in_each_parts_own_words(
         finally:
             locker.execute("ROLLBACK")
             locker.close()
+
+
+async def test_a_missing_event_delivery_or_target_is_a_404_in_the_same_words(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    """relay.actions says what is missing; the API, the dashboard (and the CLI:
+    tests/e2e/test_cli_inputs.py) say it in those words."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        relay = await dead_relay(make_config, start_relay, start_sink, http)
+        api = relay.admin_url + "/api/v1"
+        for method, path, said in [
+            ("GET", "/events/404", "no event 404"),
+            ("POST", "/events/404/resend", "no event 404"),
+            ("POST", "/deliveries/404/retry", "no delivery 404"),
+            ("POST", "/deliveries/404/skip", "no delivery 404"),
+            ("POST", "/targets/nowhere/pause", "no target nowhere"),
+        ]:
+            body = {"body": "{}"} if path.endswith("resend") else {}
+            async with http.request(method, api + path, json=body) as response:
+                assert response.status == 404, path
+                assert (await response.json())["error"] == said, path
+        csrf = await csrf_of(http, relay.admin_url + "/dead")
+        for method, path, said in [
+            ("GET", "/events/404", "No event 404."),
+            ("GET", "/events/404/resend", "No event 404."),
+            ("POST", "/deliveries/404/retry", "No delivery 404."),
+            ("POST", "/deliveries/404/requeue", "No delivery 404."),
+            ("POST", "/deliveries/404/skip", "No delivery 404."),
+            ("POST", "/targets/nowhere/resume", "No target nowhere."),
+        ]:
+            form = {"csrf": csrf} if method == "POST" else None
+            async with http.request(method, relay.admin_url + path, data=form) as response:
+                assert response.status == 404, path
+                assert await response.text() == said, path
