@@ -39,6 +39,7 @@ from common import (
     write_json,
 )
 
+from relay.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
 from relay.store.accept import AcceptJob
 from relay.store.migrations import migrate
@@ -67,12 +68,7 @@ def fill(path: Path, start: int, stop: int, keys: int = 0) -> None:
                     f"order-{n}",
                     now,
                     "127.0.0.1",
-                    "POST",
-                    "/hooks/orders",
-                    "",
-                    headers,
-                    "application/json",
-                    BODY % n,
+                    Payload("POST", "/hooks/orders", "", headers, "application/json", BODY % n),
                 ),
                 [NewDelivery("crm", order_key=order_key(n, keys))],
                 now,

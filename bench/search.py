@@ -37,6 +37,7 @@ from common import print_table, write_json
 
 from relay.clock import SystemClock
 from relay.indexer import SearchIndexer
+from relay.payload import Payload
 from relay.search import parse_search
 from relay.secrets import Masker
 from relay.store import EventQuery, NewDelivery, NewEvent, SqliteStore, Status
@@ -115,12 +116,14 @@ def make_event(rng: random.Random, number: int, needle: int) -> NewEvent:
         idempotency_key=None,
         received_at=1_800_000_000.0 + number,
         remote_addr="203.0.113.7",
-        method="POST",
-        path=f"/hooks/{route}",
-        query="",
-        headers=[("Content-Type", content_type), ("User-Agent", "Bench/1.0")],
-        content_type=content_type,
-        body=body,
+        payload=Payload(
+            method="POST",
+            path=f"/hooks/{route}",
+            query="",
+            headers=[("Content-Type", content_type), ("User-Agent", "Bench/1.0")],
+            content_type=content_type,
+            body=body,
+        ),
     )
 
 

@@ -20,6 +20,7 @@ import orjson
 from relay.clock import Clock
 from relay.config import AlertsConfig, Config
 from relay.outcome import Verdict
+from relay.payload import Payload
 from relay.retry import Next
 from relay.scheduler import AttemptReport
 from relay.store import (
@@ -333,12 +334,14 @@ class Alerter:
             idempotency_key=None,
             received_at=self._clock.now(),
             remote_addr=None,
-            method="POST",
-            path="/_alerts",
-            query="",
-            headers=[("Content-Type", "application/json")],
-            content_type="application/json",
-            body=orjson.dumps(body),
+            payload=Payload(
+                method="POST",
+                path="/_alerts",
+                query="",
+                headers=[("Content-Type", "application/json")],
+                content_type="application/json",
+                body=orjson.dumps(body),
+            ),
         )
 
     def _created(self, accepted: Accepted, body: dict[str, Any]) -> int:

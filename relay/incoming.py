@@ -7,9 +7,8 @@ key, the `when` filters and the ordering key read the same parsed body.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from multidict import CIMultiDictProxy
@@ -17,15 +16,7 @@ from multidict import CIMultiDictProxy
 from relay.canonical import payload_digest
 from relay.config import RouteConfig, RouteTarget
 from relay.keys import stored_key
-from relay.payload import (
-    first_header,
-    header_map,
-    parse_form,
-    parse_json,
-    parse_query,
-    storable,
-    template_context,
-)
+from relay.payload import Payload, first_header, parse_query, storable, template_context
 from relay.store import NewDelivery, Status
 from relay.templates import Template, TemplateError, holds
 
@@ -34,41 +25,52 @@ KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key", "webhook-id")
 
 @dataclass
 class Incoming:
-    method: str
-    path: str
-    query: str
-    raw_headers: Sequence[tuple[str, str]]
-    body: bytes
+    """A request on its way in: its payload, who sent it, and the server's own
+    case-insensitive view of its headers when it has one."""
+
+    payload: Payload
     remote: str | None = None
-    # The same headers, case-insensitive, when the server already has them.
     header_view: CIMultiDictProxy[str] | None = None
 
-    @cached_property
+    @property
     def headers(self) -> CIMultiDictProxy[str]:
         if self.header_view is not None:
             return self.header_view
-        return header_map(self.raw_headers)
+        return self.payload.header_map
+
+    # What templates read (RequestParts): the payload's views, parsed once.
+    @property
+    def header_map(self) -> CIMultiDictProxy[str]:
+        return self.headers
+
+    @property
+    def body(self) -> bytes:
+        return self.payload.body
+
+    @property
+    def query(self) -> str:
+        return self.payload.query
 
     @property
     def content_type(self) -> str | None:
         return self.headers.get("Content-Type")
 
-    @cached_property
+    @property
     def json(self) -> Any:
-        return parse_json(self.body)
+        return self.payload.json
 
-    @cached_property
+    @property
     def form(self) -> dict[str, str] | None:
-        return parse_form(self.content_type, self.body)
+        return self.payload.form
+
+    @property
+    def query_fields(self) -> dict[str, str]:
+        return self.payload.query_fields
 
     @property
     def digest(self) -> bytes:
         """The payload's digest (relay.canonical), reusing the JSON already parsed."""
         return payload_digest(self.body, self.content_type, self.json)
-
-    @cached_property
-    def query_fields(self) -> dict[str, str]:
-        return parse_query(self.query)
 
     def context(self, wanted: Iterable[str]) -> dict[str, Any]:
         return template_context(wanted, self)

@@ -25,7 +25,7 @@ from relay.httplog import server_log
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.metrics import Metrics
 from relay.netaddr import Network, client_address, within
-from relay.payload import storable
+from relay.payload import Payload
 from relay.sandbox import one_budget
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source, build_source
@@ -220,18 +220,19 @@ class Ingress:
         if body is None:
             self._count(route.name, "too_large")
             return _error(413, f"body larger than {route.max_body_size} bytes")
-        incoming = Incoming(
+        headers = request.headers
+        payload = Payload(
             method=request.method,
             path=request.path,
             query=request.query_string,
-            raw_headers=[
+            headers=[
                 (name.decode("latin-1"), value.decode("latin-1"))
                 for name, value in request.raw_headers
             ],
+            content_type=headers.get("Content-Type"),
             body=body,
-            remote=remote,
-            header_view=request.headers,
         )
+        incoming = Incoming(payload, remote, header_view=headers)
         now = self._clock.now()
         check = bundle.source.check(incoming, now)
         if isinstance(check, Ping):
@@ -246,18 +247,12 @@ class Ingress:
         if key is None and route.require_idempotency_key:
             self._count(route.name, "bad_request")
             return _error(400, "this route requires an idempotency key")
-        content_type = incoming.content_type
         event = NewEvent(
             route=route.name,
             idempotency_key=key,
             received_at=now,
-            remote_addr=incoming.remote,
-            method=incoming.method,
-            path=incoming.path,
-            query=storable(incoming.query),
-            headers=incoming.raw_headers,
-            content_type=storable(content_type) if content_type is not None else None,
-            body=body,
+            remote_addr=remote,
+            payload=payload.as_stored(),
         )
         deliveries = plan_deliveries(route, incoming)
         if self._store.file_problem() is not None:

@@ -7,7 +7,7 @@ template reads, and only those are built. The raw body is never changed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote_plus
@@ -101,7 +101,7 @@ class RequestParts(Protocol):
     """A request as templates read it; each view parsed at most once by its holder."""
 
     @property
-    def headers(self) -> Mapping[str, str]: ...
+    def header_map(self) -> Mapping[str, str]: ...
 
     @property
     def body(self) -> bytes: ...
@@ -116,14 +116,41 @@ class RequestParts(Protocol):
     def query_fields(self) -> dict[str, str]: ...
 
 
-@dataclass
-class StoredRequest:
-    """The parts of a request already stored (a delivery's payload), parsed on demand."""
+@dataclass(frozen=True)
+class Payload:
+    """A webhook's request as received and as stored: the one value every record
+    of it carries (the new event, a claimed delivery, an event's detail, a
+    target's envelope). Its parsed views are built on first use, once, however
+    many templates or pages read them."""
 
-    body: bytes
-    content_type: str | None
-    headers: Mapping[str, str]
+    method: str
+    path: str
     query: str
+    headers: Sequence[tuple[str, str]]  # as received, in order, repeats kept
+    content_type: str | None
+    body: bytes
+
+    @classmethod
+    def received(
+        cls, method: str, path: str, query: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> Payload:
+        """A request as it came: its content type is its first Content-Type header."""
+        content_type = next((v for n, v in headers if n.lower() == "content-type"), None)
+        return cls(method, path, query, headers, content_type, body)
+
+    def as_stored(self) -> Payload:
+        """This payload as it can be stored: in its query and content type, bytes
+        that were not UTF-8 become U+FFFD (see `storable`). Most need no change."""
+        query = storable(self.query)
+        content_type = None if self.content_type is None else storable(self.content_type)
+        if query is self.query and content_type is self.content_type:
+            return self
+        return replace(self, query=query, content_type=content_type)
+
+    @cached_property
+    def header_map(self) -> CIMultiDictProxy[str]:
+        """The headers by name, case-insensitive (a repeated name: its first value)."""
+        return header_map(self.headers)
 
     @cached_property
     def json(self) -> Any:
@@ -144,7 +171,7 @@ def template_context(
     """The variables named in `wanted` (and only those) for a template render:
     the one builder for ingress (`when`, keys, ordering) and targets alike."""
     names = set(wanted)
-    context: dict[str, Any] = {"headers": parts.headers}
+    context: dict[str, Any] = {"headers": parts.header_map}
     if "json" in names:
         context["json"] = parts.json
     if "form" in names:

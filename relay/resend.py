@@ -22,7 +22,7 @@ import contextlib
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -76,22 +76,26 @@ def editable_body(detail: EventDetail, masker: Masker) -> str:
 def _edit_source(detail: EventDetail) -> str:
     """The text the edit box starts from, before masking."""
     try:
-        text = detail.body.decode("utf-8")
+        text = detail.payload.body.decode("utf-8")
     except UnicodeDecodeError:
         raise EditRejected(
             422, f"event {detail.event.id}: its body is not UTF-8 text and cannot be edited"
         ) from None
-    kind = media_type(detail.content_type)
+    kind = media_type(detail.payload.content_type)
     if kind == "application/json" or kind.endswith("+json"):
         # Not JSON after all (or numbers orjson cannot hold): the text as it came.
         with contextlib.suppress(orjson.JSONDecodeError, orjson.JSONEncodeError):
-            text = orjson.dumps(orjson.loads(detail.body), option=orjson.OPT_INDENT_2).decode()
+            text = orjson.dumps(
+                orjson.loads(detail.payload.body), option=orjson.OPT_INDENT_2
+            ).decode()
     return text
 
 
 def _shown(detail: EventDetail, text: str, masker: Masker) -> str:
-    own = request_masker(masker, detail.query, detail.content_type, detail.body)
-    return shown_body(text, detail.content_type, own)
+    own = request_masker(
+        masker, detail.payload.query, detail.payload.content_type, detail.payload.body
+    )
+    return shown_body(text, detail.payload.content_type, own)
 
 
 def default_targets(detail: EventDetail) -> list[str]:
@@ -119,19 +123,21 @@ def plan_resend(
     route = config.routes.get(event.route)
     if route is None:
         raise EditRejected(422, f"route {event.route} is no longer in the config")
-    kind = (content_type or detail.content_type or "").strip()
+    kind = (content_type or detail.payload.content_type or "").strip()
     body = restore_secrets(edited, detail, masker)
     check_body(route, body, kind)
     # Compared as content (JSON parsed, forms decoded): reformatting is no correction.
-    same = payload_digest(body, kind) == payload_digest(detail.body, detail.content_type)
-    if same and media_type(kind) == media_type(detail.content_type):
+    same = payload_digest(body, kind) == payload_digest(
+        detail.payload.body, detail.payload.content_type
+    )
+    if same and media_type(kind) == media_type(detail.payload.content_type):
         raise EditRejected(
             400, "the body is unchanged: to send it again as it is, use retry or requeue"
         )
     chosen = _targets(config, detail, targets)
     resend = Resend(
         original_id=event.id,
-        headers=copy_headers(detail.headers, kind),
+        headers=copy_headers(detail.payload.headers, kind),
         body=body,
         content_type=kind,
         targets=tuple(chosen),
@@ -233,16 +239,18 @@ def _preview(config: Config, detail: EventDetail, resend: Resend, masker: Masker
         attempt=1,
         idempotency_key="(the copy's own event id)",
         received_at=now,
-        method=detail.method,
-        path=detail.path,
-        query=detail.query,
-        headers=resend.headers,
-        content_type=resend.content_type,
-        body=resend.body,
+        payload=replace(
+            detail.payload,
+            headers=resend.headers,
+            content_type=resend.content_type,
+            body=resend.body,
+        ),
         sent_at=now,
     )
     # The copy carries the original's credential fields: mask them as views do.
-    masker = request_masker(masker, detail.query, detail.content_type, detail.body)
+    masker = request_masker(
+        masker, detail.payload.query, detail.payload.content_type, detail.payload.body
+    )
     previews = []
     for name in resend.targets:
         target = config.targets[name]

@@ -14,12 +14,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from relay.clock import Clock
 from relay.config import Config, RetryPolicy
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
-from relay.payload import strip_form_fields
+from relay.payload import Payload, strip_form_fields
 from relay.ratelimit import Pacer
 from relay.retry import Decision, ManualRetry, Next, decide_attempt, delay_before_retry
 from relay.secrets import Masker
@@ -562,11 +562,12 @@ def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State)
         attempt=number,
         idempotency_key=delivery.idempotency_key or str(delivery.event_id),
         received_at=delivery.received_at,
-        method=delivery.method,
-        path=delivery.path,
-        query=delivery.query,
-        headers=delivery.headers,
-        content_type=delivery.content_type,
-        body=strip_form_fields(delivery.content_type, delivery.body, strip),
+        payload=_forwarded(delivery.payload, strip),
         sent_at=now,
     )
+
+
+def _forwarded(payload: Payload, strip: tuple[str, ...]) -> Payload:
+    """The payload as targets get it: the route's `strip_fields` left out of a form."""
+    body = strip_form_fields(payload.content_type, payload.body, strip)
+    return payload if body is payload.body else replace(payload, body=body)

@@ -94,19 +94,23 @@ def attempt_view(attempt: AttemptView, masker: Masker) -> dict[str, Any]:
 def event_detail(detail: EventDetail, masker: Masker) -> dict[str, Any]:
     # The request's own credentials (an api_key field, a ?token=), found by
     # name and masked in every form they show in, with or without the config's.
-    masker = request_masker(masker, detail.query, detail.content_type, detail.body)
+    masker = request_masker(
+        masker, detail.payload.query, detail.payload.content_type, detail.payload.body
+    )
     result = event_summary(detail.event, masker)
     result["remote_addr"] = detail.event.remote_addr
-    result["method"] = detail.method
-    result["path"] = masker.text(detail.path)
-    result["query"] = masker.text(mask_fields(detail.query))
-    result["headers"] = [list(pair) for pair in masker.headers(detail.headers)]
-    result["content_type"] = detail.content_type
+    result["method"] = detail.payload.method
+    result["path"] = masker.text(detail.payload.path)
+    result["query"] = masker.text(mask_fields(detail.payload.query))
+    result["headers"] = [list(pair) for pair in masker.headers(detail.payload.headers)]
+    result["content_type"] = detail.payload.content_type
     try:
-        result["body"] = shown_body(detail.body.decode("utf-8"), detail.content_type, masker)
+        result["body"] = shown_body(
+            detail.payload.body.decode("utf-8"), detail.payload.content_type, masker
+        )
     except UnicodeDecodeError:
         result["body"] = None
-        result["body_base64"] = base64.b64encode(detail.body).decode("ascii")
+        result["body_base64"] = base64.b64encode(detail.payload.body).decode("ascii")
     for delivery in result["deliveries"]:
         delivery_id = int(delivery["id"])
         attempts = detail.attempts.get(delivery_id, ())

@@ -551,7 +551,7 @@ async def resend_page(request: web.Request) -> web.Response:
     except EditRejected as problem:
         return _plain(problem.status, str(problem))
     chosen = default_targets(detail)
-    return _resend_form(request, detail, body, detail.content_type or "", chosen)
+    return _resend_form(request, detail, body, detail.payload.content_type or "", chosen)
 
 
 async def resend_post(request: web.Request) -> web.StreamResponse:
@@ -560,7 +560,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     detail = await _detail(request)
     form = await request.post()
     text = str(form.get("body", ""))
-    if b"\r" not in detail.body:  # a textarea sends CRLF; keep the original's line ends
+    if b"\r" not in detail.payload.body:  # a textarea sends CRLF; keep the original's line ends
         text = text.replace("\r\n", "\n")
     content_type = str(form.get("content_type", "")).strip()
     wanted = [str(name) for name in form.getall("target", [])]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from relay.cli.common import (
@@ -13,7 +14,7 @@ from relay.cli.common import (
     add_service_environment_options,
     read_config,
 )
-from relay.payload import strip_form_fields
+from relay.payload import Payload, strip_form_fields
 from relay.secrets import Masker
 from relay.store import Status
 
@@ -62,7 +63,8 @@ def render(args: argparse.Namespace) -> int:
     content_type = args.content_type or _guess(body)
     if not any(name.lower() == "content-type" for name, _ in headers):
         headers.append(("Content-Type", content_type))
-    incoming = Incoming("POST", route.path, "", headers, body)
+    payload = Payload.received("POST", route.path, "", headers, body)
+    incoming = Incoming(payload)
     masker = Masker(config.secrets)
     print(f"route {route.name}: POST {masker.text(route.path)}")
     # The same steps as ingress: the route's source profile, then its key.
@@ -93,12 +95,11 @@ def render(args: argparse.Namespace) -> int:
         idempotency_key=key or "(event id)",
         sent_at=time.time(),
         received_at=time.time(),
-        method="POST",
-        path=route.path,
-        query="",
-        headers=headers,
-        content_type=content_type,
-        body=strip_form_fields(content_type, body, route.strip_fields),
+        payload=replace(
+            payload,
+            content_type=content_type,
+            body=strip_form_fields(content_type, body, route.strip_fields),
+        ),
     )
     failed = False
     for planned in plan_deliveries(route, incoming):

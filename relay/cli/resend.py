@@ -131,7 +131,7 @@ def _read(name: str) -> bytes:
 
 def _edit(shown: str, detail: EventDetail) -> bytes:
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-    suffix = ".json" if "json" in media_type(detail.content_type) else ".txt"
+    suffix = ".json" if "json" in media_type(detail.payload.content_type) else ".txt"
     with tempfile.TemporaryDirectory(prefix="relay-resend-") as folder:
         path = Path(folder) / f"event-{detail.event.id}{suffix}"
         path.write_text(shown, encoding="utf-8")

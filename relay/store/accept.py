@@ -124,12 +124,12 @@ class ToStore:
             event.idempotency_key,
             event.received_at,
             event.remote_addr,
-            event.method,
-            event.path,
-            event.query,
-            orjson.dumps(event.headers),
-            event.content_type,
-            event.body,
+            event.payload.method,
+            event.payload.path,
+            event.payload.query,
+            orjson.dumps(event.payload.headers),
+            event.payload.content_type,
+            event.payload.body,
             event.digest,
             self.variant,
             self.conflict_of,
@@ -171,7 +171,11 @@ def decide(
         event_id = new_id()
         if holders is not None:
             # A second copy in this same batch compares against this one.
-            holders.append(Holder(event_id, variant, event.digest, event.body, event.content_type))
+            holders.append(
+                Holder(
+                    event_id, variant, event.digest, event.payload.body, event.payload.content_type
+                )
+            )
         stores.append(ToStore(job, event_id, variant, conflict_of))
         results.append(Accepted(event_id, duplicate=False, conflict_of=conflict_of))
     return results, stores
@@ -180,7 +184,7 @@ def decide(
 def _digest_of(event: NewEvent) -> bytes:
     if event.digest is not None:
         return event.digest
-    return payload_digest(event.body, event.content_type)
+    return payload_digest(event.payload.body, event.payload.content_type)
 
 
 _EVENTS = (

@@ -38,6 +38,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from relay.payload import Payload
+
 if TYPE_CHECKING:
     from relay.config import Config
 
@@ -75,12 +77,7 @@ class NewEvent:
     idempotency_key: str | None
     received_at: float
     remote_addr: str | None
-    method: str
-    path: str
-    query: str
-    headers: Sequence[Header]
-    content_type: str | None
-    body: bytes
+    payload: Payload
     # The digest of the payload's canonical form (relay.canonical): compared
     # when the key is already stored, to tell a re-send from other content.
     # None (what ingress gives): the store works it out from the body only
@@ -132,12 +129,7 @@ class ClaimedDelivery:
     idempotency_key: str | None
     received_at: float
     remote_addr: str | None
-    method: str
-    path: str
-    query: str
-    headers: Sequence[Header]
-    content_type: str | None
-    body: bytes
+    payload: Payload
 
 
 @dataclass(frozen=True)
@@ -288,12 +280,7 @@ class Resend:
 @dataclass(frozen=True)
 class EventDetail:
     event: EventView
-    method: str
-    path: str
-    query: str
-    headers: Sequence[Header]
-    content_type: str | None
-    body: bytes
+    payload: Payload
     attempts: Mapping[int, tuple[AttemptView, ...]] = field(default_factory=dict)
     log: Mapping[int, tuple[LogEntry, ...]] = field(default_factory=dict)
     resent_from: ResendLink | None = None  # this event is a corrected copy of that one

@@ -90,6 +90,7 @@ from relay.store.rows import (
     RESEND_COLUMNS,
     Row,
     claimed_delivery,
+    copy_event,
     decode_headers,
     delivery_view,
     event_detail,
@@ -649,18 +650,7 @@ class PostgresStore:
             )
             if row is None:
                 return None
-            event = NewEvent(
-                route=row[1],
-                idempotency_key=None,
-                received_at=now,
-                remote_addr=None,
-                method=row[5],
-                path=row[6],
-                query=row[7],
-                headers=resend.headers,
-                content_type=resend.content_type,
-                body=resend.body,
-            )
+            event = copy_event(row, resend, now)
             deliveries = [NewDelivery(target) for target in resend.targets]
             [accepted] = await store_batch(connection, [AcceptJob(event, deliveries, now)])
             await connection.execute(

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from relay.payload import Payload
 from relay.store.base import (
     AttemptRecord,
     AttemptView,
@@ -21,6 +22,8 @@ from relay.store.base import (
     Header,
     Hold,
     LogEntry,
+    NewEvent,
+    Resend,
     ResendLink,
     Selection,
     Status,
@@ -283,12 +286,7 @@ def event_detail(
             deliveries=tuple(deliveries),
             conflict_of=row[11],
         ),
-        method=row[5],
-        path=row[6],
-        query=row[7],
-        headers=decode_headers(row[8]),
-        content_type=row[9],
-        body=bytes(row[10]),
+        payload=payload_of(row),
         attempts={key: tuple(value) for key, value in by_attempt.items()},
         log={key: tuple(value) for key, value in by_log.items()},
         resent_from=next((link for link in resends if link.copy_id == event_id), None),
@@ -311,10 +309,36 @@ def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDe
         idempotency_key=event[2],
         received_at=event[3],
         remote_addr=event[4],
+        payload=payload_of(event),
+    )
+
+
+def payload_of(event: Row) -> Payload:
+    """The request stored in `event`, a row of EVENT_COLUMNS."""
+    return Payload(
         method=event[5],
         path=event[6],
         query=event[7],
         headers=decode_headers(event[8]),
         content_type=event[9],
         body=bytes(event[10]),
+    )
+
+
+def copy_event(original: Row, resend: Resend, now: float) -> NewEvent:
+    """The corrected copy `resend` makes of `original` (a row of EVENT_COLUMNS):
+    the same route, method, path and query, the edited headers and body."""
+    return NewEvent(
+        route=original[1],
+        idempotency_key=None,
+        received_at=now,
+        remote_addr=None,
+        payload=Payload(
+            method=original[5],
+            path=original[6],
+            query=original[7],
+            headers=resend.headers,
+            content_type=resend.content_type,
+            body=resend.body,
+        ),
     )

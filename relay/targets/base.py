@@ -9,13 +9,13 @@ permanent failure: retrying would render the same thing).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from relay.outcome import Outcome
-from relay.payload import StoredRequest, header_map, template_context
+from relay.payload import Payload, template_context
 from relay.templates import Template
 from relay.units import format_instant
 
@@ -32,12 +32,7 @@ class Envelope:
     # The event's idempotency key, or its id: sent so a target can de-duplicate.
     idempotency_key: str
     received_at: float
-    method: str
-    path: str
-    query: str
-    headers: Sequence[tuple[str, str]]
-    content_type: str | None
-    body: bytes
+    payload: Payload
     # When this attempt starts (the scheduler's clock): what a signature is dated.
     sent_at: float
 
@@ -84,15 +79,9 @@ def variables(templates: Iterable[Template | None]) -> frozenset[str]:
 
 
 def context(envelope: Envelope, wanted: Iterable[str]) -> dict[str, Any]:
-    parts = StoredRequest(
-        body=envelope.body,
-        content_type=envelope.content_type,
-        headers=header_map(envelope.headers),
-        query=envelope.query,
-    )
     return template_context(
         wanted,
-        parts,
+        envelope.payload,
         event={
             "id": str(envelope.event_id),
             "route": envelope.route,

@@ -57,10 +57,10 @@ def _record(envelope: Envelope) -> dict[str, Any]:
         "attempt": envelope.attempt,
         "idempotency_key": envelope.idempotency_key,
         "received_at": datetime.fromtimestamp(envelope.received_at, UTC).isoformat(),
-        "content_type": envelope.content_type,
+        "content_type": envelope.payload.content_type,
     }
     try:
-        record["body"] = envelope.body.decode("utf-8")
+        record["body"] = envelope.payload.body.decode("utf-8")
     except UnicodeDecodeError:
-        record["body_base64"] = base64.b64encode(envelope.body).decode("ascii")
+        record["body_base64"] = base64.b64encode(envelope.payload.body).decode("ascii")
     return record

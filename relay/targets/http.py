@@ -103,9 +103,9 @@ class HttpTarget(SessionOwner):
             body = urlencode(render_map(settings.form, values)).encode()
             headers["Content-Type"] = "application/x-www-form-urlencoded"
         else:
-            body = envelope.body
-            if envelope.content_type:
-                headers["Content-Type"] = envelope.content_type
+            body = envelope.payload.body
+            if envelope.payload.content_type:
+                headers["Content-Type"] = envelope.payload.content_type
         headers.update(relay_headers(envelope))
         if settings.sign:
             # Last: the signature covers the body exactly as it goes out.

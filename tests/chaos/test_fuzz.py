@@ -26,7 +26,7 @@ from relay.config import ConfigError, parse_config
 from relay.config.reader import Section
 from relay.incoming import Incoming
 from relay.kinds import SOURCE_KINDS
-from relay.payload import parse_form, parse_json
+from relay.payload import Payload, parse_form, parse_json
 from relay.sources.base import Accept, Ping, Reject
 
 from figures import record_figures
@@ -351,6 +351,6 @@ def test_source_verifiers_never_raise(
     index: int, headers: list[tuple[str, str]], body: bytes, query: str
 ) -> None:
     TRIED["verifiers"] += 1
-    incoming = Incoming("POST", "/x", query, headers, body)
+    incoming = Incoming(Payload.received("POST", "/x", query, headers, body))
     result = SOURCE_OBJECTS[index].check(incoming, 1_800_000_000.0)
     assert isinstance(result, Accept | Ping | Reject)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
 
 from helpers import write_config
@@ -82,12 +83,14 @@ async def config(tmp_path: Path) -> Path:
                 idempotency_key=None,
                 received_at=1_800_000_000.0 + n,
                 remote_addr="127.0.0.1",
-                method="POST",
-                path="/hooks/orders",
-                query="",
-                headers=[("Content-Type", "application/json")],
-                content_type="application/json",
-                body=json.dumps({"n": n}).encode(),
+                payload=Payload(
+                    method="POST",
+                    path="/hooks/orders",
+                    query="",
+                    headers=[("Content-Type", "application/json")],
+                    content_type="application/json",
+                    body=json.dumps({"n": n}).encode(),
+                ),
             ),
             [NewDelivery("crm"), NewDelivery("mail")],
             1_800_000_000.0 + n,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.payload import Payload
 from relay.store import (
     AttemptRecord,
     Dead,
@@ -38,12 +39,14 @@ def event(key: str | None, body: bytes, at: float) -> NewEvent:
         idempotency_key=key,
         received_at=at,
         remote_addr="203.0.113.7",
-        method="POST",
-        path="/hooks/orders",
-        query="a=1",
-        headers=[("Content-Type", "application/json"), ("X-Dup", "1"), ("X-Dup", "2")],
-        content_type="application/json",
-        body=body,
+        payload=Payload(
+            method="POST",
+            path="/hooks/orders",
+            query="a=1",
+            headers=[("Content-Type", "application/json"), ("X-Dup", "1"), ("X-Dup", "2")],
+            content_type="application/json",
+            body=body,
+        ),
     )
 
 

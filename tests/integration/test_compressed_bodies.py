@@ -68,7 +68,7 @@ async def test_gzip_and_deflate_bodies_are_stored_whole(
     for event in events:
         detail = await relay.store.get_event(event.id)
         assert detail is not None
-        assert detail.body == PAYLOAD
+        assert detail.payload.body == PAYLOAD
 
 
 async def test_signature_is_checked_over_the_inflated_body(

@@ -49,7 +49,7 @@ async def test_continue_then_the_body_is_stored(
     [event] = await relay.store.list_events(EventQuery())
     detail = await relay.store.get_event(event.id)
     assert detail is not None
-    assert detail.body == body
+    assert detail.payload.body == body
 
 
 async def test_too_large_is_refused_before_continue(

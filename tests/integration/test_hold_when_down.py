@@ -84,7 +84,7 @@ async def alert_bodies(relay: Relay) -> list[dict[str, Any]]:
     for view in await relay.store.list_events(EventQuery(route="_alerts", limit=100)):
         detail = await relay.store.get_event(view.id)
         assert detail is not None
-        bodies.append(json.loads(detail.body))
+        bodies.append(json.loads(detail.payload.body))
     return list(reversed(bodies))
 
 

@@ -49,10 +49,10 @@ async def test_body_headers_query_and_address_are_kept_as_sent(
         event_id = int((await response.json())["id"])
     detail = await relay.store.get_event(event_id)
     assert detail is not None
-    assert detail.body == body
-    assert detail.query == "src=shop&x=1"
-    assert ("X-Trace", "t1") in detail.headers
-    assert detail.content_type == "application/json; charset=utf-8"
+    assert detail.payload.body == body
+    assert detail.payload.query == "src=shop&x=1"
+    assert ("X-Trace", "t1") in detail.payload.headers
+    assert detail.payload.content_type == "application/json; charset=utf-8"
     assert detail.event.remote_addr == "127.0.0.1"
 
 

@@ -72,10 +72,10 @@ class Notebook:
         pass
 
     def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
-        return f"write in {self._settings.label}: {envelope.body!r}"
+        return f"write in {self._settings.label}: {envelope.payload.body!r}"
 
     async def send(self, envelope: Envelope) -> Outcome:
-        NOTEBOOKS[self._settings.label].append(envelope.body)
+        NOTEBOOKS[self._settings.label].append(envelope.payload.body)
         return Outcome.success()
 
 

@@ -254,7 +254,7 @@ async def test_cli_resend_from_a_file_and_from_the_editor(
         int(copy.group(1)),
         int(second["event_id"]),
     ]
-    assert json.loads(stored.body) == LEAD  # the original never changes
+    assert json.loads(stored.payload.body) == LEAD  # the original never changes
 
     shown = await arelay_cli("show", original, "--config", str(config), env=env)
     assert f"resent as event {second['event_id']} (a corrected copy), by cli user anna" in (

@@ -18,6 +18,7 @@ from relay import retention
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.indexer import SearchIndexer
+from relay.payload import Payload
 from relay.search import documents
 from relay.secrets import Masker
 from relay.store import NewDelivery, NewEvent, SqliteStore, Status
@@ -156,12 +157,14 @@ async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
             idempotency_key=None,
             received_at=1_800_000_000.0 + i,
             remote_addr=None,
-            method="POST",
-            path="/hooks/tilda",
-            query="",
-            headers=[("Content-Type", FORM["Content-Type"])],
-            content_type=FORM["Content-Type"],
-            body=f"Name=Lead{i}&Phone=8999{i:07d}".encode(),
+            payload=Payload(
+                method="POST",
+                path="/hooks/tilda",
+                query="",
+                headers=[("Content-Type", FORM["Content-Type"])],
+                content_type=FORM["Content-Type"],
+                body=f"Name=Lead{i}&Phone=8999{i:07d}".encode(),
+            ),
         )
 
     for i in range(10):
@@ -193,7 +196,7 @@ async def test_an_event_purged_while_being_indexed_stays_out_of_the_index(
 ) -> None:
     store = SqliteStore(tmp_path / "relay.db")
     await store.open()
-    event = NewEvent("tilda", None, 1.0, None, "POST", "/", "", [], None, b"Name=Gone")
+    event = NewEvent("tilda", None, 1.0, None, Payload("POST", "/", "", [], None, b"Name=Gone"))
     accepted = await store.accept_event(event, [NewDelivery("crm", Status.SKIPPED)], 1.0)
     batch = await store.events_to_index(10, 1000)
     await retention.purge(store, 1.0, {}, 10.0)

@@ -62,4 +62,4 @@ async def test_stripped_fields_never_leave_relay_and_the_event_is_kept_whole(
     # Stored: exactly what Tilda sent.
     detail = await relay.store.get_event(1)
     assert detail is not None
-    assert detail.body == LEAD
+    assert detail.payload.body == LEAD

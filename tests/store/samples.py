@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from relay.payload import Payload
 from relay.store import NewDelivery, NewEvent
 
 T0 = 1_800_000_000.0
@@ -18,12 +19,14 @@ def event(
         idempotency_key=key,
         received_at=at,
         remote_addr="127.0.0.1",
-        method="POST",
-        path="/hooks/orders",
-        query="x=1",
-        headers=[("Content-Type", "application/json"), ("X-Dup", "1"), ("X-Dup", "2")],
-        content_type="application/json",
-        body=body,
+        payload=Payload(
+            method="POST",
+            path="/hooks/orders",
+            query="x=1",
+            headers=[("Content-Type", "application/json"), ("X-Dup", "1"), ("X-Dup", "2")],
+            content_type="application/json",
+            body=body,
+        ),
     )
 
 

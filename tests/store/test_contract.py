@@ -44,13 +44,13 @@ async def test_accept_stores_event_and_one_delivery_per_target(store: Store) -> 
     assert not accepted.duplicate
     detail = await store.get_event(accepted.event_id)
     assert detail is not None
-    assert detail.body == b"\xff\x00raw"  # bytes kept as they came
-    assert list(detail.headers) == [
+    assert detail.payload.body == b"\xff\x00raw"  # bytes kept as they came
+    assert list(detail.payload.headers) == [
         ("Content-Type", "application/json"),
         ("X-Dup", "1"),
         ("X-Dup", "2"),
     ]
-    assert detail.query == "x=1"
+    assert detail.payload.query == "x=1"
     assert [
         (d.target, d.status, d.attempts, d.next_attempt_at) for d in detail.event.deliveries
     ] == [("crm", Status.PENDING, 0, T0), ("audit", Status.PENDING, 0, T0)]
@@ -96,7 +96,7 @@ async def test_same_key_with_other_content_is_a_new_event_flagged_as_a_conflict(
     detail = await store.get_event(other.event_id)
     assert detail is not None
     assert detail.event.conflict_of == first.event_id
-    assert detail.body == b'{"order": 2}'
+    assert detail.payload.body == b'{"order": 2}'
     assert len(detail.event.deliveries) == 2
 
 
@@ -138,7 +138,7 @@ async def test_claim_leases_due_deliveries_per_target_limit(store: Store) -> Non
         await store.accept_event(event(f"k{i}"), TWO, T0)
     claimed = await store.claim_due(T0, T0 + 60, {"crm": 3})
     assert [c.target for c in claimed] == ["crm"] * 3
-    assert all(c.attempts == 0 and c.body == b'{"a": 1}' for c in claimed)
+    assert all(c.attempts == 0 and c.payload.body == b'{"a": 1}' for c in claimed)
     # Leased deliveries are not claimed twice.
     again = await store.claim_due(T0, T0 + 60, {"crm": 10})
     assert len(again) == 2
@@ -405,9 +405,9 @@ async def test_resend_stores_a_linked_copy_and_leaves_the_original_alone(
     assert copy > original
     detail = await store.get_event(copy)
     assert detail is not None
-    assert detail.body == b'{"a": 2}'
+    assert detail.payload.body == b'{"a": 2}'
     assert detail.event.idempotency_key is None
-    assert detail.headers == [("X-Dup", "1"), ("Content-Type", "application/json")]
+    assert detail.payload.headers == [("X-Dup", "1"), ("Content-Type", "application/json")]
     assert [(d.target, d.status) for d in detail.event.deliveries] == [("crm", Status.PENDING)]
     assert detail.resent_from == ResendLink(original, copy, T0 + 60, "cli user anna")
     after = await store.get_event(original)

@@ -210,7 +210,7 @@ async def test_resend_stores_an_edited_copy_linked_to_the_original(store: Store)
     assert copy_id != original.event_id
     copy = await store.get_event(copy_id)
     assert copy is not None
-    assert (copy.body, copy.event.route, copy.event.idempotency_key) == (
+    assert (copy.payload.body, copy.event.route, copy.event.idempotency_key) == (
         b'{"phone": "+7 900"}',
         "orders",
         None,  # goes out with its own id as the key
@@ -227,7 +227,7 @@ async def test_resend_stores_an_edited_copy_linked_to_the_original(store: Store)
     )
     first = await store.get_event(original.event_id)
     assert first is not None
-    assert first.body == b'{"phone": "bad"}'  # the original never changes
+    assert first.payload.body == b'{"phone": "bad"}'  # the original never changes
     assert [link.copy_id for link in first.resent_as] == [copy_id]
     # The original's key is still its own: a re-send of it is a duplicate of it.
     again = await store.accept_event(event("k", body=b'{"phone": "bad"}'), TWO, T0 + 60)

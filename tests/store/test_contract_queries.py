@@ -58,7 +58,7 @@ async def test_an_event_starts_with_deliveries_skipped_or_dead_for_a_reason(stor
         T0,
         "127.0.0.1",
     )
-    assert (detail.method, detail.path, detail.content_type) == (
+    assert (detail.payload.method, detail.payload.path, detail.payload.content_type) == (
         "POST",
         "/hooks/orders",
         "application/json",

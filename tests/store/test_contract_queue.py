@@ -32,13 +32,20 @@ async def test_a_claim_carries_the_event_as_stored(store: Store) -> None:
         T0,
         "127.0.0.1",
     )
-    assert (claimed.method, claimed.path, claimed.query) == ("POST", "/hooks/orders", "x=1")
-    assert list(claimed.headers) == [
+    assert (claimed.payload.method, claimed.payload.path, claimed.payload.query) == (
+        "POST",
+        "/hooks/orders",
+        "x=1",
+    )
+    assert list(claimed.payload.headers) == [
         ("Content-Type", "application/json"),
         ("X-Dup", "1"),
         ("X-Dup", "2"),
     ]
-    assert (claimed.content_type, claimed.body) == ("application/json", b"\x00\xffbytes")
+    assert (claimed.payload.content_type, claimed.payload.body) == (
+        "application/json",
+        b"\x00\xffbytes",
+    )
     assert (claimed.attempts, claimed.attempts_in_cycle) == (0, 0)
     assert (claimed.manual, claimed.resume_status, claimed.resume_at) == (False, None, None)
     view = await store.get_delivery(claimed.id)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import asyncpg
 import pytest
 
+from relay.payload import Payload
 from relay.store import EventQuery, NewDelivery, NewEvent, StoreError, StoreUnavailable
 from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
@@ -32,12 +33,14 @@ def event(key: str | None = None, body: bytes = b'{"a": 1}') -> NewEvent:
         idempotency_key=key,
         received_at=T0,
         remote_addr="127.0.0.1",
-        method="POST",
-        path="/hooks/orders",
-        query="",
-        headers=[("Content-Type", "application/json")],
-        content_type="application/json",
-        body=body,
+        payload=Payload(
+            method="POST",
+            path="/hooks/orders",
+            query="",
+            headers=[("Content-Type", "application/json")],
+            content_type="application/json",
+            body=body,
+        ),
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from relay import logs
 from relay.config import LogConfig
 from relay.outcome import Outcome
+from relay.payload import Payload
 from relay.retry import Decision, Next
 from relay.scheduler import AttemptReport
 from relay.secrets import Masker
@@ -34,12 +35,14 @@ def report(error: str) -> AttemptReport:
         idempotency_key="k",
         received_at=0.0,
         remote_addr=None,
-        method="POST",
-        path="/",
-        query="",
-        headers=[],
-        content_type=None,
-        body=b"",
+        payload=Payload(
+            method="POST",
+            path="/",
+            query="",
+            headers=[],
+            content_type=None,
+            body=b"",
+        ),
     )
     return AttemptReport(
         delivery=delivery,
