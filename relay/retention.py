@@ -87,10 +87,10 @@ class RetentionJob:
 
     async def run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # a lead taken before this pass needs no other
             if self._leading():
                 await self.run_once()
             await self._clock.wait(self._wake, self._clock.now() + INTERVAL)
-            self._wake.clear()
 
     def wake(self) -> None:
         """Run a pass now: this instance has just taken the lead (the one that

@@ -43,6 +43,9 @@ async def test_two_instances_make_one_alert_sent_by_the_leader(
     leader = await start_relay(config, background=False, clock=FakeClock())
     follower = await start_relay(config, background=False, clock=FakeClock())
     assert (leader.leadership.leading, follower.leadership.leading) == (True, False)
+    # systemd's status line: only the leader counts the queue.
+    assert (await leader.status_line()).startswith("leading the cluster: pending 0, dead 0,")
+    assert (await follower.status_line()).startswith("following the cluster's leading instance")
 
     await post(leader, [f"a{i}" for i in range(5)])
     await leader.scheduler.drain()
