@@ -1,16 +1,12 @@
-"""Configuration: one TOML file read into frozen objects (see `model`)."""
+"""Configuration: one TOML file read into frozen objects (see `model`; each
+kind's own settings live beside it in relay.kinds)."""
 
 from relay.config.load import load_config, parse_config
 from relay.config.model import (
     AdminConfig,
     AlertsConfig,
     Answer,
-    CdekSource,
     Config,
-    FileTarget,
-    GenericSource,
-    HmacSource,
-    HttpTarget,
     Listen,
     LogConfig,
     Rate,
@@ -18,15 +14,8 @@ from relay.config.model import (
     RouteConfig,
     RouteTarget,
     ServerConfig,
-    SmtpTarget,
-    StandardWebhooksSource,
     StorageConfig,
     TargetConfig,
-    TbankSource,
-    TelegramSource,
-    TelegramTarget,
-    TildaSource,
-    WooCommerceSource,
 )
 from relay.config.operator import OperatorConfig, load_operator_config
 from relay.config.reader import ConfigError
@@ -35,13 +24,8 @@ __all__ = [
     "AdminConfig",
     "AlertsConfig",
     "Answer",
-    "CdekSource",
     "Config",
     "ConfigError",
-    "FileTarget",
-    "GenericSource",
-    "HmacSource",
-    "HttpTarget",
     "Listen",
     "LogConfig",
     "OperatorConfig",
@@ -50,15 +34,8 @@ __all__ = [
     "RouteConfig",
     "RouteTarget",
     "ServerConfig",
-    "SmtpTarget",
-    "StandardWebhooksSource",
     "StorageConfig",
     "TargetConfig",
-    "TbankSource",
-    "TelegramSource",
-    "TelegramTarget",
-    "TildaSource",
-    "WooCommerceSource",
     "load_config",
     "load_operator_config",
     "parse_config",

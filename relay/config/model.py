@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 from relay.secrets import Masker
@@ -135,68 +134,12 @@ class Rate:
         return f"{self.count}/{unit}"
 
 
-HttpFormat = Literal["raw", "json", "form"]
-
-
-@dataclass(frozen=True)
-class HttpTarget:
-    url: str
-    method: str = "POST"
-    # Header values are templates (a plain value is a template with no tags).
-    headers: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
-    format: HttpFormat = "raw"
-    body: Template | None = None  # format = "json": must render valid JSON
-    form: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
-    # Standard Webhooks signing keys (decoded from "whsec_<base64>"): one
-    # signature each, so a receiver rotating its secret accepts old or new.
-    sign: tuple[bytes, ...] = ()
-
-
-@dataclass(frozen=True)
-class FileTarget:
-    path: Path
-
-
-SmtpTls = Literal["implicit", "starttls", "none"]
-
-
-@dataclass(frozen=True)
-class SmtpTarget:
-    host: str
-    port: int
-    tls: SmtpTls
-    sender: str  # the `from` key
-    to: tuple[str, ...]
-    subject: Template
-    text: Template
-    cc: tuple[str, ...] = ()
-    reply_to: Template | None = None
-    html: Template | None = None
-    username: str | None = None
-    password: str | None = None
-    tls_verify: bool = True
-    ca_file: Path | None = None
-
-
-TelegramParseMode = Literal["HTML", "MarkdownV2", "none"]
-
-
-@dataclass(frozen=True)
-class TelegramTarget:
-    bot_token: str
-    chat_id: str
-    text: Template
-    parse_mode: TelegramParseMode = "HTML"
-    disable_notification: bool = False
-    api_base: str = "https://api.telegram.org"
-
-
 @dataclass(frozen=True)
 class TargetConfig:
     name: str
     retry: RetryPolicy
-    # The settings its kind read (relay.kinds: HttpTarget, SmtpTarget... or a
-    # kind registered later), and the kind's name: the table's `type`.
+    # The settings its kind read (relay.kinds.targets: HttpSettings,
+    # SmtpSettings... or a kind registered later), and the kind's name: the table's `type`.
     settings: object
     type: str
     concurrency: int = 4
@@ -232,77 +175,21 @@ class Answer:
     content_type: str
 
 
-# Source profiles: who sends to a route, how it proves it, what it expects back.
-# Several secrets may be given at once, so one can be rotated without loss.
-
-
-@dataclass(frozen=True)
-class GenericSource:
-    tokens: tuple[str, ...] = ()
-    token_header: str = "X-Relay-Token"
-    token_query: str = "token"
-
-
-@dataclass(frozen=True)
-class TildaSource:
-    api_keys: tuple[str, ...] = ()
-    api_key_header: str = "X-Tilda-Api-Key"
-    api_key_field: str = "api_key"
-
-
-@dataclass(frozen=True)
-class TbankSource:
-    passwords: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class WooCommerceSource:
-    secrets: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class TelegramSource:
-    secret_tokens: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class CdekSource:
-    pass
-
-
-@dataclass(frozen=True)
-class StandardWebhooksSource:
-    secrets: tuple[bytes, ...]  # decoded from "whsec_<base64>": v1 (HMAC-SHA256)
-    tolerance: float = 300.0
-    public_keys: tuple[bytes, ...] = ()  # decoded from "whpk_<base64>": v1a (ed25519)
-
-
-HmacAlgorithm = Literal["sha1", "sha256", "sha512"]
-
-
-@dataclass(frozen=True)
-class HmacSource:
-    header: str
-    secrets: tuple[str, ...]
-    algorithm: HmacAlgorithm = "sha256"
-    encoding: Literal["hex", "base64"] = "hex"
-    prefix: str = ""
-
-
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
     path: str
     targets: tuple[RouteTarget, ...]
+    # The settings its source kind read (relay.kinds.sources: GenericSource,
+    # TbankSource... or a kind registered later), and the kind's name.
+    source: object
+    source_kind: str
     idempotency_key: Template | None = None
     require_idempotency_key: bool = False
     max_body_size: int = 1024 * 1024
     # Keep this route's events (and so refuse their duplicates) at least this
     # long, even past the storage retention.
     dedup_window: float | None = None
-    # The settings its source kind read (relay.kinds.sources), and the kind's name.
-    source: object = GenericSource()
-    source_kind: str = "generic"
     allow_ips: tuple[IPv4Network | IPv6Network, ...] = ()
     response: Answer | None = None  # overrides the source's own answer
     # A stored key arriving with other content: "store" it as a new event

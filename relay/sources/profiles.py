@@ -7,18 +7,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from relay.config import (
-    Answer,
-    CdekSource,
-    GenericSource,
-    HmacSource,
-    StandardWebhooksSource,
-    TbankSource,
-    TelegramSource,
-    TildaSource,
-    WooCommerceSource,
-)
+from relay.config import Answer
 from relay.incoming import Incoming
+from relay.kinds.sources.cdek import CdekSource
+from relay.kinds.sources.generic import GenericSource
+from relay.kinds.sources.hmac import HmacSource
+from relay.kinds.sources.standard_webhooks import StandardWebhooksSource
+from relay.kinds.sources.tbank import TbankSource
+from relay.kinds.sources.telegram import TelegramSource
+from relay.kinds.sources.tilda import TildaSource
+from relay.kinds.sources.woocommerce import WooCommerceSource
 from relay.sources.base import (
     Accept,
     Check,

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from relay.config import HttpTarget as HttpSettings
-from relay.config import SmtpTarget as SmtpSettings
 from relay.config import TargetConfig
-from relay.config import TelegramTarget as TelegramSettings
+from relay.kinds.targets.http import HttpSettings
+from relay.kinds.targets.smtp import SmtpSettings
+from relay.kinds.targets.telegram import TelegramSettings
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, Target
 from relay.templates import compile_template

@@ -15,7 +15,7 @@ import orjson
 from multidict import CIMultiDictProxy
 
 from relay import __version__
-from relay.config import HttpTarget as HttpSettings
+from relay.kinds.targets.http import HttpSettings
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.secrets import Masker
 from relay.signing import signature_headers

@@ -15,7 +15,7 @@ from email.utils import formatdate, parseaddr
 
 import aiosmtplib
 
-from relay.config import SmtpTarget as SmtpSettings
+from relay.kinds.targets.smtp import SmtpSettings
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, context, rendered, variables
 from relay.templates import TemplateError

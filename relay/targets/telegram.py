@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from multidict import CIMultiDictProxy
 
-from relay.config import TelegramTarget as TelegramSettings
+from relay.kinds.targets.telegram import TelegramSettings
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, context, rendered, variables
 from relay.targets.http import USER_AGENT, Request, SessionOwner, exchange, parse_retry_after

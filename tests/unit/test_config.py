@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from relay.cli.check import describe
-from relay.config import ConfigError, FileTarget, HttpTarget, load_config, parse_config
+from relay.config import ConfigError, load_config, parse_config
+from relay.kinds.targets.file import FileSettings
+from relay.kinds.targets.http import HttpSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,10 +65,10 @@ def test_the_issue_config_loads_with_paths_relative_to_its_folder(tmp_path: Path
     assert config.server.max_body_size == 1 << 20
     assert config.storage.path == path.parent / "relay.db"
     assert config.storage.synchronous == "full"
-    assert isinstance(config.targets["audit"].settings, FileTarget)
+    assert isinstance(config.targets["audit"].settings, FileSettings)
     assert config.targets["audit"].settings.path == path.parent / "deliveries.jsonl"
     crm = config.targets["crm"]
-    assert isinstance(crm.settings, HttpTarget)
+    assert isinstance(crm.settings, HttpSettings)
     assert crm.retry.backoff == "list"
     assert crm.retry.delays == (30, 120, 600, 3600, 21600, 86400)
     assert crm.retry.retries == 6
@@ -89,7 +91,7 @@ def test_example_config_runs_as_is() -> None:
     config = load_config(ROOT / "relay.example.toml", {})
     assert config.server.listen.is_loopback
     assert config.storage.path == ROOT / "relay.db"
-    assert any(isinstance(t.settings, FileTarget) for t in config.targets.values())
+    assert any(isinstance(t.settings, FileSettings) for t in config.targets.values())
 
 
 BASE: dict[str, Any] = {
@@ -205,7 +207,7 @@ def test_environment_references_are_substituted_and_remembered_as_secrets() -> N
     data = merged(targets={"crm": {"headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}})
     config = parse(data, {"CRM_TOKEN": "s3cret-token"})
     settings = config.targets["crm"].settings
-    assert isinstance(settings, HttpTarget)
+    assert isinstance(settings, HttpSettings)
     assert settings.headers["Authorization"].source == "Bearer s3cret-token"
     assert "s3cret-token" in config.secrets
 

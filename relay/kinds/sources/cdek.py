@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.config.model import CdekSource, RouteConfig
+from relay.config.model import RouteConfig
 from relay.config.reader import Section
 from relay.kinds.base import SourceKind
 
 if TYPE_CHECKING:
     from relay.sources.base import Source
+
+
+@dataclass(frozen=True)
+class CdekSource:
+    pass
 
 
 def parse(section: Section) -> CdekSource:

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.config.model import GenericSource, RouteConfig
+from relay.config.model import RouteConfig
 from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
 
 if TYPE_CHECKING:
     from relay.sources.base import Source
+
+
+@dataclass(frozen=True)
+class GenericSource:
+    tokens: tuple[str, ...] = ()
+    token_header: str = "X-Relay-Token"
+    token_query: str = "token"
 
 
 def parse(section: Section) -> GenericSource:

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-from relay.config.model import HmacSource
 from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
 
 if TYPE_CHECKING:
     from relay.sources.base import Source
+
+
+HmacAlgorithm = Literal["sha1", "sha256", "sha512"]
+
+
+@dataclass(frozen=True)
+class HmacSource:
+    header: str
+    secrets: tuple[str, ...]
+    algorithm: HmacAlgorithm = "sha256"
+    encoding: Literal["hex", "base64"] = "hex"
+    prefix: str = ""
 
 
 def parse(section: Section) -> HmacSource:

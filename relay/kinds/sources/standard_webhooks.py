@@ -3,15 +3,22 @@ v1 (HMAC) and v1a (ed25519) signatures."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.config.model import StandardWebhooksSource
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whpk, whsec
 from relay.kinds.base import SenderRetry, SourceKind
 
 if TYPE_CHECKING:
     from relay.sources.base import Source
+
+
+@dataclass(frozen=True)
+class StandardWebhooksSource:
+    secrets: tuple[bytes, ...]  # decoded from "whsec_<base64>": v1 (HMAC-SHA256)
+    tolerance: float = 300.0
+    public_keys: tuple[bytes, ...] = ()  # decoded from "whpk_<base64>": v1a (ed25519)
 
 
 def parse(section: Section) -> StandardWebhooksSource:

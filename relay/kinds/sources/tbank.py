@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.config.model import TbankSource
 from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SenderRetry, SourceKind
 
 if TYPE_CHECKING:
     from relay.sources.base import Source
+
+
+@dataclass(frozen=True)
+class TbankSource:
+    passwords: tuple[str, ...]
+
 
 # T-Bank resends a notification for up to a month: its duplicates must be
 # recognised that long, whatever the storage retention.

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.config.model import TelegramSource
 from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
 
 if TYPE_CHECKING:
     from relay.sources.base import Source
+
+
+@dataclass(frozen=True)
+class TelegramSource:
+    secret_tokens: tuple[str, ...]
 
 
 def parse(section: Section) -> TelegramSource:

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.config.model import RouteConfig, TildaSource
+from relay.config.model import RouteConfig
 from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
 
 if TYPE_CHECKING:
     from relay.sources.base import Source
+
+
+@dataclass(frozen=True)
+class TildaSource:
+    api_keys: tuple[str, ...] = ()
+    api_key_header: str = "X-Tilda-Api-Key"
+    api_key_field: str = "api_key"
 
 
 def parse(section: Section) -> TildaSource:

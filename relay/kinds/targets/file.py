@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relay.config.files import folder_problem
-from relay.config.model import FileTarget as FileSettings
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import TargetKind
 
 if TYPE_CHECKING:
     from relay.secrets import Masker
     from relay.targets.base import Target
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    path: Path
 
 
 def parse(section: Section, base: Path) -> FileSettings:

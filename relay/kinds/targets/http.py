@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yarl
 
-from relay.config.model import HttpFormat
-from relay.config.model import HttpTarget as HttpSettings
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
 from relay.kinds.base import TargetKind
@@ -20,6 +19,25 @@ from relay.payload import EVENT_VARIABLES
 if TYPE_CHECKING:
     from relay.secrets import Masker
     from relay.targets.base import Target
+    from relay.templates import Template
+
+
+HttpFormat = Literal["raw", "json", "form"]
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    url: str
+    method: str = "POST"
+    # Header values are templates (a plain value is a template with no tags).
+    headers: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
+    format: HttpFormat = "raw"
+    body: Template | None = None  # format = "json": must render valid JSON
+    form: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
+    # Standard Webhooks signing keys (decoded from "whsec_<base64>"): one
+    # signature each, so a receiver rotating its secret accepts old or new.
+    sign: tuple[bytes, ...] = ()
+
 
 HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
 HTTP_FORMATS: tuple[HttpFormat, ...] = ("raw", "json", "form")

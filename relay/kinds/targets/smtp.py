@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from relay.config.files import ca_file_problem
-from relay.config.model import SmtpTarget as SmtpSettings
-from relay.config.model import SmtpTls
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import TargetKind
 from relay.payload import EVENT_VARIABLES
@@ -17,6 +16,29 @@ from relay.payload import EVENT_VARIABLES
 if TYPE_CHECKING:
     from relay.secrets import Masker
     from relay.targets.base import Target
+    from relay.templates import Template
+
+
+SmtpTls = Literal["implicit", "starttls", "none"]
+
+
+@dataclass(frozen=True)
+class SmtpSettings:
+    host: str
+    port: int
+    tls: SmtpTls
+    sender: str  # the `from` key
+    to: tuple[str, ...]
+    subject: Template
+    text: Template
+    cc: tuple[str, ...] = ()
+    reply_to: Template | None = None
+    html: Template | None = None
+    username: str | None = None
+    password: str | None = None
+    tls_verify: bool = True
+    ca_file: Path | None = None
+
 
 _EMAIL = re.compile(r"[^@\s<>]+@[^@\s<>]+|.*<[^@\s<>]+@[^@\s<>]+>")
 SMTP_TLS: tuple[SmtpTls, ...] = ("implicit", "starttls", "none")

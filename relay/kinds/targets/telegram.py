@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from relay.config.model import Rate, TelegramParseMode
-from relay.config.model import TelegramTarget as TelegramSettings
+from relay.config.model import Rate
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import TargetKind
 from relay.kinds.targets.http import parse_url
@@ -18,6 +18,21 @@ from relay.payload import EVENT_VARIABLES
 if TYPE_CHECKING:
     from relay.secrets import Masker
     from relay.targets.base import Target
+    from relay.templates import Template
+
+
+TelegramParseMode = Literal["HTML", "MarkdownV2", "none"]
+
+
+@dataclass(frozen=True)
+class TelegramSettings:
+    bot_token: str
+    chat_id: str
+    text: Template
+    parse_mode: TelegramParseMode = "HTML"
+    disable_notification: bool = False
+    api_base: str = "https://api.telegram.org"
+
 
 # Telegram's limits (Bot API FAQ, "My bot is hitting limits"): about one
 # message a second to one chat, 30 a second per bot, 20 a minute to a group.
