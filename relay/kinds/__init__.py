@@ -64,10 +64,30 @@ def register_source(kind: SourceKind[Any]) -> None:
     if kind.name in SOURCE_KINDS:
         raise ValueError(f"a source {kind.name!r} is already registered")
     SOURCE_KINDS[kind.name] = kind
+    _sources_changed()
 
 
 def unregister_source(name: str) -> None:
     del SOURCE_KINDS[name]
+    _sources_changed()
+
+
+def _secret_headers() -> frozenset[str]:
+    return frozenset(
+        header.lower() for kind in SOURCE_KINDS.values() for header in kind.secret_headers
+    )
+
+
+# Every header a known sender puts a credential in (lower case): relay.secrets
+# masks them and the search index leaves them out. Worked out when a source
+# registers, not when asked: it is asked for each header of each request shown
+# or indexed.
+SECRET_HEADERS = _secret_headers()
+
+
+def _sources_changed() -> None:
+    global SECRET_HEADERS
+    SECRET_HEADERS = _secret_headers()
 
 
 def source_kind(name: str) -> SourceKind[Any]:
@@ -75,6 +95,7 @@ def source_kind(name: str) -> SourceKind[Any]:
 
 
 __all__ = [
+    "SECRET_HEADERS",
     "SOURCE_KINDS",
     "TARGET_KINDS",
     "SenderRetry",

@@ -82,6 +82,10 @@ class SourceKind(Generic[S]):
     secrets: Callable[[S], Iterable[str]] = _no_secrets
     # The route keys holding credentials as written in the file (see TargetKind).
     secret_keys: tuple[str, ...] = ()
+    # The headers in which this sender sends a credential (its token, its
+    # signature), as its documentation names them: masked wherever a request
+    # shows and never indexed for search, whatever the config says.
+    secret_headers: tuple[str, ...] = ()
     # relay answers at once, so the sender stops retrying: `relay check` warns
     # when a target of the route gives up sooner than the sender would have.
     retry_window: SenderRetry | None = None

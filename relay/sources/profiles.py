@@ -14,9 +14,9 @@ from relay.kinds.sources.generic import GenericSource
 from relay.kinds.sources.hmac import HmacSource
 from relay.kinds.sources.standard_webhooks import StandardWebhooksSource
 from relay.kinds.sources.tbank import TbankSource
-from relay.kinds.sources.telegram import TelegramSource
+from relay.kinds.sources.telegram import SECRET_TOKEN_HEADER, TelegramSource
 from relay.kinds.sources.tilda import TildaSource
-from relay.kinds.sources.woocommerce import WooCommerceSource
+from relay.kinds.sources.woocommerce import SIGNATURE_HEADER, WooCommerceSource
 from relay.sources.base import (
     Accept,
     Check,
@@ -181,9 +181,9 @@ class WooCommerce:
         if _WOO_PING.fullmatch(incoming.body.strip()):
             # Sent unsigned when the webhook is created or saved.
             return Ping(text_answer("ok"))
-        given = incoming.headers.get("X-WC-Webhook-Signature")
+        given = incoming.headers.get(SIGNATURE_HEADER)
         if not given:
-            return Reject("missing_signature", "no X-WC-Webhook-Signature header")
+            return Reject("missing_signature", f"no {SIGNATURE_HEADER} header")
         expected = hmac_signatures(self.settings.secrets, incoming.body, "sha256", "base64")
         if not matches_any(given.strip(), expected):
             return Reject("bad_signature")
@@ -225,9 +225,9 @@ class Telegram:
         self.settings = settings
 
     def check(self, incoming: Incoming, now: float) -> Check:
-        given = incoming.headers.get("X-Telegram-Bot-Api-Secret-Token")
+        given = incoming.headers.get(SECRET_TOKEN_HEADER)
         if given is None:
-            return Reject("missing_token", "no X-Telegram-Bot-Api-Secret-Token header")
+            return Reject("missing_token", f"no {SECRET_TOKEN_HEADER} header")
         if not matches_any(given, self.settings.secret_tokens):
             return Reject("bad_token")
         return Accept(self.key(incoming))

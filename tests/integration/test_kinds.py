@@ -33,15 +33,15 @@ from relay.kinds import (
     unregister_target,
 )
 from relay.outcome import Outcome
-from relay.secrets import Masker
+from relay.secrets import Masker, is_sensitive_header
 from relay.sources import Accept, Check, Reject, Source
 from relay.sources.base import matches_any
 from relay.store import EventQuery, Status
 from relay.targets.base import Envelope, Target
-from relay.views import target_view
+from relay.views import rejection_view, target_view
 
 from conftest import ConfigFactory, RelayFactory
-from helpers import write_config
+from helpers import eventually, write_config
 
 NOTEBOOKS: dict[str, list[bytes]] = {}
 
@@ -218,6 +218,7 @@ STAMPED = SourceKind(
     build=build_stamped,
     secrets=stamped_secrets,
     secret_keys=("stamp_secret",),
+    secret_headers=("X-Stamp",),  # no "token" or "signature" in its name
     retry_window=SenderRetry("the stamping sender", 2 * 86400.0),
     dedup_window=40 * 86400.0,
     advice=stamped_advice,
@@ -268,6 +269,45 @@ async def test_a_registered_source_is_read_checked_and_answers_as_its_kind_says(
         assert (answer.status, await answer.read()) == (202, b"stamped")
     (event,) = await relay.store.list_events(EventQuery())
     assert event.idempotency_key == "evt-1"
+
+
+async def test_its_secret_header_is_masked_even_when_its_value_is_no_secret_of_ours(
+    stamped_kind: None,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    """A wrong stamp (a near miss of the secret, a typo) is shown as *** in the
+    rejections, because the kind says X-Stamp carries credentials."""
+    config = make_config(
+        {"audit": {"type": "file", "path": "audit.jsonl"}},
+        {
+            "stamps": {
+                "path": "/hooks/stamps",
+                "targets": ["audit"],
+                "source": "stamped",
+                "stamp_secret": "st-9f8e7d6c",
+            }
+        },
+    )
+    relay = await start_relay(config, background=False)
+    near_miss = {"X-Stamp": "st-9f8e7d6X", "X-Other": "shown"}
+    async with http.post(relay.ingress_url + "/hooks/stamps", data=b"{}", headers=near_miss) as r:
+        assert r.status == 401
+
+    async def recorded() -> bool:  # the ingress stores a rejection in the background
+        return bool(await relay.store.list_rejections("stamps", 10))
+
+    await eventually(recorded)
+    (rejection,) = await relay.store.list_rejections("stamps", 10)
+    headers = rejection_view(rejection, config.masker)["headers"]
+    assert ["X-Stamp", "***"] in headers
+    assert ["X-Other", "shown"] in headers
+    unregister_source("stamped")
+    try:
+        assert not is_sensitive_header("X-Stamp")  # the kind's word, nobody else's
+    finally:
+        register_source(STAMPED)
 
 
 def test_an_unregistered_source_is_an_unknown_one(make_config: ConfigFactory) -> None:

@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from relay.sources.base import Source
 
 
+# The signatures' header in the Standard Webhooks spec (standard-webhooks/spec,
+# spec/standard-webhooks.md), or Svix's own name for it.
+SIGNATURE_HEADERS = ("webhook-signature", "svix-signature")
+
+
 @dataclass(frozen=True)
 class StandardWebhooksSource:
     secrets: tuple[bytes, ...]  # decoded from "whsec_<base64>": v1 (HMAC-SHA256)
@@ -53,5 +58,6 @@ KIND = SourceKind(
     parse=parse,
     build=build,
     secret_keys=("secret",),
+    secret_headers=SIGNATURE_HEADERS,
     retry_window=SenderRetry("a Standard Webhooks sender", 27 * 3600.0),
 )

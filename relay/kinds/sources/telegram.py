@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from relay.sources.base import Source
 
 
+# The secret_token given to setWebhook comes back in this header
+# (https://core.telegram.org/bots/api#setwebhook).
+SECRET_TOKEN_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+
 @dataclass(frozen=True)
 class TelegramSource:
     secret_tokens: tuple[str, ...]
@@ -34,5 +39,10 @@ def secrets(settings: TelegramSource) -> Iterable[str]:
 
 
 KIND = SourceKind(
-    name="telegram", parse=parse, build=build, secrets=secrets, secret_keys=("secret_token",)
+    name="telegram",
+    parse=parse,
+    build=build,
+    secrets=secrets,
+    secret_keys=("secret_token",),
+    secret_headers=(SECRET_TOKEN_HEADER,),
 )

@@ -15,17 +15,21 @@ if TYPE_CHECKING:
     from relay.sources.base import Source
 
 
+# The header Tilda's form webhook may carry its API key in (the route can name another).
+API_KEY_HEADER = "X-Tilda-Api-Key"
+
+
 @dataclass(frozen=True)
 class TildaSource:
     api_keys: tuple[str, ...] = ()
-    api_key_header: str = "X-Tilda-Api-Key"
+    api_key_header: str = API_KEY_HEADER
     api_key_field: str = "api_key"
 
 
 def parse(section: Section) -> TildaSource:
     return TildaSource(
         api_keys=secret_list(section, "api_key", required=False),
-        api_key_header=section.string("api_key_header", "X-Tilda-Api-Key"),
+        api_key_header=section.string("api_key_header", API_KEY_HEADER),
         api_key_field=section.string("api_key_field", "api_key"),
     )
 
@@ -52,5 +56,6 @@ KIND = SourceKind(
     build=build,
     secrets=secrets,
     secret_keys=("api_key",),
+    secret_headers=(API_KEY_HEADER,),
     advice=advice,
 )

@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from relay.sources.base import Source
 
 
+# Where WooCommerce puts its base64 HMAC-SHA256 of the body
+# (woocommerce/includes/class-wc-webhook.php, get_delivery_headers... 'X-WC-Webhook-Signature').
+SIGNATURE_HEADER = "X-WC-Webhook-Signature"
+
+
 @dataclass(frozen=True)
 class WooCommerceSource:
     secrets: tuple[str, ...]
@@ -34,5 +39,10 @@ def secrets(settings: WooCommerceSource) -> Iterable[str]:
 
 
 KIND = SourceKind(
-    name="woocommerce", parse=parse, build=build, secrets=secrets, secret_keys=("secret",)
+    name="woocommerce",
+    parse=parse,
+    build=build,
+    secrets=secrets,
+    secret_keys=("secret",),
+    secret_headers=(SIGNATURE_HEADER,),
 )
