@@ -74,6 +74,10 @@ class StartError(Exception):
 
 def _url(runner: web.BaseRunner) -> str:
     host, port = runner.addresses[0][:2]
+    return _url_of(host, port)
+
+
+def _url_of(host: str, port: int) -> str:
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}"
 
@@ -155,6 +159,7 @@ class Relay:
         )
         self._lock = serve_lock(config.storage)
         self._runners: dict[str, web.BaseRunner] = {}
+        self._ingress_listener: asyncio.Server | None = None
         self.connection_caps: dict[str, ConnectionCap | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._listening: asyncio.Task[None] | None = None
@@ -166,7 +171,9 @@ class Relay:
 
     @property
     def ingress_url(self) -> str:
-        return _url(self._runners["ingress"])
+        assert self._ingress_listener is not None
+        host, port = self._ingress_listener.sockets[0].getsockname()[:2]
+        return _url_of(host, port)
 
     @property
     def admin_url(self) -> str:
@@ -238,32 +245,44 @@ class Relay:
         if not task.cancelled() and task.exception() is not None:
             log.error("background task %s %s", task.get_name(), _how_it_ended(task))
 
-    async def _listen(
-        self, name: str, app: web.Application | web.Server, listen: Listen, limit: int
-    ) -> None:
-        runner: web.BaseRunner
-        if isinstance(app, web.Server):
-            runner = web.ServerRunner(app, handle_signals=False)
-        else:
-            runner = web.AppRunner(
-                app,
-                access_log=None,
-                handle_signals=False,
-                logger=server_log,
-                # An idle dashboard or API connection is closed, not kept for an hour.
-                keepalive_timeout=self.config.server.read_timeout,
-            )
-        await runner.setup()
-        self._runners[name] = runner
+    async def _listen_ingress(self, limit: int) -> None:
+        listen = self.config.server.listen
+        cap = ConnectionCap(self.ingress.server(), limit, "ingress")
+        loop = asyncio.get_running_loop()
         try:
-            site = CappedSite(runner, listen.host, listen.port, limit=limit, name=name)
+            self._ingress_listener = await loop.create_server(
+                cap, listen.host, listen.port, backlog=1024
+            )
+        except OSError as error:
+            raise _cannot_listen(listen, "ingress", error) from None
+        self.connection_caps["ingress"] = cap
+
+    async def _close_ingress(self) -> None:
+        """Stop listening; requests waiting for their commit still get their answer."""
+        listener, self._ingress_listener = self._ingress_listener, None
+        if listener is None:
+            return
+        listener.close()
+        await self.ingress.server().shutdown(self.config.server.shutdown_timeout)
+        await listener.wait_closed()
+
+    async def _listen_admin(self, app: web.Application, listen: Listen, limit: int) -> None:
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            logger=server_log,
+            # An idle dashboard or API connection is closed, not kept for an hour.
+            keepalive_timeout=self.config.server.read_timeout,
+        )
+        await runner.setup()
+        self._runners["admin"] = runner
+        try:
+            site = CappedSite(runner, listen.host, listen.port, limit=limit, name="admin")
             await site.start()
         except OSError as error:
-            reason = error.strerror or str(error)
-            if error.errno == errno.EADDRINUSE:
-                reason = "the address is already in use (is another relay running?)"
-            raise StartError(f"cannot listen on {listen} ({name}): {reason}") from None
-        self.connection_caps[name] = site.cap
+            raise _cannot_listen(listen, "admin", error) from None
+        self.connection_caps["admin"] = site.cap
 
     async def start(self, *, background: bool = True) -> None:
         """Open everything in order; a failure undoes what was opened.
@@ -302,14 +321,10 @@ class Relay:
                     self._spawn(self.store.listen(self._woken), "wake-ups", essential=True)
                     self._listening = self._tasks[-1]
             ingress_cap, admin_cap = connection_limits()
-            await self._listen(
-                "ingress", self.ingress.server(), self.config.server.listen, ingress_cap
-            )
+            await self._listen_ingress(ingress_cap)
             admin = self.config.admin
             if admin.enabled:
-                await self._listen(
-                    "admin", admin_application(self.operator), admin.listen, admin_cap
-                )
+                await self._listen_admin(admin_application(self.operator), admin.listen, admin_cap)
                 if admin.token is None:
                     log.warning(
                         "admin API on %s has no token: anyone on this machine can use it",
@@ -436,11 +451,10 @@ class Relay:
         line): the database and its lock are always let go. True if all went well.
         """
         self._stopping = True
-        steps: list[tuple[str, Callable[[], object]]] = []
-        ingress = self._runners.pop("ingress", None)
-        if ingress is not None:
-            # Stops listening and lets requests waiting on a commit get their answer.
-            steps.append(("closing the ingress listener", ingress.cleanup))
+        # Stops listening and lets requests waiting on a commit get their answer.
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("closing the ingress listener", self._close_ingress)
+        ]
         tasks, self._tasks = self._tasks, []
         grace = self.config.server.shutdown_timeout
         steps += [
@@ -463,6 +477,13 @@ class Relay:
         for what, step in steps:
             clean &= await _quietly(what, step)
         return clean
+
+
+def _cannot_listen(listen: Listen, name: str, error: OSError) -> StartError:
+    reason = error.strerror or str(error)
+    if error.errno == errno.EADDRINUSE:
+        reason = "the address is already in use (is another relay running?)"
+    return StartError(f"cannot listen on {listen} ({name}): {reason}")
 
 
 def _how_it_ended(task: asyncio.Task[None]) -> str:

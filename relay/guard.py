@@ -126,8 +126,12 @@ class _Counted(asyncio.Protocol):
 
     @property
     def in_request(self) -> bool:
-        # aiohttp's handler knows whether a request is being handled; it says
-        # so only in a private attribute (aiohttp 3.9 to 3.14 at least).
+        # Ingress's own protocol (relay.http1) says whether a request is being
+        # handled; aiohttp's (the admin listener) says so only in a private
+        # attribute (aiohttp 3.9 to 3.14 at least).
+        own = getattr(self._inner, "in_request", None)
+        if own is not None:
+            return bool(own)
         return bool(getattr(self._inner, "_request_in_progress", False))
 
     def close(self) -> None:

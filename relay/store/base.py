@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from relay.payload import Payload
 
 if TYPE_CHECKING:
+    import asyncio
+
     from relay.config import Config
 
 
@@ -457,21 +459,24 @@ class EventQuery:
 class Intake(Protocol):
     """Taking events in (ingress, alerts): store them, keep what was refused."""
 
-    async def accept_event(
+    def accept_event(
         self,
         event: NewEvent,
         deliveries: Sequence[NewDelivery],
         now: float,
         *,
         refuse_conflict: bool = False,
-    ) -> Accepted:
+    ) -> asyncio.Future[Accepted]:
         """Store an event and its deliveries in one durable transaction.
 
-        When its route already holds the idempotency key: an event with the
-        same digest is a re-send, answered with the stored one marked
+        Returns at once a future that is done after that transaction ended
+        (await it; ingress answers from it in a callback, with no task per
+        request). When its route already holds the idempotency key: an event
+        with the same digest is a re-send, answered with the stored one marked
         duplicate; one with another digest is stored as a new event flagged
         `conflict_of` the first (or, with `refuse_conflict`, not stored and
-        marked refused). Raises StoreUnavailable if it cannot commit.
+        marked refused). The future raises StoreUnavailable if the commit
+        failed; the call itself raises it when the store is closed.
         """
         ...
 

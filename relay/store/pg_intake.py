@@ -99,14 +99,15 @@ class PgIntake:
         if self._task is not None:
             await self._task
 
-    async def accept(self, job: AcceptJob) -> Accepted:
+    def submit(self, job: AcceptJob) -> asyncio.Future[Accepted]:
+        """Queue `job` for the next group transaction; the future has its outcome."""
         if self._closing or self._task is None:
             raise StoreUnavailable("store is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Accepted] = loop.create_future()
         self._queue.append(_Waiting(job, future, loop.time() + self._queue_timeout))
         self._has_work.set()
-        return await future
+        return future
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -348,17 +348,17 @@ class PostgresStore:
 
     # Ingress
 
-    async def accept_event(
+    def accept_event(
         self,
         event: NewEvent,
         deliveries: Sequence[NewDelivery],
         now: float,
         *,
         refuse_conflict: bool = False,
-    ) -> Accepted:
+    ) -> asyncio.Future[Accepted]:
         if self._intake is None:
             raise StoreUnavailable("store is not open")
-        return await self._intake.accept(AcceptJob(event, deliveries, now, refuse_conflict))
+        return self._intake.submit(AcceptJob(event, deliveries, now, refuse_conflict))
 
     # Scheduler
 

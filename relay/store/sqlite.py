@@ -236,17 +236,16 @@ class SqliteStore:
 
     # Ingress
 
-    async def accept_event(
+    def accept_event(
         self,
         event: NewEvent,
         deliveries: Sequence[NewDelivery],
         now: float,
         *,
         refuse_conflict: bool = False,
-    ) -> Accepted:
+    ) -> asyncio.Future[Accepted]:
         job = AcceptJob(event, deliveries, now, refuse_conflict)
-        result: Accepted = await self._write(job, queue_timeout=self._write_queue_timeout)
-        return result
+        return self._writer.submit(job, queue_timeout=self._write_queue_timeout)
 
     # Scheduler
 

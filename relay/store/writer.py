@@ -85,7 +85,12 @@ class GroupCommitWriter:
         self._task = asyncio.create_task(self._run(), name="relay-writer")
 
     async def run(self, job: Job[T], *, queue_timeout: float | None = None) -> T:
-        """Run `job` in the next group transaction and return its result after the commit.
+        """Run `job` in the next group transaction and return its result after the commit."""
+        return await self.submit(job, queue_timeout=queue_timeout)
+
+    def submit(self, job: Job[T], *, queue_timeout: float | None = None) -> asyncio.Future[T]:
+        """Queue `job` for the next group transaction: the future has its result
+        after the commit (ingress answers from it without a task per request).
 
         `queue_timeout` bounds the wait for a place in a transaction; once the
         job is in one, its outcome is awaited whatever it takes (the
@@ -103,7 +108,7 @@ class GroupCommitWriter:
             # One timer for the whole queue, not one per request: at thousands
             # of webhooks a second a timer each costs more than the commit.
             self._sweeper = loop.call_later(queue_timeout / 2, self._sweep, queue_timeout / 2)
-        return await future
+        return future
 
     def _sweep(self, every: float) -> None:
         """Fail the jobs that waited past their deadline without joining a transaction."""
