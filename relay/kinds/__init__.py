@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay.kinds.base import SenderRetry, SourceKind, TargetKind
+from relay.kinds.base import AlertTemplates, SenderRetry, SourceKind, TargetKind
 from relay.kinds.sources import (
     cdek,
     generic,
@@ -98,6 +98,7 @@ __all__ = [
     "SECRET_HEADERS",
     "SOURCE_KINDS",
     "TARGET_KINDS",
+    "AlertTemplates",
     "SenderRetry",
     "SourceKind",
     "TargetKind",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from relay.secrets import Masker
     from relay.sources.base import Source
     from relay.targets.base import Target
+    from relay.templates import Template
 
 S = TypeVar("S")
 
@@ -31,6 +32,18 @@ def _no_secrets(settings: Any) -> Iterable[str]:
 
 def _no_shared_rates(settings: Any) -> tuple[tuple[str, Rate], ...]:
     return ()
+
+
+@dataclass(frozen=True)
+class AlertTemplates:
+    """What an alert says (relay/alerts.py): its one-line summary and its text."""
+
+    summary: Template
+    text: Template
+
+
+def _no_alert_twin(settings: Any, alert: AlertTemplates) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,10 @@ class TargetKind(Generic[S]):
     default_concurrency: int = 4
     # Limits shared with other targets sending to the same place.
     shared_rates: Callable[[S], tuple[tuple[str, Rate], ...]] = _no_shared_rates
+    # The settings alerts go out with when this target is `[alerts] target`:
+    # its own templates (made for a lead, a payment) replaced by the alert's
+    # (relay/targets/alerting.py). None: alerts go as everything else does.
+    alert_settings: Callable[[S, AlertTemplates], S | None] = _no_alert_twin
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ An alert is an event on the internal route `ALERTS_ROUTE` whose JSON body
 has a `summary` and a `text` (see relay/alerts.py). The target named in
 `[alerts] target` is usually built for something else (a lead mail, a sales
 chat): its templates would read form fields an alert does not have and send
-"New lead: no name". So every target sends alert deliveries through a twin
-built from the same settings with the alert's own templates: the mail's
-subject is the summary and its text the alert's text, Telegram gets the
-text as plain text (no parse mode to trip on), an HTTP target gets the
-alert's JSON as is (its URL, method and header templates kept: they carry
-its credentials), a file target writes it as it writes everything.
+"New lead: no name". So a target sends alert deliveries through a twin
+built from the same settings with the alert's own templates, as its kind
+declares (`TargetKind.alert_settings`): the mail's subject is the summary
+and its text the alert's text, Telegram gets the text as plain text, an HTTP
+target gets the alert's JSON as is; a kind that declares none (a file
+target) sends an alert as it sends everything.
 """
 
 from __future__ import annotations
@@ -17,34 +17,22 @@ from __future__ import annotations
 import dataclasses
 
 from relay.config import TargetConfig
-from relay.kinds.targets.http import HttpSettings
-from relay.kinds.targets.smtp import SmtpSettings
-from relay.kinds.targets.telegram import TelegramSettings
+from relay.kinds import AlertTemplates, target_kind
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, Target
 from relay.templates import compile_template
 
 ALERTS_ROUTE = "_alerts"
 
-_SUMMARY = compile_template("{{ json.summary }}")
-_TEXT = compile_template("{{ json.text }}")
+ALERT = AlertTemplates(
+    summary=compile_template("{{ json.summary }}"), text=compile_template("{{ json.text }}")
+)
 
 
 def alert_settings(config: TargetConfig) -> TargetConfig | None:
     """The target's settings with the alert's templates; None when it has none to replace."""
-    settings = config.settings
-    replaced: object
-    if isinstance(settings, SmtpSettings):
-        replaced = dataclasses.replace(
-            settings, subject=_SUMMARY, text=_TEXT, html=None, reply_to=None
-        )
-    elif isinstance(settings, TelegramSettings):
-        replaced = dataclasses.replace(settings, text=_TEXT, parse_mode="none")
-    elif isinstance(settings, HttpSettings) and settings.format != "raw":
-        replaced = dataclasses.replace(settings, format="raw", body=None, form={})
-    else:
-        return None
-    return dataclasses.replace(config, settings=replaced)
+    replaced = target_kind(config.type).alert_settings(config.settings, ALERT)
+    return None if replaced is None else dataclasses.replace(config, settings=replaced)
 
 
 class AlertAware:

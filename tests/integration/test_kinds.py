@@ -1,17 +1,19 @@
 """A new kind of target or source is one module and one registration (relay.kinds).
 
 This file is that module for two throwaway kinds. The target `notebook` keeps
-each delivery's body in a list, under a label, and needs a credential. The
-source `stamped` accepts a request whose X-Stamp header carries its secret,
-names the event by its X-Stamp-Id, and says its sender retries for two days.
+each delivery's body in a list, under a label, and needs a credential; alerts
+sent to it go under the label's own "-alerts" twin. The source `stamped`
+accepts a request whose X-Stamp header carries its secret, names the event by
+its X-Stamp-Id, and says its sender retries for two days.
 Registered, each is read from a config, checked, shown masked, built and run
 by a real relay, end to end, with nothing else in relay knowing it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,12 @@ import pytest
 
 from relay.advice import warnings
 from relay.cli.check import describe as check_text
+from relay.clock import FakeClock
 from relay.config import Answer, ConfigError, RouteConfig, load_operator_config
 from relay.config.reader import Section
 from relay.incoming import Incoming
 from relay.kinds import (
+    AlertTemplates,
     SenderRetry,
     SourceKind,
     TargetKind,
@@ -40,8 +44,8 @@ from relay.store import EventQuery, Status
 from relay.targets.base import Envelope, Target
 from relay.views import rejection_view, target_view
 
-from conftest import ConfigFactory, RelayFactory
-from helpers import eventually, write_config
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import eventually, post_events, write_config
 
 NOTEBOOKS: dict[str, list[bytes]] = {}
 
@@ -95,6 +99,10 @@ def secrets(settings: NotebookSettings) -> Iterable[str]:
     return [settings.key]
 
 
+def alert_twin(settings: NotebookSettings, alert: AlertTemplates) -> NotebookSettings:
+    return replace(settings, label=f"{settings.label}-alerts")
+
+
 NOTEBOOK = TargetKind(
     name="notebook",
     parse=parse,
@@ -104,6 +112,7 @@ NOTEBOOK = TargetKind(
     secrets=secrets,
     secret_keys=("key",),
     default_concurrency=2,
+    alert_settings=alert_twin,
 )
 
 
@@ -148,6 +157,31 @@ async def test_a_registered_kind_is_read_shown_built_and_sent_to(
     assert NOTEBOOKS["orders"] == [b'{"n": 1}']
     (event,) = await relay.store.list_events(EventQuery())
     assert [d.status for d in event.deliveries] == [Status.DELIVERED]
+
+
+async def test_alerts_to_it_go_through_the_twin_its_kind_declares(
+    notebook_kind: None,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    _crm, crm_url = await start_sink([400])
+    config = make_config(
+        {
+            "crm": {"type": "http", "url": crm_url},
+            "book": {"type": "notebook", "label": "orders", "key": "k-5551234-secret"},
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        alerts={"target": "book"},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    await post_events(relay.ingress_url + "/hooks/orders", 1)
+    await relay.scheduler.drain()
+    assert await relay.alerter.flush() is not None  # crm's delivery went dead
+    await relay.scheduler.drain()
+    [alert] = NOTEBOOKS["orders-alerts"]
+    assert json.loads(alert)["dead_count"] == 1
+    assert NOTEBOOKS["orders"] == []
 
 
 def test_its_settings_errors_name_the_key(notebook_kind: None, make_config: ConfigFactory) -> None:

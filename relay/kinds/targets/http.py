@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
@@ -13,7 +13,7 @@ import yarl
 
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
-from relay.kinds.base import TargetKind
+from relay.kinds.base import AlertTemplates, TargetKind
 from relay.payload import EVENT_VARIABLES
 
 if TYPE_CHECKING:
@@ -111,6 +111,14 @@ def secrets(settings: HttpSettings) -> Iterable[str]:
     return [base64.b64encode(key).decode() for key in settings.sign]
 
 
+def alert_settings(settings: HttpSettings, alert: AlertTemplates) -> HttpSettings | None:
+    """The alert's JSON as is; the URL, method and header templates kept (they
+    carry its credentials). A raw body already is the alert's JSON."""
+    if settings.format == "raw":
+        return None
+    return replace(settings, format="raw", body=None, form=MappingProxyType({}))
+
+
 KIND = TargetKind(
     name="http",
     parse=parse,
@@ -119,4 +127,5 @@ KIND = TargetKind(
     view=view,
     secrets=secrets,
     secret_keys=("sign",),
+    alert_settings=alert_settings,
 )

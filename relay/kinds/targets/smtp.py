@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
-from relay.kinds.base import TargetKind
+from relay.kinds.base import AlertTemplates, TargetKind
 from relay.payload import EVENT_VARIABLES
 
 if TYPE_CHECKING:
@@ -114,6 +114,11 @@ def secrets(settings: SmtpSettings) -> Iterable[str]:
     return [settings.password] if settings.password else []
 
 
+def alert_settings(settings: SmtpSettings, alert: AlertTemplates) -> SmtpSettings:
+    """The alert's summary as the subject, its text as the mail's only part."""
+    return replace(settings, subject=alert.summary, text=alert.text, html=None, reply_to=None)
+
+
 KIND = TargetKind(
     name="smtp",
     parse=parse,
@@ -122,4 +127,5 @@ KIND = TargetKind(
     view=view,
     secrets=secrets,
     secret_keys=("password",),
+    alert_settings=alert_settings,
 )

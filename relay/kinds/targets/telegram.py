@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from relay.config.model import Rate
 from relay.config.reader import ConfigError, Section
-from relay.kinds.base import TargetKind
+from relay.kinds.base import AlertTemplates, TargetKind
 from relay.kinds.targets.http import parse_url
 from relay.payload import EVENT_VARIABLES
 
@@ -103,6 +103,11 @@ def secrets(settings: TelegramSettings) -> Iterable[str]:
     return [settings.bot_token]
 
 
+def alert_settings(settings: TelegramSettings, alert: AlertTemplates) -> TelegramSettings:
+    """The alert's text, as plain text: no parse mode for it to trip on."""
+    return replace(settings, text=alert.text, parse_mode="none")
+
+
 KIND = TargetKind(
     name="telegram",
     parse=parse,
@@ -114,4 +119,5 @@ KIND = TargetKind(
     # One message at a time: a chat's messages arrive in the order relay sends them.
     default_concurrency=1,
     shared_rates=shared_rates,
+    alert_settings=alert_settings,
 )
