@@ -52,7 +52,7 @@ class Operator(Actions):
 
     @property
     def masker(self) -> Masker:
-        return Masker(self.config.secrets)
+        return self.config.masker
 
     async def refresh_metrics(self) -> None:
         commits, writes = self.store_stats()

@@ -56,7 +56,7 @@ def database_warnings(config: Config) -> list[str]:
     cannot be reached); nothing for SQLite, whose settings relay sets itself."""
     if config.storage.url is None:
         return []
-    masker = Masker(config.secrets)
+    masker = config.masker
     try:
         settings = asyncio.run(_server_settings(config.storage.url))
     except Exception as error:
@@ -98,7 +98,7 @@ def where(target: TargetConfig, masker: Masker) -> str:
 
 
 def describe(config: Config) -> str:
-    masker = Masker(config.secrets)
+    masker = config.masker
     server, storage = config.server, config.storage
     lines = [
         f"config OK: {config.source}",

@@ -22,7 +22,6 @@ from relay.cli.common import (
 from relay.inputs import row_id
 from relay.payload import media_type, parse_form, parse_json
 from relay.search import SearchError, parse_search
-from relay.secrets import Masker
 from relay.store import EventQuery, SearchProgress, Status
 from relay.views import event_detail, event_summary, rejection_view, search_view
 from relay.wording import count
@@ -84,7 +83,7 @@ def list_events(args: argparse.Namespace) -> int:
         async with opened_store(config) as store:
             events = await store.list_events(query)
             progress = await store.search_progress() if search is not None else None
-        masker = Masker(config.secrets)
+        masker = config.masker
         return [event_summary(event, masker) for event in events], progress
 
     found, progress = run(fetch())
@@ -103,7 +102,7 @@ def list_rejections(args: argparse.Namespace) -> int:
     async def fetch() -> list[dict[str, Any]]:
         async with opened_store(config) as store:
             found = await store.list_rejections(args.route, max(1, args.limit))
-        masker = Masker(config.secrets)
+        masker = config.masker
         return [rejection_view(r, masker) for r in found]
 
     emit(args, run(fetch()), _rejections_text)
@@ -129,7 +128,7 @@ def show_event(args: argparse.Namespace) -> int:
     async def fetch() -> dict[str, Any]:
         async with acting(config) as actions:
             detail = await actions.event(event_id)
-        return event_detail(detail, Masker(config.secrets))
+        return event_detail(detail, config.masker)
 
     emit(args, run(fetch()), _event_text)
     return 0

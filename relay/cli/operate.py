@@ -26,7 +26,6 @@ from relay.cli.common import (
     table,
 )
 from relay.inputs import instant
-from relay.secrets import Masker
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.units import format_duration
 from relay.views import delivery_summary, stats_view
@@ -121,7 +120,7 @@ def _each_delivery(
 
     async def act() -> tuple[list[dict[str, Any]], list[str]]:
         done, problems = [], []
-        masker = Masker(config.secrets)
+        masker = config.masker
         async with acting(config) as actions:
             for delivery_id in ids:
                 try:
@@ -186,7 +185,7 @@ def show_stats(args: argparse.Namespace) -> int:
         async with opened_store(config) as store:
             stats = await store.stats()
             paused = await store.paused_targets()
-        return stats_view(stats, time.time(), paused, Masker(config.secrets))
+        return stats_view(stats, time.time(), paused, config.masker)
 
     emit(args, run(fetch()), _stats_text)
     return 0

@@ -15,7 +15,6 @@ from relay.cli.common import (
     read_config,
 )
 from relay.payload import Payload, strip_form_fields
-from relay.secrets import Masker
 from relay.store import Status
 
 
@@ -65,7 +64,7 @@ def render(args: argparse.Namespace) -> int:
         headers.append(("Content-Type", content_type))
     payload = Payload.received("POST", route.path, "", headers, body)
     incoming = Incoming(payload)
-    masker = Masker(config.secrets)
+    masker = config.masker
     print(f"route {route.name}: POST {masker.text(route.path)}")
     # The same steps as ingress: the route's source profile, then its key.
     source = build_source(route)

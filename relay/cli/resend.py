@@ -24,7 +24,6 @@ from relay.cli.common import (
 )
 from relay.inputs import row_id
 from relay.payload import media_type
-from relay.secrets import Masker
 from relay.store import EventDetail
 from relay.views import preview_view
 
@@ -72,7 +71,7 @@ def resend(args: argparse.Namespace) -> int:
 
     config = read_config(args)
     event_id = row_id(args.event_id, "event id")
-    masker = Masker(config.secrets)
+    masker = config.masker
 
     async def load() -> EventDetail:
         async with acting(config) as actions:

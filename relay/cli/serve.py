@@ -7,7 +7,6 @@ import dataclasses
 
 from relay import logs
 from relay.cli.common import add_config_option, read_config, run
-from relay.secrets import Masker
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +25,7 @@ def handle(args: argparse.Namespace) -> int:
     log_config = config.log
     if args.log_level:
         log_config = dataclasses.replace(log_config, level=args.log_level)
-    logs.configure(log_config, Masker(config.secrets))
+    logs.configure(log_config, config.masker)
     # The daemon's whole machinery (aiohttp.web, Jinja2, prometheus) is imported
     # here, not with the CLI: the operator commands start without it.
     from relay.app import serve

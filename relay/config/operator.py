@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 
@@ -17,6 +18,7 @@ import relay.kinds as kinds  # the module: see relay.config.targets
 from relay.config.load import parse_storage, read_toml
 from relay.config.model import StorageConfig
 from relay.config.reader import Section, substitute
+from relay.secrets import Masker
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,11 @@ class OperatorConfig:
     dedup_windows: Mapping[str, float | None]
     secrets: frozenset[str]
     source: Path
+
+    @cached_property
+    def masker(self) -> Masker:
+        """The masker of these secrets (as `Config.masker`: built once)."""
+        return Masker(self.secrets)
 
 
 def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConfig:
