@@ -130,7 +130,6 @@ class ClaimedDelivery:
     resume_at: float | None
     idempotency_key: str | None
     received_at: float
-    remote_addr: str | None
     payload: Payload
 
 

@@ -308,7 +308,6 @@ def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDe
         resume_at=delivery[7],
         idempotency_key=event[2],
         received_at=event[3],
-        remote_addr=event[4],
         payload=payload_of(event),
     )
 

@@ -34,7 +34,6 @@ def report(error: str) -> AttemptReport:
         resume_at=None,
         idempotency_key="k",
         received_at=0.0,
-        remote_addr=None,
         payload=Payload(
             method="POST",
             path="/",
