@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -26,6 +26,7 @@ from relay.scheduler import AttemptReport
 from relay.store import (
     Accepted,
     AlertNote,
+    AlertNotes,
     Intake,
     NewDelivery,
     NewEvent,
@@ -160,22 +161,6 @@ def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
     return notes
 
 
-class SharedNotes(Protocol):
-    """A store several instances share: notes wait in it for the leading one."""
-
-    async def note_alerts(self, notes: Sequence[bytes], now: float) -> None: ...
-
-    async def alert_notes(self) -> list[AlertNote]: ...
-
-    async def send_alert(
-        self,
-        notes: Collection[int],
-        event: NewEvent | None,
-        deliveries: Sequence[NewDelivery],
-        now: float,
-    ) -> Accepted | None: ...
-
-
 class Alerter:
     """Groups what attempts saw into one alert per window.
 
@@ -193,7 +178,7 @@ class Alerter:
         clock: Clock,
         *,
         on_created: Callable[[dict[str, Any]], None] | None = None,
-        shared: SharedNotes | None = None,
+        shared: AlertNotes | None = None,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.config = config
@@ -246,7 +231,7 @@ class Alerter:
             self._flush_soon.clear()
             await self.flush()
 
-    async def _run_shared(self, shared: SharedNotes) -> None:
+    async def _run_shared(self, shared: AlertNotes) -> None:
         """Store this instance's notes; when leading, send every instance's
         notes one group window after the oldest of them was noted."""
         while not self._stopping:
@@ -266,7 +251,7 @@ class Alerter:
             await self._clock.wait(self._flush_soon, until)
             self._flush_soon.clear()
 
-    async def _store_notes(self, shared: SharedNotes) -> None:
+    async def _store_notes(self, shared: AlertNotes) -> None:
         if not self._outbox:
             return
         notes, self._outbox = self._outbox, []
@@ -309,7 +294,7 @@ class Alerter:
             return None
         return self._created(accepted, body)
 
-    async def _send(self, shared: SharedNotes, notes: list[AlertNote]) -> int | None:
+    async def _send(self, shared: AlertNotes, notes: list[AlertNote]) -> int | None:
         """One alert saying every note, stored as the notes are taken away."""
         window = _Window()
         for note in notes:

@@ -4,6 +4,7 @@ from relay.store.backends import BACKENDS, Backend, open_store, serve_lock
 from relay.store.base import (
     Accepted,
     AlertNote,
+    AlertNotes,
     AttemptRecord,
     AttemptView,
     ClaimedDelivery,
@@ -57,6 +58,7 @@ __all__ = [
     "BACKENDS",
     "Accepted",
     "AlertNote",
+    "AlertNotes",
     "AlreadyRunning",
     "AttemptRecord",
     "AttemptView",

@@ -23,6 +23,11 @@ The verbs are grouped by who uses them; each part of relay takes only its role:
     Maintenance  purge, reclaim_space, backup...         retention, `relay backup`
     Store        all of them, plus open/close            whoever opens it (relay.store.open_store)
 
+and, on a store several instances share (PostgreSQL) only:
+
+    AlertNotes   note_alerts, alert_notes, send_alert    alerts
+    Shared       AlertNotes, lead, listen, reconfigure   the app (isinstance(store, Shared))
+
 ADDING A VERB: put it in the role of the part that calls it (a new consumer
 with a new need gets a new small role, not the whole Store), keep its name
 in the domain's words (never insert_row/update_status), take `now` rather
@@ -679,22 +684,9 @@ class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, P
     async def close(self) -> None: ...
 
 
-@runtime_checkable
-class Shared(Protocol):
-    """A store that several relay instances share (PostgreSQL): what only such
-    a store does. The app asks `isinstance(store, Shared)` instead of naming a
-    backend, so a single-process store needs none of it (nor its driver)."""
-
-    def reconfigure(self, config: Config) -> None:
-        """Targets' concurrency and rates of this config, as cluster totals."""
-        ...
-
-    async def lead(self) -> bool:
-        """Whether this instance runs the singletons (retention, alert grouping,
-        gauges) now; takes the lead when it is free. One caller at a time, in
-        `relay serve` only: StoreError when another running instance has this
-        instance's id."""
-        ...
+class AlertNotes(Protocol):
+    """Alerts on a shared store (relay.alerts): each instance notes what its
+    attempts saw, the leading one groups every instance's notes into one alert."""
 
     async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:
         """Keep what an alert must say until the leading instance sends it."""
@@ -715,6 +707,24 @@ class Shared(Protocol):
         that says them (no event: the notes are only dropped). None, and
         nothing changed, when any of them is gone already (another instance
         that thought it led has sent them)."""
+        ...
+
+
+@runtime_checkable
+class Shared(AlertNotes, Protocol):
+    """A store that several relay instances share (PostgreSQL): what only such
+    a store does. The app asks `isinstance(store, Shared)` instead of naming a
+    backend, so a single-process store needs none of it (nor its driver)."""
+
+    def reconfigure(self, config: Config) -> None:
+        """Targets' concurrency and rates of this config, as cluster totals."""
+        ...
+
+    async def lead(self) -> bool:
+        """Whether this instance runs the singletons (retention, alert grouping,
+        gauges) now; takes the lead when it is free. One caller at a time, in
+        `relay serve` only: StoreError when another running instance has this
+        instance's id."""
         ...
 
     async def listen(self, callback: Callable[[str], None]) -> None:
