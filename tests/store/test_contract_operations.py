@@ -1,5 +1,6 @@
-"""Store contract, the Operations role (what a person does): retry_now, skip,
-requeue, count, resend, set_paused. Runs over every backend
+"""Store contract, the Operations role (what a person does): retry_now (and the
+manual-retry rule across a stop, a crash and a success), skip, requeue, count,
+resend, set_paused. Runs over every backend
 (tests/store_backends.py)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from relay.store import (
 )
 
 from samples import T0, TWO, event
+from store_backends import Harness
 
 FAILED = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
 
@@ -234,3 +236,55 @@ async def test_resend_stores_an_edited_copy_linked_to_the_original(store: Store)
     assert (again.duplicate, again.event_id) == (True, original.event_id)
     with pytest.raises(NotFound):
         await store.resend(Resend(10_000, (), b"{}", "application/json", ("crm",), "x"), T0 + 70)
+
+
+async def test_a_manual_attempt_lost_mid_way_is_still_manual_when_claimed_again(
+    backend: Harness,
+) -> None:
+    """A person's retry whose attempt never got recorded (relay stopped with it
+    in flight, or died and its lease ran out) keeps the manual rule: the next
+    claim is that same extra try, and a failure still returns it to dead."""
+    store = await backend.open()
+    dead = await _dead(store)
+    await store.retry_now(dead.id, T0 + 100)
+    [claim] = await store.claim_due(T0 + 100, T0 + 160, {"crm": 1})
+    await store.release([claim.id], T0 + 101)  # a stop: the lease given back
+    [again] = await store.claim_due(T0 + 102, T0 + 162, {"crm": 1})
+    assert (again.id, again.manual, again.resume_status, again.attempts) == (
+        dead.id,
+        True,
+        Status.DEAD,
+        1,
+    )
+    store = await backend.restart(store)  # a crash: the lease runs out
+    [after_crash] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 1})
+    assert (after_crash.id, after_crash.manual, after_crash.resume_status) == (
+        dead.id,
+        True,
+        Status.DEAD,
+    )
+    failed = AttemptRecord(2, T0 + 200, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
+    await store.record_attempt(after_crash, failed, Dead("still"), T0 + 200)
+    view = await store.get_delivery(dead.id)
+    assert view is not None
+    assert (view.status, view.attempts, view.attempts_in_cycle) == (Status.DEAD, 2, 1)
+
+
+async def test_a_manual_attempt_that_succeeds_delivers_and_the_rule_ends(store: Store) -> None:
+    dead = await _dead(store)
+    await store.retry_now(dead.id, T0 + 100)
+    [claim] = await store.claim_due(T0 + 100, T0 + 160, {"crm": 1})
+    ok = AttemptRecord(2, T0 + 100, 0.01, "success", 200, in_cycle=False)
+    await store.record_attempt(claim, ok, Delivered(), T0 + 100)
+    view = await store.get_delivery(dead.id)
+    assert view is not None
+    assert (view.status, view.attempts, view.attempts_in_cycle, view.next_attempt_at) == (
+        Status.DELIVERED,
+        2,
+        1,
+        None,
+    )
+    # Requeued later, it is an ordinary delivery again, not a manual attempt.
+    await store.requeue(Selection(status=Status.DELIVERED), T0 + 200)
+    [fresh] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 1})
+    assert (fresh.manual, fresh.resume_status, fresh.attempts_in_cycle) == (False, None, 0)
