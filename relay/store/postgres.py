@@ -801,7 +801,7 @@ class PostgresStore:
         ]
 
     async def set_paused(self, target: str, paused: bool, now: float) -> None:
-        async with self._connection() as connection:
+        async def job(connection: Connection) -> None:
             await connection.execute(
                 "INSERT INTO targets (name, paused, paused_at) VALUES ($1, $2, $3)"
                 " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
@@ -810,6 +810,16 @@ class PostgresStore:
                 paused,
                 now if paused else None,
             )
+            if not paused:
+                # A person resuming a down target wants to know now: probe at once.
+                await connection.execute(
+                    "UPDATE targets SET probe_at = LEAST(probe_at, $1)"
+                    " WHERE name = $2 AND down_since IS NOT NULL",
+                    now,
+                    target,
+                )
+
+        await self._write(job)
         await self._wake("pause")
 
     async def paused_targets(self) -> frozenset[str]:

@@ -1,7 +1,7 @@
 """Store contract, the Operations role (what a person does): retry_now (and the
 manual-retry rule across a stop, a crash and a success), skip, requeue, count,
-resend, set_paused. Runs over every backend
-(tests/store_backends.py)."""
+resend, set_paused (resuming a down target probes it). Runs over every
+backend (tests/store_backends.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from relay.store import (
     Conflict,
     Dead,
     Delivered,
+    DownState,
+    Hold,
     NewDelivery,
     NotFound,
     Resend,
@@ -288,3 +290,21 @@ async def test_a_manual_attempt_that_succeeds_delivers_and_the_rule_ends(store: 
     await store.requeue(Selection(status=Status.DELIVERED), T0 + 200)
     [fresh] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 1})
     assert (fresh.manual, fresh.resume_status, fresh.attempts_in_cycle) == (False, None, 0)
+
+
+async def test_resuming_a_down_target_makes_its_probe_due_now(store: Store) -> None:
+    await store.accept_event(event("a"), [NewDelivery("crm")], T0)
+    await store.accept_event(event("b"), [NewDelivery("crm")], T0)
+    failed = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
+    for claim in await store.claim_due(T0, T0 + 60, {"crm": 2}):
+        streak = await store.record_attempt(claim, failed, RetryAt(T0 + 10), T0, Hold(2, T0 + 3600))
+    assert streak.went_down
+    await store.set_paused("crm", True, T0 + 5)
+    assert await store.down_targets() == {"crm": DownState(T0, T0 + 3600, 0)}  # pausing: as it was
+    await store.set_paused("crm", False, T0 + 20)
+    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0)}
+    # Resuming a target that is not down changes nothing of the kind.
+    await store.set_paused("mail", True, T0 + 20)
+    await store.set_paused("mail", False, T0 + 21)
+    assert set(await store.down_targets()) == {"crm"}
+    assert await store.paused_targets() == frozenset()
