@@ -196,7 +196,7 @@ async def main() -> None:
             print(f"stored {args.events} events in {build_seconds:.1f}s", flush=True)
         behind = (await store.search_progress()).behind
         print(f"indexing {behind} events ...", flush=True)
-        indexer = SearchIndexer(store, SystemClock(), Masker, batch=500)
+        indexer = SearchIndexer(store, SystemClock(), Masker(), batch=500)
         started = time.perf_counter()
         indexed = await indexer.catch_up()
         index_seconds = time.perf_counter() - started

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from relay import logs
 from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.clock import Clock, SystemClock
@@ -28,11 +29,12 @@ from relay.httplog import server_log
 from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
 from relay.leadership import CHECK_EVERY, Leadership
-from relay.logs import log_attempt, set_masker
+from relay.logs import log_attempt
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
+from relay.secrets import Masker
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
 from relay.systemd import Notifier, watchdog
@@ -59,13 +61,11 @@ def with_admin_token(config: Config) -> Config:
         "admin token written to %s: the API and the dashboard's sign-in ask for it",
         admin.token_file,
     )
-    with_token = dataclasses.replace(
+    return dataclasses.replace(
         config,
         admin=dataclasses.replace(admin, token=token),
         secrets=config.secrets | {token},
     )
-    set_masker(with_token.masker)
-    return with_token
 
 
 class StartError(Exception):
@@ -95,9 +95,9 @@ class Relay:
         log_attempts: bool = True,
     ) -> None:
         config = with_admin_token(config)
+        logs.reconfigure(config)  # a token just written is masked from the first line
         self.config = config
         self.clock = clock or SystemClock()
-        self.masker = config.masker
         self.store = open_store(config.storage)
         shared = self.store if isinstance(self.store, Shared) else None
         self.metrics = Metrics(cluster=shared is not None)
@@ -118,7 +118,6 @@ class Relay:
             config,
             self.targets,
             self.clock,
-            masker=self.masker,
             rng=rng,
             poll_interval=poll_interval,
             on_attempt=self._observe_attempt,
@@ -139,7 +138,7 @@ class Relay:
         self.leadership.on_gained(self.alerter.wake)
         if shared is not None:
             shared.reconfigure(config)
-        self.indexer = SearchIndexer(self.store, self.clock, lambda: self.masker)
+        self.indexer = SearchIndexer(self.store, self.clock, config.masker)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.ingress = Ingress(
             config,
@@ -168,6 +167,11 @@ class Relay:
         # Set when a background task ends while relay is not stopping: `serve()`
         # then stops the process with a non-zero exit, so systemd restarts it.
         self.died = asyncio.Event()
+
+    @property
+    def masker(self) -> Masker:
+        """The running config's masker (the one every component was given)."""
+        return self.config.masker
 
     @property
     def ingress_url(self) -> str:
@@ -404,7 +408,6 @@ class Relay:
             raise
         retired = [t for name, t in self.targets.items() if targets.get(name) is not t]
         self.config = config
-        self.masker = config.masker
         self.targets = targets
         self.scheduler.reconfigure(config, targets)
         if isinstance(self.store, Shared):
@@ -412,7 +415,8 @@ class Relay:
         self.ingress.reconfigure(config)
         self.alerter.reconfigure(config)
         self.retention.reconfigure(config)
-        set_masker(config.masker)
+        self.indexer.reconfigure(config)
+        logs.reconfigure(config)
         for target in retired:
             self._spawn(self._retire(target), "retire-target")
         # The new config is in place now: a store hiccup here must not be

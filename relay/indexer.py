@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 from relay.clock import Clock
+from relay.config import Config
 from relay.search import MAX_BODY_BYTES, documents
 from relay.secrets import Masker
 from relay.store import Indexing, StoreError
@@ -43,7 +43,7 @@ class SearchIndexer:
         self,
         store: Indexing,
         clock: Clock,
-        masker: Callable[[], Masker],
+        masker: Masker,
         *,
         batch: int = BATCH,
     ) -> None:
@@ -55,6 +55,10 @@ class SearchIndexer:
         self._stop = asyncio.Event()
         self._arrived = False  # a webhook came since the indexer last looked
         self.indexed = 0
+
+    def reconfigure(self, config: Config) -> None:
+        """Mask this config's secrets in what is indexed from now on."""
+        self._masker = config.masker
 
     def noticed(self) -> None:
         """A webhook was stored: index it soon, but not while more keep coming.
@@ -68,7 +72,7 @@ class SearchIndexer:
         batch = await self._store.events_to_index(self._batch, MAX_BODY_BYTES)
         if not batch:
             return 0
-        found = await asyncio.to_thread(documents, batch, self._masker())
+        found = await asyncio.to_thread(documents, batch, self._masker)
         await self._store.index_events(found, batch[-1].event_id)
         self.indexed += len(batch)
         return len(batch)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from relay.config import LogConfig
+from relay.config import Config, LogConfig
 from relay.retry import Next
 from relay.secrets import Masker
 from relay.views import iso
@@ -97,12 +97,14 @@ def configure(config: LogConfig, masker: Masker | None = None) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def set_masker(masker: Masker) -> None:
-    """After a reload: mask the new config's secrets (and keep masking the old)."""
+def reconfigure(config: Config) -> None:
+    """A new config (a reload, a token written at start): mask its secrets in
+    every line from now on, and keep masking the old ones (lines still being
+    written may name them)."""
     for handler in logging.getLogger().handlers:
         formatter = handler.formatter
         if isinstance(formatter, TextFormatter | JsonFormatter):
-            formatter.masker = formatter.masker.merged(masker)
+            formatter.masker = formatter.masker.merged(config.masker)
 
 
 def attempt_fields(report: AttemptReport) -> dict[str, Any]:

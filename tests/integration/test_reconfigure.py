@@ -1,6 +1,7 @@
 """A reload reaches every component through its reconfigure(config), with the
 new config's one masker: a secret that appears only in the new config is
-masked in what the scheduler stores and in the log, from the first attempt."""
+masked in what the scheduler stores, in the log and in the search index, from
+the first attempt."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from relay.clock import FakeClock
+from relay.search import parse_search
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
@@ -56,3 +58,9 @@ async def test_a_reload_masks_the_new_configs_secrets_everywhere(
     (attempt,) = [a for attempts in detail.attempts.values() for a in attempts]
     assert attempt.response == b"bad key ***"
     assert NEW_TOKEN not in caplog.text
+    # A sender that echoes the credential: the index holds it masked.
+    async with http.post(relay.ingress_url + "/hooks/orders", data=NEW_TOKEN.encode()) as answer:
+        assert answer.status == 200
+    assert await relay.indexer.catch_up() == 2
+    search = EventQuery(search=parse_search("8c1d9e2f"))
+    assert await relay.store.list_events(search) == []

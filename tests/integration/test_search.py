@@ -169,7 +169,7 @@ async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
 
     for i in range(10):
         await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
-    indexer = SearchIndexer(store, FakeClock(), Masker, batch=4)
+    indexer = SearchIndexer(store, FakeClock(), Masker(), batch=4)
     assert await indexer.step() == 4
     await store.close()  # "crash" between batches: the mark says where it stopped
 
@@ -177,7 +177,7 @@ async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
     await store.open()
     progress = await store.search_progress()
     assert (progress.indexed_through, progress.behind) == (4, 6)
-    indexer = SearchIndexer(store, FakeClock(), Masker, batch=4)
+    indexer = SearchIndexer(store, FakeClock(), Masker(), batch=4)
     assert await indexer.catch_up() == 6
     db = sqlite3.connect(path)
     assert db.execute("SELECT COUNT(*) FROM event_search").fetchone()[0] == 10
