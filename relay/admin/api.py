@@ -178,26 +178,30 @@ def event_summary_delivery(delivery: DeliveryView, operator: Operator) -> dict[s
     return view
 
 
+def _json_object(raw: bytes, keys: frozenset[str]) -> dict[str, Any]:
+    """A request's JSON object (no body: an empty one), naming the first key it
+    does not know; anything else is a BadRequest."""
+    try:
+        body = orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError:
+        raise BadRequest("expected a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    unknown = set(body) - keys
+    if unknown:
+        raise BadRequest(
+            f"{sorted(unknown)[0]}: unknown key (expected one of: {', '.join(sorted(keys))})"
+        )
+    return body
+
+
 REQUEUE_KEYS = frozenset({"status", "route", "target", "since", "until", "ids"})
 
 
 async def requeue(request: web.Request) -> web.Response:
     operator = _operator(request)
     now = operator.clock.now()
-    body: Any = {}
-    if request.can_read_body:
-        try:
-            body = orjson.loads(await request.read() or b"{}")
-        except orjson.JSONDecodeError:
-            raise BadRequest("expected a JSON object") from None
-    if not isinstance(body, dict):
-        raise BadRequest("expected a JSON object")
-    unknown = set(body) - REQUEUE_KEYS
-    if unknown:
-        raise BadRequest(
-            f"{sorted(unknown)[0]}: unknown key (expected one of: "
-            f"{', '.join(sorted(REQUEUE_KEYS))})"
-        )
+    body = _json_object(await request.read() if request.can_read_body else b"", REQUEUE_KEYS)
     ids = body.get("ids") or []
     if not isinstance(ids, list):
         raise BadRequest("ids: expected a list of delivery ids")
@@ -222,17 +226,7 @@ async def resend_event(request: web.Request) -> web.Response:
     event_id = row_id(request.match_info["event_id"], "event_id")
     if media_type(request.content_type) != "application/json":
         return error(415, "expected a JSON object (Content-Type: application/json)")
-    try:
-        body = orjson.loads(await request.read() or b"{}")
-    except orjson.JSONDecodeError:
-        raise BadRequest("expected a JSON object") from None
-    if not isinstance(body, dict):
-        raise BadRequest("expected a JSON object")
-    unknown = set(body) - RESEND_KEYS
-    if unknown:
-        raise BadRequest(
-            f"{sorted(unknown)[0]}: unknown key (expected one of: {', '.join(sorted(RESEND_KEYS))})"
-        )
+    body = _json_object(await request.read(), RESEND_KEYS)
     text, content_type, targets = body.get("body"), body.get("content_type"), body.get("targets")
     if not isinstance(text, str):
         raise BadRequest("body: expected the edited body as a string")
