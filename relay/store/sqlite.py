@@ -77,7 +77,16 @@ from relay.store.rows import (
     selection_where,
     update_health,
 )
-from relay.store.verbs import Missing, NotApplicable, VerbResult, outcome
+from relay.store.verbs import (
+    Missing,
+    NotApplicable,
+    RetryNow,
+    VerbResult,
+    may_skip,
+    outcome,
+    retry_now_step,
+    waiting_behind,
+)
 from relay.store.writer import GroupCommitWriter, Job, unavailable
 
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
@@ -566,29 +575,26 @@ class SqliteStore:
             ).fetchone()
             if row is None:
                 return Missing()
-            status, resume_status = Status(row[0]), row[1]
-            if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
-                return NotApplicable(status.value)
-            if status is Status.PENDING and row[2] is None and row[4] is not None:
-                # Sending it now would overtake the one before it.
+            status = Status(row[0])
+            step = retry_now_step(status, row[1], row[2], row[4])
+            if isinstance(step, NotApplicable):
+                return step
+            if step is RetryNow.WAITING_TURN:
                 head = connection.execute(HEAD_OF_LINE, (row[3], row[4])).fetchone()
-                return NotApplicable(
-                    f"waiting its turn behind delivery {head[0]} ({head[1]}):"
-                    " retry, requeue or skip that one"
-                )
-            if status is Status.PENDING and resume_status is None:
+                return waiting_behind(head[0], head[1])
+            if step is RetryNow.FROM_PENDING:
                 connection.execute(
                     "UPDATE deliveries SET resume_status = 'pending', resume_at = next_attempt_at,"
                     " next_attempt_at = ?, updated_at = ? WHERE id = ?",
                     (now, now, delivery_id),
                 )
-            elif status is Status.DEAD:
+            elif step is RetryNow.FROM_DEAD:
                 connection.execute(
                     "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
                     " resume_at = NULL, next_attempt_at = ?, updated_at = ? WHERE id = ?",
                     (now, now, delivery_id),
                 )
-            else:  # a retry is already waiting: asking twice is asking once
+            else:
                 return delivery_view(select_delivery(connection, delivery_id))
             insert_log(
                 connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})"
@@ -613,8 +619,8 @@ class SqliteStore:
             if row is None:
                 return Missing()
             status = Status(row[0])
-            if status not in (Status.PENDING, Status.DEAD):
-                return NotApplicable(status.value)
+            if (refused := may_skip(status)) is not None:
+                return refused
             connection.execute(
                 "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
                 " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"

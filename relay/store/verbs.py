@@ -2,14 +2,17 @@
 
 A backend's transaction answers the delivery's new view, `Missing`, or
 `NotApplicable` with the delivery's state in words; `outcome` turns the
-last two into the store's exceptions, the same on every backend.
+last two into the store's exceptions, the same on every backend. Which of
+these a verb answers is decided here too (`retry_now_step`, `may_skip`), from
+the delivery's row: each backend reads the row and writes what was decided.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from relay.store.base import Conflict, DeliveryView, NotFound
+from relay.store.base import Conflict, DeliveryView, NotFound, Status
 
 
 @dataclass(frozen=True)
@@ -34,3 +37,40 @@ def outcome(delivery_id: int, result: VerbResult) -> DeliveryView:
     if isinstance(result, NotApplicable):
         raise Conflict(f"delivery {delivery_id} is {result.state}")
     return result
+
+
+class RetryNow(StrEnum):
+    """What `retry_now` does to a delivery, decided from its row alone."""
+
+    FROM_PENDING = "from_pending"  # one more attempt now; its schedule kept to return to
+    FROM_DEAD = "from_dead"  # pending now; a failure returns it to dead
+    ASKED_ALREADY = "asked_already"  # a person's retry already waits: asking twice is once
+    WAITING_TURN = "waiting_turn"  # its key's earlier delivery goes first: not applicable
+
+
+def retry_now_step(
+    status: Status, resume_status: str | None, next_attempt_at: float | None, order_key: str | None
+) -> RetryNow | NotApplicable:
+    """The manual-retry rule's start, the same on every backend: delivered,
+    skipped and in-flight deliveries cannot be retried; a pending one waiting
+    its turn (order_by) would overtake the one before it."""
+    if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
+        return NotApplicable(status.value)
+    if status is Status.PENDING and next_attempt_at is None and order_key is not None:
+        return RetryNow.WAITING_TURN
+    if status is Status.DEAD:
+        return RetryNow.FROM_DEAD
+    return RetryNow.FROM_PENDING if resume_status is None else RetryNow.ASKED_ALREADY
+
+
+def waiting_behind(delivery_id: int, status: str) -> NotApplicable:
+    """Why a delivery waiting its turn is not retried: the one it waits for."""
+    return NotApplicable(
+        f"waiting its turn behind delivery {delivery_id} ({status}):"
+        " retry, requeue or skip that one"
+    )
+
+
+def may_skip(status: Status) -> NotApplicable | None:
+    """Only a pending or dead delivery can be set aside."""
+    return None if status in (Status.PENDING, Status.DEAD) else NotApplicable(status.value)
