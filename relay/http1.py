@@ -244,6 +244,9 @@ class Connection(asyncio.Protocol):
         # (closing at once would reset the connection, and the client could
         # lose the answer while still sending), then the connection closes.
         self._lingering: _Message | None = None
+        # Refused as malformed or too large: the answer went out with a FIN;
+        # what still arrives is dropped until the client closes (or the deadline).
+        self._draining = False
         self._url = b""
         self._raw: list[tuple[bytes, bytes]] = []
         self._in_head = False
@@ -289,7 +292,7 @@ class Connection(asyncio.Protocol):
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
-        if self._closing or (self._problem is not None and self._lingering is None):
+        if self._closing or self._draining:
             return
         if self._upgrade_left >= 0:
             self._take_upgraded_body(data)
@@ -316,7 +319,7 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         # The client sends nothing more: answers still due go out, then it closes.
         self._eof = True
-        if self._lingering is not None:
+        if self._lingering is not None or self._draining:
             self._close()
             return True
         if self._drop_parsing():
@@ -457,8 +460,7 @@ class Connection(asyncio.Protocol):
                 status, reason = self._problem
                 if status == 400:
                     refused(self._remote, reason)
-                self._write(serialize(_error(status, reason), close=True))
-                self._close()
+                self._refuse(_error(status, reason))
                 return
             if self._eof:
                 self._close()
@@ -523,6 +525,20 @@ class Connection(asyncio.Protocol):
         self._lingering = message
         self._expect(_LINGER)
 
+    def _refuse(self, response: Response) -> None:
+        """Answer, then close gently: a FIN after the answer, and what the client
+        still sends is read and dropped until it closes (RFC 9112 section 9.6).
+        Closing with its bytes unread would reset the connection under the answer."""
+        transport = self._transport
+        self._write(serialize(response, close=True))
+        if transport is None or self._closing or not transport.can_write_eof():
+            self._close()
+            return
+        transport.write_eof()
+        self._draining = True
+        self._queue.clear()
+        self._expect(_LINGER)
+
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._closing:
             self._transport.write(data)
@@ -562,11 +578,9 @@ class Connection(asyncio.Protocol):
             message = self._queue.popleft()
             if message.exchange is not None:
                 message.exchange.release()
-            self._write(serialize(_error(408, f"body not received within {timeout}"), close=True))
-            self._close()
+            self._refuse(_error(408, f"body not received within {timeout}"))
         elif self._in_head:
-            self._write(serialize(_error(408, f"head not received within {timeout}"), close=True))
-            self._close()
+            self._refuse(_error(408, f"head not received within {timeout}"))
         else:
             self._close()  # an idle keep-alive connection: nothing to say
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 import aiohttp
@@ -54,6 +55,36 @@ async def test_body_headers_query_and_address_are_kept_as_sent(
     assert ("X-Trace", "t1") in detail.payload.headers
     assert detail.payload.content_type == "application/json; charset=utf-8"
     assert detail.event.remote_addr == "127.0.0.1"
+
+
+async def test_the_query_is_stored_as_sent_and_encoded_paths_find_their_route(
+    make_config: ConfigFactory, start_relay: RelayFactory
+) -> None:
+    relay = await start_relay(make_config(TARGETS, routes()), background=False)
+    host, port = relay.ingress_url.removeprefix("http://").split(":")
+    query = b"phone=%2B79123456789&name=%D0%BF+q&a=b%26c"
+    for target in (
+        b"/hooks/orders?" + query,
+        b"/hooks/%6Frders?" + query,  # percent-encoded path, as a client may write it
+        b"http://" + host.encode() + b"/hooks/orders?" + query,  # absolute-form
+    ):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}" % target)
+        answer = await asyncio.wait_for(reader.read(4096), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 200 "), (target, answer)
+    events = await relay.store.list_events(EventQuery())
+    assert len(events) == 3
+    for event in events:
+        detail = await relay.store.get_event(event.id)
+        assert detail is not None
+        assert detail.payload.query == query.decode()
+        assert detail.payload.path == "/hooks/orders"
+        assert detail.payload.query_fields == {
+            "phone": "+79123456789",
+            "name": "п q",
+            "a": "b&c",
+        }
 
 
 async def test_unknown_path_wrong_method_and_oversized_body(

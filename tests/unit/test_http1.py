@@ -1,0 +1,325 @@
+"""relay.http1 over real sockets: framing, order, limits, timeouts, lingering, shutdown.
+
+The handler here is a whole small one (it admits by path, answers from the
+body, waits on a future where asked): what ingress does, minus the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from relay.http1 import MAX_HEAD, MAX_HEADERS, Head, Http1Server, Response, serialize
+
+LIMIT = 1000
+
+
+class Exchange:
+    def __init__(self, handler: Handler, head: Head) -> None:
+        self.handler = handler
+        self.head = head
+        self.limit = LIMIT
+
+    def answer(self, body: bytes) -> Response | asyncio.Future[Any]:
+        self.handler.bodies.append(body)
+        if self.head.path == "/boom":
+            raise RuntimeError("a bug in the handler")
+        if self.head.path == "/slow":
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self.handler.slow.append(future)
+            return future
+        head = self.head
+        return Response(200, b"%s %s %d" % (head.path.encode(), head.query.encode(), len(body)))
+
+    def settle(self, done: asyncio.Future[Any]) -> Response:
+        return Response(200, b"slow " + done.result())
+
+    def release(self) -> None:
+        self.handler.open -= 1
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.slow: list[asyncio.Future[Any]] = []
+        self.open = 0  # admitted and not yet released
+
+    def admit(self, head: Head) -> Exchange | Response:
+        if head.path == "/nope":
+            return Response(404, b"no")
+        if head.content_length is not None and head.content_length > LIMIT:
+            return Response(413, b"too large")
+        self.open += 1
+        return Exchange(self, head)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Handler, Http1Server, int]]:
+    handler = Handler()
+    server = Http1Server(handler, timeout=0.5, max_body=lambda: LIMIT)
+    listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    yield handler, server, port
+    listener.close()
+    await server.shutdown(1)
+    await listener.wait_closed()
+
+
+async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def answers(reader: asyncio.StreamReader, count: int) -> list[tuple[bytes, bytes]]:
+    """`count` answers: (status line with headers, body)."""
+    found = []
+    for _ in range(count):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        found.append((head, await asyncio.wait_for(reader.readexactly(length), 3)))
+    return found
+
+
+def post(path: bytes, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        path,
+        extra,
+        len(body),
+        body,
+    )
+
+
+async def test_keep_alive_and_pipelined_requests_are_answered_in_order(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    handler, _, port = served
+    reader, writer = await connect(port)
+    # The first waits for its "commit"; the two behind it must not overtake it.
+    writer.write(post(b"/slow", b"a") + post(b"/x?q=1", b"bb") + post(b"/y", b"ccc"))
+    await asyncio.sleep(0.1)
+    assert len(handler.slow) == 1
+    assert handler.bodies == [b"a"]  # the others wait parsed, unanswered
+    handler.slow[0].set_result(b"done")
+    got = await answers(reader, 3)
+    assert [body for _, body in got] == [b"slow done", b"/x q=1 2", b"/y  3"]
+    assert all(b"Connection: close" not in head for head, _ in got)
+    writer.write(post(b"/z", b""))  # and the connection is still usable
+    assert (await answers(reader, 1))[0][1] == b"/z  0"
+    writer.close()
+    await asyncio.sleep(0.05)
+    assert handler.open == 0
+
+
+async def test_chunked_bodies_are_joined_and_held_to_the_limit(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    handler, _, port = served
+    reader, writer = await connect(port)
+    head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    writer.write(head + b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    assert (await answers(reader, 1))[0][1] == b"/c  5"
+    assert handler.bodies == [b"abcde"]
+    chunk = b"%x\r\n%s\r\n" % (600, b"x" * 600)
+    writer.write(head + chunk + chunk)  # 1200 bytes, past the 1000 limit
+    [(status, _)] = await answers(reader, 1)
+    assert status.startswith(b"HTTP/1.1 413 ")
+    assert b"Connection: close" in status
+    writer.close()
+    await asyncio.sleep(0.05)
+    assert handler.open == 0
+
+
+async def test_an_early_answer_reaches_a_client_still_sending(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """Answered on its head (413 by Content-Length), the rest of the body is read
+    and dropped: closing at once would reset the connection under the answer."""
+    _, _, port = served
+    reader, writer = await connect(port)
+    writer.write(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 300000\r\n\r\n")
+    for _ in range(30):
+        writer.write(b"x" * 10_000)
+        await writer.drain()
+    [(status, body)] = await answers(reader, 1)
+    assert status.startswith(b"HTTP/1.1 413 ")
+    assert body == b"too large"
+    assert await asyncio.wait_for(reader.read(), 3) == b""  # then it closes
+    writer.close()
+
+
+async def test_a_connection_that_ends_mid_body_releases_its_request(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    handler, _, port = served
+    reader, writer = await connect(port)
+    writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly part")
+    await asyncio.sleep(0.05)
+    assert handler.open == 1
+    writer.write_eof()
+    [(status, _)] = await answers(reader, 1)
+    assert status.startswith(b"HTTP/1.1 400 ")
+    assert handler.open == 0
+    assert handler.bodies == []  # never answered as if complete
+    writer.close()
+
+
+async def test_upgrade_is_ignored_and_the_body_read_by_its_length(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """curl --http2 on http:// asks for h2c; RFC 9110 lets the server answer in HTTP/1.1."""
+    handler, _, port = served
+    reader, writer = await connect(port)
+    upgrade = (
+        b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+    )
+    writer.write(post(b"/u", b'{"order": 7}', upgrade))
+    [(status, body)] = await answers(reader, 1)
+    assert status.startswith(b"HTTP/1.1 200 ")
+    assert body == b"/u  12"
+    assert handler.bodies == [b'{"order": 7}']
+    assert b"Connection: close" in status
+    writer.close()
+    reader, writer = await connect(port)
+    chunked = b"Connection: Upgrade\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n"
+    writer.write(b"POST /u HTTP/1.1\r\nHost: x\r\n" + chunked + b"\r\n5\r\nhello\r\n0\r\n\r\n")
+    [(status, _)] = await answers(reader, 1)
+    assert status.startswith(b"HTTP/1.1 400 ")  # no framing left that llhttp checked
+    writer.close()
+
+
+MANY_HEADERS = b"".join(b"X-%d: v\r\n" % i for i in range(MAX_HEADERS + 1))
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b"POST / HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
+        (b"POST / HTTP/1.1\r\n" + MANY_HEADERS + b"\r\n", 431),
+        (b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400),
+        (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+         400),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
+    ],
+    ids=["long line", "long header", "too many headers", "two lengths", "length and chunked",
+         "h2 preface"],
+)  # fmt: skip
+async def test_heads_past_the_bounds_and_ambiguous_framing_are_refused(
+    served: tuple[Handler, Http1Server, int], request_bytes: bytes, status: int
+) -> None:
+    handler, _, port = served
+    reader, writer = await connect(port)
+    writer.write(request_bytes)
+    answer = await asyncio.wait_for(reader.read(), 3)  # answered, then closed
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:80]
+    assert handler.bodies == []
+    writer.close()
+
+
+async def test_a_head_trickled_past_the_bound_is_cut_off(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """httptools gathers a header line before it calls back: the bytes of an
+    unfinished head are counted as they arrive, so one line cannot grow unbounded."""
+    _, _, port = served
+    reader, writer = await connect(port)
+    writer.write(b"POST / HTTP/1.1\r\nX-Long: ")
+    sent = 0
+    while sent <= MAX_HEAD and not reader.at_eof():
+        writer.write(b"a" * 4096)
+        sent += 4096
+        await asyncio.sleep(0)
+    answer = await asyncio.wait_for(reader.read(), 3)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+    writer.close()
+
+
+async def test_a_slow_body_gets_408_and_a_silent_connection_is_closed(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    handler, _, port = served
+    reader, writer = await connect(port)
+    writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
+    started = time.monotonic()
+    answer = await asyncio.wait_for(reader.read(), 3)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert 0.4 < time.monotonic() - started < 1.5  # timeout 0.5 s, swept every 0.125 s
+    assert handler.open == 0
+    writer.close()
+    reader, writer = await connect(port)
+    assert await asyncio.wait_for(reader.read(), 3) == b""  # idle: closed without a word
+    writer.close()
+
+
+async def test_a_handler_failure_is_a_500_and_the_connection_goes_on(
+    served: tuple[Handler, Http1Server, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    handler, _, port = served
+    reader, writer = await connect(port)
+    writer.write(post(b"/boom", b"{}") + post(b"/after", b"1"))
+    got = await answers(reader, 2)
+    assert got[0][0].startswith(b"HTTP/1.1 500 ")
+    assert got[1][1] == b"/after  1"
+    assert "a bug in the handler" in caplog.text  # with its traceback, for us
+    assert handler.open == 0
+    writer.close()
+
+
+async def test_answered_on_the_head_expect_continue_and_http_1_0(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    _, _, port = served
+    reader, writer = await connect(port)
+    writer.write(post(b"/nope", b"{}"))  # whole body sent: the connection stays open
+    [(status, body)] = await answers(reader, 1)
+    assert status.startswith(b"HTTP/1.1 404 ")
+    assert body == b"no"
+    writer.write(post(b"/e", b"", b"Expect: 100-continue\r\n").replace(b"Length: 0", b"Length: 2"))
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"{}")
+    assert (await answers(reader, 1))[0][1] == b"/e  2"
+    writer.close()
+    reader, writer = await connect(port)
+    writer.write(b"POST /old HTTP/1.0\r\nContent-Length: 1\r\n\r\nx")
+    answer = await asyncio.wait_for(reader.read(), 3)  # HTTP/1.0 without keep-alive: closed
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"Connection: close" in answer
+    writer.close()
+
+
+async def test_shutdown_answers_what_waits_for_its_commit_and_closes_the_rest(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    handler, server, port = served
+    waiting_reader, waiting = await connect(port)
+    idle_reader, idle = await connect(port)
+    waiting.write(post(b"/slow", b"a"))
+    await asyncio.sleep(0.05)
+    stopping = asyncio.create_task(server.shutdown(3))
+    assert await asyncio.wait_for(idle_reader.read(), 1) == b""  # idle: closed at once
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    handler.slow[0].set_result(b"committed")
+    answer = await asyncio.wait_for(waiting_reader.read(), 2)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"slow committed")
+    assert b"Connection: close" in answer
+    await asyncio.wait_for(stopping, 2)
+    for writer in (waiting, idle):
+        writer.close()
+
+
+def test_a_header_value_cannot_start_another_header() -> None:
+    wire = serialize(
+        Response(200, b"ok", "text/plain\r\nSet-Cookie: x=1", (("X-A", "1\nX-B: 2"),)),
+        close=False,
+    )
+    lines = wire.split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert lines[1] == b"Content-Type: text/plain  Set-Cookie: x=1"
+    assert lines[2] == b"X-A: 1 X-B: 2"
+    assert any(line.startswith(b"Date: ") for line in lines)
