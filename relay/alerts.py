@@ -286,8 +286,13 @@ class Alerter:
             return None
         body = alert_body(window)
         try:
+            # An alert is stored even into a database file that was deleted
+            # (the open file still delivers): it is what says so.
             accepted = await self._store.accept_event(
-                self._event(body), [NewDelivery(self.config.target)], self._clock.now()
+                self._event(body),
+                [NewDelivery(self.config.target)],
+                self._clock.now(),
+                from_sender=False,
             )
         except StoreError as error:
             log.error("alert not stored (%s): %s", error, body["summary"])

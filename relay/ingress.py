@@ -31,13 +31,13 @@ from relay.payload import Payload
 from relay.sandbox import one_budget
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source, build_source
-from relay.store import Accepted, Health, Intake, NewEvent, Rejection, StoreError
+from relay.store import Accepted, Intake, NewEvent, Rejection, StoreError
 
 log = logging.getLogger("relay.ingress")
 
 
-class IngressStore(Intake, Health, Protocol):
-    """Ingress stores events and refusals, and asks per request whether it may."""
+class IngressStore(Intake, Protocol):
+    """Ingress stores events and refusals."""
 
 
 MAX_KEY_LENGTH = 512
@@ -370,13 +370,10 @@ class Webhook:
             payload=payload.as_stored(),
         )
         deliveries = plan_deliveries(route, incoming)
-        store = ingress.store
-        if store.file_problem() is not None:
-            # Acknowledged into a deleted file, the event would be gone at restart.
-            ingress.count(route.name, "unavailable")
-            return _unavailable()
+        # (A store refuses to acknowledge into a deleted or replaced database
+        # file itself, once per group commit: Health.file_problem.)
         try:
-            stored = store.accept_event(
+            stored = ingress.store.accept_event(
                 event, deliveries, now, refuse_conflict=route.key_conflict == "reject"
             )
         except StoreError as error:

@@ -45,18 +45,25 @@ class Holder:
         return self._digest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AcceptJob:
     event: NewEvent
     deliveries: Sequence[NewDelivery]
     now: float
     refuse_conflict: bool = False
+    # Raises StoreUnavailable when the events must not be acknowledged (the
+    # database file was deleted or replaced): asked once per batch, in the
+    # transaction, rather than once per request.
+    guard: Callable[[], None] | None = None
 
     def __call__(self, connection: sqlite3.Connection) -> Accepted:
         return self.run_many(connection, [self])[0]
 
     @staticmethod
     def run_many(connection: sqlite3.Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:
+        guard = jobs[0].guard
+        if guard is not None:
+            guard()
         # Optimistic first: a resent webhook is rare, so insert as if every key
         # were new and let the UNIQUE index say otherwise; only then look the
         # keys up. The savepoint undoes the failed attempt, not the batch.

@@ -19,7 +19,7 @@ The verbs are grouped by who uses them; each part of relay takes only its role:
     Operations   retry_now, requeue, resend, pause...    admin API, dashboard, CLI
     Queries      list_events, get_event, stats...        admin API, dashboard, CLI, metrics
     Indexing     events_to_index, index_events           the search indexer
-    Health       heartbeat, file_problem                 ingress, /readyz, database watch
+    Health       heartbeat, file_problem                 /readyz, database watch
     Maintenance  purge, reclaim_space, backup...         retention, `relay backup`
     Store        all of them, plus open/close            whoever opens it (relay.store.open_store)
 
@@ -470,6 +470,7 @@ class Intake(Protocol):
         now: float,
         *,
         refuse_conflict: bool = False,
+        from_sender: bool = True,
     ) -> asyncio.Future[Accepted]:
         """Store an event and its deliveries in one durable transaction.
 
@@ -481,6 +482,11 @@ class Intake(Protocol):
         `conflict_of` the first (or, with `refuse_conflict`, not stored and
         marked refused). The future raises StoreUnavailable if the commit
         failed; the call itself raises it when the store is closed.
+
+        An event `from_sender` is about to be acknowledged: it is refused
+        (StoreUnavailable) while `file_problem()` says the database file is
+        no longer at its path, asked once per group commit. relay's own
+        alerts pass False: they go on into the open file, to say so.
         """
         ...
 
@@ -632,8 +638,7 @@ class Indexing(Protocol):
 
 
 class Health(Protocol):
-    """Whether the store can take events now (ingress per request, /readyz, the
-    database watch)."""
+    """Whether the store can take events now (/readyz, the database watch)."""
 
     async def heartbeat(self, now: float) -> None:
         """A small durable write: proves the store is writable right now (and,
@@ -642,7 +647,8 @@ class Health(Protocol):
 
     def file_problem(self) -> str | None:
         """Why new events must not be accepted into this store any more (its
-        file was deleted or replaced), or None. Cheap: called per request."""
+        file was deleted or replaced), or None. accept_event itself refuses
+        a sender's events then."""
         ...
 
 

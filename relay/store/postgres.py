@@ -364,7 +364,9 @@ class PostgresStore:
         now: float,
         *,
         refuse_conflict: bool = False,
+        from_sender: bool = True,
     ) -> asyncio.Future[Accepted]:
+        # (No file to lose: file_problem() is always None here.)
         if self._intake is None:
             raise StoreUnavailable("store is not open")
         return self._intake.submit(AcceptJob(event, deliveries, now, refuse_conflict))

@@ -252,9 +252,18 @@ class SqliteStore:
         now: float,
         *,
         refuse_conflict: bool = False,
+        from_sender: bool = True,
     ) -> asyncio.Future[Accepted]:
-        job = AcceptJob(event, deliveries, now, refuse_conflict)
+        guard = self._still_the_file if from_sender else None
+        job = AcceptJob(event, deliveries, now, refuse_conflict, guard)
         return self._writer.submit(job, queue_timeout=self._write_queue_timeout)
+
+    def _still_the_file(self) -> None:
+        """On the writer thread, before a batch of events is stored: refuse to
+        acknowledge into a file that is no longer the database's path."""
+        problem = self.file_problem()
+        if problem is not None:
+            raise StoreUnavailable(problem)
 
     # Scheduler
 

@@ -6,15 +6,22 @@ fsync), and only then answers each caller with its own job's result. A
 caller's answer therefore always comes from the very transaction that held
 its rows: if that commit fails, every job in it fails, and nobody is told
 "stored" for a row that is not on disk.
+
+One batch is on the thread at a time; what arrives meanwhile is the next
+batch, handed over as soon as the thread answers. The thread is fed by a
+SimpleQueue and answers with one call_soon_threadsafe per batch: no executor,
+no task and no wake-up per job (at thousands of webhooks a second, those
+cost more than the commit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,6 +45,8 @@ _ENVIRONMENTAL = {
 
 
 def is_environmental(error: BaseException) -> bool:
+    if isinstance(error, StoreUnavailable):  # a job's own check: the file is gone
+        return True
     code = getattr(error, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in _ENVIRONMENTAL
 
@@ -51,7 +60,7 @@ def unavailable(error: BaseException) -> StoreError:
     return StoreError(f"database error: {error}")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
     job: Job[Any]
     future: asyncio.Future[Any]
@@ -64,25 +73,43 @@ class _Failed:
     error: BaseException
 
 
+_STOP = None  # put on the thread's queue: close the connection and end
+
+
 class GroupCommitWriter:
     def __init__(self, connect: Callable[[], sqlite3.Connection], *, max_batch: int = 1000) -> None:
         self._connect = connect
         self._max_batch = max_batch
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="relay-writer")
+        self._inbox: queue.SimpleQueue[list[_Pending] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._connection: sqlite3.Connection | None = None
         self._queue: list[_Pending] = []
-        self._has_work = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._on_thread = False  # a batch is on the thread
+        self._handing = False  # a hand-over is scheduled for this loop turn
+        self._idle: asyncio.Future[None] | None = None  # close() waits for the last batch
+        self._ended: asyncio.Future[None] | None = None  # the thread is done
         self._sweeper: asyncio.TimerHandle | None = None
+        self._running = False
         self._closing = False
         # Counters for metrics and benchmarks: batches committed, jobs in them.
         self.batches = 0
         self.jobs = 0
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._connection = await loop.run_in_executor(self._executor, self._connect)
-        self._task = asyncio.create_task(self._run(), name="relay-writer")
+        loop = self._loop = asyncio.get_running_loop()
+        opened: asyncio.Future[None] = loop.create_future()
+        self._ended = loop.create_future()
+        self._thread = threading.Thread(
+            target=self._work, args=(opened,), name="relay-writer", daemon=True
+        )
+        self._thread.start()
+        try:
+            await opened
+        except BaseException:
+            await self._join()
+            raise
+        self._running = True
 
     async def run(self, job: Job[T], *, queue_timeout: float | None = None) -> T:
         """Run `job` in the next group transaction and return its result after the commit."""
@@ -97,23 +124,60 @@ class GroupCommitWriter:
         connection's busy timeout bounds that), because giving up then could
         answer "failed" for a row that is in fact committed.
         """
-        if self._closing or self._task is None:
+        loop = self._loop
+        if self._closing or not self._running or loop is None:
             raise StoreUnavailable("store is closed")
-        loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         deadline = loop.time() + queue_timeout if queue_timeout is not None else float("inf")
         self._queue.append(_Pending(job, future, deadline))
-        self._has_work.set()
+        if not self._on_thread and not self._handing:
+            # Not at once: the other requests of this loop turn join the batch.
+            self._handing = True
+            loop.call_soon(self._hand_over)
         if queue_timeout is not None and self._sweeper is None:
-            # One timer for the whole queue, not one per request: at thousands
-            # of webhooks a second a timer each costs more than the commit.
+            # One timer for the whole queue, not one per request.
             self._sweeper = loop.call_later(queue_timeout / 2, self._sweep, queue_timeout / 2)
         return future
+
+    def _hand_over(self) -> None:
+        """Give the thread the next batch, if it is free and something waits."""
+        self._handing = False
+        if self._on_thread:
+            return
+        batch = [p for p in self._queue[: self._max_batch] if not p.future.done()]
+        del self._queue[: self._max_batch]
+        if not batch:
+            if self._queue:
+                self._hand_over()
+            elif self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+            return
+        for pending in batch:
+            pending.taken = True
+        self._on_thread = True
+        self._inbox.put(batch)
+
+    def _answered(self, batch: list[_Pending], results: list[Any]) -> None:
+        """On the loop: the thread's transaction is over; answer its callers."""
+        self._on_thread = False
+        self.batches += 1
+        self.jobs += len(batch)
+        for pending, result in zip(batch, results, strict=True):
+            future = pending.future
+            if future.done():
+                continue
+            if isinstance(result, _Failed):
+                future.set_exception(result.error)
+            else:
+                future.set_result(result)
+        self._hand_over()
 
     def _sweep(self, every: float) -> None:
         """Fail the jobs that waited past their deadline without joining a transaction."""
         self._sweeper = None
-        now = asyncio.get_running_loop().time()
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
         for pending in self._queue:
             if not pending.taken and not pending.future.done() and now >= pending.deadline:
                 waited = every * 2
@@ -121,56 +185,57 @@ class GroupCommitWriter:
                     StoreUnavailable(f"no write slot within {waited:g}s: the database is busy")
                 )
         if self._queue:
-            self._sweeper = asyncio.get_running_loop().call_later(every, self._sweep, every)
+            self._sweeper = loop.call_later(every, self._sweep, every)
 
     async def close(self) -> None:
         """Commit what is queued, then close the connection and the thread."""
         self._closing = True
-        self._has_work.set()
-        if self._task is not None:
-            await self._task
+        if self._running and (self._queue or self._on_thread):
+            assert self._loop is not None
+            self._idle = self._loop.create_future()
+            self._hand_over()
+            await self._idle
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        if self._connection is not None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, self._connection.close)
-            self._connection = None
-        self._executor.shutdown(wait=True)
+        self._running = False
+        await self._join()
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._queue:
-                # Closing ends the loop only once the queue is empty: close()
-                # wakes it once, and that wake-up may be spent on a last batch
-                # (an attempt recorded while relay stops), after which waiting
-                # for another one would hang the shutdown for good.
-                if self._closing:
-                    return
-                await self._has_work.wait()
-                self._has_work.clear()
-                continue
-            batch = [p for p in self._queue[: self._max_batch] if not p.future.done()]
-            del self._queue[: self._max_batch]
-            if not batch:
-                continue
-            for pending in batch:
-                pending.taken = True
-            results = await loop.run_in_executor(self._executor, self._commit, batch)
-            self.batches += 1
-            self.jobs += len(batch)
-            for pending, result in zip(batch, results, strict=True):
-                if pending.future.done():
-                    continue
-                if isinstance(result, _Failed):
-                    pending.future.set_exception(result.error)
-                else:
-                    pending.future.set_result(result)
+    async def _join(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._inbox.put(_STOP)
+        if self._ended is not None:
+            await self._ended  # the thread closed the connection and ends
+        thread.join()
+
+    # The methods below run on the writer thread.
+
+    def _work(self, opened: asyncio.Future[None]) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            self._connection = self._connect()
+        except BaseException as error:
+            loop.call_soon_threadsafe(_settle, opened, error)
+            loop.call_soon_threadsafe(_settle, self._ended, None)
+            return
+        loop.call_soon_threadsafe(_settle, opened, None)
+        try:
+            while (batch := self._inbox.get()) is not _STOP:
+                results = self._commit(batch)
+                loop.call_soon_threadsafe(self._answered, batch, results)
+        finally:
+            self._connection.close()
+            self._connection = None
+            loop.call_soon_threadsafe(_settle, self._ended, None)
 
     # The methods below run on the writer thread.
 
     def _commit(self, batch: list[_Pending]) -> list[Any]:
+        """Run the batch in one transaction; each job's result, or its failure.
+        Never raises: whatever happens, every caller gets an answer."""
         try:
             return self._transaction([p.job for p in batch])
         except BaseException as error:
@@ -198,6 +263,15 @@ class GroupCommitWriter:
                 connection.execute("ROLLBACK")
             raise
         return results
+
+
+def _settle(future: asyncio.Future[None] | None, error: BaseException | None) -> None:
+    if future is None or future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _run_jobs(connection: sqlite3.Connection, jobs: list[Job[Any]]) -> list[Any]:
