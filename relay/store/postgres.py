@@ -495,12 +495,15 @@ class PostgresStore:
                 attempt.response,
                 next_at,
             )
-            await connection.execute(
+            # Only while the lease is still this instance's: one taken over
+            # (this attempt outlived it) is the new owner's to decide, and its
+            # attempt may be under way. The attempt above happened all the same.
+            result = await connection.execute(
                 "UPDATE deliveries SET status = $1, attempts = $2, cycle_attempts = $3,"
                 " next_attempt_at = CASE WHEN $4 THEN next_attempt_at ELSE $5 END,"
                 " lease_until = NULL, lease_owner = NULL, last_error = $6, updated_at = $7,"
                 " resume_status = NULL, resume_at = NULL"
-                " WHERE id = $8 AND status = 'in_flight'",
+                " WHERE id = $8 AND status = 'in_flight' AND lease_owner = $9",
                 status.value,
                 attempt.number,
                 cycle,
@@ -509,13 +512,15 @@ class PostgresStore:
                 error,
                 now,
                 delivery.id,
+                self.instance_id,
             )
-            if status is Status.DELIVERED:
+            held = result.split()[-1] != "0"
+            if held and status is Status.DELIVERED:
                 await connection.execute(NEXT_IN_LINE, now, now, delivery.id)
             streak = await _update_health(connection, delivery.target, attempt, now, hold)
             if streak.went_down:
                 await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
-            elif streak.down and isinstance(then, RetryAt):
+            elif held and streak.down and isinstance(then, RetryAt):
                 await connection.execute(
                     LINE_UP_BY_ARRIVAL.format(only="AND id = $2"), delivery.target, delivery.id
                 )
@@ -528,12 +533,14 @@ class PostgresStore:
         if not ids:
             return
         async with self._connection() as connection:
+            # This instance's leases only: one taken over is another's attempt.
             await connection.execute(
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
                 " lease_owner = NULL, updated_at = $1"
-                " WHERE status = 'in_flight' AND id = ANY($2::bigint[])",
+                " WHERE status = 'in_flight' AND id = ANY($2::bigint[]) AND lease_owner = $3",
                 now,
                 ids,
+                self.instance_id,
             )
 
     async def recover_orphans(self, now: float) -> int:

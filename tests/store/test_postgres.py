@@ -15,7 +15,17 @@ import asyncpg
 import pytest
 
 from relay.payload import Payload
-from relay.store import EventQuery, NewDelivery, NewEvent, StoreError, StoreUnavailable
+from relay.store import (
+    AttemptRecord,
+    Delivered,
+    EventQuery,
+    NewDelivery,
+    NewEvent,
+    RetryAt,
+    Status,
+    StoreError,
+    StoreUnavailable,
+)
 from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
@@ -114,6 +124,37 @@ async def test_orphans_are_recovered_per_instance_never_another_live_ones(
     # a died: its lease expires, and then b takes the delivery over.
     [taken] = await b.claim_due(T0 + 61, T0 + 121, {"crm": 1})
     assert taken.id == held_by_a.id
+
+
+async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_over(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """a is slow, not dead: its lease runs out while its attempt is under way
+    (a database away longer than the lease while a retries recording it), b
+    takes the delivery over and sends again. a's attempt, recorded late, is
+    history; what becomes of the delivery is b's to say."""
+    a, b = two
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    [slow] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+    [taken] = await b.claim_due(T0 + 61, T0 + 121, {"crm": 1})
+    assert taken.id == slow.id
+    failed = AttemptRecord(1, T0, 61.0, "retry", 503, "HTTP 503", b"")
+    await a.record_attempt(slow, failed, RetryAt(T0 + 62), T0 + 61.5)
+    await a.release([slow.id], T0 + 61.5)  # a stopping gives back what it thinks it holds
+    view = await b.get_delivery(slow.id)
+    assert view is not None
+    assert (view.status, view.attempts) == (Status.IN_FLIGHT, 0)  # still b's
+    assert await a.claim_due(T0 + 63, T0 + 123, {"crm": 1}) == []  # nobody sends it beside b
+    await b.record_attempt(
+        taken, AttemptRecord(1, T0 + 61, 0.1, "success", 200), Delivered(), T0 + 62
+    )
+    view = await b.get_delivery(slow.id)
+    assert view is not None
+    assert (view.status, view.attempts, view.last_error) == (Status.DELIVERED, 1, None)
+    detail = await b.get_event(slow.event_id)
+    assert detail is not None
+    # Both requests went out, and the history says so.
+    assert sorted(a.outcome for a in detail.attempts[slow.id]) == ["retry", "success"]
 
 
 async def test_durability_settings_are_read_from_the_server(
