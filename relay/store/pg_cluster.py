@@ -6,10 +6,11 @@
   counts the target's live leases, and moves the next allowed moment forward.
 - Liveness: each instance's row in `instances` is touched every fifth of
   dead_after (`[storage] dead_after`, DEAD_AFTER by default) by the server's
-  clock; leases of an instance not seen for dead_after are claimable before
-  they expire (kill -9 costs seconds, not the lease's length). The server's
-  clock, not the injected one: this is about processes being alive, which
-  every instance must judge alike.
+  clock; leases of an instance not seen for dead_after (or stopped) are
+  claimable before they expire (kill -9 costs seconds, not the lease's
+  length). The server's clock, not the injected one: this is about processes
+  being alive, which every instance must judge alike; so is the end of a
+  live instance's lease (`lapsed`).
 - Leadership: retention, alert grouping and the queue gauges run on the
   instance holding a session advisory lock; when that instance dies its
   session ends and another takes the lock. A hung one's session is ended by
@@ -50,6 +51,31 @@ CLUSTER_PACE_MARGIN = 1.1
 SERVER_NOW = "extract(epoch from clock_timestamp())"
 
 
+def lapsed(me: str, now: str, dead_after: str) -> str:
+    """SQL: the lease of the `deliveries` row at hand may be taken (or given
+    back) by instance `me`, whose clock says `now` (placeholders).
+
+    Its own lease, by its own clock. Another instance's, if that instance is
+    gone (unseen for `dead_after`, or stopped); if it is alive, once the lease
+    has run out by the server's clock: a lease is written by its owner's clock
+    and compared by the claimer's, so a claimer whose clock is minutes fast
+    would otherwise take every lease of the cluster while it is being sent.
+    (A lease written before the server's end was kept: by the caller's clock.)
+    """
+    return (
+        f"(CASE WHEN deliveries.lease_owner = {me} THEN deliveries.lease_until <= {now}"
+        " WHEN EXISTS (SELECT 1 FROM instances i WHERE i.id = deliveries.lease_owner"
+        f" AND i.alive_at >= {SERVER_NOW} - {dead_after})"
+        f" THEN coalesce(deliveries.lease_expires <= {SERVER_NOW}, deliveries.lease_until <= {now})"
+        " ELSE true END)"
+    )
+
+
+# A lease's end by the server's clock, for a claim whose lease runs from $now to $until.
+def lease_expires(now: str, until: str) -> str:
+    return f"{SERVER_NOW} + ({until} - {now})"
+
+
 @dataclass(frozen=True)
 class TargetLimits:
     concurrency: int
@@ -75,9 +101,12 @@ async def allowed(
     wanted: Mapping[str, int],
     limits: Mapping[str, TargetLimits],
     now: float,
+    instance_id: str,
+    dead_after: float,
 ) -> dict[str, int]:
     """How many of each target this instance may claim now, in the caller's
-    transaction; the pacing rows stay locked until it ends."""
+    transaction; the pacing rows stay locked until it ends. A lease counts
+    against the concurrency until it may be taken over (`lapsed`)."""
     known = {target: limits[target] for target in wanted if target in limits}
     if not known:
         return dict(wanted)
@@ -101,9 +130,11 @@ async def allowed(
         row[0]: row[1]
         for row in await connection.fetch(
             "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
-            " AND target = ANY($1::text[]) AND lease_until > $2 GROUP BY target",
+            f" AND target = ANY($1::text[]) AND NOT {lapsed('$3', '$2', '$4')} GROUP BY target",
             list(known),
             now,
+            instance_id,
+            dead_after,
         )
     }
     result = {}
@@ -139,6 +170,16 @@ async def took(
             )
 
 
+# This instance is alive now (by the server's clock).
+ALIVE = (
+    f"INSERT INTO instances (id, started_at, seen_at, alive_at)"
+    f" VALUES ($1, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
+    f" ON CONFLICT (id) DO UPDATE SET alive_at = {SERVER_NOW}"
+)
+# It stopped: what it still leases may be taken at once.
+STOPPED = "UPDATE instances SET alive_at = NULL WHERE id = $1"
+
+
 async def heartbeats(url: str, instance_id: str, command_timeout: float, every: float) -> None:
     """Touch this instance's row until cancelled; errors are retried."""
     while True:
@@ -146,13 +187,7 @@ async def heartbeats(url: str, instance_id: str, command_timeout: float, every: 
             connection = await asyncpg.connect(url, timeout=command_timeout)
             try:
                 while True:
-                    await connection.execute(
-                        f"INSERT INTO instances (id, started_at, seen_at, alive_at)"
-                        f" VALUES ($1, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
-                        f" ON CONFLICT (id) DO UPDATE SET alive_at = {SERVER_NOW}",
-                        instance_id,
-                        timeout=command_timeout,
-                    )
+                    await connection.execute(ALIVE, instance_id, timeout=command_timeout)
                     await asyncio.sleep(every)
             finally:
                 with contextlib.suppress(Exception):

@@ -231,6 +231,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """
         ],
     ),
+    (
+        5,
+        "a lease's end by the server's clock (another instance's fast clock does not end it)",
+        ["ALTER TABLE deliveries ADD COLUMN lease_expires DOUBLE PRECISION"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

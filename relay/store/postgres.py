@@ -69,13 +69,16 @@ from relay.store.base import (
 )
 from relay.store.health import HEALTH_COLUMNS, health_after
 from relay.store.pg_cluster import (
+    ALIVE,
     DEAD_AFTER,
-    SERVER_NOW,
+    STOPPED,
     Leadership,
     TargetLimits,
     allowed,
     cluster_limits,
     heartbeats,
+    lapsed,
+    lease_expires,
     listen_forever,
     took,
 )
@@ -118,7 +121,8 @@ CLAIM_RETURNING = (
     "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
 )
 CLAIM_DUE = f"""
-UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3
+UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3,
+    lease_expires = {lease_expires("$3", "$1")}
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
@@ -126,15 +130,15 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
 """
-# Expired, or held by an instance not seen alive for dead_after ($7, by the server's clock).
+# Leases that may be taken over (pg_cluster.lapsed: its own expired by its
+# clock; another's when that instance is gone, or by the server's clock).
 CLAIM_EXPIRED = f"""
-UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3
+UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
+    lease_expires = {lease_expires("$3", "$1")}
 WHERE id IN (
-    SELECT id FROM deliveries d
+    SELECT id FROM deliveries
     WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
-    AND (lease_until <= $3 OR (lease_owner IS DISTINCT FROM $2 AND NOT EXISTS (
-        SELECT 1 FROM instances i WHERE i.id = d.lease_owner
-        AND i.alive_at >= {SERVER_NOW} - $7)))
+    AND {lapsed("$2", "$3", "$7")}
     ORDER BY lease_until LIMIT $5
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
@@ -190,6 +194,7 @@ class PostgresStore:
         self._started_at: float | None = None
         self._limits: dict[str, TargetLimits] = {}
         self._heartbeats: asyncio.Task[None] | None = None
+        self._claimed = False  # this store leased deliveries (relay serve's, not a command's)
         # Seen silent this long, an instance is dead: its leases are taken over.
         self.dead_after = dead_after
         self._leadership = Leadership(url, command_timeout, dead_after, self.instance_id)
@@ -303,6 +308,11 @@ class PostgresStore:
             await self._intake.close()
             self._intake = None
         if self._pool is not None:
+            if self._claimed:
+                # Stopped: any lease left (not given back) is free for the others now.
+                with contextlib.suppress(*DRIVER_ERRORS):
+                    await self._pool.execute(STOPPED, self.instance_id)
+                self._claimed = False
             await self._pool.close()
             self._pool = None
 
@@ -386,9 +396,16 @@ class PostgresStore:
         skip = list(exclude)
 
         async def job(connection: Connection) -> list[ClaimedDelivery]:
+            if not self._claimed:
+                # Alive with its first lease (the heartbeats may not have spoken
+                # yet): no other instance takes it for an unknown owner's.
+                await connection.execute(ALIVE, self.instance_id)
             rows: list[asyncpg.Record] = []
             counts: dict[str, int] = {}
-            for target, limit in (await allowed(connection, wanted, self._limits, now)).items():
+            room = await allowed(
+                connection, wanted, self._limits, now, self.instance_id, self.dead_after
+            )
+            for target, limit in room.items():
                 found = await connection.fetch(
                     CLAIM_EXPIRED,
                     lease_until,
@@ -421,7 +438,9 @@ class PostgresStore:
                 if row[1] in events
             ]
 
-        return await self._write(job)
+        claimed = await self._write(job)
+        self._claimed = True
+        return claimed
 
     async def next_due(self, targets: Collection[str]) -> dict[str, float]:
         if not targets:
@@ -544,16 +563,18 @@ class PostgresStore:
             )
 
     async def recover_orphans(self, now: float) -> int:
-        """Give back this instance's own leases and every expired one; leases
-        other live instances hold are theirs until they expire."""
+        """Give back this instance's own leases and every one that may be taken
+        over; leases other live instances hold are theirs until they run out
+        (by the server's clock)."""
         async with self._connection() as connection:
             result = await connection.execute(
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
-                " lease_owner = NULL, updated_at = $1"
-                " WHERE status = 'in_flight' AND (lease_owner = $2 OR lease_until <= $1"
-                " OR lease_owner IS NULL)",
+                " lease_owner = NULL, lease_expires = NULL, updated_at = $1"
+                " WHERE status = 'in_flight' AND (lease_owner = $2"
+                f" OR {lapsed('$2', '$1', '$3')})",
                 now,
                 self.instance_id,
+                self.dead_after,
             )
         return int(result.split()[-1])
 

@@ -121,13 +121,14 @@ async def test_orphans_are_recovered_per_instance_never_another_live_ones(
     assert await b.claim_due(T0 + 1, T0 + 61, {"crm": 1}) == []
     [again] = await b.claim_due(T0 + 1, T0 + 61, {"mail": 1})
     assert again.id == held_by_b.id
-    # a died: its lease expires, and then b takes the delivery over.
-    [taken] = await b.claim_due(T0 + 61, T0 + 121, {"crm": 1})
+    # a stops without giving its lease back: b takes the delivery over at once.
+    await a.close()
+    [taken] = await b.claim_due(T0 + 2, T0 + 62, {"crm": 1})
     assert taken.id == held_by_a.id
 
 
 async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_over(
-    two: tuple[PostgresStore, PostgresStore],
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
 ) -> None:
     """a is slow, not dead: its lease runs out while its attempt is under way
     (a database away longer than the lease while a retries recording it), b
@@ -136,6 +137,7 @@ async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_o
     a, b = two
     await a.accept_event(event(), [NewDelivery("crm")], T0)
     [slow] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+    await leases_run_out(pg_url, 61)
     [taken] = await b.claim_due(T0 + 61, T0 + 121, {"crm": 1})
     assert taken.id == slow.id
     failed = AttemptRecord(1, T0, 61.0, "retry", 503, "HTTP 503", b"")
@@ -155,6 +157,30 @@ async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_o
     assert detail is not None
     # Both requests went out, and the history says so.
     assert sorted(a.outcome for a in detail.attempts[slow.id]) == ["retry", "success"]
+
+
+async def test_a_clock_minutes_ahead_takes_no_live_instances_lease(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    """Each instance claims by its own clock; b's runs ten minutes ahead of a's
+    (a VPS without NTP). a is alive and sending: b neither takes its lease, nor
+    counts it out of the cluster's concurrency, nor gives it back as it starts.
+    A live instance's lease runs out by the server's clock."""
+    a, b = two
+    for store in (a, b):
+        store.set_limits({"crm": TargetLimits(concurrency=1)})
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    [held] = await a.claim_due(T0, T0 + 70, {"crm": 1})
+    ahead = T0 + 600
+    assert await b.claim_due(ahead, ahead + 70, {"crm": 1}) == []
+    assert await b.recover_orphans(ahead) == 0
+    view = await b.get_delivery(held.id)
+    assert view is not None
+    assert view.status is Status.IN_FLIGHT
+    await leases_run_out(pg_url, 71)  # seventy seconds later by the server's clock
+    [taken] = await b.claim_due(ahead, ahead + 70, {"crm": 1})
+    assert taken.id == held.id
 
 
 async def test_durability_settings_are_read_from_the_server(
@@ -346,6 +372,17 @@ async def test_wake_ups_reach_the_other_instances(
         listening.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listening
+
+
+async def leases_run_out(url: str, seconds: float) -> None:
+    """Every lease as the server's clock will see it `seconds` from now."""
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(
+            "UPDATE deliveries SET lease_expires = lease_expires - $1", seconds
+        )
+    finally:
+        await connection.close()
 
 
 async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
