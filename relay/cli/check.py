@@ -73,9 +73,9 @@ def durability_warnings(settings: dict[str, str]) -> list[str]:
         )
     if settings.get("synchronous_commit") == "off":
         found.append(
-            "the PostgreSQL server runs with synchronous_commit = off: relay answers 200"
-            " before the event is on disk (set synchronous_commit = on for relay's role:"
-            " ALTER ROLE relay SET synchronous_commit = on)"
+            "the PostgreSQL server runs with synchronous_commit = off: a commit is"
+            " answered before it is on disk (relay turns it on for its own sessions;"
+            " set it for relay's role all the same: ALTER ROLE relay SET synchronous_commit = on)"
         )
     return found
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -112,6 +113,8 @@ from relay.store.verbs import (
 )
 
 T = TypeVar("T")
+
+log = logging.getLogger("relay.store")
 
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 # The channel instances wake each other on: new events and operator actions.
@@ -212,6 +215,7 @@ class PostgresStore:
             try:
                 await migrate(connection)
                 version = await connection.fetchval("SELECT MAX(version) FROM schema_migrations")
+                commits = await connection.fetchval("SHOW synchronous_commit")
             finally:
                 await connection.close()
             if version > LATEST:
@@ -219,12 +223,23 @@ class PostgresStore:
                     f"{self.path}: database schema is version {version}; "
                     f"this relay knows versions up to {LATEST} (upgrade relay)"
                 )
+            settings = {}
+            if commits == "off":
+                # Set so for the role or the database: a 200 would come before
+                # the event is on disk. Any other level keeps the operator's.
+                log.warning(
+                    "%s: the database says synchronous_commit = off; relay commits"
+                    " synchronously all the same (set it on for relay's role)",
+                    self.path,
+                )
+                settings["synchronous_commit"] = "on"
             self._pool = await asyncpg.create_pool(
                 self.url,
                 min_size=self._min,
                 max_size=self._max,
                 command_timeout=self._command_timeout,
                 timeout=self._command_timeout,
+                server_settings=settings,
             )
         except DRIVER_ERRORS as error:
             await self.close()

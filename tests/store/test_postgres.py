@@ -191,6 +191,27 @@ async def test_durability_settings_are_read_from_the_server(
     assert settings["synchronous_commit"] == "on"
 
 
+async def test_events_are_committed_synchronously_where_the_database_says_otherwise(
+    pg_url: str,
+) -> None:
+    """A role or database left with synchronous_commit = off (relay check warns
+    of it) would have relay answer 200 before the event is on disk: relay's own
+    sessions commit synchronously all the same."""
+    database = pg_url.split("@/")[1].split("?")[0]
+    connection = await asyncpg.connect(pg_url)
+    try:
+        await connection.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
+    finally:
+        await connection.close()
+    store = PostgresStore(pg_url, instance_id="a")
+    await store.open()
+    try:
+        assert (await store.server_settings())["synchronous_commit"] == "on"
+        await store.accept_event(event(), [NewDelivery("crm")], T0)
+    finally:
+        await store.close()
+
+
 async def test_a_server_that_goes_away_answers_unavailable_and_comes_back() -> None:
     if server_bin() is None:
         pytest.skip("PostgreSQL server binaries not found")

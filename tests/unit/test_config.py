@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from relay.cli.check import describe
+from relay.cli.check import describe, durability_warnings
 from relay.config import ConfigError, load_config, parse_config
 from relay.kinds.targets.file import FileSettings
 from relay.kinds.targets.http import HttpSettings
@@ -324,3 +324,15 @@ def test_templates_read_what_they_are_offered_and_jinja_names() -> None:
         )
     )
     assert config.routes["orders"].targets[0].when is not None
+
+
+def test_check_warns_of_a_postgresql_server_that_could_lose_acknowledged_events() -> None:
+    assert durability_warnings({"fsync": "on", "synchronous_commit": "on"}) == []
+    assert durability_warnings({"fsync": "on", "synchronous_commit": "local"}) == []
+    [fsync] = durability_warnings({"fsync": "off", "synchronous_commit": "on"})
+    assert fsync.startswith("the PostgreSQL server runs with fsync = off: a power cut")
+    both = durability_warnings({"fsync": "off", "synchronous_commit": "off"})
+    assert [w.split(":")[0] for w in both] == [
+        "the PostgreSQL server runs with fsync = off",
+        "the PostgreSQL server runs with synchronous_commit = off",
+    ]
