@@ -35,6 +35,8 @@ class BadEncoding(Exception):
 def coding_of(header: str | None) -> str | None:
     """The one content coding to undo, "" for none; None when relay cannot undo it
     (an unknown coding, or several stacked)."""
+    if not header:
+        return ""
     codings = [part.strip().lower() for part in (header or "").split(",") if part.strip()]
     codings = [coding for coding in codings if coding != "identity"]
     if not codings:

@@ -33,6 +33,7 @@ MAX_INGRESS_CONNECTIONS = 4096
 MAX_ADMIN_CONNECTIONS = 64
 # A connection silent this long may be closed to make room for a new one.
 QUIET_SECONDS = 1.0
+TOUCH_EVERY = QUIET_SECONDS / 8
 RETRY_AFTER_SECONDS = 5
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: %d\r\nContent-Type: application/json\r\n"
@@ -70,9 +71,9 @@ class ConnectionCap:
         (a body received, its commit awaited): those are never closed."""
         now = time.monotonic()
         for looked, connection in enumerate(self._open):
-            if looked >= 64 or now - connection.active_at < QUIET_SECONDS:
-                return None  # the rest are younger still
-            if not connection.in_request:
+            if looked >= 64 or now - connection.touched_at < QUIET_SECONDS:
+                return None  # in order of touched_at: the rest were active later still
+            if now - connection.active_at >= QUIET_SECONDS and not connection.in_request:
                 return connection
         return None
 
@@ -112,7 +113,7 @@ class _Counted(asyncio.Protocol):
         self._inner = inner
         self._transport: asyncio.Transport | None = None
         self._admitted = False
-        self.active_at = time.monotonic()
+        self.active_at = self.touched_at = time.monotonic()  # touched: moved last in the cap
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
@@ -140,8 +141,12 @@ class _Counted(asyncio.Protocol):
             self._transport.close()
 
     def data_received(self, data: bytes) -> None:
-        self.active_at = time.monotonic()
-        self._cap._touch(self)
+        now = self.active_at = time.monotonic()
+        if now - self.touched_at >= TOUCH_EVERY:
+            # The cap's order of activity only needs to be right to within a
+            # fraction of QUIET_SECONDS: not a reordering on every read.
+            self.touched_at = now
+            self._cap._touch(self)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:

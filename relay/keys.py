@@ -12,6 +12,8 @@ from __future__ import annotations
 
 
 def stored_key(key: str) -> str:
+    if key.isascii():
+        return key
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:

@@ -22,6 +22,8 @@ from relay.multipart import parse_multipart
 def storable(text: str) -> str:
     """Text safe to store: bytes that were not valid UTF-8 (which aiohttp hands
     over as lone surrogates) become U+FFFD instead of failing the insert."""
+    if text.isascii():  # nearly always, and much cheaper to ask
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
