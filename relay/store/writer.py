@@ -68,9 +68,13 @@ class _Pending:
     taken: bool = field(default=False)
 
 
-@dataclass(frozen=True)
 class _Failed:
-    error: BaseException
+    """A job's failure, carried back from the thread to its caller."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 _STOP = None  # put on the thread's queue: close the connection and end
@@ -81,7 +85,7 @@ class GroupCommitWriter:
         self._connect = connect
         self._max_batch = max_batch
         self._inbox: queue.SimpleQueue[list[_Pending] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connection: sqlite3.Connection | None = None
         self._queue: list[_Pending] = []
@@ -100,10 +104,10 @@ class GroupCommitWriter:
         loop = self._loop = asyncio.get_running_loop()
         opened: asyncio.Future[None] = loop.create_future()
         self._ended = loop.create_future()
-        self._thread = threading.Thread(
+        self._worker = threading.Thread(
             target=self._work, args=(opened,), name="relay-writer", daemon=True
         )
-        self._thread.start()
+        self._worker.start()
         try:
             await opened
         except BaseException:
@@ -202,13 +206,13 @@ class GroupCommitWriter:
         await self._join()
 
     async def _join(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
+        worker, self._worker = self._worker, None
+        if worker is None:
             return
         self._inbox.put(_STOP)
         if self._ended is not None:
             await self._ended  # the thread closed the connection and ends
-        thread.join()
+        worker.join()
 
     # The methods below run on the writer thread.
 

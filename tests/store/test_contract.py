@@ -72,6 +72,26 @@ async def test_duplicates_inside_one_group_commit(store: Store) -> None:
     assert len({r.event_id for r in results}) == 1
 
 
+async def test_a_resend_inside_a_group_commit_of_new_events_stores_each_new_one_once(
+    store: Store,
+) -> None:
+    # The batch is first inserted as if every key were new; the stored key
+    # makes that fail, and the batch is stored again knowing it. Nothing of
+    # the failed try may remain: each new event once, with its two deliveries.
+    first = await store.accept_event(event("held"), TWO, T0)
+    keys = ["held", *(f"new-{n}" for n in range(30)), "held", None]
+    results = await asyncio.gather(*(store.accept_event(event(k), TWO, T0) for k in keys))
+    assert [r.duplicate for r in results] == [True] + [False] * 30 + [True, False]
+    assert results[0].event_id == results[-2].event_id == first.event_id
+    events = await store.list_events(EventQuery(limit=100))
+    assert len(events) == 1 + 30 + 1
+    assert len({e.id for e in events}) == len(events)
+    assert all(len(e.deliveries) == 2 for e in events)
+    assert sorted(e.idempotency_key or "" for e in events) == sorted(
+        ["", "held", *(f"new-{n}" for n in range(30))]
+    )
+
+
 async def test_same_key_with_other_content_is_a_new_event_flagged_as_a_conflict(
     store: Store,
 ) -> None:
