@@ -216,8 +216,7 @@ class Relay:
 
     def _observe_attempt(self, report: AttemptReport) -> None:
         target = report.delivery.target
-        self.metrics.attempts.labels(target, report.outcome.verdict.value).inc()
-        self.metrics.attempt_seconds.labels(target).observe(report.duration)
+        self.metrics.count_attempt(target, report.outcome.verdict.value, report.duration)
         if report.decision.next is Next.DEAD:
             self.metrics.dead.labels(report.delivery.route, target).inc()
         if self._log_attempts:

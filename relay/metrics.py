@@ -106,6 +106,21 @@ class Metrics:
         )
         self._snapshot: StoreSnapshot | None = None
         registry.register(_StoreCollector(lambda: self._snapshot))
+        self._attempt_counters: dict[tuple[str, str], Counter] = {}
+        self._attempt_histograms: dict[str, Histogram] = {}
+
+    def count_attempt(self, target: str, outcome: str, seconds: float) -> None:
+        """One attempt, in relay_attempts_total and its duration's histogram."""
+        counter = self._attempt_counters.get((target, outcome))
+        if counter is None:  # labels() takes a lock and a lookup: once per pair
+            counter = self._attempt_counters[(target, outcome)] = self.attempts.labels(
+                target, outcome
+            )
+        counter.inc()
+        histogram = self._attempt_histograms.get(target)
+        if histogram is None:
+            histogram = self._attempt_histograms[target] = self.attempt_seconds.labels(target)
+        histogram.observe(seconds)
 
     def set_snapshot(self, snapshot: StoreSnapshot | None) -> None:
         """The store's figures to export; None exports none (another instance

@@ -51,6 +51,7 @@ from relay.store.base import (
     Waits,
 )
 from relay.store.migrations import LATEST, migrate
+from relay.store.record import RecordJob
 from relay.store.rows import (
     ATTEMPT_COLUMNS,
     CLAIM_DUE,
@@ -70,12 +71,10 @@ from relay.store.rows import (
     event_detail,
     event_view,
     insert_log,
-    line_up_by_arrival,
     match_expression,
     placeholders,
     select_delivery,
     selection_where,
-    update_health,
 )
 from relay.store.verbs import (
     Missing,
@@ -354,40 +353,7 @@ class SqliteStore:
         else:
             status, next_at, error = Status.DEAD, None, then.reason
 
-        def job(connection: sqlite3.Connection) -> FailureStreak:
-            connection.execute(
-                "INSERT INTO attempts (delivery_id, number, started_at, duration, outcome,"
-                " http_status, error, response, next_attempt_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    delivery.id,
-                    attempt.number,
-                    attempt.started_at,
-                    attempt.duration,
-                    attempt.outcome,
-                    attempt.http_status,
-                    attempt.error,
-                    attempt.response,
-                    next_at,
-                ),
-            )
-            # A probe that failed keeps its place: next_attempt_at as it was.
-            connection.execute(
-                "UPDATE deliveries SET status = ?, attempts = ?, cycle_attempts = ?,"
-                " next_attempt_at = CASE WHEN ? THEN next_attempt_at ELSE ? END,"
-                " lease_until = NULL, last_error = ?, updated_at = ?,"
-                " resume_status = NULL, resume_at = NULL"
-                " WHERE id = ? AND status = 'in_flight'",
-                (status.value, attempt.number, cycle, waits, next_at, error, now, delivery.id),
-            )
-            if status is Status.DELIVERED:
-                connection.execute(NEXT_IN_LINE, (now, now, delivery.id))
-            streak = update_health(connection, delivery.target, attempt, now, hold)
-            if streak.went_down:
-                line_up_by_arrival(connection, delivery.target)
-            elif streak.down and isinstance(then, RetryAt):
-                line_up_by_arrival(connection, delivery.target, delivery.id)
-            return streak
-
+        job = RecordJob(delivery, attempt, status, next_at, error, waits, cycle, now, hold)
         streak: FailureStreak = await self._write(job)
         return streak
 

@@ -4,6 +4,8 @@ down_targets. Runs over every backend (tests/store_backends.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from relay.store import (
     AttemptRecord,
     Dead,
@@ -163,6 +165,60 @@ async def test_the_failure_streak_counts_failures_in_a_row_per_target(store: Sto
     assert (fourth.before, fourth.after) == (2, 0)
     state = (await store.target_states())["crm"]
     assert (state.consecutive_failures, state.last_success_at) == (0, T0 + 9)
+
+
+async def test_attempts_recorded_in_one_group_commit_keep_every_row_and_the_streaks(
+    store: Store,
+) -> None:
+    # Attempts that finish together are recorded together (SQLite writes a
+    # run of successes in bulk; PostgreSQL on several connections): each
+    # keeps its row and its delivery's fate, and the streaks read as if they
+    # were recorded one after another, in some order.
+    for i in range(12):
+        await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], T0)
+    claims = await store.claim_due(T0, T0 + 60, {"crm": 12})
+    await asyncio.gather(
+        *(store.record_attempt(claim, FAILED, RetryAt(T0 + 9), T0) for claim in claims[:2])
+    )
+    oks = [
+        AttemptRecord(1, T0 + 1, 0.02, "success", 200, None, b"ok %d" % claim.id)
+        for claim in claims[2:]
+    ]
+    streaks = await asyncio.gather(
+        *(
+            store.record_attempt(claim, ok, Delivered(), T0 + 1 + n / 100)
+            for n, (claim, ok) in enumerate(zip(claims[2:], oks, strict=True))
+        )
+    )
+    assert sorted((s.before, s.after) for s in streaks) == [(0, 0)] * 9 + [(2, 0)]
+    state = (await store.target_states())["crm"]
+    assert state.consecutive_failures == 0
+    assert state.last_success_at is not None
+    assert T0 + 1 <= state.last_success_at <= T0 + 1.09
+    for claim in claims[2:]:
+        view = await store.get_event(claim.event_id)
+        assert view is not None
+        [delivery] = view.event.deliveries
+        assert (delivery.status, delivery.attempts, delivery.updated_at) == (
+            Status.DELIVERED,
+            1,
+            T0 + 1 + (claims.index(claim) - 2) / 100,
+        )
+        [row] = view.attempts[delivery.id]
+        assert (row.outcome, row.http_status, row.response) == ("success", 200, b"ok %d" % claim.id)
+    # A failure among successes: the streaks of one order or another.
+    for i in range(3):
+        await store.accept_event(event(f"m{i}"), [NewDelivery("crm")], T0 + 2)
+    more = await store.claim_due(T0 + 2, T0 + 60, {"crm": 3})
+    mixed = await asyncio.gather(
+        store.record_attempt(more[0], OK, Delivered(), T0 + 3),
+        store.record_attempt(more[1], FAILED, RetryAt(T0 + 20), T0 + 3),
+        store.record_attempt(more[2], OK, Delivered(), T0 + 3),
+    )
+    failures = (await store.target_states())["crm"].consecutive_failures
+    # Failed last: [(0, 0), (0, 0), (0, 1)]; else the success after it resets it.
+    expected = [(0, 0), (0, 0), (0, 1)] if failures == 1 else [(0, 0), (0, 1), (1, 0)]
+    assert sorted((s.before, s.after) for s in mixed) == expected
 
 
 async def test_a_waits_transition_spends_no_retry_and_keeps_its_place(store: Store) -> None:

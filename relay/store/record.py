@@ -1,0 +1,144 @@
+"""Recording attempts on SQLite, many per statement where the outcome allows.
+
+Every attempt writes its row, its delivery's new state and its target's
+health. Done one attempt at a time that is six statements each, and every
+statement hands the GIL between the writer thread and the event loop. A run
+of attempts waiting for the same group commit that all succeeded, on
+targets that are not held down, is written in bulk instead: one INSERT for
+their rows, one executemany for their deliveries, one health write per
+target. What the health rule (relay.store.health) decides for such a run is
+known without asking it attempt by attempt: the first success on a target
+resets its failures, the next ones find none. Anything else (a failure, a
+probe, a target coming back up) is recorded attempt by attempt, in order.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from relay.outcome import Verdict
+from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Status
+from relay.store.rows import NEXT_IN_LINE, line_up_by_arrival, placeholders, update_health
+
+ATTEMPT_INSERT = (
+    "INSERT INTO attempts (delivery_id, number, started_at, duration, outcome,"
+    " http_status, error, response, next_attempt_at) VALUES "
+)
+ATTEMPT_ROW = "(?,?,?,?,?,?,?,?,?)"
+# A probe that failed keeps its place: next_attempt_at as it was.
+DELIVERY_UPDATE = (
+    "UPDATE deliveries SET status = ?, attempts = ?, cycle_attempts = ?,"
+    " next_attempt_at = CASE WHEN ? THEN next_attempt_at ELSE ? END,"
+    " lease_until = NULL, last_error = ?, updated_at = ?,"
+    " resume_status = NULL, resume_at = NULL"
+    " WHERE id = ? AND status = 'in_flight'"
+)
+# Attempts per INSERT: 9 values each, within SQLite's 32766 bound values.
+_ATTEMPTS_PER_STATEMENT = 1000
+
+
+@dataclass(slots=True)
+class RecordJob:
+    """One attempt to record, with the delivery's state after it."""
+
+    delivery: ClaimedDelivery
+    attempt: AttemptRecord
+    status: Status
+    next_at: float | None
+    error: str | None
+    waits: bool  # pending with its time kept (a down target's failed probe)
+    cycle: int  # attempts in the cycle after this one
+    now: float
+    hold: Hold | None
+
+    def __call__(self, connection: sqlite3.Connection) -> FailureStreak:
+        return self.one(connection)
+
+    @staticmethod
+    def run_many(connection: sqlite3.Connection, jobs: Sequence[RecordJob]) -> list[FailureStreak]:
+        if len(jobs) == 1 or not all(job.simple_success for job in jobs):
+            return [job.one(connection) for job in jobs]
+        targets = sorted({job.delivery.target for job in jobs})
+        health = dict(
+            connection.execute(
+                "SELECT name, consecutive_failures FROM targets WHERE name IN"
+                f" ({placeholders(len(targets))}) AND down_since IS NULL",
+                targets,
+            ).fetchall()
+        )
+        if any(target not in health for target in targets):
+            # New, or down: the health rule decides attempt by attempt.
+            return [job.one(connection) for job in jobs]
+        for start in range(0, len(jobs), _ATTEMPTS_PER_STATEMENT):
+            chunk = jobs[start : start + _ATTEMPTS_PER_STATEMENT]
+            connection.execute(
+                ATTEMPT_INSERT + ",".join([ATTEMPT_ROW] * len(chunk)),
+                [value for job in chunk for value in job.attempt_row()],
+            )
+        connection.executemany(DELIVERY_UPDATE, [job.delivery_row() for job in jobs])
+        connection.executemany(NEXT_IN_LINE, [(job.now, job.now, job.delivery.id) for job in jobs])
+        streaks = []
+        last: dict[str, RecordJob] = {}
+        for job in jobs:
+            target = job.delivery.target
+            streaks.append(FailureStreak(health[target], 0))
+            health[target] = 0
+            last[target] = job
+        connection.executemany(
+            "UPDATE targets SET last_success_at = ?, consecutive_failures = 0, down_streak = 0"
+            " WHERE name = ?",
+            [(job.now, target) for target, job in last.items()],
+        )
+        return streaks
+
+    @property
+    def simple_success(self) -> bool:
+        """A success that the bulk path records exactly as one() would."""
+        return (
+            self.status is Status.DELIVERED
+            and self.attempt.outcome == Verdict.SUCCESS.value
+            and self.attempt.target_at_fault
+            and self.hold is None
+        )
+
+    def attempt_row(self) -> tuple[object, ...]:
+        attempt = self.attempt
+        return (
+            self.delivery.id,
+            attempt.number,
+            attempt.started_at,
+            attempt.duration,
+            attempt.outcome,
+            attempt.http_status,
+            attempt.error,
+            attempt.response,
+            self.next_at,
+        )
+
+    def delivery_row(self) -> tuple[object, ...]:
+        return (
+            self.status.value,
+            self.attempt.number,
+            self.cycle,
+            self.waits,
+            self.next_at,
+            self.error,
+            self.now,
+            self.delivery.id,
+        )
+
+    def one(self, connection: sqlite3.Connection) -> FailureStreak:
+        """This attempt alone, every rule asked in order."""
+        connection.execute(ATTEMPT_INSERT + ATTEMPT_ROW, self.attempt_row())
+        connection.execute(DELIVERY_UPDATE, self.delivery_row())
+        if self.status is Status.DELIVERED:
+            connection.execute(NEXT_IN_LINE, (self.now, self.now, self.delivery.id))
+        target = self.delivery.target
+        streak = update_health(connection, target, self.attempt, self.now, self.hold)
+        if streak.went_down:
+            line_up_by_arrival(connection, target)
+        elif streak.down and self.status is Status.PENDING and not self.waits:
+            line_up_by_arrival(connection, target, self.delivery.id)
+        return streak
