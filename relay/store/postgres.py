@@ -246,10 +246,6 @@ class PostgresStore:
             raise unavailable(error) from None
         self._intake = PgIntake(self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL)
         self._intake.start()
-        self._heartbeats = asyncio.create_task(
-            heartbeats(self.url, self.instance_id, self._command_timeout, self.dead_after / 5),
-            name="relay-pg-heartbeat",
-        )
 
     def set_limits(self, limits: Mapping[str, TargetLimits]) -> None:
         """Targets' concurrency and rates as totals for the whole cluster
@@ -455,7 +451,19 @@ class PostgresStore:
 
         claimed = await self._write(job)
         self._claimed = True
+        self._beat()
         return claimed
+
+    def _beat(self) -> None:
+        """Heartbeats from here on: once this store works the queue (recovers
+        orphans at a start, or claims). A store that never does (an operator
+        command) holds no lease another instance would wait for, and left a
+        row in `instances` for ever, one per command."""
+        if self._heartbeats is None and self._pool is not None:
+            self._heartbeats = asyncio.create_task(
+                heartbeats(self.url, self.instance_id, self._command_timeout, self.dead_after / 5),
+                name="relay-pg-heartbeat",
+            )
 
     async def next_due(self, targets: Collection[str]) -> dict[str, float]:
         if not targets:
@@ -581,6 +589,7 @@ class PostgresStore:
         """Give back this instance's own leases and every one that may be taken
         over; leases other live instances hold are theirs until they run out
         (by the server's clock)."""
+        self._beat()  # `relay serve` starts here: it is one of the cluster now
         async with self._connection() as connection:
             result = await connection.execute(
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"

@@ -411,3 +411,27 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "not in time"
         await asyncio.sleep(0.01)
+
+
+async def test_a_store_that_never_leases_leaves_no_instance_behind(pg_url: str) -> None:
+    # Operator commands (relay stats, events, retry...) open the store and
+    # close it again without claiming anything. Each one left a row in
+    # `instances` under a random id for ever: one a command, a row a cron run.
+    command = PostgresStore(pg_url)
+    await command.open()
+    await command.accept_event(event("from-a-command"), [NewDelivery("crm")], T0)
+    await command.stats()
+    await asyncio.sleep(command.dead_after / 5 + 0.2)  # past a heartbeat's interval
+    await command.close()
+    worker = PostgresStore(pg_url, instance_id="worker")
+    await worker.open()
+    try:
+        await worker.claim_due(T0, T0 + 60, {"crm": 1})
+        connection = await asyncpg.connect(pg_url)
+        try:
+            ids = {row[0] for row in await connection.fetch("SELECT id FROM instances")}
+        finally:
+            await connection.close()
+        assert ids == {"worker"}  # the one that leased, and only it
+    finally:
+        await worker.close()
