@@ -19,6 +19,9 @@ tests/chaos/test_hostile_http.py):
   `Expect: 100-continue` is answered only after the head was admitted;
 - pipelined requests are answered in order; while one waits for its commit
   the next ones wait parsed, and reading pauses once one waits;
+- trailer fields are read and dropped, never merged into the head; reads
+  of a chunked body that bring none of it (framing, trailers) count
+  against MAX_HEAD, else 431;
 - a malformed request gets 400 and the connection closes, logged as one
   rate-limited line (relay.httplog);
 - an `Upgrade` is ignored, as RFC 9110 section 7.8 allows: the body is read
@@ -217,6 +220,19 @@ def split_target(target: bytes) -> tuple[str, str]:
     return path, query_bytes.decode("utf-8", "surrogateescape")
 
 
+class _Dropped(list[tuple[bytes, bytes]]):
+    """Where a request's trailer fields go: read and dropped. A trailer is not a
+    header (RFC 9110 section 6.5.1): the head is what is checked and stored."""
+
+    __slots__ = ()
+
+    def append(self, field: tuple[bytes, bytes]) -> None:
+        pass
+
+
+_TRAILERS = _Dropped()
+
+
 class _Message:
     """One request: parsed head, its body as it comes, and its exchange once admitted."""
 
@@ -268,6 +284,10 @@ class Connection(asyncio.Protocol):
         self._raw: list[tuple[bytes, bytes]] = []
         self._in_head = False
         self._head_size = 0
+        # A chunked body's reads that brought none of its bytes (framing, trailers).
+        self._framed: _Message | None = None
+        self._framed_size = 0
+        self._framing = 0
         # What is wrong with the request being parsed: answered (and the
         # connection closed) once the requests before it are answered.
         self._problem: tuple[int, str] | None = None
@@ -332,6 +352,27 @@ class Connection(asyncio.Protocol):
             self._head_size += len(data)
             if self._head_size > MAX_HEAD:
                 self._problem = (431, f"request head larger than {MAX_HEAD} bytes")
+        elif self._parsing is not None:
+            self._body_read(len(data))
+
+    def _body_read(self, size: int) -> None:
+        """A read ended with a body unfinished. Reads of a chunked body that bring
+        none of its bytes are chunk framing or trailers, which httptools gathers
+        field by field until each is complete: past MAX_HEAD of them, 431."""
+        message = self._parsing
+        if message is None or message.head.content_length is not None:
+            return  # a body of a given length: llhttp counts it down, nothing gathers
+        if message is not self._framed or message.size != self._framed_size:
+            self._framed, self._framed_size, self._framing = message, message.size, 0
+            return
+        self._framing += size
+        if self._framing <= MAX_HEAD:
+            return
+        if message.overflow:  # answered already: nothing left worth reading
+            self._close()
+        elif self._problem is None:
+            self._problem = (431, f"chunk framing or trailers larger than {MAX_HEAD} bytes")
+            self._drop_parsing()
 
     def eof_received(self) -> bool:
         # The client sends nothing more: answers still due go out, then it closes.
@@ -383,10 +424,10 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        raw, self._raw = self._raw, _TRAILERS  # what comes after the head is not in it
         if self._problem is not None or self._lingering is not None:
             return
         parser = self._parser
-        raw = self._raw
         if len(raw) > MAX_HEADERS:
             self._problem = (431, f"more than {MAX_HEADERS} headers")
             return
@@ -427,12 +468,14 @@ class Connection(asyncio.Protocol):
 
     def _keep(self, message: _Message, chunk: bytes) -> None:
         if message.overflow:
+            message.size += len(chunk)  # not kept, but counted (_body_read)
             return
         exchange = message.exchange
         limit = exchange.limit if exchange is not None else self._server.max_body
         if message.size + len(chunk) > limit:
             message.overflow = True  # answered 413; the rest is not kept
             message.chunks = []
+            message.size += len(chunk)
             return
         message.chunks.append(chunk)
         message.size += len(chunk)

@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from relay.http1 import MAX_HEAD, MAX_HEADERS, Head, Http1Server, Response, serialize
+from relay.http1 import (
+    MAX_HEAD,
+    MAX_HEADERS,
+    Head,
+    Http1Server,
+    Response,
+    serialize,
+)
 
 LIMIT = 1000
 
@@ -47,8 +54,10 @@ class Handler:
         self.bodies: list[bytes] = []
         self.slow: list[asyncio.Future[Any]] = []
         self.open = 0  # admitted and not yet released
+        self.heads: list[Head] = []
 
     def admit(self, head: Head) -> Exchange | Response:
+        self.heads.append(head)
         if head.path == "/nope":
             return Response(404, b"no")
         if head.content_length is not None and head.content_length > LIMIT:
@@ -323,3 +332,33 @@ def test_a_header_value_cannot_start_another_header() -> None:
     assert lines[1] == b"Content-Type: text/plain  Set-Cookie: x=1"
     assert lines[2] == b"X-A: 1 X-B: 2"
     assert any(line.startswith(b"Date: ") for line in lines)
+
+
+async def test_trailer_fields_are_dropped_and_bounded(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """Trailers are not headers (RFC 9110 section 6.5.1): never merged into the
+    stored head. Before: each was appended to it, and a trailer section that
+    never ended grew without bound (19 MB of them: +200 MB, the loop held 3 s)."""
+    handler, _, port = served
+    reader, writer = await connect(port)
+    head = b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    writer.write(head + b"2\r\n{}\r\n0\r\nIdempotency-Key: forged\r\nX-Trailer: 1\r\n\r\n")
+    assert (await answers(reader, 1))[0][1] == b"/t  2"
+    assert [name for name, _ in handler.heads[0].raw_headers] == [b"Host", b"Transfer-Encoding"]
+    writer.close()
+    for endless in (b"X-T: v\r\n" * 4096, b"a" * 32768):  # many trailers; one long trailer
+        reader, writer = await connect(port)
+        writer.write(head + b"2\r\n{}\r\n0\r\n" + (b"X-Long: " if endless[0] == 97 else b""))
+        reading = asyncio.ensure_future(reader.read())
+        sent = 0
+        while not reading.done() and sent < 8 * MAX_HEAD:
+            writer.write(endless)
+            sent += len(endless)
+            await asyncio.sleep(0.005)
+        answer = await asyncio.wait_for(reading, 3)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+        assert sent < 8 * MAX_HEAD
+        writer.close()
+    await asyncio.sleep(0.05)
+    assert handler.open == 0
