@@ -343,15 +343,14 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             self._upgraded(data[upgrade.args[0] :])
         except httptools.HttpParserError as error:
-            if self._problem is None:
-                self._problem = (400, " ".join(str(error).split()) or type(error).__name__)
+            self._fail(400, " ".join(str(error).split()) or type(error).__name__)
             self._drop_parsing()
         if self._in_head and self._problem is None:
             # httptools gathers a header line before it calls on_header: count
             # what arrives while a head is incomplete, so no line grows unbounded.
             self._head_size += len(data)
             if self._head_size > MAX_HEAD:
-                self._problem = (431, f"request head larger than {MAX_HEAD} bytes")
+                self._fail(431, f"request head larger than {MAX_HEAD} bytes")
         elif self._parsing is not None:
             self._body_read(len(data))
 
@@ -371,7 +370,7 @@ class Connection(asyncio.Protocol):
         if message.overflow:  # answered already: nothing left worth reading
             self._close()
         elif self._problem is None:
-            self._problem = (431, f"chunk framing or trailers larger than {MAX_HEAD} bytes")
+            self._fail(431, f"chunk framing or trailers larger than {MAX_HEAD} bytes")
             self._drop_parsing()
 
     def eof_received(self) -> bool:
@@ -415,7 +414,7 @@ class Connection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > MAX_LINE and self._problem is None:
-            self._problem = (414, f"request line longer than {MAX_LINE} bytes")
+            self._fail(414, f"request line longer than {MAX_LINE} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # Their sizes and count are checked once the head is complete (what
@@ -429,19 +428,19 @@ class Connection(asyncio.Protocol):
             return
         parser = self._parser
         if len(raw) > MAX_HEADERS:
-            self._problem = (431, f"more than {MAX_HEADERS} headers")
+            self._fail(431, f"more than {MAX_HEADERS} headers")
             return
         length = None
         for name, value in raw:
             if len(name) + len(value) > MAX_LINE:
-                self._problem = (431, f"a header longer than {MAX_LINE} bytes")
+                self._fail(431, f"a header longer than {MAX_LINE} bytes")
                 return
             if len(name) == 14 and name.lower() == b"content-length":
                 length = int(value)  # llhttp checked it is one decimal number
         try:
             path, query = split_target(self._url)
         except httptools.HttpParserError:
-            self._problem = (400, "invalid request target")
+            self._fail(400, "invalid request target")
             return
         head = Head(
             method=parser.get_method().decode("ascii", "replace"),
@@ -455,6 +454,14 @@ class Connection(asyncio.Protocol):
         message = _Message(head)
         self._queue.append(message)
         self._parsing = message
+
+    def _fail(self, status: int, reason: str) -> None:
+        """Refuse the request being parsed: it is answered once the ones before it
+        are, and nothing after it is read meanwhile (it would only be dropped, and
+        httptools would gather a request line or header it is in without bound)."""
+        if self._problem is None:
+            self._problem = (status, reason)
+            self._pause_reading()
 
     def on_body(self, chunk: bytes) -> None:
         message = self._parsing
@@ -600,6 +607,9 @@ class Connection(asyncio.Protocol):
         self._draining = True
         self._queue.clear()
         self._expect(_LINGER)
+        if self._reading_paused:  # paused by _fail or _flow: now it is read to be dropped
+            self._reading_paused = False
+            transport.resume_reading()
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._closing:
@@ -652,7 +662,7 @@ class Connection(asyncio.Protocol):
             return
         if self._writing_paused or len(self._queue) > MAX_AHEAD:
             self._pause_reading()
-        elif self._reading_paused:
+        elif self._reading_paused and self._problem is None:
             self._reading_paused = False
             if self._transport is not None:
                 self._transport.resume_reading()
@@ -667,14 +677,14 @@ class Connection(asyncio.Protocol):
     def _upgraded(self, rest: bytes) -> None:
         message = self._queue[-1] if self._queue else None
         if message is None or self._problem is not None:
-            self._problem = self._problem or (400, "upgrade without a request")
+            self._fail(400, "upgrade without a request")
             return
         head = message.head
         head.keep_alive = False
         if any(name.lower() == b"transfer-encoding" for name, _ in head.raw_headers):
             # llhttp framed nothing past the head: a chunked body cannot be read safely.
             self._queue.pop()
-            self._problem = (400, "an Upgrade request with a chunked body")
+            self._fail(400, "an Upgrade request with a chunked body")
             return
         length = head.content_length or 0
         message.complete = length == 0

@@ -362,3 +362,51 @@ async def test_trailer_fields_are_dropped_and_bounded(
         writer.close()
     await asyncio.sleep(0.05)
     assert handler.open == 0
+
+
+class Metered(asyncio.Protocol):
+    """A connection of `server` that counts the bytes it was given."""
+
+    received = 0
+
+    def __init__(self, server: Http1Server) -> None:
+        self.inner = server()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        Metered.received += len(data)
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+
+async def test_nothing_is_read_past_a_refused_request_while_earlier_ones_wait(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """Before: with a request waiting for its commit, the one after it, refused
+    (414), was still parsed: 17.7 MB of its request line held within a second."""
+    handler, server, _ = served
+    listener = await asyncio.get_running_loop().create_server(
+        lambda: Metered(server), "127.0.0.1", 0
+    )
+    reader, writer = await connect(listener.sockets[0].getsockname()[1])
+    writer.write(post(b"/slow", b"a") + b"POST /")
+    await asyncio.sleep(0.05)
+    Metered.received = 0
+    for _ in range(100):  # 6.4 MB of request line
+        writer.write(b"a" * 65536)
+        await asyncio.sleep(0.001)
+    assert Metered.received < 1024 * 1024
+    handler.slow[0].set_result(b"done")
+    [(_, body)] = await answers(reader, 1)
+    assert body == b"slow done"
+    answer = await asyncio.wait_for(reader.read(), 3)
+    assert answer.startswith(b"HTTP/1.1 414 "), answer[:80]
+    writer.close()
+    listener.close()
