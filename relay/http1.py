@@ -18,7 +18,8 @@ tests/chaos/test_hostile_http.py):
   it with a size limit that then holds for the body as it arrives (413);
   `Expect: 100-continue` is answered only after the head was admitted;
 - pipelined requests are answered in order; while one waits for its commit
-  the next ones wait parsed, and reading pauses once one waits;
+  the next ones wait parsed, and reading pauses once one waits; more than
+  MAX_PIPELINED of them unanswered get 429 and the connection closes;
 - trailer fields are read and dropped, never merged into the head; reads
   of a chunked body that bring none of it (framing, trailers) count
   against MAX_HEAD, else 431;
@@ -57,6 +58,9 @@ MAX_LINE = 8190  # the request line, or one header's name and value (aiohttp's d
 MAX_HEAD = 64 * 1024  # the whole head, however it is cut into lines
 # Pipelined requests parsed ahead of the one being answered, before reading pauses.
 MAX_AHEAD = 1
+# Requests one read may bring before their answers: past this, 429 and the
+# connection closes (reading pauses only after a read is parsed).
+MAX_PIPELINED = 100
 
 
 @dataclass(slots=True)
@@ -425,6 +429,9 @@ class Connection(asyncio.Protocol):
         self._in_head = False
         raw, self._raw = self._raw, _TRAILERS  # what comes after the head is not in it
         if self._problem is not None or self._lingering is not None:
+            return
+        if len(self._queue) >= MAX_PIPELINED:
+            self._fail(429, f"more than {MAX_PIPELINED} requests sent ahead of their answers")
             return
         parser = self._parser
         if len(raw) > MAX_HEADERS:

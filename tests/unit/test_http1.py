@@ -16,6 +16,7 @@ import pytest
 from relay.http1 import (
     MAX_HEAD,
     MAX_HEADERS,
+    MAX_PIPELINED,
     Head,
     Http1Server,
     Response,
@@ -410,3 +411,18 @@ async def test_nothing_is_read_past_a_refused_request_while_earlier_ones_wait(
     assert answer.startswith(b"HTTP/1.1 414 "), answer[:80]
     writer.close()
     listener.close()
+
+
+async def test_a_flood_of_pipelined_requests_is_cut_off(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """Before: 6,400 tiny requests in one read were all parsed and answered in
+    one go (the loop held ~100 ms; more when each logs a refusal)."""
+    handler, _, port = served
+    reader, writer = await connect(port)
+    writer.write(b"POST /f HTTP/1.1\r\nContent-Length: 0\r\n\r\n" * (MAX_PIPELINED * 10))
+    got = await answers(reader, MAX_PIPELINED + 1)
+    assert [head[:12] for head, _ in got] == [b"HTTP/1.1 200"] * MAX_PIPELINED + [b"HTTP/1.1 429"]
+    assert await asyncio.wait_for(reader.read(), 3) == b""
+    assert len(handler.heads) == MAX_PIPELINED
+    writer.close()
