@@ -9,7 +9,8 @@ relay relied on aiohttp for, each pinned by a test (tests/unit/test_http1.py,
 tests/chaos/test_hostile_http.py):
 
 - a head of at most MAX_HEADERS headers, MAX_LINE bytes in its request line
-  or any one header, MAX_HEAD bytes in all, else 431 (414 for the line);
+  or any one header, MAX_HEAD bytes in all (counted from the read it began
+  in, whatever came before it there), else 431 (414 for the line);
 - a connection that is silent, or sends half a head, for `timeout` seconds
   is closed (408 when a request had begun); a body still incomplete
   `timeout` seconds after its head gets 408;
@@ -352,7 +353,12 @@ class Connection(asyncio.Protocol):
         if self._in_head and self._problem is None:
             # httptools gathers a header line before it calls on_header: count
             # what arrives while a head is incomplete, so no line grows unbounded.
-            self._head_size += len(data)
+            if self._head_size < 0:
+                # It began in this read, maybe after other requests: what of it
+                # was parsed (the line being gathered is at most this read).
+                self._head_size = len(self._url) + sum(len(n) + len(v) for n, v in self._raw)
+            else:
+                self._head_size += len(data)
             if self._head_size > MAX_HEAD:
                 self._fail(431, f"request head larger than {MAX_HEAD} bytes")
         elif self._parsing is not None:
@@ -413,7 +419,7 @@ class Connection(asyncio.Protocol):
         self._in_head = True
         self._url = b""
         self._raw = []
-        self._head_size = 0
+        self._head_size = -1  # begun in this read (_feed)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
