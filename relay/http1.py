@@ -560,6 +560,7 @@ class Connection(asyncio.Protocol):
             admitted = _error(500, "internal error")
         if isinstance(admitted, Response):
             self._queue.popleft()
+            self.deadline = None  # answered: the idle (or next body's) deadline starts now
             self._respond(admitted, message)
             return None
         message.exchange = admitted

@@ -448,3 +448,20 @@ async def test_a_pipelined_head_split_across_reads_is_not_counted_with_the_reque
     assert [head[:12] for head, _ in got] == [b"HTTP/1.1 200"] * 81
     assert got[-1][1] == b"/last  2"
     writer.close()
+
+
+async def test_requests_answered_on_their_head_keep_the_connection_alive(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """Before: the idle deadline was not renewed by an answer on the head (404,
+    413, 503...): the connection was closed 0.5 s after it opened, mid-use."""
+    _, _, port = served
+    reader, writer = await connect(port)
+    for _ in range(5):  # 1.25 s in all, timeout 0.5 s
+        writer.write(post(b"/nope", b"{}"))
+        [(status, _)] = await answers(reader, 1)
+        assert status.startswith(b"HTTP/1.1 404 ")
+        await asyncio.sleep(0.25)
+    writer.write(post(b"/still", b"{}"))
+    assert (await answers(reader, 1))[0][1] == b"/still  2"
+    writer.close()
