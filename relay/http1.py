@@ -21,6 +21,7 @@ tests/chaos/test_hostile_http.py):
 - pipelined requests are answered in order; while one waits for its commit
   the next ones wait parsed, and reading pauses once one waits; more than
   MAX_PIPELINED of them unanswered get 429 and the connection closes;
+- a transfer coding other than chunked gets 501 (400 in HTTP/1.0);
 - trailer fields are read and dropped, never merged into the head; reads
   of a chunked body that bring none of it (framing, trailers) count
   against MAX_HEAD, else 431;
@@ -450,6 +451,8 @@ class Connection(asyncio.Protocol):
                 return
             if len(name) == 14 and name.lower() == b"content-length":
                 length = int(value)  # llhttp checked it is one decimal number
+        if length is None and not self._plain_framing(raw):
+            return
         try:
             path, query = split_target(self._url)
         except httptools.HttpParserError:
@@ -475,6 +478,21 @@ class Connection(asyncio.Protocol):
         if self._problem is None:
             self._problem = (status, reason)
             self._pause_reading()
+
+    def _plain_framing(self, raw: list[tuple[bytes, bytes]]) -> bool:
+        """For a request without Content-Length: its Transfer-Encoding, if any, is
+        chunked alone. llhttp takes "gzip, chunked" as chunked and leaves the gzip
+        in the body, which relay would store as if it were the payload."""
+        for name, value in raw:
+            if len(name) != 17 or name.lower() != b"transfer-encoding":
+                continue
+            if self._parser.get_http_version() == "1.0":  # RFC 9112 section 6.1: faulty
+                self._fail(400, "Transfer-Encoding in an HTTP/1.0 request")
+                return False
+            if value.strip().lower() != b"chunked":
+                self._fail(501, "no transfer coding but chunked is accepted")
+                return False
+        return True
 
     def on_body(self, chunk: bytes) -> None:
         message = self._parsing

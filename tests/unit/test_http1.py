@@ -465,3 +465,27 @@ async def test_requests_answered_on_their_head_keep_the_connection_alive(
     writer.write(post(b"/still", b"{}"))
     assert (await answers(reader, 1))[0][1] == b"/still  2"
     writer.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 501),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+         b"1\r\na\r\n0\r\n\r\n", 501),
+        (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 400),
+    ],
+    ids=["gzip then chunked", "in two lines", "HTTP/1.0"],
+)  # fmt: skip
+async def test_transfer_codings_other_than_chunked_are_refused(
+    served: tuple[Handler, Http1Server, int], request_bytes: bytes, status: int
+) -> None:
+    """Before: llhttp de-chunks "gzip, chunked" and leaves the gzip: the body
+    was taken (stored by ingress, 200) still transfer-coded."""
+    handler, _, port = served
+    reader, writer = await connect(port)
+    writer.write(request_bytes)
+    answer = await asyncio.wait_for(reader.read(), 3)
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:80]
+    assert handler.bodies == []
+    writer.close()
