@@ -15,8 +15,9 @@ tests/chaos/test_hostile_http.py):
   is closed (408 when a request had begun); a body still incomplete
   `timeout` seconds after its head gets 408;
 - the handler sees a request's head before its body: it may answer at once
-  (404, 413 on Content-Length, 503...) and the body is never read, or admit
-  it with a size limit that then holds for the body as it arrives (413);
+  (404, 413 on Content-Length, 503...; to HEAD without the body) and the
+  body is never read, or admit it with a size limit that then holds for the
+  body as it arrives (413);
   `Expect: 100-continue` is answered only after the head was admitted;
 - pipelined requests are answered in order; while one waits for its commit
   the next ones wait parsed, and reading pauses once one waits; more than
@@ -187,7 +188,8 @@ def serialize(response: Response, *, close: bool) -> bytes:
         parts.append(b"Content-Type: %s\r\n" % _header_value(response.content_type))
     for name, value in response.headers:
         parts.append(b"%s: %s\r\n" % (name.encode("latin-1"), _header_value(value)))
-    parts.append(b"Content-Length: %d\r\n" % len(response.body))
+    if response.status != 204:  # RFC 9110 section 8.6: never in a 204
+        parts.append(b"Content-Length: %d\r\n" % len(response.body))
     if close:
         parts.append(b"Connection: close\r\n")
     parts.append(b"Date: %s\r\n\r\n" % _date.now())
@@ -579,7 +581,8 @@ class Connection(asyncio.Protocol):
         if isinstance(admitted, Response):
             self._queue.popleft()
             self.deadline = None  # answered: the idle (or next body's) deadline starts now
-            self._respond(admitted, message)
+            # (ingress admits only POST: an answer to HEAD is one on its head)
+            self._respond(admitted, message, bodiless=message.head.method == "HEAD")
             return None
         message.exchange = admitted
         if message.size > admitted.limit:
@@ -610,12 +613,15 @@ class Connection(asyncio.Protocol):
             exchange.release()
         self._respond(response, message)
 
-    def _respond(self, response: Response, message: _Message) -> None:
+    def _respond(self, response: Response, message: _Message, *, bodiless: bool = False) -> None:
         complete = message.complete
         close = not (complete and message.head.keep_alive and not message.overflow)
         if self._server.closing and not self._queue:
             close = True  # shutting down: this was the last answer on it
-        self._write(serialize(response, close=close))
+        wire = serialize(response, close=close)
+        if bodiless and response.body:  # HEAD: its Content-Length, not its body
+            wire = wire[: -len(response.body)]
+        self._write(wire)
         if complete:
             if close:
                 self._close()

@@ -421,7 +421,12 @@ def _unavailable() -> Response:
     return _error(503, "cannot store the event now", headers=_RETRY_LATER)
 
 
+_NO_CONTENT = Response(204, b"", None)
+
+
 def _answer(answer: Answer) -> Response:
+    if answer.status == 204:  # no content, whatever the route's body says (RFC 9110 15.3.5)
+        return _NO_CONTENT
     return Response(answer.status, answer.body, answer.content_type)
 
 

@@ -112,6 +112,24 @@ async def test_unknown_path_wrong_method_and_oversized_body(
     assert len(await relay.store.list_events(EventQuery())) == 1
 
 
+async def test_answers_without_content_carry_none(
+    make_config: ConfigFactory, start_relay: RelayFactory
+) -> None:
+    """Before: a route answering 204 sent its configured body and a Content-Length,
+    and HEAD got the 405's body: a client read those bytes as its next answer."""
+    config = make_config(TARGETS, routes(response={"status": 204, "body": "OK"}))
+    relay = await start_relay(config, background=False)
+    host, port = relay.ingress_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    post = b"POST /hooks/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    writer.write(post + b"HEAD /hooks/orders HTTP/1.1\r\nHost: x\r\n\r\n" + post)
+    heads = [await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3) for _ in range(3)]
+    writer.close()
+    assert [head[:12] for head in heads] == [b"HTTP/1.1 204", b"HTTP/1.1 405", b"HTTP/1.1 204"]
+    assert b"Content-Length" not in heads[0]
+    assert len(await relay.store.list_events(EventQuery())) == 2
+
+
 async def test_key_from_a_template_and_required_keys(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -489,3 +489,17 @@ async def test_transfer_codings_other_than_chunked_are_refused(
     assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:80]
     assert handler.bodies == []
     writer.close()
+
+
+async def test_an_answer_to_head_has_no_body(served: tuple[Handler, Http1Server, int]) -> None:
+    """Before: HEAD got the body too, and the client read it as the next answer."""
+    _, _, port = served
+    reader, writer = await connect(port)
+    writer.write(b"HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n" + post(b"/next", b"{}"))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
+    assert head.startswith(b"HTTP/1.1 404 ")
+    assert b"Content-Length: 2\r\n" in head  # what a GET would have been sent
+    [(status, body)] = await answers(reader, 1)
+    assert status.startswith(b"HTTP/1.1 200 ")
+    assert body == b"/next  2"
+    writer.close()
