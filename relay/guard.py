@@ -137,8 +137,15 @@ class _Counted(asyncio.Protocol):
 
     def close(self) -> None:
         self._cap._forget(self)
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is None:
+            return
+        if transport.get_write_buffer_size():
+            # Quiet, and its client has not taken its answers: close() would wait
+            # for that, holding the descriptor this was to free.
+            transport.abort()
+        else:
+            transport.close()
 
     def data_received(self, data: bytes) -> None:
         now = self.active_at = time.monotonic()

@@ -13,7 +13,8 @@ tests/chaos/test_hostile_http.py):
   in, whatever came before it there), else 431 (414 for the line);
 - a connection that is silent, or sends half a head, for `timeout` seconds
   is closed (408 when a request had begun); a body still incomplete
-  `timeout` seconds after its head gets 408;
+  `timeout` seconds after its head gets 408; a connection closed with
+  answers its client has not taken in `timeout` seconds is aborted;
 - the handler sees a request's head before its body: it may answer at once
   (404, 413 on Content-Length, 503...; to HEAD without the body) and the
   body is never read, or admit it with a size limit that then holds for the
@@ -658,8 +659,13 @@ class Connection(asyncio.Protocol):
             return
         self._closing = True
         self.deadline = None
-        if self._transport is not None:
-            self._transport.close()  # after what was written has gone out
+        transport = self._transport
+        if transport is not None:
+            transport.close()  # after what was written has gone out
+            if transport.get_write_buffer_size():
+                # ...which waits for a client that may never read it: the
+                # descriptor would be held past every timeout (expire aborts).
+                self.deadline = self._loop.time() + self._server.timeout
 
     def abort(self) -> None:
         self._closing = True
@@ -680,6 +686,8 @@ class Connection(asyncio.Protocol):
         """The deadline passed (the server's sweep calls this)."""
         self.deadline = None
         if self._closing:
+            if self._transport is not None:  # closed, and its answers still not taken
+                self._transport.abort()
             return
         timeout = f"{self._server.timeout:g}s"
         if self._deadline_kind == _LINGER:

@@ -7,12 +7,14 @@ body, waits on a future where asked): what ingress does, minus the store.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from relay.guard import QUIET_SECONDS, ConnectionCap
 from relay.http1 import (
     MAX_HEAD,
     MAX_HEADERS,
@@ -37,6 +39,8 @@ class Exchange:
         self.handler.bodies.append(body)
         if self.head.path == "/boom":
             raise RuntimeError("a bug in the handler")
+        if self.head.path == "/large":
+            return Response(200, b"x" * 1_000_000)
         if self.head.path == "/slow":
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self.handler.slow.append(future)
@@ -503,3 +507,60 @@ async def test_an_answer_to_head_has_no_body(served: tuple[Handler, Http1Server,
     assert status.startswith(b"HTTP/1.1 200 ")
     assert body == b"/next  2"
     writer.close()
+
+
+async def pin(port: int) -> socket.socket:
+    """A client that asks for more answers than the socket buffers hold and
+    never reads one."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+    client.send(post(b"/large", b"") * 8)  # 8 MB of answers
+    return client
+
+
+async def test_a_client_that_never_reads_its_answers_is_dropped(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """Before: a connection closed with answers still unsent waited for the
+    client to take them, forever: its descriptor and buffers were held past
+    every timeout (and relay.guard's eviction of it freed nothing)."""
+    _, server, port = served
+    client = await pin(port)
+    try:
+        await asyncio.sleep(0.1)
+        assert server.connections  # its answers being sent
+        for _ in range(40):  # idle timeout 0.5 s, then as long for the answers to go
+            if not server.connections:
+                break
+            await asyncio.sleep(0.1)
+        assert not server.connections
+    finally:
+        client.close()
+
+
+async def test_room_made_by_the_cap_is_made_even_when_the_client_reads_nothing() -> None:
+    """Before: relay.guard made room with transport.close(), which waits for the
+    unsent answers of a client that reads none: the cap counted it gone and its
+    descriptor stayed (under ulimit -n 256 they took every descriptor, and
+    webhooks and /readyz were refused)."""
+    handler = Handler()
+    server = Http1Server(handler, timeout=30, max_body=lambda: LIMIT)  # no timeout helps
+    cap = ConnectionCap(server, 2, "test")
+    listener = await asyncio.get_running_loop().create_server(cap, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    pinned = [await pin(port), await pin(port)]
+    try:
+        await asyncio.sleep(QUIET_SECONDS + 0.1)
+        reader, writer = await connect(port)
+        writer.write(post(b"/new", b"{}"))
+        assert (await answers(reader, 1))[0][1] == b"/new  2"
+        assert cap.evicted == 1
+        assert len(server.connections) == 2  # the one evicted is gone
+        writer.close()
+    finally:
+        for client in pinned:
+            client.close()
+        listener.close()
+        await server.shutdown(1)
