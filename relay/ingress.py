@@ -169,7 +169,12 @@ class Ingress:
         if head.method != "POST":
             self.count(route.name, "method_not_allowed")
             return _error(405, "only POST is accepted here", headers=(("Allow", "POST"),))
-        coding = coding_of(headers.get("Content-Encoding"))
+        encoding = headers.get("Content-Encoding")
+        if encoding is not None:
+            # Every line of it: two lines are one list (RFC 9110 section 5.3),
+            # and a coding left out would be stored still compressed.
+            encoding = ",".join(headers.getall("Content-Encoding"))
+        coding = coding_of(encoding)
         if coding is None:
             self.count(route.name, "unsupported_encoding")
             return _error(

@@ -7,6 +7,7 @@ and acknowledged "queued".
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import hmac
@@ -117,3 +118,35 @@ async def test_bomb_corrupt_and_unknown_codings_are_refused(
     status, _ = await post(http, relay, "/orders", stacked, **{"Content-Encoding": "gzip, gzip"})
     assert status == 415
     assert await relay.store.list_events(EventQuery()) == []
+
+
+async def test_a_coding_in_a_second_header_line_counts(
+    make_config: ConfigFactory, start_relay: RelayFactory
+) -> None:
+    """Before: only the first Content-Encoding line was read: gzip twice on two
+    lines was inflated once and stored still gzipped, and "identity" then "gzip"
+    was stored compressed, both acknowledged 200. Two lines are one list (RFC
+    9110 section 5.3), as "gzip, gzip" in one line is."""
+    relay = await start(make_config, start_relay)
+    host, port = relay.ingress_url.removeprefix("http://").split(":")
+    once, twice = gzip.compress(PAYLOAD), gzip.compress(gzip.compress(PAYLOAD))
+    for codings, body, status in (
+        ((b"gzip", b"gzip"), twice, 415),
+        ((b"identity", b"gzip"), once, 200),
+        ((b"", b"gzip"), once, 200),
+    ):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        lines = b"".join(b"Content-Encoding: %s\r\n" % coding for coding in codings)
+        writer.write(
+            b"POST /orders HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s"
+            % (lines, len(body), body)
+        )
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 %d " % status), (codings, answer[:40])
+    events = await relay.store.list_events(EventQuery())
+    assert len(events) == 2
+    for event in events:
+        detail = await relay.store.get_event(event.id)
+        assert detail is not None
+        assert detail.payload.body == PAYLOAD  # never stored still compressed
