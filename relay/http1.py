@@ -561,8 +561,7 @@ class Connection(asyncio.Protocol):
         if not queue and not self._closing:
             if self._problem is not None:
                 status, reason = self._problem
-                if status == 400:
-                    refused(self._remote, reason)
+                refused(self._remote, reason)  # one line, rate-limited (relay.httplog)
                 self._refuse(_error(status, reason))
                 return
             if self._eof:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from relay import httplog
 from relay.guard import QUIET_SECONDS, ConnectionCap
 from relay.http1 import (
     MAX_HEAD,
@@ -564,3 +565,30 @@ async def test_room_made_by_the_cap_is_made_even_when_the_client_reads_nothing()
             client.close()
         listener.close()
         await server.shutdown(1)
+
+
+async def test_every_refusal_on_the_head_is_logged_in_one_line(
+    served: tuple[Handler, Http1Server, int],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: only a 400 was logged; a 414, 431 or 501 refused its request silently
+    (aiohttp logged them, through relay.httplog's filter, as one line each)."""
+    monkeypatch.setattr(httplog, "_refusals", httplog.RefusedRequests())  # a window of its own
+    _, _, port = served
+    for request_bytes in (
+        b"POST /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n",
+        b"POST / HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+    ):
+        reader, writer = await connect(port)
+        writer.write(request_bytes)
+        await asyncio.wait_for(reader.read(), 3)
+        writer.close()
+    lines = [record.getMessage() for record in caplog.records if record.name == "relay.http"]
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "request line longer than 8190 bytes",
+        "a header longer than 8190 bytes",
+        "no transfer coding but chunked is accepted",
+    ]
+    assert all(line.startswith("refused a malformed request from 127.0.0.1: ") for line in lines)
