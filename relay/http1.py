@@ -127,6 +127,11 @@ class Exchange(Protocol):
         """The answer once the future `answer` returned is done."""
         ...
 
+    def refused(self, status: int) -> None:
+        """Answered by relay.http1 while its body came: 413 (past `limit`) or 408
+        (not all in within the timeout); `release` follows."""
+        ...
+
     def release(self) -> None:
         """The exchange is over (answered, or its connection gone): called once."""
         ...
@@ -538,6 +543,7 @@ class Connection(asyncio.Protocol):
                 if exchange is None:
                     continue  # answered on its head
             if message.overflow:
+                exchange.refused(413)
                 self._finish(message, _error(413, f"body larger than {exchange.limit} bytes"))
                 return
             if not message.complete:
@@ -694,6 +700,7 @@ class Connection(asyncio.Protocol):
         elif self._deadline_kind == _BODY and self._queue:
             message = self._queue.popleft()
             if message.exchange is not None:
+                message.exchange.refused(408)
                 message.exchange.release()
             self._refuse(_error(408, f"body not received within {timeout}"))
         elif self._in_head:

@@ -316,6 +316,9 @@ class Webhook:
         self._started = started
         self._event: NewEvent | None = None
 
+    def refused(self, status: int) -> None:
+        self._ingress.count(self._bundle.config.name, "too_large" if status == 413 else "timeout")
+
     def release(self) -> None:
         self._ingress.bodies_in_flight -= self.held
 

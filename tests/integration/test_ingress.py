@@ -130,6 +130,31 @@ async def test_answers_without_content_carry_none(
     assert len(await relay.store.list_events(EventQuery())) == 2
 
 
+async def test_bodies_refused_as_they_arrive_are_counted(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    """Before: relay.http1 answered a chunked body past the route's limit (413) and
+    a body too slow (408) itself, and neither was counted: the too_large and
+    timeout results of relay_events_received_total missed them."""
+    config = make_config(TARGETS, routes(max_body_size="1KiB"), server={"read_timeout": "500ms"})
+    relay = await start_relay(config, background=False)
+
+    async def chunks():  # no Content-Length
+        for _ in range(4):
+            yield b"x" * 512
+
+    async with http.post(relay.ingress_url + "/hooks/orders", data=chunks()) as response:
+        assert response.status == 413
+    host, port = relay.ingress_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /hooks/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
+    assert (await asyncio.wait_for(reader.read(), 3)).startswith(b"HTTP/1.1 408 ")
+    writer.close()
+    text = relay.metrics.render().decode()
+    assert 'relay_events_received_total{result="too_large",route="orders"} 1.0' in text
+    assert 'relay_events_received_total{result="timeout",route="orders"} 1.0' in text
+
+
 async def test_key_from_a_template_and_required_keys(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:

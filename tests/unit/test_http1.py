@@ -52,6 +52,9 @@ class Exchange:
     def settle(self, done: asyncio.Future[Any]) -> Response:
         return Response(200, b"slow " + done.result())
 
+    def refused(self, status: int) -> None:
+        self.handler.refused.append(status)
+
     def release(self) -> None:
         self.handler.open -= 1
 
@@ -62,6 +65,7 @@ class Handler:
         self.slow: list[asyncio.Future[Any]] = []
         self.open = 0  # admitted and not yet released
         self.heads: list[Head] = []
+        self.refused: list[int] = []  # by relay.http1, after admission
 
     def admit(self, head: Head) -> Exchange | Response:
         self.heads.append(head)
@@ -143,6 +147,7 @@ async def test_chunked_bodies_are_joined_and_held_to_the_limit(
     [(status, _)] = await answers(reader, 1)
     assert status.startswith(b"HTTP/1.1 413 ")
     assert b"Connection: close" in status
+    assert handler.refused == [413]  # told to the exchange (ingress counts it)
     writer.close()
     await asyncio.sleep(0.05)
     assert handler.open == 0
@@ -268,6 +273,7 @@ async def test_a_slow_body_gets_408_and_a_silent_connection_is_closed(
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert 0.4 < time.monotonic() - started < 1.5  # timeout 0.5 s, swept every 0.125 s
     assert handler.open == 0
+    assert handler.refused == [408]
     writer.close()
     reader, writer = await connect(port)
     assert await asyncio.wait_for(reader.read(), 3) == b""  # idle: closed without a word
