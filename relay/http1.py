@@ -78,6 +78,7 @@ class Head:
     remote: str | None
     keep_alive: bool
     content_length: int | None  # None: chunked, or no body
+    asked_keep_alive: bool = False  # `Connection: keep-alive` (an HTTP/1.0 client's way)
     _headers: CIMultiDictProxy[str] | None = None
 
     @property
@@ -184,8 +185,15 @@ def _header_value(value: str) -> bytes:
 _JSON_ANSWER = b"%sContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s\r\n\r\n%s"
 
 
-def serialize(response: Response, *, close: bool) -> bytes:
-    if not close and not response.headers and response.content_type == "application/json":
+def serialize(response: Response, *, close: bool, say_kept: bool = False) -> bytes:
+    """The answer on the wire; `say_kept` for a client that asked for keep-alive
+    in a header (HTTP/1.0 closes after each answer unless it is told so)."""
+    if (
+        not close
+        and not say_kept
+        and not response.headers
+        and response.content_type == "application/json"
+    ):
         # Nearly every answer: one formatting instead of a list to join.
         status = _STATUS_LINES.get(response.status) or _STATUS_LINES[500]
         return _JSON_ANSWER % (status, len(response.body), _date.now(), response.body)
@@ -198,6 +206,8 @@ def serialize(response: Response, *, close: bool) -> bytes:
         parts.append(b"Content-Length: %d\r\n" % len(response.body))
     if close:
         parts.append(b"Connection: close\r\n")
+    elif say_kept:
+        parts.append(b"Connection: keep-alive\r\n")
     parts.append(b"Date: %s\r\n\r\n" % _date.now())
     parts.append(response.body)
     return b"".join(parts)
@@ -453,12 +463,15 @@ class Connection(asyncio.Protocol):
             self._fail(431, f"more than {MAX_HEADERS} headers")
             return
         length = None
+        asked_keep_alive = False
         for name, value in raw:
             if len(name) + len(value) > MAX_LINE:
                 self._fail(431, f"a header longer than {MAX_LINE} bytes")
                 return
             if len(name) == 14 and name.lower() == b"content-length":
                 length = int(value)  # llhttp checked it is one decimal number
+            elif len(name) == 10 and name.lower() == b"connection":
+                asked_keep_alive = asked_keep_alive or b"keep-alive" in value.lower()
         if length is None and not self._plain_framing(raw):
             return
         try:
@@ -474,6 +487,7 @@ class Connection(asyncio.Protocol):
             remote=self._remote,
             keep_alive=parser.should_keep_alive(),
             content_length=length,
+            asked_keep_alive=asked_keep_alive,
         )
         message = _Message(head)
         self._queue.append(message)
@@ -624,7 +638,7 @@ class Connection(asyncio.Protocol):
         close = not (complete and message.head.keep_alive and not message.overflow)
         if self._server.closing and not self._queue:
             close = True  # shutting down: this was the last answer on it
-        wire = serialize(response, close=close)
+        wire = serialize(response, close=close, say_kept=message.head.asked_keep_alive)
         if bodiless and response.body:  # HEAD: its Content-Length, not its body
             wire = wire[: -len(response.body)]
         self._write(wire)

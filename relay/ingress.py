@@ -85,6 +85,7 @@ class Ingress:
         self._metrics = metrics or Metrics()
         self._on_accepted = on_accepted
         self._rejections_logged: dict[str, tuple[int, int]] = {}
+        self._unlogged: dict[str, int] = {}  # refused since the route's last line
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.bodies_in_flight = 0
@@ -235,14 +236,22 @@ class Ingress:
     ) -> Response:
         self.count(route.name, "rejected")
         self._metrics.rejected.labels(route.name, rejection.reason).inc()
-        log.warning(
-            "route %s: refused a request from %s: %s%s",
-            route.name,
-            remote,
-            rejection.reason,
-            f" ({rejection.detail})" if rejection.detail else "",
-        )
-        if self._may_log_rejection(route.name):
+        # Written down (a log line and a stored rejection) at most
+        # REJECTIONS_LOGGED_PER_SECOND a second per route: a flood of forged
+        # requests would exhaust journald's rate limit, relay's attempt lines
+        # with it. The metrics count every one.
+        if not self._may_log_rejection(route.name):
+            self._unlogged[route.name] = self._unlogged.get(route.name, 0) + 1
+        else:
+            left_out = self._unlogged.pop(route.name, 0)
+            log.warning(
+                "route %s: refused a request from %s: %s%s%s",
+                route.name,
+                remote,
+                rejection.reason,
+                f" ({rejection.detail})" if rejection.detail else "",
+                f" ({left_out} more refused on this route, not logged)" if left_out else "",
+            )
             record = Rejection(
                 route=route.name,
                 at=self._clock.now(),

@@ -3,10 +3,12 @@ published algorithm: accepted, wrong secret, tampered body, ping, duplicate, ans
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import json
+import logging
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,7 @@ import pytest
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.ingress import REJECTIONS_LOGGED_PER_SECOND
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory
@@ -295,6 +298,26 @@ async def test_rejections_are_kept_and_counted(relay: Relay, http: aiohttp.Clien
     text = relay.metrics.render().decode()
     assert 'relay_rejected_total{reason="bad_token",route="telegram"} 3.0' in text
     assert 'relay_events_received_total{result="rejected",route="telegram"} 3.0' in text
+
+
+async def test_a_flood_of_forged_requests_is_counted_and_logged_within_a_limit(
+    relay: Relay, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each refusal was a WARNING line: a few thousand forged requests a second
+    # exhaust journald's rate limit, and relay's own attempt lines go with them.
+    caplog.set_level(logging.WARNING, logger="relay.ingress")
+    secret = {"X-Telegram-Bot-Api-Secret-Token": "guess-123"}
+    await asyncio.gather(*(send(http, relay, "/tg", b"{}", secret) for _ in range(60)))
+    lines = [r.getMessage() for r in caplog.records if "refused a request" in r.getMessage()]
+    # At most REJECTIONS_LOGGED_PER_SECOND a second (the burst may straddle two).
+    assert 1 <= len(lines) <= 2 * REJECTIONS_LOGGED_PER_SECOND
+    text = relay.metrics.render().decode()
+    assert 'relay_rejected_total{reason="bad_token",route="telegram"} 60.0' in text
+    await asyncio.sleep(1.1)
+    caplog.clear()
+    await send(http, relay, "/tg", b"{}", secret)
+    [line] = [r.getMessage() for r in caplog.records if "refused a request" in r.getMessage()]
+    assert f"({60 - len(lines)} more refused on this route, not logged)" in line
 
 
 @pytest.mark.parametrize(

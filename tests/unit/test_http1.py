@@ -598,3 +598,21 @@ async def test_every_refusal_on_the_head_is_logged_in_one_line(
         "no transfer coding but chunked is accepted",
     ]
     assert all(line.startswith("refused a malformed request from 127.0.0.1: ") for line in lines)
+
+
+async def test_an_http_1_0_client_asking_for_keep_alive_is_told_it_is_kept(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    # An HTTP/1.0 connection closes after each answer unless the answer says
+    # `Connection: keep-alive`: without it the client waited for a close that
+    # never came, or opened a new connection for every request.
+    _, _, port = served
+    reader, writer = await connect(port)
+    ask = b"POST /old HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\nx"
+    writer.write(ask)
+    [(status, body)] = await answers(reader, 1)
+    assert b"Connection: keep-alive" in status
+    assert body == b"/old  1"
+    writer.write(ask)  # and it is kept
+    assert (await answers(reader, 1))[0][1] == b"/old  1"
+    writer.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from relay.fields import FormFields
 from relay.keys import key_bytes, stored_key
-from relay.payload import parse_form
+from relay.payload import MAX_FORM_FIELDS, parse_form
 from relay.templates import compile_template, marking_defaults
 
 
@@ -54,3 +54,10 @@ def test_defaults_used_are_listed_while_marking() -> None:
     with marking_defaults() as used:
         assert template.render({"form": form}) == "Anna||-"  # the output is unchanged
     assert used == ["no comment = ''", "no x = '-'"]
+
+
+def test_a_form_is_read_up_to_its_field_limit() -> None:
+    urlencoded = "application/x-www-form-urlencoded"
+    at_limit = "&".join(["Phone=1"] * MAX_FORM_FIELDS).encode()
+    assert parse_form(urlencoded, at_limit) == {"Phone": "1"}
+    assert parse_form(urlencoded, at_limit + b"&Name=x") is None  # one more: not read
