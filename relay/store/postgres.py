@@ -39,7 +39,6 @@ from relay.store.base import (
     AlertNote,
     AttemptRecord,
     ClaimedDelivery,
-    Delivered,
     DeliveryView,
     DownState,
     EventDetail,
@@ -88,14 +87,17 @@ from relay.store.pg_intake import PgIntake, store_batch
 from relay.store.pg_schema import LATEST, migrate
 from relay.store.rows import (
     ATTEMPT_COLUMNS,
+    ATTEMPT_COLUMNS_INSERTED,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     LOG_COLUMNS,
     RESEND_COLUMNS,
     Row,
+    attempt_values,
     claimed_delivery,
     copy_event,
     decode_headers,
+    delivery_after,
     delivery_view,
     event_detail,
     event_view,
@@ -513,29 +515,13 @@ class PostgresStore:
     ) -> FailureStreak:
         waits = isinstance(then, Waits)
         cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
-        if isinstance(then, Delivered):
-            status, next_at, error = Status.DELIVERED, None, None
-        elif isinstance(then, RetryAt):
-            status, next_at, error = Status.PENDING, then.at, attempt.error
-        elif isinstance(then, Waits):
-            status, next_at, error = Status.PENDING, None, attempt.error
-        else:
-            status, next_at, error = Status.DEAD, None, then.reason
+        status, next_at, error = delivery_after(then, attempt)
 
         async def job(connection: Connection) -> FailureStreak:
             await connection.execute(
-                "INSERT INTO attempts (delivery_id, number, started_at, duration, outcome,"
-                " http_status, error, response, next_attempt_at)"
+                f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
                 " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
-                delivery.id,
-                attempt.number,
-                attempt.started_at,
-                attempt.duration,
-                attempt.outcome,
-                attempt.http_status,
-                attempt.error,
-                attempt.response,
-                next_at,
+                *attempt_values(delivery.id, attempt, next_at),
             )
             # Only while the lease is still this instance's: one taken over
             # (this attempt outlived it) is the new owner's to decide, and its

@@ -20,12 +20,16 @@ from dataclasses import dataclass
 
 from relay.outcome import Verdict
 from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Status
-from relay.store.rows import NEXT_IN_LINE, line_up_by_arrival, placeholders, update_health
-
-ATTEMPT_INSERT = (
-    "INSERT INTO attempts (delivery_id, number, started_at, duration, outcome,"
-    " http_status, error, response, next_attempt_at) VALUES "
+from relay.store.rows import (
+    ATTEMPT_COLUMNS_INSERTED,
+    NEXT_IN_LINE,
+    attempt_values,
+    line_up_by_arrival,
+    placeholders,
+    update_health,
 )
+
+ATTEMPT_INSERT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED}) VALUES "
 ATTEMPT_ROW = "(?,?,?,?,?,?,?,?,?)"
 # A probe that failed keeps its place: next_attempt_at as it was.
 DELIVERY_UPDATE = (
@@ -104,18 +108,7 @@ class RecordJob:
         )
 
     def attempt_row(self) -> tuple[object, ...]:
-        attempt = self.attempt
-        return (
-            self.delivery.id,
-            attempt.number,
-            attempt.started_at,
-            attempt.duration,
-            attempt.outcome,
-            attempt.http_status,
-            attempt.error,
-            attempt.response,
-            self.next_at,
-        )
+        return attempt_values(self.delivery.id, self.attempt, self.next_at)
 
     def delivery_row(self) -> tuple[object, ...]:
         return (

@@ -15,6 +15,7 @@ from relay.store.base import (
     AttemptRecord,
     AttemptView,
     ClaimedDelivery,
+    Delivered,
     DeliveryView,
     EventDetail,
     EventView,
@@ -25,9 +26,12 @@ from relay.store.base import (
     NewEvent,
     Resend,
     ResendLink,
+    RetryAt,
     Selection,
     Status,
     TextSearch,
+    Transition,
+    Waits,
 )
 from relay.store.health import HEALTH_COLUMNS, health_after
 
@@ -184,6 +188,42 @@ def line_up_by_arrival(
         connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), (target,))
     else:
         connection.execute(LINE_UP_BY_ARRIVAL.format(only="AND id = ?"), (target, delivery_id))
+
+
+def delivery_after(
+    then: Transition, attempt: AttemptRecord
+) -> tuple[Status, float | None, str | None]:
+    """(status, next_attempt_at, last_error) of a delivery after this attempt."""
+    if isinstance(then, Delivered):
+        return Status.DELIVERED, None, None
+    if isinstance(then, RetryAt):
+        return Status.PENDING, then.at, attempt.error
+    if isinstance(then, Waits):
+        return Status.PENDING, None, attempt.error
+    return Status.DEAD, None, then.reason
+
+
+def attempt_values(
+    delivery_id: int, attempt: AttemptRecord, next_at: float | None
+) -> tuple[object, ...]:
+    """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED."""
+    return (
+        delivery_id,
+        attempt.number,
+        attempt.started_at,
+        attempt.duration,
+        attempt.outcome,
+        attempt.http_status,
+        attempt.error,
+        attempt.response,
+        next_at,
+    )
+
+
+ATTEMPT_COLUMNS_INSERTED = (
+    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
+    " next_attempt_at"
+)
 
 
 def decode_headers(raw: bytes) -> list[Header]:

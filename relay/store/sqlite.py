@@ -21,7 +21,6 @@ from relay.store.base import (
     Accepted,
     AttemptRecord,
     ClaimedDelivery,
-    Delivered,
     DeliveryView,
     DownState,
     EventDetail,
@@ -38,7 +37,6 @@ from relay.store.base import (
     NotFound,
     Rejection,
     Resend,
-    RetryAt,
     SearchDocument,
     SearchProgress,
     Selection,
@@ -67,6 +65,7 @@ from relay.store.rows import (
     claimed_delivery,
     copy_event,
     decode_headers,
+    delivery_after,
     delivery_view,
     event_detail,
     event_view,
@@ -348,15 +347,7 @@ class SqliteStore:
         # a probe of a down target.
         waits = isinstance(then, Waits)
         cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
-        if isinstance(then, Delivered):
-            status, next_at, error = Status.DELIVERED, None, None
-        elif isinstance(then, RetryAt):
-            status, next_at, error = Status.PENDING, then.at, attempt.error
-        elif isinstance(then, Waits):
-            status, next_at, error = Status.PENDING, None, attempt.error
-        else:
-            status, next_at, error = Status.DEAD, None, then.reason
-
+        status, next_at, error = delivery_after(then, attempt)
         job = RecordJob(delivery, attempt, status, next_at, error, waits, cycle, now, hold)
         streak: FailureStreak = await self._write(job)
         return streak
