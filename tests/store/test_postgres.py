@@ -297,10 +297,15 @@ async def test_concurrency_is_a_total_across_instances(
         *(store.claim_due(T0, T0 + 60, {"crm": 3}) for store in (a, b, a, b))
     )
     assert sum(len(claim) for claim in claims) == 3
-    # An attempt finished frees a place for any instance.
-    first = next(c for claim in claims for c in claim)
-    await a.release([first.id], T0)
-    assert len(await b.claim_due(T0, T0 + 60, {"crm": 3})) == 1
+    # An attempt finished frees a place for any instance: the one that held
+    # it gives it back (only a lease's owner can), the other takes the place.
+    # (Which instance won the claims above is up to the race.)
+    owner, first = next(
+        (store, c) for store, claim in zip((a, b, a, b), claims, strict=True) for c in claim
+    )
+    await owner.release([first.id], T0)
+    other = b if owner is a else a
+    assert len(await other.claim_due(T0, T0 + 60, {"crm": 3})) == 1
 
 
 async def test_a_rate_is_a_total_across_instances(
