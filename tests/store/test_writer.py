@@ -1,12 +1,29 @@
-"""The group-commit writer stops cleanly whatever is queued when it closes."""
+"""The group-commit writer: it stops cleanly whatever is queued when it closes,
+and after a large batch it waits for its callers to come back, but a lone
+caller never waits."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 from relay.store.writer import GroupCommitWriter
+
+
+def counter(database: Path) -> Callable[[], sqlite3.Connection]:
+    def connect() -> sqlite3.Connection:
+        connection = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+        connection.execute("CREATE TABLE IF NOT EXISTS t (n INTEGER)")
+        return connection
+
+    return connect
+
+
+def insert(connection: sqlite3.Connection) -> int:
+    connection.execute("INSERT INTO t VALUES (1)")
+    return 1
 
 
 async def test_close_commits_what_is_queued_and_returns(tmp_path: Path) -> None:
@@ -15,20 +32,9 @@ async def test_close_commits_what_is_queued_and_returns(tmp_path: Path) -> None:
     # another for ever, and `relay serve` hung on SIGTERM until systemd's
     # timeout (the power-cut chaos test saw it in 2 of 5 runs).
     database = tmp_path / "w.db"
-
-    def connect() -> sqlite3.Connection:
-        connection = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
-        connection.execute("CREATE TABLE IF NOT EXISTS t (n INTEGER)")
-        return connection
-
-    writer = GroupCommitWriter(connect)
+    writer = GroupCommitWriter(counter(database))
     await writer.start()
     await asyncio.sleep(0)  # the writer loop is waiting for work
-
-    def insert(connection: sqlite3.Connection) -> int:
-        connection.execute("INSERT INTO t VALUES (1)")
-        return 1
-
     queued = asyncio.ensure_future(writer.run(insert))
     await asyncio.sleep(0)  # queued, and the writer woken once
     async with asyncio.timeout(5):
@@ -37,3 +43,61 @@ async def test_close_commits_what_is_queued_and_returns(tmp_path: Path) -> None:
     check = sqlite3.connect(database)
     assert check.execute("SELECT count(*) FROM t").fetchone() == (1,)
     check.close()
+
+
+async def test_after_a_large_batch_the_next_waits_for_as_many_callers(tmp_path: Path) -> None:
+    # 64 busy connections settled into two batches of 32, each paying a
+    # commit; the next batch now waits for the callers just answered.
+    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    await writer.start()
+    try:
+        async with asyncio.timeout(5):
+            assert await asyncio.gather(*(writer.submit(insert) for _ in range(4))) == [1] * 4
+        assert writer.batches == 1
+        coming_back = []
+        for _ in range(3):
+            coming_back.append(writer.submit(insert))
+            await asyncio.sleep(0.02)
+        assert not any(future.done() for future in coming_back), "committed without the fourth"
+        coming_back.append(writer.submit(insert))
+        async with asyncio.timeout(5):  # on the count, not the 60 s deadline
+            await asyncio.gather(*coming_back)
+        assert (writer.batches, writer.jobs) == (2, 8)
+    finally:
+        await writer.close()
+
+
+async def test_the_wait_ends_on_its_deadline(tmp_path: Path) -> None:
+    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=0.05)
+    await writer.start()
+    try:
+        async with asyncio.timeout(5):
+            await asyncio.gather(*(writer.submit(insert) for _ in range(4)))
+            assert await writer.submit(insert) == 1  # alone: the deadline hands it over
+        assert (writer.batches, writer.jobs) == (2, 5)
+    finally:
+        await writer.close()
+
+
+async def test_a_lone_caller_never_waits(tmp_path: Path) -> None:
+    # One connection, one request at a time (a Tilda form): batches of one,
+    # each committed at once, whatever the wait after a large batch would be.
+    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    await writer.start()
+    try:
+        async with asyncio.timeout(5):
+            for _ in range(10):
+                assert await writer.submit(insert) == 1
+        assert writer.batches == 10
+    finally:
+        await writer.close()
+
+
+async def test_close_does_not_wait_out_the_linger(tmp_path: Path) -> None:
+    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    await writer.start()
+    async with asyncio.timeout(5):
+        await asyncio.gather(*(writer.submit(insert) for _ in range(4)))
+        waiting = writer.submit(insert)  # the writer waits for three more
+        await writer.close()
+        assert await waiting == 1
