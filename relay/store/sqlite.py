@@ -265,7 +265,7 @@ class SqliteStore:
     ) -> asyncio.Future[Accepted]:
         guard = self._still_the_file if from_sender else None
         job = AcceptJob(event, deliveries, now, refuse_conflict, guard)
-        return self._writer.submit(job, queue_timeout=self._write_queue_timeout)
+        return self._writer.submit(job, queue_timeout=self._write_queue_timeout, sender=from_sender)
 
     def _still_the_file(self) -> None:
         """On the writer thread, before a batch of events is stored: refuse to

@@ -1,6 +1,6 @@
 """The group-commit writer: it stops cleanly whatever is queued when it closes,
-and after a large batch it waits for its callers to come back, but a lone
-caller never waits."""
+and after a large batch of webhooks it waits for their senders to come
+back, but a lone sender never waits, nor does the scheduler."""
 
 from __future__ import annotations
 
@@ -52,14 +52,17 @@ async def test_after_a_large_batch_the_next_waits_for_as_many_callers(tmp_path: 
     await writer.start()
     try:
         async with asyncio.timeout(5):
-            assert await asyncio.gather(*(writer.submit(insert) for _ in range(4))) == [1] * 4
+            assert (
+                await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
+                == [1] * 4
+            )
         assert writer.batches == 1
         coming_back = []
         for _ in range(3):
-            coming_back.append(writer.submit(insert))
+            coming_back.append(writer.submit(insert, sender=True))
             await asyncio.sleep(0.02)
         assert not any(future.done() for future in coming_back), "committed without the fourth"
-        coming_back.append(writer.submit(insert))
+        coming_back.append(writer.submit(insert, sender=True))
         async with asyncio.timeout(5):  # on the count, not the 60 s deadline
             await asyncio.gather(*coming_back)
         assert (writer.batches, writer.jobs) == (2, 8)
@@ -72,8 +75,10 @@ async def test_the_wait_ends_on_its_deadline(tmp_path: Path) -> None:
     await writer.start()
     try:
         async with asyncio.timeout(5):
-            await asyncio.gather(*(writer.submit(insert) for _ in range(4)))
-            assert await writer.submit(insert) == 1  # alone: the deadline hands it over
+            await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
+            assert (
+                await writer.submit(insert, sender=True) == 1
+            )  # alone: the deadline hands it over
         assert (writer.batches, writer.jobs) == (2, 5)
     finally:
         await writer.close()
@@ -87,7 +92,7 @@ async def test_a_lone_caller_never_waits(tmp_path: Path) -> None:
     try:
         async with asyncio.timeout(5):
             for _ in range(10):
-                assert await writer.submit(insert) == 1
+                assert await writer.submit(insert, sender=True) == 1
         assert writer.batches == 10
     finally:
         await writer.close()
@@ -97,7 +102,27 @@ async def test_close_does_not_wait_out_the_linger(tmp_path: Path) -> None:
     writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
     await writer.start()
     async with asyncio.timeout(5):
-        await asyncio.gather(*(writer.submit(insert) for _ in range(4)))
-        waiting = writer.submit(insert)  # the writer waits for three more
+        await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
+        waiting = writer.submit(insert, sender=True)  # the writer waits for three more
         await writer.close()
         assert await waiting == 1
+
+
+async def test_the_schedulers_work_never_waits(tmp_path: Path) -> None:
+    # A claim or an attempt waiting for its commit holds a delivery slot: end
+    # to end fell from 4,229 to 3,520 webhooks a second while they waited too.
+    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    await writer.start()
+    try:
+        async with asyncio.timeout(5):
+            await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
+            waiting = writer.submit(insert, sender=True)
+            await asyncio.sleep(0.02)
+            assert not waiting.done()
+            assert await writer.submit(insert) == 1  # a scheduler's job: handed over now
+            assert waiting.done()  # ...and the webhook waiting went with it
+            # Many of the scheduler's jobs at once make nobody wait after them.
+            await asyncio.gather(*(writer.submit(insert) for _ in range(8)))
+            assert await writer.submit(insert, sender=True) == 1
+    finally:
+        await writer.close()
