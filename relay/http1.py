@@ -80,7 +80,16 @@ class Head:
     keep_alive: bool
     content_length: int | None  # None: chunked, or no body
     asked_keep_alive: bool = False  # `Connection: keep-alive` (an HTTP/1.0 client's way)
+    _fields: list[tuple[str, str]] | None = None
     _headers: CIMultiDictProxy[str] | None = None
+
+    @property
+    def fields(self) -> list[tuple[str, str]]:
+        """Each header's name and value as stored, in order: latin-1, so every
+        byte is kept as one character."""
+        if self._fields is None:
+            self._fields = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self.raw_headers]
+        return self._fields
 
     @property
     def headers(self) -> CIMultiDictProxy[str]:
@@ -90,8 +99,9 @@ class Head:
             self._headers = CIMultiDictProxy(
                 CIMultiDict(
                     [
-                        (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
-                        for name, value in self.raw_headers
+                        # An ASCII value reads the same either way: decoded once.
+                        (name, value if value.isascii() else _utf8(value))
+                        for name, value in self.fields
                     ]
                 )
             )
@@ -103,6 +113,10 @@ class Head:
             name.lower() == b"expect" and value.strip().lower() == b"100-continue"
             for name, value in self.raw_headers
         )
+
+
+def _utf8(latin1: str) -> str:
+    return latin1.encode("latin-1").decode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True, slots=True)

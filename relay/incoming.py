@@ -6,6 +6,7 @@ key, the `when` filters and the ordering key read the same parsed body.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -112,6 +113,9 @@ def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]
     deliveries = []
     for route_target in route.targets:
         condition = route_target.when
+        if condition is None and route_target.order_by is None:
+            deliveries.append(_plain(route_target.target))
+            continue
         if condition is not None:
             try:
                 matched = holds(condition, incoming.context(condition.variables))
@@ -125,6 +129,13 @@ def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]
                 continue
         deliveries.append(_ordered(route_target, incoming))
     return deliveries
+
+
+@functools.lru_cache(maxsize=256)
+def _plain(target: str) -> NewDelivery:
+    """A pending delivery with nothing of its own: one value a target, shared
+    by every event (it is frozen), not built for each."""
+    return NewDelivery(target)
 
 
 # Longer keys are kept as their digest: the ordering index stays small.

@@ -258,10 +258,7 @@ class Ingress:
                 remote_addr=remote,
                 reason=rejection.reason,
                 detail=masker.text(rejection.detail),
-                headers=masker.headers(
-                    (name.decode("latin-1"), value.decode("latin-1"))
-                    for name, value in head.raw_headers
-                ),
+                headers=masker.headers(head.fields),
             )
             task = asyncio.create_task(self._store_rejection(record))
             self._background.add(task)
@@ -357,10 +354,7 @@ class Webhook:
             method=head.method,
             path=head.path,
             query=head.query,
-            headers=[
-                (name.decode("latin-1"), value.decode("latin-1"))
-                for name, value in head.raw_headers
-            ],
+            headers=head.fields,
             content_type=headers.get("Content-Type"),
             body=body,
         )

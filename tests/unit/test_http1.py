@@ -616,3 +616,22 @@ async def test_an_http_1_0_client_asking_for_keep_alive_is_told_it_is_kept(
     writer.write(ask)  # and it is kept
     assert (await answers(reader, 1))[0][1] == b"/old  1"
     writer.close()
+
+
+def test_header_values_read_as_utf8_and_are_stored_as_latin1() -> None:
+    # Decoded once (latin-1) for both: the view re-reads a value as UTF-8 only
+    # when it is not ASCII, and a byte that is not UTF-8 stays a lone surrogate.
+    values = [b"plain", "заказ-1".encode(), "заказ-1".encode("cp1251")]
+    head = Head(
+        method="POST",
+        path="/",
+        query="",
+        raw_headers=[(b"X-Value", value) for value in values],
+        remote=None,
+        keep_alive=True,
+        content_length=0,
+    )
+    assert head.headers.getall("x-value") == [
+        value.decode("utf-8", "surrogateescape") for value in values
+    ]
+    assert head.fields == [("X-Value", value.decode("latin-1")) for value in values]
