@@ -14,7 +14,7 @@ import signal
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -509,7 +509,7 @@ async def finished_long_ago(url: str, count: int) -> None:
     try:
         then = time.time() - 2 * 86400
         for _ in range(count):
-            old = replace(new_event(), received_at=then)
+            old = new_event()._replace(received_at=then)
             await store.accept_event(old, [NewDelivery("crm")], then)
         for delivery in await store.claim_due(then, then + 60, {"crm": count}):
             success = AttemptRecord(1, then, 0.01, "success", 200)
