@@ -61,7 +61,9 @@ class AcceptJob:
 
     @staticmethod
     def run_many(connection: sqlite3.Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:
-        guard = jobs[0].guard
+        # Any job's guard, not the first one's: an alert (no guard) may lead
+        # a run of senders' webhooks, which must not be acknowledged past it.
+        guard = next((job.guard for job in jobs if job.guard is not None), None)
         if guard is not None:
             guard()
         results: list[Accepted] = []

@@ -4,13 +4,14 @@ migration. The contract every backend keeps is in test_contract.py."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from relay.store import SqliteStore, StoreUnavailable
+from relay.store import NewDelivery, SqliteStore, StoreUnavailable
 from relay.store.migrations import MIGRATIONS
 
 from samples import T0, TWO, event
@@ -105,3 +106,24 @@ async def test_under_the_serve_lock_every_orphaned_lease_comes_back_at_once(
         assert sorted(c.id for c in again) == sorted(c.id for c in claimed)
     finally:
         await second.close()
+
+
+async def test_a_webhook_behind_an_alert_in_one_batch_is_refused_from_a_deleted_file(
+    tmp_path: Path,
+) -> None:
+    # The file check (a sender's guard) was taken from the first job of a run
+    # of accepts only: an alert (from_sender=False, no guard) first in a batch
+    # let the webhooks after it be answered 200 into a deleted file, gone at
+    # the next start. The watch raises exactly that alert when the file goes.
+    path = tmp_path / "relay.db"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        path.unlink()
+        alert = store.accept_event(event("alert"), [NewDelivery("ops")], T0, from_sender=False)
+        webhook = store.accept_event(event("w"), [NewDelivery("crm")], T0)  # same batch
+        await asyncio.wait_for(asyncio.wait([alert, webhook]), 5)
+        assert isinstance(webhook.exception(), StoreUnavailable)
+        assert "deleted" in str(webhook.exception())
+    finally:
+        await store.close()
