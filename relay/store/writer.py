@@ -289,7 +289,11 @@ class GroupCommitWriter:
         try:
             return self._transaction([p.job for p in batch])
         except BaseException as error:
-            if len(batch) == 1 or is_environmental(error):
+            # A job's own refusal (StoreUnavailable: a sender's webhook into a
+            # deleted database file) is that job's, not the disk's: the alert
+            # and the scheduler's writes beside it are still done.
+            own = isinstance(error, StoreUnavailable)
+            if len(batch) == 1 or (is_environmental(error) and not own):
                 failure = _Failed(unavailable(error))
                 return [failure] * len(batch)
         # One job broke the batch: run each alone so the others still land.

@@ -127,3 +127,31 @@ async def test_a_webhook_behind_an_alert_in_one_batch_is_refused_from_a_deleted_
         assert "deleted" in str(webhook.exception())
     finally:
         await store.close()
+
+
+async def test_an_alert_and_a_claim_behind_a_refused_webhook_are_still_written(
+    tmp_path: Path,
+) -> None:
+    # The refused webhook's check failed its whole batch: the alert saying
+    # the file was deleted, and the scheduler's claims and attempts ("the open
+    # file still delivers"), were lost whenever a webhook came first in their
+    # batch, which under load (and after a linger they cut short) is always.
+    path = tmp_path / "relay.db"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await store.accept_event(event("before"), [NewDelivery("crm")], T0)
+        path.unlink()
+        # The claim's task first, so that its job joins the same batch, last.
+        claim = asyncio.ensure_future(store.claim_due(T0 + 1, T0 + 60, {"crm": 10}))
+        webhook = store.accept_event(event("w"), [NewDelivery("crm")], T0)
+        alert = store.accept_event(event("alert"), [NewDelivery("ops")], T0, from_sender=False)
+        batches = store.write_stats[0]
+        await asyncio.wait_for(asyncio.wait([webhook, alert, claim]), 5)
+        assert isinstance(webhook.exception(), StoreUnavailable)
+        assert alert.exception() is None
+        assert claim.exception() is None
+        assert len(claim.result()) == 1
+        assert store.write_stats[0] == batches + 1  # one batch: the three shared it
+    finally:
+        await store.close()
