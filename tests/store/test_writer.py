@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,14 @@ def counter(database: Path) -> Callable[[], sqlite3.Connection]:
         return connection
 
     return connect
+
+
+def busy_writer(tmp_path: Path, *, linger: float) -> GroupCommitWriter:
+    """A writer waiting after batches of 4, in a process that keeps its core busy
+    (its CPU clock runs as fast as the wall clock)."""
+    return GroupCommitWriter(
+        counter(tmp_path / "w.db"), linger_from=4, linger=linger, cpu_time=time.monotonic
+    )
 
 
 def insert(connection: sqlite3.Connection) -> int:
@@ -48,7 +57,7 @@ async def test_close_commits_what_is_queued_and_returns(tmp_path: Path) -> None:
 async def test_after_a_large_batch_the_next_waits_for_as_many_callers(tmp_path: Path) -> None:
     # 64 busy connections settled into two batches of 32, each paying a
     # commit; the next batch now waits for the callers just answered.
-    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    writer = busy_writer(tmp_path, linger=60)
     await writer.start()
     try:
         async with asyncio.timeout(5):
@@ -71,7 +80,7 @@ async def test_after_a_large_batch_the_next_waits_for_as_many_callers(tmp_path: 
 
 
 async def test_the_wait_ends_on_its_deadline(tmp_path: Path) -> None:
-    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=0.05)
+    writer = busy_writer(tmp_path, linger=0.05)
     await writer.start()
     try:
         async with asyncio.timeout(5):
@@ -87,7 +96,7 @@ async def test_the_wait_ends_on_its_deadline(tmp_path: Path) -> None:
 async def test_a_lone_caller_never_waits(tmp_path: Path) -> None:
     # One connection, one request at a time (a Tilda form): batches of one,
     # each committed at once, whatever the wait after a large batch would be.
-    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    writer = busy_writer(tmp_path, linger=60)
     await writer.start()
     try:
         async with asyncio.timeout(5):
@@ -99,7 +108,7 @@ async def test_a_lone_caller_never_waits(tmp_path: Path) -> None:
 
 
 async def test_close_does_not_wait_out_the_linger(tmp_path: Path) -> None:
-    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    writer = busy_writer(tmp_path, linger=60)
     await writer.start()
     async with asyncio.timeout(5):
         await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
@@ -111,7 +120,7 @@ async def test_close_does_not_wait_out_the_linger(tmp_path: Path) -> None:
 async def test_the_schedulers_work_never_waits(tmp_path: Path) -> None:
     # A claim or an attempt waiting for its commit holds a delivery slot: end
     # to end fell from 4,229 to 3,520 webhooks a second while they waited too.
-    writer = GroupCommitWriter(counter(tmp_path / "w.db"), linger_from=4, linger=60)
+    writer = busy_writer(tmp_path, linger=60)
     await writer.start()
     try:
         async with asyncio.timeout(5):
@@ -124,5 +133,21 @@ async def test_the_schedulers_work_never_waits(tmp_path: Path) -> None:
             # Many of the scheduler's jobs at once make nobody wait after them.
             await asyncio.gather(*(writer.submit(insert) for _ in range(8)))
             assert await writer.submit(insert, sender=True) == 1
+    finally:
+        await writer.close()
+
+
+async def test_with_the_core_idle_nobody_waits(tmp_path: Path) -> None:
+    # Senders each on their own schedule, or a disk slower than the CPU: the
+    # loop idles between commits, and a wait would only be added to each.
+    writer = GroupCommitWriter(
+        counter(tmp_path / "w.db"), linger_from=4, linger=60, cpu_time=lambda: 0.0
+    )
+    await writer.start()
+    try:
+        async with asyncio.timeout(5):
+            await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
+            assert await writer.submit(insert, sender=True) == 1  # not after 60 s
+        assert writer.batches == 2
     finally:
         await writer.close()
