@@ -88,6 +88,7 @@ _STOP = None  # put on the thread's queue: close the connection and end
 LINGER_FROM = 8
 LINGER_SECONDS = 0.002
 SATURATED = 0.8
+BUSY_WINDOW = 0.1  # seconds over which "busy" is measured: a commit's 2 ms are too few
 
 
 class GroupCommitWriter:
@@ -105,7 +106,8 @@ class GroupCommitWriter:
         self._linger_from = linger_from
         self._linger_seconds = linger
         self._cpu_time = cpu_time
-        self._busy_since = (0.0, 0.0)  # (loop time, CPU time) at the last large batch
+        self._busy_since = (0.0, 0.0)  # (loop time, CPU time) where the window began
+        self._busy = False
         self._inbox: queue.SimpleQueue[list[_Pending] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -236,11 +238,15 @@ class GroupCommitWriter:
         self._hand_over()
 
     def _saturated(self) -> bool:
-        """relay used at least SATURATED of a core since the last large batch."""
+        """relay used at least SATURATED of a core over the last BUSY_WINDOW."""
         assert self._loop is not None
-        now = (self._loop.time(), self._cpu_time())
-        (wall, cpu), self._busy_since = self._busy_since, now
-        return now[1] - cpu >= SATURATED * (now[0] - wall)
+        now = self._loop.time()
+        wall, cpu = self._busy_since
+        if now - wall >= BUSY_WINDOW:
+            used = self._cpu_time()
+            self._busy = used - cpu >= SATURATED * (now - wall)
+            self._busy_since = (now, used)
+        return self._busy
 
     def _sweep(self, every: float) -> None:
         """Fail the jobs that waited past their deadline without joining a transaction."""
