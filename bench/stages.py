@@ -1,0 +1,109 @@
+"""Stages: several versions of relay's ingest side by side, each against the bare handler.
+
+    python bench/stages.py [--seconds 5] [--rounds 5] NAME=SOURCE_TREE ...
+
+    git worktree add /tmp/before <commit>
+    python bench/stages.py before=/tmp/before now=.
+
+What a change bought, in µs of CPU per webhook, needs its before and after
+measured in one sitting: this host's speed moves by up to 1.4x between
+sittings. Each round runs the bare aiohttp app handler, then each version
+(imported from its SOURCE_TREE through PYTHONPATH) on a new database, under
+bench/ingest.py's load and pinning. A version's database is deleted and the
+page cache synced after its run, so one version's writeback does not land
+in the next one's fsyncs (it did: later rounds ran up to 20 % slower).
+Printed: each version's rate as a share of the bare handler's in the same
+round, the median of those shares, and CPU per webhook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, Server, WrkResult, free_port, print_table, run_wrk, write_json
+from ingest import black_hole, relay_config
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("versions", nargs="+", metavar="NAME=SOURCE_TREE")
+    args = parser.parse_args()
+    versions = {}
+    for spec in args.versions:
+        name, _, tree = spec.partition("=")
+        if not tree or not (Path(tree) / "relay" / "__init__.py").exists():
+            parser.error(f"{spec}: give NAME=PATH, PATH a source tree holding relay/")
+        versions[name] = str(Path(tree).resolve())
+    target_port = black_hole()
+    names = ["bare", *versions]
+    runs: dict[str, list[tuple[WrkResult, float]]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="relay-stages-") as tmp:
+        for round_number in range(args.rounds):
+            for name in names:
+                port = free_port()
+                folder = Path(tmp) / f"{name}-{round_number}"
+                folder.mkdir()
+                if name == "bare":
+                    command = [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(port)]
+                    env = None
+                else:
+                    config = relay_config(folder, port, target_port, "full")
+                    command = [sys.executable, "-m", "relay", "serve", "--config", str(config)]
+                    env = {**os.environ, "PYTHONPATH": versions[name]}
+                server = Server(command, port, cpu=1, env=env)
+                try:
+                    before = server.cpu_seconds()
+                    result = run_wrk(
+                        f"http://127.0.0.1:{port}/hooks/orders",
+                        connections=64,
+                        seconds=args.seconds,
+                        prefix=round_number,
+                        cpu=0,
+                    )
+                    used = server.cpu_seconds() - before
+                finally:
+                    server.stop()
+                    shutil.rmtree(folder)
+                    os.sync()
+                micros = used / max(result.acked, 1) * 1e6
+                runs[name].append((result, micros))
+                print(
+                    f"round {round_number + 1} {name:10} {result.rate:8.0f} req/s"
+                    f"  {micros:5.1f} us  p99 {result.p99:5.1f} ms",
+                    flush=True,
+                )
+    bare = [result.rate for result, _ in runs["bare"]]
+    rows = []
+    for name in names:
+        shares = [result.rate / rate for (result, _), rate in zip(runs[name], bare, strict=True)]
+        rows.append(
+            [
+                name,
+                " ".join(f"{share:.2f}" for share in shares),
+                f"{statistics.median(shares):.3f}x",
+                f"{statistics.median(micros for _, micros in runs[name]):.1f}",
+                f"{statistics.median(result.p99 for result, _ in runs[name]):.1f}",
+            ]
+        )
+    print_table(
+        f"ingest stages, 64 connections, median of {args.rounds} rounds of {args.seconds:g}s",
+        ["version", "rate / bare, each round", "median", "us CPU/webhook", "p99 ms"],
+        rows,
+    )
+    path = write_json("stages", {"args": vars(args), "versions": versions, "runs": runs})
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
