@@ -109,49 +109,37 @@ async def test_under_the_serve_lock_every_orphaned_lease_comes_back_at_once(
 
 
 async def test_a_webhook_behind_an_alert_in_one_batch_is_refused_from_a_deleted_file(
-    tmp_path: Path,
+    store: SqliteStore, tmp_path: Path
 ) -> None:
     # The file check (a sender's guard) was taken from the first job of a run
     # of accepts only: an alert (from_sender=False, no guard) first in a batch
     # let the webhooks after it be answered 200 into a deleted file, gone at
     # the next start. The watch raises exactly that alert when the file goes.
-    path = tmp_path / "relay.db"
-    store = SqliteStore(path)
-    await store.open()
-    try:
-        path.unlink()
-        alert = store.accept_event(event("alert"), [NewDelivery("ops")], T0, from_sender=False)
-        webhook = store.accept_event(event("w"), [NewDelivery("crm")], T0)  # same batch
-        await asyncio.wait_for(asyncio.wait([alert, webhook]), 5)
-        assert isinstance(webhook.exception(), StoreUnavailable)
-        assert "deleted" in str(webhook.exception())
-    finally:
-        await store.close()
+    (tmp_path / "relay.db").unlink()
+    alert = store.accept_event(event("alert"), [NewDelivery("ops")], T0, from_sender=False)
+    webhook = store.accept_event(event("w"), [NewDelivery("crm")], T0)  # same batch
+    await asyncio.wait_for(asyncio.wait([alert, webhook]), 5)
+    assert isinstance(webhook.exception(), StoreUnavailable)
+    assert "deleted" in str(webhook.exception())
 
 
 async def test_an_alert_and_a_claim_behind_a_refused_webhook_are_still_written(
-    tmp_path: Path,
+    store: SqliteStore, tmp_path: Path
 ) -> None:
     # The refused webhook's check failed its whole batch: the alert saying
     # the file was deleted, and the scheduler's claims and attempts ("the open
     # file still delivers"), were lost whenever a webhook came first in their
     # batch, which under load (and after a linger they cut short) is always.
-    path = tmp_path / "relay.db"
-    store = SqliteStore(path)
-    await store.open()
-    try:
-        await store.accept_event(event("before"), [NewDelivery("crm")], T0)
-        path.unlink()
-        # The claim's task first, so that its job joins the same batch, last.
-        claim = asyncio.ensure_future(store.claim_due(T0 + 1, T0 + 60, {"crm": 10}))
-        webhook = store.accept_event(event("w"), [NewDelivery("crm")], T0)
-        alert = store.accept_event(event("alert"), [NewDelivery("ops")], T0, from_sender=False)
-        batches = store.write_stats[0]
-        await asyncio.wait_for(asyncio.wait([webhook, alert, claim]), 5)
-        assert isinstance(webhook.exception(), StoreUnavailable)
-        assert alert.exception() is None
-        assert claim.exception() is None
-        assert len(claim.result()) == 1
-        assert store.write_stats[0] == batches + 1  # one batch: the three shared it
-    finally:
-        await store.close()
+    await store.accept_event(event("before"), [NewDelivery("crm")], T0)
+    (tmp_path / "relay.db").unlink()
+    # The claim's task first, so that its job joins the same batch, last.
+    claim = asyncio.ensure_future(store.claim_due(T0 + 1, T0 + 60, {"crm": 10}))
+    webhook = store.accept_event(event("w"), [NewDelivery("crm")], T0)
+    alert = store.accept_event(event("alert"), [NewDelivery("ops")], T0, from_sender=False)
+    batches = store.write_stats[0]
+    await asyncio.wait_for(asyncio.wait([webhook, alert, claim]), 5)
+    assert isinstance(webhook.exception(), StoreUnavailable)
+    assert alert.exception() is None
+    assert claim.exception() is None
+    assert len(claim.result()) == 1
+    assert store.write_stats[0] == batches + 1  # one batch: the three shared it

@@ -5,9 +5,10 @@ back, but a lone sender never waits, nor does the scheduler."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from relay.store.writer import GroupCommitWriter
@@ -22,12 +23,20 @@ def counter(database: Path) -> Callable[[], sqlite3.Connection]:
     return connect
 
 
-def busy_writer(tmp_path: Path, *, linger: float) -> GroupCommitWriter:
-    """A writer waiting after batches of 4, in a process that keeps its core busy
-    (its CPU clock runs as fast as the wall clock)."""
-    return GroupCommitWriter(
-        counter(tmp_path / "w.db"), linger_from=4, linger=linger, cpu_time=time.monotonic
+@contextlib.asynccontextmanager
+async def waiting_writer(
+    tmp_path: Path, *, linger: float, cpu_time: Callable[[], float] = time.monotonic
+) -> AsyncIterator[GroupCommitWriter]:
+    """A started writer that waits after batches of 4; by default in a process
+    that keeps its core busy (its CPU clock runs as fast as the wall clock)."""
+    writer = GroupCommitWriter(
+        counter(tmp_path / "w.db"), linger_from=4, linger=linger, cpu_time=cpu_time
     )
+    await writer.start()
+    try:
+        yield writer
+    finally:
+        await writer.close()  # (once more after a test's own close: it does nothing)
 
 
 def insert(connection: sqlite3.Connection) -> int:
@@ -57,14 +66,10 @@ async def test_close_commits_what_is_queued_and_returns(tmp_path: Path) -> None:
 async def test_after_a_large_batch_the_next_waits_for_as_many_callers(tmp_path: Path) -> None:
     # 64 busy connections settled into two batches of 32, each paying a
     # commit; the next batch now waits for the callers just answered.
-    writer = busy_writer(tmp_path, linger=60)
-    await writer.start()
-    try:
+    async with waiting_writer(tmp_path, linger=60) as writer:
         async with asyncio.timeout(5):
-            assert (
-                await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
-                == [1] * 4
-            )
+            first = [writer.submit(insert, sender=True) for _ in range(4)]
+            assert await asyncio.gather(*first) == [1] * 4
         assert writer.batches == 1
         coming_back = []
         for _ in range(3):
@@ -75,54 +80,40 @@ async def test_after_a_large_batch_the_next_waits_for_as_many_callers(tmp_path: 
         async with asyncio.timeout(5):  # on the count, not the 60 s deadline
             await asyncio.gather(*coming_back)
         assert (writer.batches, writer.jobs) == (2, 8)
-    finally:
-        await writer.close()
 
 
 async def test_the_wait_ends_on_its_deadline(tmp_path: Path) -> None:
-    writer = busy_writer(tmp_path, linger=0.05)
-    await writer.start()
-    try:
+    async with waiting_writer(tmp_path, linger=0.05) as writer:
         async with asyncio.timeout(5):
             await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
-            assert (
-                await writer.submit(insert, sender=True) == 1
-            )  # alone: the deadline hands it over
+            # Alone: the deadline hands it over.
+            assert await writer.submit(insert, sender=True) == 1
         assert (writer.batches, writer.jobs) == (2, 5)
-    finally:
-        await writer.close()
 
 
 async def test_a_lone_caller_never_waits(tmp_path: Path) -> None:
     # One connection, one request at a time (a Tilda form): batches of one,
     # each committed at once, whatever the wait after a large batch would be.
-    writer = busy_writer(tmp_path, linger=60)
-    await writer.start()
-    try:
+    async with waiting_writer(tmp_path, linger=60) as writer:
         async with asyncio.timeout(5):
             for _ in range(10):
                 assert await writer.submit(insert, sender=True) == 1
         assert writer.batches == 10
-    finally:
-        await writer.close()
 
 
 async def test_close_does_not_wait_out_the_linger(tmp_path: Path) -> None:
-    writer = busy_writer(tmp_path, linger=60)
-    await writer.start()
-    async with asyncio.timeout(5):
-        await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
-        waiting = writer.submit(insert, sender=True)  # the writer waits for three more
-        await writer.close()
-        assert await waiting == 1
+    async with waiting_writer(tmp_path, linger=60) as writer:
+        async with asyncio.timeout(5):
+            await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
+            waiting = writer.submit(insert, sender=True)  # the writer waits for three more
+            await writer.close()
+            assert await waiting == 1
 
 
 async def test_the_schedulers_work_never_waits(tmp_path: Path) -> None:
     # A claim or an attempt waiting for its commit holds a delivery slot: end
     # to end fell from 4,229 to 3,520 webhooks a second while they waited too.
-    writer = busy_writer(tmp_path, linger=60)
-    await writer.start()
-    try:
+    async with waiting_writer(tmp_path, linger=60) as writer:
         async with asyncio.timeout(5):
             await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
             waiting = writer.submit(insert, sender=True)
@@ -133,21 +124,13 @@ async def test_the_schedulers_work_never_waits(tmp_path: Path) -> None:
             # Many of the scheduler's jobs at once make nobody wait after them.
             await asyncio.gather(*(writer.submit(insert) for _ in range(8)))
             assert await writer.submit(insert, sender=True) == 1
-    finally:
-        await writer.close()
 
 
 async def test_with_the_core_idle_nobody_waits(tmp_path: Path) -> None:
     # Senders each on their own schedule, or a disk slower than the CPU: the
     # loop idles between commits, and a wait would only be added to each.
-    writer = GroupCommitWriter(
-        counter(tmp_path / "w.db"), linger_from=4, linger=60, cpu_time=lambda: 0.0
-    )
-    await writer.start()
-    try:
+    async with waiting_writer(tmp_path, linger=60, cpu_time=lambda: 0.0) as writer:
         async with asyncio.timeout(5):
             await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
             assert await writer.submit(insert, sender=True) == 1  # not after 60 s
         assert writer.batches == 2
-    finally:
-        await writer.close()
