@@ -147,6 +147,22 @@ def run_wrk(
     return WrkResult(**json.loads(match.group(1)))
 
 
+def load_webhooks(
+    server: Server, *, connections: int, seconds: float, prefix: int, cpu: int | None
+) -> tuple[WrkResult, float]:
+    """wrk flat out at the server's /hooks/orders: its result, and the CPU
+    seconds the server used meanwhile."""
+    before = server.cpu_seconds()
+    result = run_wrk(
+        f"http://127.0.0.1:{server.port}/hooks/orders",
+        connections=connections,
+        seconds=seconds,
+        prefix=prefix,
+        cpu=cpu,
+    )
+    return result, server.cpu_seconds() - before
+
+
 class Server:
     """A server process started for a benchmark, stopped by its own PID."""
 

@@ -28,8 +28,8 @@ from common import (
     Server,
     WrkResult,
     free_port,
+    load_webhooks,
     print_table,
-    run_wrk,
     write_json,
 )
 
@@ -108,15 +108,13 @@ def main() -> int:
                     command = [sys.executable, "-m", "relay", "serve", "--config", str(config)]
                 server = Server(command, port, cpu=None if args.no_pin else 1)
                 try:
-                    before = server.cpu_seconds()
-                    result = run_wrk(
-                        f"http://127.0.0.1:{port}/hooks/orders",
+                    result, used = load_webhooks(
+                        server,
                         connections=args.connections,
                         seconds=args.seconds,
                         prefix=round_number,
                         cpu=None if args.no_pin else 0,
                     )
-                    used = server.cpu_seconds() - before
                 finally:
                     server.stop()
                 results[name].append(result)

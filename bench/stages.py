@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, Server, WrkResult, free_port, print_table, run_wrk, write_json
+from common import ROOT, Server, WrkResult, free_port, load_webhooks, print_table, write_json
 from ingest import black_hole, relay_config
 
 
@@ -62,15 +62,9 @@ def main() -> int:
                     env = {**os.environ, "PYTHONPATH": versions[name]}
                 server = Server(command, port, cpu=1, env=env)
                 try:
-                    before = server.cpu_seconds()
-                    result = run_wrk(
-                        f"http://127.0.0.1:{port}/hooks/orders",
-                        connections=64,
-                        seconds=args.seconds,
-                        prefix=round_number,
-                        cpu=0,
+                    result, used = load_webhooks(
+                        server, connections=64, seconds=args.seconds, prefix=round_number, cpu=0
                     )
-                    used = server.cpu_seconds() - before
                 finally:
                     server.stop()
                     shutil.rmtree(folder)
