@@ -297,6 +297,21 @@ async def busiest(url: str, relays: list[RelayProcess]) -> RelayProcess:
     return chosen[0]
 
 
+async def rows_of(url: str, events: list[int]) -> list[dict[str, object]]:
+    """These events' deliveries as the database holds them (for a failure's message)."""
+    connection = await asyncpg.connect(url)
+    try:
+        rows = await connection.fetch(
+            "SELECT e.id, d.status, d.next_attempt_at, d.lease_until, d.lease_owner, d.last_error"
+            " FROM events e LEFT JOIN deliveries d ON d.event_id = e.id"
+            " WHERE e.id = ANY($1::bigint[])",
+            events,
+        )
+    finally:
+        await connection.close()
+    return [dict(row) for row in rows]
+
+
 async def leased_to(url: str, owner_part: str) -> list[int]:
     connection = await asyncpg.connect(url)
     try:
@@ -420,7 +435,14 @@ async def test_a_database_restart_under_load_answers_503_then_recovers(
         assert {a.relay for a in answers if a.status == 200 and a.sent > up} == {0, 1, 2}
 
         wanted = set(acked.values())
-        await eventually(lambda_async(lambda: wanted <= set(delivered(sink))), timeout=60)
+        try:
+            await eventually(lambda_async(lambda: wanted <= set(delivered(sink))), timeout=60)
+        except AssertionError:  # which ones, and what the database holds of them
+            missing = sorted(int(event) for event in wanted - set(delivered(sink)))
+            stored = await rows_of(own_cluster.url("postgres"), missing)
+            raise AssertionError(
+                f"acknowledged, not delivered: {missing}; stored: {stored}"
+            ) from None
         received = delivered(sink)
         print(
             f"acked {len(acked)}, 503 {len(refused)}, delivered {len(set(received))},"
