@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -51,19 +51,26 @@ CLUSTER_PACE_MARGIN = 1.1
 SERVER_NOW = "extract(epoch from clock_timestamp())"
 
 
-def lapsed(me: str, now: str, dead_after: str) -> str:
+def lapsed(me: str, now: str, dead_after: str, unanswered: str | None = None) -> str:
     """SQL: the lease of the `deliveries` row at hand may be taken (or given
     back) by instance `me`, whose clock says `now` (placeholders).
 
-    Its own lease, by its own clock. Another instance's, if that instance is
+    Its own lease, by its own clock, or at once when it was written by one of
+    its claims whose answer never came (`unanswered`: a float8[] of those
+    claims' `now`s, which each wrote into `updated_at`): the claim committed,
+    the connection broke before its answer, and no attempt of it is under way
+    here. Another instance's, if that instance is
     gone (unseen for `dead_after`, or stopped); if it is alive, once the lease
     has run out by the server's clock: a lease is written by its owner's clock
     and compared by the claimer's, so a claimer whose clock is minutes fast
     would otherwise take every lease of the cluster while it is being sent.
     (A lease written before the server's end was kept: by the caller's clock.)
     """
+    own = f"deliveries.lease_until <= {now}"
+    if unanswered is not None:
+        own = f"({own} OR deliveries.updated_at = ANY({unanswered}))"
     return (
-        f"(CASE WHEN deliveries.lease_owner = {me} THEN deliveries.lease_until <= {now}"
+        f"(CASE WHEN deliveries.lease_owner = {me} THEN {own}"
         " WHEN EXISTS (SELECT 1 FROM instances i WHERE i.id = deliveries.lease_owner"
         f" AND i.alive_at >= {SERVER_NOW} - {dead_after})"
         f" THEN coalesce(deliveries.lease_expires <= {SERVER_NOW}, deliveries.lease_until <= {now})"
@@ -103,10 +110,12 @@ async def allowed(
     now: float,
     instance_id: str,
     dead_after: float,
+    unanswered: Sequence[float] = (),
 ) -> dict[str, int]:
     """How many of each target this instance may claim now, in the caller's
     transaction; the pacing rows stay locked until it ends. A lease counts
-    against the concurrency until it may be taken over (`lapsed`)."""
+    against the concurrency until it may be taken over (`lapsed`, with the
+    moments of this instance's claims that went unanswered)."""
     known = {target: limits[target] for target in wanted if target in limits}
     if not known:
         return dict(wanted)
@@ -130,11 +139,13 @@ async def allowed(
         row[0]: row[1]
         for row in await connection.fetch(
             "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
-            f" AND target = ANY($1::text[]) AND NOT {lapsed('$3', '$2', '$4')} GROUP BY target",
+            " AND target = ANY($1::text[])"
+            f" AND NOT {lapsed('$3', '$2', '$4', '$5::float8[]')} GROUP BY target",
             list(known),
             now,
             instance_id,
             dead_after,
+            list(unanswered),
         )
     }
     result = {}

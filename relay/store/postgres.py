@@ -143,7 +143,7 @@ UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
-    AND {lapsed("$2", "$3", "$7")}
+    AND {lapsed("$2", "$3", "$7", "$8::float8[]")}
     ORDER BY lease_until LIMIT $5
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
@@ -200,6 +200,11 @@ class PostgresStore:
         self._limits: dict[str, TargetLimits] = {}
         self._heartbeats: asyncio.Task[None] | None = None
         self._claimed = False  # this store leased deliveries (relay serve's, not a command's)
+        # (now, lease_until) of each claim that failed: it may have committed
+        # with its answer lost, leasing deliveries to this instance that no
+        # attempt here is sending. Until those leases run out, the next claims
+        # take them back (pg_cluster.lapsed).
+        self._unanswered_claims: list[tuple[float, float]] = []
         # Seen silent this long, an instance is dead: its leases are taken over.
         self.dead_after = dead_after
         self._leadership = Leadership(url, command_timeout, dead_after, self.instance_id)
@@ -407,6 +412,8 @@ class PostgresStore:
         if not wanted:
             return []
         skip = list(exclude)
+        self._unanswered_claims = [c for c in self._unanswered_claims if c[1] > now]
+        unanswered = [moment for moment, _ in self._unanswered_claims]
 
         async def job(connection: Connection) -> list[ClaimedDelivery]:
             if not self._claimed:
@@ -416,7 +423,7 @@ class PostgresStore:
             rows: list[asyncpg.Record] = []
             counts: dict[str, int] = {}
             room = await allowed(
-                connection, wanted, self._limits, now, self.instance_id, self.dead_after
+                connection, wanted, self._limits, now, self.instance_id, self.dead_after, unanswered
             )
             for target, limit in room.items():
                 found = await connection.fetch(
@@ -428,6 +435,7 @@ class PostgresStore:
                     limit,
                     skip,
                     self.dead_after,
+                    unanswered,
                 )
                 if len(found) < limit:
                     found += await connection.fetch(
@@ -451,7 +459,11 @@ class PostgresStore:
                 if row[1] in events
             ]
 
-        claimed = await self._write(job)
+        try:
+            claimed = await self._write(job)
+        except StoreError:
+            self._unanswered_claims.append((now, lease_until))
+            raise
         self._claimed = True
         self._beat()
         return claimed
@@ -518,11 +530,16 @@ class PostgresStore:
         status, next_at, error = delivery_after(then, attempt)
 
         async def job(connection: Connection) -> FailureStreak:
-            await connection.execute(
+            inserted = await connection.execute(
                 f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
+                " SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 WHERE NOT EXISTS (SELECT 1 FROM attempts"
+                " WHERE delivery_id = $1 AND number = $2 AND started_at = $3)",
                 *attempt_values(delivery.id, attempt, next_at),
             )
+            if inserted.split()[-1] == "0":
+                # Recorded already: that record committed, its answer was lost
+                # (the connection broke), and the scheduler tried again.
+                return await _streak_now(connection, delivery.target)
             # Only while the lease is still this instance's: one taken over
             # (this attempt outlived it) is the new owner's to decide, and its
             # attempt may be under way. The attempt above happened all the same.
@@ -1172,6 +1189,15 @@ async def _event_detail(connection: Connection, event_id: int) -> EventDetail | 
         event_id,
     )
     return event_detail(row, deliveries, attempts, log, links)
+
+
+async def _streak_now(connection: Connection, target: str) -> FailureStreak:
+    """The target's failure streak as it stands, for an attempt that changes nothing of it."""
+    row = await connection.fetchrow(
+        "SELECT consecutive_failures, down_since FROM targets WHERE name = $1", target
+    )
+    failures = row[0] if row is not None else 0
+    return FailureStreak(failures, failures, down=row is not None and row[1] is not None)
 
 
 async def _update_health(

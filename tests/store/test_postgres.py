@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -30,7 +31,8 @@ from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
 
-from pgcluster import create_cluster, remove_cluster, server_bin
+from pgcluster import Cluster, create_cluster, remove_cluster, server_bin
+from pgcut import CommitCutter
 
 pytestmark = pytest.mark.postgres
 
@@ -266,6 +268,78 @@ async def test_content_search_uses_trigram_indexes(pg_url: str) -> None:
             assert f"event_search_{column}" in plan, plan
     finally:
         await connection.close()
+
+
+async def test_a_claim_committed_whose_answer_was_lost_is_taken_back_at_the_next_claim(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The database commits the claim, then the connection breaks before the
+    # answer arrives (a crash or a network cut at that moment: seen in
+    # test_a_database_restart_under_load_answers_503_then_recovers). The
+    # delivery is leased to this live instance, which never learnt it: it
+    # must not wait for the lease to run out (the timeout plus a minute).
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        b = PostgresStore(pg_url, instance_id="b")
+        await a.open()
+        await b.open()
+        try:
+            for store in (a, b):
+                store.set_limits({"crm": TargetLimits(concurrency=1)})
+            await a.accept_event(event(), [NewDelivery("crm")], T0)
+            cutter.cut_next_commit()
+            with pytest.raises(StoreError):
+                await a.claim_due(T0, T0 + 3600, {"crm": 1})
+            assert cutter.cut == 1
+            assert await b.claim_due(T0 + 1, T0 + 3601, {"crm": 1}) == []  # a's, a is alive
+            [again] = await a.claim_due(T0 + 1, T0 + 3601, {"crm": 1})
+            # Now under way: neither a's next claim nor b's takes it.
+            assert await a.claim_due(T0 + 2, T0 + 3602, {"crm": 1}, exclude=[again.id]) == []
+            assert await b.claim_due(T0 + 2, T0 + 3602, {"crm": 1}) == []
+            done = AttemptRecord(1, T0 + 2, 0.1, "success", 200)
+            await a.record_attempt(again, done, Delivered(), T0 + 3)
+            view = await a.get_delivery(again.id)
+            assert view is not None
+            assert (view.status, view.attempts) == (Status.DELIVERED, 1)
+        finally:
+            await a.close()
+            await b.close()
+
+
+async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The record committed, its answer was lost; the scheduler records it
+    # again (it keeps trying while the store is away). One attempt happened:
+    # the history shows one, and the target's failure streak counts one.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            await a.accept_event(event(), [NewDelivery("crm")], T0)
+            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+            failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
+            cutter.cut_next_commit()
+            with pytest.raises(StoreError):
+                await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
+            assert cutter.cut == 1
+            streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
+            assert (streak.before, streak.after) == (1, 1)
+            detail = await a.get_event(claimed.event_id)
+            assert detail is not None
+            assert [attempt.number for attempt in detail.attempts[claimed.id]] == [1]
+            view = await a.get_delivery(claimed.id)
+            assert view is not None
+            assert (view.status, view.attempts) == (Status.PENDING, 1)
+            # The next attempt is a new one, recorded as such.
+            [again] = await a.claim_due(T0 + 10, T0 + 70, {"crm": 1})
+            second = AttemptRecord(2, T0 + 11, 0.1, "retry", 503, "HTTP 503", b"")
+            streak = await a.record_attempt(again, second, RetryAt(T0 + 20), T0 + 12)
+            assert (streak.before, streak.after) == (1, 2)
+        finally:
+            await a.close()
 
 
 async def test_a_dead_instances_leases_are_taken_over_before_they_expire(
