@@ -3,6 +3,11 @@ through, and when told to, breaks the connection that next commits *after*
 the server has committed, before its answer reaches the client: the failure
 a network or a server crash can cause at that moment, with real parts (a real
 server, a real driver), at the one moment that matters.
+
+Told to hold the COMMIT (`until`), it breaks the client's side first and
+passes the COMMIT on only once `until` is set: the server still holds that
+transaction open, its locks with it, while the client already tries again
+(a network cut with the COMMIT on its way, a server slow to commit).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class CommitCutter:
         self._server = server_socket_dir / SOCKET_NAME
         self.socket_dir = own_dir
         self._armed = False
+        self._until: asyncio.Event | None = None
         self.cut = 0  # connections broken after their COMMIT was answered
         self._pumps: set[asyncio.Task[None]] = set()
 
@@ -32,8 +38,9 @@ class CommitCutter:
         query["host"] = str(self.socket_dir)
         return urlunsplit(parts._replace(query=urlencode(query)))
 
-    def cut_next_commit(self) -> None:
+    def cut_next_commit(self, *, until: asyncio.Event | None = None) -> None:
         self._armed = True
+        self._until = until
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[CommitCutter]:
@@ -62,6 +69,14 @@ class CommitCutter:
                     if self._armed and b"COMMIT" in chunk.upper():
                         self._armed = False
                         committing.set()
+                        until, self._until = self._until, None
+                        if until is not None:
+                            writer.close()  # the client hears of the break now
+                            await until.wait()
+                            upstream_writer.write(chunk)
+                            await upstream_writer.drain()
+                            # The server's answer ends this connection (below).
+                            await asyncio.Event().wait()
                     upstream_writer.write(chunk)
                     await upstream_writer.drain()
 

@@ -205,6 +205,11 @@ class PostgresStore:
         # attempt here is sending. Until those leases run out, the next claims
         # take them back (pg_cluster.lapsed).
         self._unanswered_claims: list[tuple[float, float]] = []
+        # The answer of each record (delivery id, number, started_at) whose
+        # transaction ran to its end and then failed: it may have committed
+        # with its answer lost. The scheduler records it again; that record
+        # is not kept twice, and answers what the first did (record_attempt).
+        self._unanswered_records: dict[tuple[int, int, float], FailureStreak] = {}
         # Seen silent this long, an instance is dead: its leases are taken over.
         self.dead_after = dead_after
         self._leadership = Leadership(url, command_timeout, dead_after, self.instance_id)
@@ -529,17 +534,29 @@ class PostgresStore:
         cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
         status, next_at, error = delivery_after(then, attempt)
 
+        key = (delivery.id, attempt.number, attempt.started_at)
+        first = self._unanswered_records.get(key)
+        answers: list[FailureStreak] = []
+
         async def job(connection: Connection) -> FailureStreak:
-            inserted = await connection.execute(
+            if first is not None:
+                # This record failed after its transaction ran: it may have
+                # committed (its answer lost), or still be committing. Its
+                # lock on the delivery says when that transaction ended.
+                await connection.execute(
+                    "SELECT 1 FROM deliveries WHERE id = $1 FOR NO KEY UPDATE", delivery.id
+                )
+                if await connection.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM attempts"
+                    " WHERE delivery_id = $1 AND number = $2 AND started_at = $3)",
+                    *key,
+                ):
+                    return first  # it did commit: kept once, with its answer
+            await connection.execute(
                 f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-                " SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 WHERE NOT EXISTS (SELECT 1 FROM attempts"
-                " WHERE delivery_id = $1 AND number = $2 AND started_at = $3)",
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
                 *attempt_values(delivery.id, attempt, next_at),
             )
-            if inserted.split()[-1] == "0":
-                # Recorded already: that record committed, its answer was lost
-                # (the connection broke), and the scheduler tried again.
-                return await _streak_now(connection, delivery.target)
             # Only while the lease is still this instance's: one taken over
             # (this attempt outlived it) is the new owner's to decide, and its
             # attempt may be under way. The attempt above happened all the same.
@@ -569,9 +586,17 @@ class PostgresStore:
                 await connection.execute(
                     LINE_UP_BY_ARRIVAL.format(only="AND id = $2"), delivery.target, delivery.id
                 )
+            answers.append(streak)
             return streak
 
-        return await self._write(job)
+        try:
+            streak = await self._write(job)
+        except StoreError:
+            if answers:  # ran to its end: it may have committed
+                self._unanswered_records[key] = answers[-1]
+            raise
+        self._unanswered_records.pop(key, None)
+        return streak
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
         ids = list(delivery_ids)
@@ -1189,15 +1214,6 @@ async def _event_detail(connection: Connection, event_id: int) -> EventDetail | 
         event_id,
     )
     return event_detail(row, deliveries, attempts, log, links)
-
-
-async def _streak_now(connection: Connection, target: str) -> FailureStreak:
-    """The target's failure streak as it stands, for an attempt that changes nothing of it."""
-    row = await connection.fetchrow(
-        "SELECT consecutive_failures, down_since FROM targets WHERE name = $1", target
-    )
-    failures = row[0] if row is not None else 0
-    return FailureStreak(failures, failures, down=row is not None and row[1] is not None)
 
 
 async def _update_health(

@@ -20,6 +20,7 @@ from relay.store import (
     AttemptRecord,
     Delivered,
     EventQuery,
+    Hold,
     NewDelivery,
     NewEvent,
     RetryAt,
@@ -312,7 +313,8 @@ async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
 ) -> None:
     # The record committed, its answer was lost; the scheduler records it
     # again (it keeps trying while the store is away). One attempt happened:
-    # the history shows one, and the target's failure streak counts one.
+    # the history shows one, the target's failure streak counts one, and the
+    # answer is the one the record had (0 failures before it, 1 after).
     cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
     async with cutter.running():
         a = PostgresStore(cutter.url(pg_url), instance_id="a")
@@ -326,7 +328,7 @@ async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
                 await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
             assert cutter.cut == 1
             streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
-            assert (streak.before, streak.after) == (1, 1)
+            assert (streak.before, streak.after) == (0, 1)
             detail = await a.get_event(claimed.event_id)
             assert detail is not None
             assert [attempt.number for attempt in detail.attempts[claimed.id]] == [1]
@@ -339,6 +341,83 @@ async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
             streak = await a.record_attempt(again, second, RetryAt(T0 + 20), T0 + 12)
             assert (streak.before, streak.after) == (1, 2)
         finally:
+            await a.close()
+
+
+async def test_a_record_answered_again_says_what_it_did_to_the_target(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The attempt that made the target go down (and crossed the alerts'
+    # failing_after) committed, its answer was lost. Its record made again
+    # must say so: the scheduler learns the target is down from it, and the
+    # "down" and "failing" alerts are told from it (relay.alerts.notes_on),
+    # once, or never.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            await a.accept_event(event(), [NewDelivery("crm")], T0)
+            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+            failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
+            hold = Hold(down_after=1, probe_at=T0 + 30)
+            cutter.cut_next_commit()
+            with pytest.raises(StoreError):
+                await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
+            assert cutter.cut == 1
+            streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
+            assert (streak.before, streak.after, streak.went_down, streak.down) == (
+                0,
+                1,
+                True,
+                True,
+            )
+            assert set(await a.down_targets()) == {"crm"}
+        finally:
+            await a.close()
+
+
+async def test_an_attempt_recorded_again_while_its_first_record_still_commits_is_kept_once(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The connection broke with the record's COMMIT still on its way: the
+    # server holds that transaction open while the scheduler records the
+    # attempt again, and commits it only then. Still one attempt.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        watcher = await asyncpg.connect(pg_url)
+        try:
+            await a.accept_event(event(), [NewDelivery("crm")], T0)
+            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+            failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
+            arrives = asyncio.Event()
+            cutter.cut_next_commit(until=arrives)
+            with pytest.raises(StoreError):
+                await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
+            again = asyncio.create_task(a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2))
+            # Until the record made again waits for the first one's locks.
+            async with asyncio.timeout(10):
+                while not await watcher.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock')"
+                ):
+                    assert not again.done(), again
+                    await asyncio.sleep(0.01)
+            arrives.set()
+            streak = await again
+            assert cutter.cut == 1
+            assert (streak.before, streak.after) == (0, 1)
+            detail = await a.get_event(claimed.event_id)
+            assert detail is not None
+            assert [attempt.number for attempt in detail.attempts[claimed.id]] == [1]
+            assert (await a.target_states())["crm"].consecutive_failures == 1
+            view = await a.get_delivery(claimed.id)
+            assert view is not None
+            assert (view.status, view.attempts) == (Status.PENDING, 1)
+        finally:
+            await watcher.close()
             await a.close()
 
 
