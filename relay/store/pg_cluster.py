@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import asyncpg
@@ -51,14 +51,15 @@ CLUSTER_PACE_MARGIN = 1.1
 SERVER_NOW = "extract(epoch from clock_timestamp())"
 
 
-def lapsed(me: str, now: str, dead_after: str, unanswered: str | None = None) -> str:
+def lapsed(me: str, now: str, dead_after: str, unanswered: tuple[str, str] | None = None) -> str:
     """SQL: the lease of the `deliveries` row at hand may be taken (or given
     back) by instance `me`, whose clock says `now` (placeholders).
 
     Its own lease, by its own clock, or at once when it was written by one of
-    its claims whose answer never came (`unanswered`: a float8[] of those
-    claims' `now`s, which each wrote into `updated_at`): the claim committed,
-    the connection broke before its answer, and no attempt of it is under way
+    its claims whose answer never came (`unanswered`: a bigint[] of the
+    deliveries those claims leased and a float8[] of each one's claim's
+    `now`, which it wrote into `updated_at`): the claim committed, the
+    connection broke before its answer, and no attempt of it is under way
     here. Another instance's, if that instance is
     gone (unseen for `dead_after`, or stopped); if it is alive, once the lease
     has run out by the server's clock: a lease is written by its owner's clock
@@ -68,7 +69,11 @@ def lapsed(me: str, now: str, dead_after: str, unanswered: str | None = None) ->
     """
     own = f"deliveries.lease_until <= {now}"
     if unanswered is not None:
-        own = f"({own} OR deliveries.updated_at = ANY({unanswered}))"
+        ids, moments = unanswered
+        own = (
+            f"({own} OR (deliveries.id, deliveries.updated_at) IN"
+            f" (SELECT * FROM unnest({ids}, {moments})))"
+        )
     return (
         f"(CASE WHEN deliveries.lease_owner = {me} THEN {own}"
         " WHEN EXISTS (SELECT 1 FROM instances i WHERE i.id = deliveries.lease_owner"
@@ -110,15 +115,17 @@ async def allowed(
     now: float,
     instance_id: str,
     dead_after: float,
-    unanswered: Sequence[float] = (),
+    unanswered: Mapping[int, float] | None = None,
 ) -> dict[str, int]:
     """How many of each target this instance may claim now, in the caller's
     transaction; the pacing rows stay locked until it ends. A lease counts
     against the concurrency until it may be taken over (`lapsed`, with the
-    moments of this instance's claims that went unanswered)."""
+    deliveries this instance's claims that went unanswered leased, each with
+    its claim's moment)."""
     known = {target: limits[target] for target in wanted if target in limits}
     if not known:
         return dict(wanted)
+    unanswered = unanswered or {}
     names = sorted(
         {f"claim:{t}" for t in known} | {name for rule in known.values() for name, _ in rule.paces}
     )
@@ -140,12 +147,14 @@ async def allowed(
         for row in await connection.fetch(
             "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
             " AND target = ANY($1::text[])"
-            f" AND NOT {lapsed('$3', '$2', '$4', '$5::float8[]')} GROUP BY target",
+            f" AND NOT {lapsed('$3', '$2', '$4', ('$5::bigint[]', '$6::float8[]'))}"
+            " GROUP BY target",
             list(known),
             now,
             instance_id,
             dead_after,
             list(unanswered),
+            list(unanswered.values()),
         )
     }
     result = {}

@@ -143,7 +143,7 @@ UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
-    AND {lapsed("$2", "$3", "$7", "$8::float8[]")}
+    AND {lapsed("$2", "$3", "$7", ("$8::bigint[]", "$9::float8[]"))}
     ORDER BY lease_until LIMIT $5
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
@@ -200,11 +200,12 @@ class PostgresStore:
         self._limits: dict[str, TargetLimits] = {}
         self._heartbeats: asyncio.Task[None] | None = None
         self._claimed = False  # this store leased deliveries (relay serve's, not a command's)
-        # (now, lease_until) of each claim that failed: it may have committed
-        # with its answer lost, leasing deliveries to this instance that no
-        # attempt here is sending. Until those leases run out, the next claims
-        # take them back (pg_cluster.lapsed).
-        self._unanswered_claims: list[tuple[float, float]] = []
+        # The deliveries each claim that failed once its transaction had run
+        # leased, each with that claim's (now, lease_until): it may have
+        # committed with its answer lost, leasing them to this instance while
+        # no attempt here sends them. Until those leases run out, or a claim
+        # hands them out, the next claims take them back (pg_cluster.lapsed).
+        self._unanswered_claims: dict[int, tuple[float, float]] = {}
         # The answer of each record (delivery id, number, started_at) whose
         # transaction ran to its end and then failed: it may have committed
         # with its answer lost. The scheduler records it again; that record
@@ -417,8 +418,13 @@ class PostgresStore:
         if not wanted:
             return []
         skip = list(exclude)
-        self._unanswered_claims = [c for c in self._unanswered_claims if c[1] > now]
-        unanswered = [moment for moment, _ in self._unanswered_claims]
+        self._unanswered_claims = {
+            delivery_id: claim
+            for delivery_id, claim in self._unanswered_claims.items()
+            if claim[1] > now
+        }
+        unanswered = {delivery_id: at for delivery_id, (at, _) in self._unanswered_claims.items()}
+        leased: list[int] = []  # by the job, once it ran to its end
 
         async def job(connection: Connection) -> list[ClaimedDelivery]:
             if not self._claimed:
@@ -440,7 +446,8 @@ class PostgresStore:
                     limit,
                     skip,
                     self.dead_after,
-                    unanswered,
+                    list(unanswered),
+                    list(unanswered.values()),
                 )
                 if len(found) < limit:
                     found += await connection.fetch(
@@ -458,6 +465,7 @@ class PostgresStore:
                     sorted({row[1] for row in rows}),
                 )
             }
+            leased.extend(row[0] for row in rows)
             return [
                 claimed_delivery(tuple(row), tuple(events[row[1]]))
                 for row in rows
@@ -467,8 +475,12 @@ class PostgresStore:
         try:
             claimed = await self._write(job)
         except StoreError:
-            self._unanswered_claims.append((now, lease_until))
+            for delivery_id in leased:
+                self._unanswered_claims[delivery_id] = (now, lease_until)
             raise
+        for delivery_id in leased:
+            # Handed out: under way, the caller's (its `exclude` from now on).
+            self._unanswered_claims.pop(delivery_id, None)
         self._claimed = True
         self._beat()
         return claimed

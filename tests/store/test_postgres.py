@@ -308,6 +308,31 @@ async def test_a_claim_committed_whose_answer_was_lost_is_taken_back_at_the_next
             await b.close()
 
 
+async def test_a_delivery_taken_back_from_a_lost_claim_is_not_taken_again_at_that_moment(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The claims' moment does not move (a FakeClock; claims at once): the
+    # claim that takes the delivery back writes the lost claim's `now` into
+    # it again. Handed out, it is under way: no claim at that moment takes
+    # it once more, nor counts it free against the concurrency.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            a.set_limits({"crm": TargetLimits(concurrency=1)})
+            for key in ("k1", "k2"):
+                await a.accept_event(event(key), [NewDelivery("crm")], T0)
+            cutter.cut_next_commit()
+            with pytest.raises(StoreError):
+                await a.claim_due(T0, T0 + 60, {"crm": 1})
+            [again] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+            assert await a.claim_due(T0, T0 + 60, {"crm": 1}, exclude=[again.id]) == []
+            assert await a.claim_due(T0, T0 + 60, {"crm": 1}) == []
+        finally:
+            await a.close()
+
+
 async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
     pg_cluster: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
