@@ -52,7 +52,7 @@ class TextFormatter(logging.Formatter):
         line = f"{_timestamp(record)} {record.levelname} {record.name} {record.getMessage()}"
         fields: dict[str, Any] | None = getattr(record, "fields", None)
         if fields:
-            line += " " + " ".join(f"{key}={_text_value(value)}" for key, value in fields.items())
+            line += " " + _text_fields(fields)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return self.masker.text(line)
@@ -79,11 +79,23 @@ class JsonFormatter(logging.Formatter):
 _NEEDS_QUOTES = re.compile(r'[ "=]')
 
 
-def _text_value(value: object) -> str:
-    text = "-" if value is None else str(value)
-    if not text or _NEEDS_QUOTES.search(text):
-        return '"' + text.replace('"', '\\"') + '"'
-    return text
+def _text_fields(fields: dict[str, Any]) -> str:
+    """key=value pairs, a value quoted when it holds a space, a quote or "=".
+    One loop, numbers and None without a look at their text: an attempt's line
+    has ten fields, and a call and a regex search for each cost ~2.5 us a line."""
+    parts = []
+    for key, value in fields.items():
+        kind = type(value)
+        if kind is int or kind is float:
+            parts.append(f"{key}={value}")
+        elif value is None:
+            parts.append(f"{key}=-")
+        else:
+            text = str(value)
+            if not text or _NEEDS_QUOTES.search(text):
+                text = '"' + text.replace('"', '\\"') + '"'
+            parts.append(f"{key}={text}")
+    return " ".join(parts)
 
 
 def configure(config: LogConfig, masker: Masker | None = None) -> None:

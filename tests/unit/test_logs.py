@@ -97,6 +97,28 @@ def test_the_attempt_that_makes_a_delivery_dead_says_dead(captured: io.StringIO)
     assert "outcome=retry" not in line
 
 
+def test_text_fields_are_quoted_only_when_their_text_needs_it(captured: io.StringIO) -> None:
+    logs.configure(LogConfig(format="text"))
+    logging.getLogger().handlers[0].setStream(captured)  # type: ignore[attr-defined]
+    fields = {
+        "n": 3,
+        "f": 1.5,
+        "none": None,
+        "flag": True,
+        "empty": "",
+        "plain": "a/b:c",
+        "space": "a b",
+        "quote": 'say "hi"',
+        "eq": "k=v",
+    }
+    logging.getLogger("relay.test").info("line", extra={"fields": fields})
+    line = captured.getvalue().strip()
+    assert line.endswith(
+        'line n=3 f=1.5 none=- flag=True empty="" plain=a/b:c space="a b"'
+        ' quote="say \\"hi\\"" eq="k=v"'
+    ), line
+
+
 def test_url_credentials_are_masked() -> None:
     masker = Masker()
     assert masker.text("cannot reach http://user:pw@host/x") == "cannot reach http://***@host/x"
