@@ -189,6 +189,7 @@ class Alerter:
         self._leading = leading
         self._window = _Window()
         self._outbox: list[Note] = []  # shared: noted here, not stored yet
+        self._unstored: list[bytes] | None = None  # shared: a batch whose storing failed
         self._flush_soon = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -252,14 +253,16 @@ class Alerter:
             self._flush_soon.clear()
 
     async def _store_notes(self, shared: AlertNotes) -> None:
-        if not self._outbox:
-            return
-        notes, self._outbox = self._outbox, []
-        try:
-            await shared.note_alerts([orjson.dumps(note) for note in notes], self._clock.now())
-        except StoreError:
-            self._outbox[:0] = notes
-            raise
+        while True:
+            if self._unstored is None:
+                if not self._outbox:
+                    return
+                self._unstored = [orjson.dumps(note) for note in self._outbox]
+                self._outbox = []
+            # A batch that failed is stored again as it was, alone: the store
+            # knows it again (one whose answer was lost is not noted twice).
+            await shared.note_alerts(self._unstored, self._clock.now())
+            self._unstored = None
 
     async def stop(self) -> None:
         self._stopping = True

@@ -8,6 +8,11 @@ Told to hold the COMMIT (`until`), it breaks the client's side first and
 passes the COMMIT on only once `until` is set: the server still holds that
 transaction open, its locks with it, while the client already tries again
 (a network cut with the COMMIT on its way, a server slow to commit).
+
+Told to go away with the cut (`away=True`), it also breaks every other
+connection and refuses new ones until `come_back()`: the database out of
+reach right after the COMMIT was lost, so that nobody can ask it what
+became of that transaction until it is back.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ class CommitCutter:
         self.socket_dir = own_dir
         self._armed = False
         self._until: asyncio.Event | None = None
+        self._away_after_cut = False
+        self.away = False  # every connection broken, new ones refused
         self.cut = 0  # connections broken after their COMMIT was answered
         self._pumps: set[asyncio.Task[None]] = set()
+        self._open: set[asyncio.StreamWriter] = set()  # both sides of each connection
 
     def url(self, url: str) -> str:
         """`url` (one over the server's socket) through this stand-in instead."""
@@ -38,9 +46,18 @@ class CommitCutter:
         query["host"] = str(self.socket_dir)
         return urlunsplit(parts._replace(query=urlencode(query)))
 
-    def cut_next_commit(self, *, until: asyncio.Event | None = None) -> None:
+    def cut_next_commit(self, *, until: asyncio.Event | None = None, away: bool = False) -> None:
         self._armed = True
         self._until = until
+        self._away_after_cut = away
+
+    def come_back(self) -> None:
+        self.away = False
+
+    def _go_away(self) -> None:
+        self.away = True
+        for side in list(self._open):
+            side.close()  # each connection's pumps end with it
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[CommitCutter]:
@@ -59,9 +76,14 @@ class CommitCutter:
         assert task is not None
         self._pumps.add(task)
         sides = [writer]
+        if self.away:
+            writer.close()
+            self._pumps.discard(task)
+            return
         try:
             upstream_reader, upstream_writer = await asyncio.open_unix_connection(self._server)
             sides.append(upstream_writer)
+            self._open.update(sides)
             committing = asyncio.Event()
 
             async def client_to_server() -> None:
@@ -86,6 +108,9 @@ class CommitCutter:
                         # The server answered the COMMIT: it is done. The
                         # client never hears it.
                         self.cut += 1
+                        if self._away_after_cut:
+                            self._away_after_cut = False
+                            self._go_away()
                         return
                     writer.write(chunk)
                     await writer.drain()
@@ -106,4 +131,5 @@ class CommitCutter:
         finally:
             for side in sides:
                 side.close()
+                self._open.discard(side)
             self._pumps.discard(task)

@@ -22,7 +22,15 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Hashable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -211,6 +219,12 @@ class PostgresStore:
         # with its answer lost. The scheduler records it again; that record
         # is not kept twice, and answers what the first did (record_attempt).
         self._unanswered_records: dict[tuple[int, int, float], FailureStreak] = {}
+        # Writes that must not be made twice (a resend, a requeue, alert
+        # notes) whose COMMIT's answer was lost while the database could not
+        # be asked what became of it: their transaction id and their answer,
+        # by what was asked. The same request made again asks first
+        # (_write_settled).
+        self._unsettled: dict[Hashable, tuple[int, Any]] = {}
         # Seen silent this long, an instance is dead: its leases are taken over.
         self.dead_after = dead_after
         self._leadership = Leadership(url, command_timeout, dead_after, self.instance_id)
@@ -277,12 +291,16 @@ class PostgresStore:
     # Alerts: every instance notes, the leading one groups and sends.
 
     async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:
-        async with self._connection() as connection:
+        async def job(connection: Connection) -> None:
             await connection.execute(
                 "INSERT INTO alert_notes (noted_at, note) SELECT $1, n FROM unnest($2::bytea[]) n",
                 now,
                 list(notes),
             )
+
+        # Noted twice, a note may be said in two alerts (the leader sending
+        # between the two).
+        await self._write_settled(job, ("notes", tuple(notes)))
 
     async def alert_notes(self) -> list[AlertNote]:
         rows = await self._read("SELECT id, noted_at, note FROM alert_notes ORDER BY id")
@@ -369,6 +387,73 @@ class PostgresStore:
         """One transaction: `job` runs in it and its result is returned after the commit."""
         async with self._connection() as connection, connection.transaction():
             return await job(connection)
+
+    async def _write_settled(self, job: Callable[[Connection], Awaitable[T]], asked: Hashable) -> T:
+        """As _write, for a write that made twice is applied twice (a person's
+        resend or requeue, an alert note): when the connection breaks with
+        its COMMIT sent, the server is asked whether that transaction
+        committed (txid_status) and, if it did, its answer is returned.
+
+        When the server cannot be asked now, the error is raised and the
+        transaction remembered by `asked`: the same request made again (the
+        person presses again, the alerter stores the same notes again) asks
+        first, and answers what the first one did if it committed."""
+        unsettled = self._unsettled.get(asked)
+        if unsettled is not None:
+            txid, answer = unsettled
+            # Raises while the database cannot be asked. One that answers but
+            # cannot tell (the transaction too old for it, or unknown to a
+            # server failed over to) is asked anew: nothing else would ever be.
+            try:
+                committed = await self._committed(txid, forgotten=True)
+            except StoreUnavailable:
+                raise
+            except StoreError:
+                committed = False
+            del self._unsettled[asked]
+            if committed:
+                result: T = answer
+                return result
+        ran: list[tuple[int, T]] = []  # once the job ran to its end
+
+        async def settled(connection: Connection) -> T:
+            result = await job(connection)
+            ran.append((await connection.fetchval("SELECT txid_current()"), result))
+            return result
+
+        try:
+            return await self._write(settled)
+        except StoreError:
+            if not ran:
+                raise
+            txid, answer = ran[-1]
+            try:
+                committed = await self._committed(txid)
+            except StoreError:
+                self._unsettled[asked] = (txid, answer)
+                raise
+            if committed:
+                return answer
+            raise
+
+    async def _committed(self, txid: int, *, forgotten: bool = False) -> bool:
+        """Whether transaction `txid` committed: waits while it is still in
+        progress (its COMMIT on its way), for at most the command timeout.
+        One the server no longer knows (NULL) is `forgotten`, or unknown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._command_timeout
+        while True:
+            async with self._connection() as connection:
+                status = await connection.fetchval("SELECT txid_status($1)", txid)
+            if status in ("committed", "aborted"):
+                return bool(status == "committed")
+            if status is None and forgotten:
+                return False
+            if status is None or loop.time() >= deadline:
+                raise StoreUnavailable(
+                    f"the database cannot say whether transaction {txid} committed ({status})"
+                )
+            await asyncio.sleep(0.05)
 
     async def _read(self, sql: str, *params: Any) -> list[asyncpg.Record]:
         async with self._connection() as connection:
@@ -765,7 +850,8 @@ class PostgresStore:
             )
             return accepted.event_id
 
-        copy_id = await self._write(job)
+        # Made twice, a resend is two copies: two orders in the CRM.
+        copy_id = await self._write_settled(job, ("resend", resend))
         if copy_id is None:
             raise NotFound(f"no event {resend.original_id}")
         await self._wake("resend")
@@ -868,7 +954,8 @@ class PostgresStore:
             )
             return sorted(ids)
 
-        ids = await self._write(job)
+        # Made twice, a requeue of delivered deliveries sends them twice more.
+        ids = await self._write_settled(job, ("requeue", selection))
         if ids:
             await self._wake("requeue")
         return ids

@@ -15,6 +15,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from relay.alerts import Alerter
+from relay.clock import FakeClock
+from relay.config import AlertsConfig
 from relay.payload import Payload
 from relay.store import (
     AttemptRecord,
@@ -23,7 +26,9 @@ from relay.store import (
     Hold,
     NewDelivery,
     NewEvent,
+    Resend,
     RetryAt,
+    Selection,
     Status,
     StoreError,
     StoreUnavailable,
@@ -443,6 +448,200 @@ async def test_an_attempt_recorded_again_while_its_first_record_still_commits_is
             assert (view.status, view.attempts) == (Status.PENDING, 1)
         finally:
             await watcher.close()
+            await a.close()
+
+
+def corrected(original_id: int) -> Resend:
+    return Resend(
+        original_id=original_id,
+        headers=(("Content-Type", "application/json"),),
+        body=b'{"order": 7, "phone": "+7 900"}',
+        content_type="application/json",
+        targets=("crm",),
+        by="dashboard session 1a2b3c4d from 127.0.0.1",
+    )
+
+
+async def copies_of(store: PostgresStore, original_id: int) -> list[int]:
+    detail = await store.get_event(original_id)
+    assert detail is not None
+    return [link.copy_id for link in detail.resent_as]
+
+
+async def test_a_resend_whose_answer_was_lost_makes_one_copy(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # A person resends a corrected order; the copy commits, the answer is
+    # lost. What the person sees, and does next (press the button again),
+    # must leave one copy: two would reach the CRM as two orders.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            original = await a.accept_event(event(), [NewDelivery("crm")], T0)
+            cutter.cut_next_commit()
+            try:
+                copy_id = await a.resend(corrected(original.event_id), T0 + 5)
+            except StoreError:
+                copy_id = await a.resend(corrected(original.event_id), T0 + 9)  # again
+            assert cutter.cut == 1
+            assert await copies_of(a, original.event_id) == [copy_id]
+        finally:
+            await a.close()
+
+
+async def test_a_resend_still_committing_when_its_connection_broke_makes_one_copy(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The COMMIT is on its way when the connection breaks: the server holds
+    # the transaction open a while, then commits it.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            original = await a.accept_event(event(), [NewDelivery("crm")], T0)
+            arrives = asyncio.Event()
+            cutter.cut_next_commit(until=arrives)
+            resending = asyncio.create_task(a.resend(corrected(original.event_id), T0 + 5))
+            await asyncio.sleep(0.5)
+            assert not resending.done()  # it waits to hear what became of it
+            arrives.set()
+            try:
+                copy_id = await resending
+            except StoreError:
+                copy_id = await a.resend(corrected(original.event_id), T0 + 9)  # again
+            assert cutter.cut == 1
+            assert await copies_of(a, original.event_id) == [copy_id]
+        finally:
+            await a.close()
+
+
+async def test_a_resend_lost_with_the_database_out_of_reach_is_one_copy_when_pressed_again(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The answer is lost and the database is out of reach at once: nobody can
+    # tell now whether the copy was stored. The person is told it failed and
+    # presses again once the database is back: still one copy.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a", command_timeout=2)
+        await a.open()
+        try:
+            original = await a.accept_event(event(), [NewDelivery("crm")], T0)
+            cutter.cut_next_commit(away=True)
+            with pytest.raises(StoreError):
+                await a.resend(corrected(original.event_id), T0 + 5)
+            assert cutter.cut == 1
+            cutter.come_back()
+            copy_id = await a.resend(corrected(original.event_id), T0 + 30)
+            assert await copies_of(a, original.event_id) == [copy_id]
+            # Another resend of the same correction, asked for after that
+            # answer, is a person's choice: a second copy.
+            assert await a.resend(corrected(original.event_id), T0 + 60) != copy_id
+        finally:
+            await a.close()
+
+
+async def test_a_requeue_of_delivered_deliveries_whose_answer_was_lost_sends_them_once_more(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # `relay requeue --status delivered 7`: one more send, asked once. The
+    # requeue commits, its answer is lost, the scheduler sends it again at
+    # once; the person, told it failed, runs the command again.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
+            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+            done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
+            await a.record_attempt(claimed, done, Delivered(), T0 + 2)
+            again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
+            cutter.cut_next_commit()
+            try:
+                requeued = await a.requeue(again, T0 + 5)
+            except StoreError:
+                requeued = None
+            assert cutter.cut == 1
+            [resent] = await a.claim_due(T0 + 6, T0 + 66, {"crm": 1})
+            done = AttemptRecord(2, T0 + 6, 0.1, "success", 200)
+            await a.record_attempt(resent, done, Delivered(), T0 + 7)
+            if requeued is None:
+                requeued = await a.requeue(again, T0 + 9)  # the person, again
+            assert requeued == [claimed.id]
+            assert await a.claim_due(T0 + 10, T0 + 70, {"crm": 1}) == []
+            detail = await a.get_event(accepted.event_id)
+            assert detail is not None
+            assert [entry.kind for entry in detail.log[claimed.id]] == ["requeue"]
+        finally:
+            await a.close()
+
+
+async def test_an_alert_note_whose_answer_was_lost_is_noted_once(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # An instance notes what its attempts saw; the note commits, the answer is
+    # lost, and the alerter stores it again: one note, or the leader says it
+    # twice (in two alerts, when it sends between the two).
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a", command_timeout=2)
+        await a.open()
+        try:
+            for away in (False, True):
+                alerter = Alerter(
+                    AlertsConfig(target="ops"),
+                    a,
+                    FakeClock(T0),
+                    shared=a,
+                    leading=lambda: False,
+                )
+                alerter.problem(f"database: disk almost full ({away})")
+                cutter.cut_next_commit(away=away)
+                await alerter.flush()
+                assert cutter.cut == 1 + away
+                cutter.come_back()
+                alerter.problem(f"database: back ({away})")  # noted meanwhile
+                await alerter.flush()  # what was not stored is stored now
+                notes = [note.note for note in await a.alert_notes()]
+                assert len(notes) == len(set(notes)) == 2 + 2 * away, notes
+        finally:
+            await a.close()
+
+
+async def test_an_alert_whose_answer_was_lost_is_sent_once(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The leader's alert commits (its notes taken away with it) while its
+    # COMMIT's answer is lost, the transaction still open on the server when
+    # the leader looks again: it still sees the notes, and sends nothing more.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            await a.note_alerts([b'{"kind": "dead", "n": 1}'], T0)
+            ids = [note.id for note in await a.alert_notes()]
+            arrives = asyncio.Event()
+            cutter.cut_next_commit(until=arrives)
+            with pytest.raises(StoreError):
+                await a.send_alert(ids, event(body=b"1"), [NewDelivery("ops")], T0 + 61)
+            again = [note.id for note in await a.alert_notes()]
+            assert again == ids  # not committed yet
+            sending = asyncio.create_task(
+                a.send_alert(again, event(body=b"2"), [NewDelivery("ops")], T0 + 62)
+            )
+            await asyncio.sleep(0.3)
+            assert not sending.done()  # waits for the notes' locks
+            arrives.set()
+            assert await sending is None
+            assert cutter.cut == 1
+            assert await a.alert_notes() == []
+            assert len(await a.list_events(EventQuery(route="orders"))) == 1  # one alert
+        finally:
             await a.close()
 
 
