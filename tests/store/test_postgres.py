@@ -451,6 +451,36 @@ async def test_an_attempt_recorded_again_while_its_first_record_still_commits_is
             await a.close()
 
 
+async def test_a_batch_whose_commit_answer_was_lost_is_503_and_a_keyed_retry_a_duplicate(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # docs/postgres.md, "When something goes away": a group commit whose
+    # answer is lost answers every event in it unavailable (503), never
+    # stored; the sender's keyed retry, made while that COMMIT is still on
+    # its way, waits for it and is answered "duplicate" of the stored event.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a")
+        await a.open()
+        try:
+            arrives = asyncio.Event()
+            cutter.cut_next_commit(until=arrives)
+            batch = [a.accept_event(event(f"k{n}"), [NewDelivery("crm")], T0) for n in range(3)]
+            for outcome in await asyncio.gather(*batch, return_exceptions=True):
+                assert isinstance(outcome, StoreUnavailable), outcome
+            retry = asyncio.ensure_future(a.accept_event(event("k1"), [NewDelivery("crm")], T0))
+            await asyncio.sleep(0.3)
+            assert not retry.done()  # the key is locked by the transaction on its way
+            arrives.set()
+            accepted = await retry
+            assert accepted.duplicate
+            assert cutter.cut == 1
+            stored = await a.list_events(EventQuery(route="orders"))
+            assert sorted(view.idempotency_key or "" for view in stored) == ["k0", "k1", "k2"]
+        finally:
+            await a.close()
+
+
 def corrected(original_id: int) -> Resend:
     return Resend(
         original_id=original_id,
