@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from relay.cli.common import CommandError, add_config_option, read_operator_config, run
+from relay.pgurl import url_problem
 from relay.store.backends import lock_path
 from relay.store.lock import AlreadyRunning, ProcessLock
 
@@ -31,6 +32,8 @@ def migrate_store(args: argparse.Namespace) -> int:
     url: str = args.to
     if not url.startswith(("postgresql://", "postgres://")):
         raise CommandError(f'--to: expected a URL like "postgresql://relay@db/relay", got {url!r}')
+    if problem := url_problem(url):
+        raise CommandError(f"--to: {problem}")
     path = config.storage.path
     # The daemon's own lock: while relay serve runs, events would keep coming
     # into the file after the copy, and be lost to the new database.

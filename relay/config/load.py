@@ -32,6 +32,7 @@ from relay.config.reader import ConfigError, Section, substitute
 from relay.config.sources import parse_answer, parse_networks
 from relay.config.targets import NAME, parse_target
 from relay.payload import REQUEST_VARIABLES
+from relay.pgurl import url_problem
 
 
 def load_config(path: Path, environ: Mapping[str, str]) -> Config:
@@ -185,6 +186,8 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
             section.key("url"),
             f'expected a URL like "postgresql://relay@db/relay", got {storage.url!r}',
         )
+    if storage.url is not None and (problem := url_problem(storage.url)):
+        raise ConfigError(section.key("url"), problem)
     _cluster_keys(section, storage, defaults)
     section.done()
     return storage

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -10,6 +9,7 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from relay.pgurl import masked_url
 from relay.secrets import Masker
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class StorageConfig:
         """Where the data is, for logs and messages (a URL without its password)."""
         if self.url is None:
             return str(self.path)
-        return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", self.url)
+        return masked_url(self.url)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,12 @@ def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConf
     data = read_toml(path)
     base = path.resolve().parent
     secrets: set[str] = set()
-    storage_table = substitute(data.get("storage", {}), environ, "storage", secrets)
+    storage_raw = data.get("storage", {})
+    if isinstance(storage_raw, dict):
+        # relay serve's name in the cluster: a command leases nothing, and one
+        # relay.toml on every host names each from its own environment.
+        storage_raw = {k: v for k, v in storage_raw.items() if k != "instance_id"}
+    storage_table = substitute(storage_raw, environ, "storage", secrets)
     rest = substitute(
         {k: v for k, v in data.items() if k != "storage"}, environ, "", secrets, strict=False
     )

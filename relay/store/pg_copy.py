@@ -18,8 +18,10 @@ from typing import Any
 
 import asyncpg
 
+from relay.pgurl import masked_url
 from relay.store.base import StoreError
 from relay.store.migrations import LATEST as SQLITE_LATEST
+from relay.store.pg_errors import DRIVER_ERRORS, at
 from relay.store.pg_schema import migrate
 
 BATCH = 5000
@@ -159,6 +161,13 @@ def open_source(path: Path) -> sqlite3.Connection:
 async def copy_into(source: sqlite3.Connection, url: str) -> Copied:
     """Copy every table; raises StoreError, leaving the destination untouched,
     if it already holds events or a count does not match."""
+    try:
+        return await _copy(source, url)
+    except (*DRIVER_ERRORS, StoreError) as error:
+        raise at(f"--to {masked_url(url)}", error) from None
+
+
+async def _copy(source: sqlite3.Connection, url: str) -> Copied:
     connection = await asyncpg.connect(url, timeout=30)
     try:
         await migrate(connection)

@@ -55,6 +55,13 @@ def unavailable(error: BaseException) -> StoreError:
     return StoreError(f"database error: {_describe(error)}")
 
 
+def at(where: str, error: BaseException) -> StoreError:
+    """`unavailable(error)`, saying first which database (`where`: a URL
+    without its password, and the setting that named it)."""
+    found = unavailable(error)
+    return type(found)(f"{where}: {found}")
+
+
 # What a driver call can raise, all of it turned into the store's own errors.
 DRIVER_ERRORS = (
     asyncpg.PostgresError,

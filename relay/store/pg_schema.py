@@ -12,9 +12,14 @@ for the whole run, and each migration commits with its record.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import asyncpg
+
+from relay.store.base import StoreError
+
+log = logging.getLogger("relay.store")
 
 # Any fixed number: the lock that one migrating instance holds.
 MIGRATION_LOCK = 0x72656C6179_01
@@ -248,6 +253,9 @@ async def migrate(connection: asyncpg.Connection) -> int:
     second finds the work done. It is a session lock, released at the end.
     """
     await connection.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+    # What a migration has to say (pg_trgm missing) goes to relay's own log,
+    # not only to the server's, which a managed database's user seldom reads.
+    connection.add_log_listener(_said)
     try:
         await connection.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -269,8 +277,34 @@ async def migrate(connection: asyncpg.Connection) -> int:
                     time.time(),
                 )
         return start
+    except asyncpg.InsufficientPrivilegeError as error:
+        raise StoreError(await _cannot_create(connection, error)) from None
     finally:
+        connection.remove_log_listener(_said)
         await connection.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+def _said(_connection: object, message: asyncpg.PostgresLogMessage) -> None:
+    text = str(getattr(message, "message", message))
+    if text.startswith("relay: "):
+        log.warning(
+            "%s (as the database's owner: CREATE EXTENSION pg_trgm; then the two"
+            " indexes in docs/postgres.md)",
+            text.removeprefix("relay: "),
+        )
+
+
+async def _cannot_create(connection: asyncpg.Connection, error: Exception) -> str:
+    """What to grant when relay's role may not build its tables (PostgreSQL 15
+    and later: only the database's owner may create in its public schema)."""
+    role = await connection.fetchval("SELECT quote_ident(current_user)")
+    database = await connection.fetchval("SELECT quote_ident(current_database())")
+    return (
+        f"role {role} cannot create relay's tables in database {database} ({error}):"
+        f" as a superuser, make the role the database's owner"
+        f" (ALTER DATABASE {database} OWNER TO {role};) or let it create tables"
+        f" (GRANT CREATE ON SCHEMA public TO {role};)"
+    )
 
 
 async def current_version(connection: asyncpg.Connection) -> int:

@@ -39,6 +39,7 @@ import asyncpg
 import orjson
 
 from relay.config import Config
+from relay.pgurl import masked_url
 from relay.store import rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
@@ -90,7 +91,7 @@ from relay.store.pg_cluster import (
     listen_forever,
     took,
 )
-from relay.store.pg_errors import DRIVER_ERRORS, Connection, unavailable
+from relay.store.pg_errors import DRIVER_ERRORS, Connection, at, unavailable
 from relay.store.pg_intake import PgIntake, store_batch
 from relay.store.pg_schema import LATEST, migrate
 from relay.store.rows import (
@@ -203,6 +204,7 @@ class PostgresStore:
         self._command_timeout = command_timeout
         self._write_queue_timeout = write_queue_timeout
         self._pool: asyncpg.Pool | None = None
+        self._commits_off_said = False  # the warning, once per store
         self._intake: PgIntake | None = None
         self._started_at: float | None = None
         self._limits: dict[str, TargetLimits] = {}
@@ -232,7 +234,7 @@ class PostgresStore:
     @property
     def path(self) -> str:
         """Where the data is, for messages (the URL without its password)."""
-        return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", self.url)
+        return masked_url(self.url)
 
     # Lifecycle
 
@@ -247,32 +249,57 @@ class PostgresStore:
                 await connection.close()
             if version > LATEST:
                 raise StoreError(
-                    f"{self.path}: database schema is version {version}; "
+                    f"database schema is version {version}; "
                     f"this relay knows versions up to {LATEST} (upgrade relay)"
                 )
-            settings = {}
             if commits == "off":
-                # Set so for the role or the database: a 200 would come before
-                # the event is on disk. Any other level keeps the operator's.
-                log.warning(
-                    "%s: the database says synchronous_commit = off; relay commits"
-                    " synchronously all the same (set it on for relay's role)",
-                    self.path,
-                )
-                settings["synchronous_commit"] = "on"
+                self._say_commits_are_off()
             self._pool = await asyncpg.create_pool(
                 self.url,
                 min_size=self._min,
                 max_size=self._max,
                 command_timeout=self._command_timeout,
                 timeout=self._command_timeout,
-                server_settings=settings,
+                connect=self._connect_synchronously,
             )
-        except DRIVER_ERRORS as error:
+        except (*DRIVER_ERRORS, StoreError) as error:
             await self.close()
-            raise unavailable(error) from None
+            raise at(f"{self.path} (storage.url)", error) from None
         self._intake = PgIntake(self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL)
         self._intake.start()
+
+    async def _connect_synchronously(self, *args: Any, **kwargs: Any) -> Any:
+        """Each of the pool's connections, made so that it commits synchronously.
+
+        synchronous_commit off (for the role or the database, or on a server
+        failed over to, or restarted with it) would answer a 200 before the
+        event is on disk. It is read on every new connection, not once at
+        start; a connection that finds it off is made again with it on as a
+        startup setting (a SET would not outlive the pool's RESET ALL). Any
+        other level keeps the operator's.
+        """
+        connection = await asyncpg.connect(*args, **kwargs)
+        try:
+            level = await connection.fetchval("SHOW synchronous_commit")
+        except BaseException:
+            connection.terminate()
+            raise
+        if level != "off":
+            return connection
+        await connection.close()
+        self._say_commits_are_off()
+        settings = {**(kwargs.pop("server_settings", None) or {}), "synchronous_commit": "on"}
+        return await asyncpg.connect(*args, server_settings=settings, **kwargs)
+
+    def _say_commits_are_off(self) -> None:
+        if self._commits_off_said:
+            return
+        self._commits_off_said = True
+        log.warning(
+            "%s: the database says synchronous_commit = off; relay commits"
+            " synchronously all the same (set it on for relay's role)",
+            self.path,
+        )
 
     def set_limits(self, limits: Mapping[str, TargetLimits]) -> None:
         """Targets' concurrency and rates as totals for the whole cluster

@@ -1,0 +1,47 @@
+"""A PostgreSQL URL ([storage] url, `migrate-store --to`) checked before the
+driver reads it, and shown without its password.
+
+asyncpg splits the URL at the first `@` and the first `/` after `://`, so a
+password holding `@ / ? #` that was put into the URL as it is (`${PGPASSWORD}`
+from a generator) makes the driver read a piece of it as the port, and raise
+a ValueError that quotes that piece. Nothing here ever quotes the URL.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+UNREADABLE = (
+    "does not parse as a PostgreSQL URL (is there a password with @ / ? # or % in it?):"
+    " percent-encode such characters in the password (@ is %40, / is %2F, ? is %3F,"
+    " # is %23, % is %25), or leave the password out of the URL and set PGPASSWORD"
+    " in relay's environment, which the driver reads"
+)
+
+
+def url_problem(url: str) -> str | None:
+    """Why the driver would misread `url`, or None; never quotes it."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.query:
+            urllib.parse.parse_qs(parsed.query, strict_parsing=True)
+    except ValueError:
+        return UNREADABLE
+    # As asyncpg reads it: the user and password end at the first @.
+    hosts = parsed.netloc.partition("@")[2] if "@" in parsed.netloc else parsed.netloc
+    if parsed.fragment or "@" in hosts:
+        return UNREADABLE
+    for host in hosts.split(","):
+        if host.startswith("["):  # [IPv6]:port
+            port = host.partition("]")[2].removeprefix(":")
+        else:
+            port = host.partition(":")[2]
+        if port and not port.isdigit():
+            return UNREADABLE
+    return None
+
+
+def masked_url(url: str) -> str:
+    """The URL for messages: its password as ***."""
+    return re.sub(r"://([^:@/]*):[^@]*@", r"://\1:***@", url, count=1)

@@ -1,0 +1,223 @@
+"""docs/postgres.md followed by a new user: what `relay serve`, `relay check`
+and `relay migrate-store` say when the database is not set up as relay needs
+(a password that breaks the URL, a role that cannot create tables, a database
+that does not exist), and what relay's sessions do when the server changes
+under them. Every answer is one line that says what to change, never a
+traceback, never a piece of the password."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from relay.store import SqliteStore
+from relay.store.postgres import PostgresStore
+
+from helpers import RelayProcess, arelay_cli, relay_cli, write_config
+from pgcluster import Cluster
+
+pytestmark = pytest.mark.postgres
+
+# What a password generator hands out: characters that mean something in a URL.
+PASSWORD = "s3cr&t/pw@x#1?"
+
+
+def config(tmp_path: Path, url: str, **storage: str) -> Path:
+    return write_config(
+        tmp_path / "relay.toml",
+        {
+            "storage": {"url": url, **storage},
+            "server": {"listen": "127.0.0.1:0"},
+            "admin": {"enabled": False},
+            "targets": {"crm": {"type": "file", "path": str(tmp_path / "out.jsonl")}},
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        },
+    )
+
+
+async def sqlite_install(tmp_path: Path) -> Path:
+    """An existing SQLite install, as the guide's "Moving from SQLite" starts from."""
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    await store.close()
+    return write_config(
+        tmp_path / "relay.toml",
+        {
+            "storage": {"path": str(tmp_path / "relay.db")},
+            "targets": {"crm": {"type": "file", "path": str(tmp_path / "out.jsonl")}},
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        },
+    )
+
+
+def one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["serve", "check", "events"])
+def test_a_password_that_breaks_the_url_is_a_config_error(tmp_path: Path, command: str) -> None:
+    # The guide's own line, with the password a generator gave.
+    path = config(tmp_path, "postgresql://relay:${PGPW}@127.0.0.1:5432/relay")
+    result = relay_cli(command, "--config", str(path), check=False, env={"PGPW": PASSWORD})
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = one_line(result.stderr)
+    assert "storage.url" in line
+    assert "percent-encode" in line
+    assert "PGPASSWORD" in line
+    for piece in ("s3cr", "pw@x", "#1"):
+        assert piece not in result.stdout + result.stderr
+
+
+async def test_migrate_store_refuses_a_to_url_that_does_not_parse(tmp_path: Path) -> None:
+    path = await sqlite_install(tmp_path)
+    url = f"postgresql://relay:{PASSWORD}@127.0.0.1:5432/relay"
+    result = await arelay_cli("migrate-store", "--config", str(path), "--to", url, check=False)
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith("relay: --to: ")
+    assert "percent-encode" in line
+    assert "s3cr" not in result.stderr
+
+
+@pytest.fixture
+async def limited_url(pg_cluster: Cluster) -> AsyncIterator[str]:
+    """A database owned by the superuser and a role that may only connect: what
+    `CREATE ROLE relay LOGIN; CREATE DATABASE relay;` gives on PostgreSQL 15."""
+    name = f"limited_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_cluster.url("postgres"))
+    try:
+        await admin.execute(f"CREATE ROLE {name} LOGIN")
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    yield pg_cluster.url(name).replace("postgresql://relay@", f"postgresql://{name}@")
+    admin = await asyncpg.connect(pg_cluster.url("postgres"))
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"DROP ROLE IF EXISTS {name}")
+    finally:
+        await admin.close()
+
+
+async def test_a_role_that_cannot_create_tables_is_told_what_to_grant(
+    tmp_path: Path, limited_url: str
+) -> None:
+    path = config(tmp_path, limited_url)
+    served = await arelay_cli("serve", "--config", str(path), check=False)
+    assert served.returncode == 1
+    line = one_line(served.stderr)
+    assert "cannot create relay's tables" in line
+    assert "OWNER TO" in line
+    assert "GRANT CREATE ON SCHEMA public" in line
+
+    install = await sqlite_install(tmp_path)
+    moved = await arelay_cli(
+        "migrate-store", "--config", str(install), "--to", limited_url, check=False
+    )
+    assert moved.returncode == 1
+    assert "OWNER TO" in one_line(moved.stderr)
+
+
+async def test_migrate_store_names_the_destination_it_cannot_use(
+    tmp_path: Path, pg_cluster: Cluster
+) -> None:
+    path = await sqlite_install(tmp_path)
+    missing = pg_cluster.url("no_such_database")
+    result = await arelay_cli("migrate-store", "--config", str(path), "--to", missing, check=False)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert "no_such_database" in line
+    assert "does not exist" in line
+
+    nobody = f"postgresql://relay:pw@/relay?host={tmp_path}"  # no server listens there
+    result = await arelay_cli("migrate-store", "--config", str(path), "--to", nobody, check=False)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert "--to postgresql://relay:***@/relay" in line
+    assert "pw@" not in line
+
+
+def test_serve_names_the_database_it_cannot_open(tmp_path: Path, pg_cluster: Cluster) -> None:
+    path = config(tmp_path, pg_cluster.url("no_such_database"))
+    result = relay_cli("serve", "--config", str(path), check=False)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert "storage.url" in line
+    assert "no_such_database" in line
+
+
+async def test_connections_made_after_the_server_changed_still_commit_synchronously(
+    pg_url: str,
+) -> None:
+    """The guide: where the database has synchronous_commit off, relay's own
+    sessions turn it back on. A failover or a restart with it off happens
+    while relay runs: the connections made then must turn it on as well."""
+    store = PostgresStore(pg_url, min_connections=1, max_connections=2)
+    await store.open()
+    try:
+        database = pg_url.split("@/")[1].split("?")[0]
+        admin = await asyncpg.connect(pg_url)
+        try:
+            await admin.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
+            # The server restarted: every session relay had is gone.
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        for _ in range(3):  # a connection found broken is replaced by the pool
+            try:
+                async with store._connection() as connection:
+                    level = await connection.fetchval("SHOW synchronous_commit")
+                break
+            except Exception:
+                continue
+        assert level == "on"
+        # And it stays so after the pool has reset the connection (RESET ALL).
+        async with store._connection() as connection:
+            assert await connection.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await store.close()
+
+
+async def test_operator_commands_do_not_need_the_instance_name(tmp_path: Path, pg_url: str) -> None:
+    """One relay.toml on every host, each host's name from its environment:
+    an operator's `relay events` in a shell has no such variable, and needs none."""
+    path = config(tmp_path, "${RELAY_DB_URL}", instance_id="${RELAY_INSTANCE}")
+    listed = await arelay_cli(
+        "events", "--config", str(path), check=False, env={"RELAY_DB_URL": pg_url}
+    )
+    assert listed.returncode == 0, listed.stderr
+    # The daemon does need it, and says which key.
+    served = await arelay_cli(
+        "serve", "--config", str(path), check=False, env={"RELAY_DB_URL": pg_url}
+    )
+    assert served.returncode == 2
+    assert "storage.instance_id" in one_line(served.stderr)
+
+
+async def test_a_missing_pg_trgm_is_said_in_relays_own_log(
+    tmp_path: Path, pg_cluster: Cluster, limited_url: str
+) -> None:
+    """The guide: where pg_trgm cannot be created relay still starts, and says
+    why search is slow. The operator reads relay's log, not the server's."""
+    name = limited_url.split("@/")[1].split("?")[0]
+    admin = await asyncpg.connect(pg_cluster.url(name))
+    try:  # may create tables, is not the owner: CREATE EXTENSION is refused
+        await admin.execute(f"GRANT CREATE ON SCHEMA public TO {name}")
+    finally:
+        await admin.close()
+    relay = RelayProcess(config(tmp_path, limited_url), tmp_path / "relay.log")
+    relay.start()
+    try:
+        assert "pg_trgm is not available" in relay.log()
+    finally:
+        assert relay.stop() == 0
