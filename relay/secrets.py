@@ -168,6 +168,11 @@ class Masker:
     def text(self, value: str) -> str:
         if value and "://" in value and "@" in value:
             value = _URL_CREDENTIALS.sub(r"\1***@", value)
+        return self.secrets_only(value)
+
+    def secrets_only(self, value: str) -> str:
+        """`value` with the secrets masked and nothing else: a URL's user shown
+        on purpose (a config error's example) stays."""
         if self._pattern is None or not value:
             return value
         return self._pattern.sub(self._replace, value)

@@ -33,6 +33,7 @@ from relay.config.sources import parse_answer, parse_networks
 from relay.config.targets import NAME, parse_target
 from relay.payload import REQUEST_VARIABLES
 from relay.pgurl import url_problem
+from relay.secrets import Masker
 
 
 def load_config(path: Path, environ: Mapping[str, str]) -> Config:
@@ -97,7 +98,28 @@ def parse_config(
 ) -> Config:
     """The config in `data`; `asked_keys`, when given, gets every key read."""
     secrets: set[str] = set()
-    root = Section(substitute(dict(data), environ, "", secrets), "", recorder=asked_keys)
+    substituted = substitute(dict(data), environ, "", secrets)
+    try:
+        return _parse_config(substituted, secrets, base, source, asked_keys)
+    except ConfigError as error:
+        raise masked_error(error, secrets) from None
+
+
+def masked_error(error: ConfigError, secrets: set[str]) -> ConfigError:
+    """`error` as it may be shown: it quotes the value it refused, which may
+    hold what a ${...} reference put there (a token in a URL), masked as logs are."""
+    problem = Masker(secrets).secrets_only(error.problem)
+    return error if problem == error.problem else ConfigError(error.key, problem)
+
+
+def _parse_config(
+    substituted: dict[str, Any],
+    secrets: set[str],
+    base: Path,
+    source: Path | None,
+    asked_keys: set[str] | None,
+) -> Config:
+    root = Section(substituted, "", recorder=asked_keys)
     server = _server(root.section("server"))
     storage = parse_storage(root.section("storage"), base)
     admin = _admin(root.section("admin"), base)

@@ -15,9 +15,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 import relay.kinds as kinds  # the module: see relay.config.targets
-from relay.config.load import parse_storage, read_toml
+from relay.config.load import masked_error, parse_storage, read_toml
 from relay.config.model import StorageConfig
-from relay.config.reader import Section, substitute
+from relay.config.reader import ConfigError, Section, substitute
 from relay.secrets import Masker
 
 
@@ -49,12 +49,15 @@ def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConf
     rest = substitute(
         {k: v for k, v in data.items() if k != "storage"}, environ, "", secrets, strict=False
     )
-    storage = parse_storage(Section(storage_table, "storage"), base)
-    routes = rest.get("routes", {}) if isinstance(rest.get("routes"), dict) else {}
-    windows: dict[str, float | None] = {}
-    for name, table in routes.items():
-        if isinstance(table, dict):
-            windows[name] = Section(table, f"routes.{name}").duration("dedup_window", None)
+    try:
+        storage = parse_storage(Section(storage_table, "storage"), base)
+        routes = rest.get("routes", {}) if isinstance(rest.get("routes"), dict) else {}
+        windows: dict[str, float | None] = {}
+        for name, table in routes.items():
+            if isinstance(table, dict):
+                windows[name] = Section(table, f"routes.{name}").duration("dedup_window", None)
+    except ConfigError as error:
+        raise masked_error(error, secrets) from None
     targets = rest.get("targets", {})
     return OperatorConfig(
         storage=storage,

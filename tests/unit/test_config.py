@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from relay.cli.check import describe, durability_warnings
-from relay.config import ConfigError, load_config, parse_config
+from relay.config import ConfigError, load_config, load_operator_config, parse_config
 from relay.kinds.targets.file import FileSettings
 from relay.kinds.targets.http import HttpSettings
 
@@ -210,6 +210,30 @@ def test_environment_references_are_substituted_and_remembered_as_secrets() -> N
     assert isinstance(settings, HttpSettings)
     assert settings.headers["Authorization"].source == "Bearer s3cret-token"
     assert "s3cret-token" in config.secrets
+
+
+def test_an_error_about_a_value_never_shows_what_a_reference_put_in_it() -> None:
+    # A mistyped scheme in a URL that carries a token from the environment: the
+    # one-line error goes to the journal, and must name the key, not the token.
+    data = merged(targets={"crm": {"url": "htp://crm.example/hook/${CRM_TOKEN}"}})
+    with pytest.raises(ConfigError) as raised:
+        parse(data, {"CRM_TOKEN": "s3cret-token"})
+    message = str(raised.value)
+    assert message.startswith("targets.crm.url: expected an http:// or https:// URL")
+    assert "s3cret-token" not in message
+    assert "htp://crm.example/hook/***" in message
+
+
+def test_a_commands_error_about_the_storage_url_never_shows_its_password(
+    tmp_path: Path,
+) -> None:
+    # Operator commands read only [storage] (relay.config.operator): the same rule.
+    path = tmp_path / "relay.toml"
+    path.write_text('[storage]\nurl = "mysql://relay:${PGPASSWORD}@db/relay"\n')
+    with pytest.raises(ConfigError) as raised:
+        load_operator_config(path, {"PGPASSWORD": "s3cret-password"})
+    assert str(raised.value).startswith("storage.url: expected a URL like")
+    assert "s3cret-password" not in str(raised.value)
 
 
 def test_an_unset_variable_names_the_key_and_the_variable() -> None:
