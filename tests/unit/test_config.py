@@ -184,6 +184,10 @@ def merged(**sections: Any) -> dict[str, Any]:
             merged(storage={"instance_id": "vps1"}),
             "storage.instance_id: applies to PostgreSQL only (set storage.url)",
         ),
+        (  # a host no lookup can find: every delivery would wait out its retries
+            merged(targets={"crm": {"url": "https://crm .example/hook"}}),
+            "targets.crm.url: expected an http:// or https:// URL",
+        ),
     ],
 )
 def test_errors_name_the_key_and_what_is_expected(data: dict[str, Any], message: str) -> None:

@@ -49,7 +49,13 @@ def parse_url(section: Section, name: str, default: str | None = None) -> str:
         parsed = yarl.URL(url)
     except (ValueError, TypeError):
         parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+    if (
+        parsed is None
+        or parsed.scheme not in ("http", "https")
+        or not parsed.host
+        # yarl takes "crm .example" as a host; no lookup would ever find it.
+        or not all(char.isprintable() and not char.isspace() for char in parsed.host)
+    ):
         raise section.error(name, "an http:// or https:// URL", url)
     return url
 
