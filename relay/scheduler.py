@@ -39,12 +39,15 @@ from relay.store import (
     Waits,
 )
 from relay.targets import Envelope, Target
+from relay.units import format_duration
 
 log = logging.getLogger("relay.scheduler")
 
 # A lease outlives the attempt it covers by this much: if it expires, the
 # attempt's process is gone and another may claim the delivery.
 LEASE_MARGIN = 60.0
+# While the store keeps failing, the scheduler says so again this often (seconds).
+STORE_FAILING_REMINDER = 60.0
 
 
 @dataclass
@@ -136,6 +139,8 @@ class Scheduler:
         self._paused: frozenset[str] = frozenset()
         self._down: dict[str, DownState] = {}
         self._paused_read_at: float | None = None
+        # While the store fails: (since when, when that was last said).
+        self._store_failing: tuple[float, float] | None = None
         self._running = False
         self.last_tick: float | None = None
         self._ticked = time.monotonic()
@@ -192,8 +197,10 @@ class Scheduler:
                 started = await self._dispatch(now)
                 due = await self._next_wake(now)
             except StoreError as error:
-                log.warning("scheduler cannot read the store: %s", error)
+                self._store_failed(now, error)
                 started, due = 0, None
+            else:
+                self._store_answered(now)
             if due is not None and (due > now or started):
                 until = min(until, due)
             await self._clock.wait(self._wake, until)
@@ -285,6 +292,21 @@ class Scheduler:
                 if shared is None or shared.rate != rate:
                     shared = self._shared_pacers[group] = Pacer(rate, now)
                 lane.shared.append(shared)
+
+    def _store_failed(self, now: float, error: StoreError) -> None:
+        """One line when the store stops answering, then one a minute while it
+        does not (a database restart must not write a line a second)."""
+        since, said = self._store_failing or (now, None)
+        if said is None or now - said >= STORE_FAILING_REMINDER or now < said:
+            log.warning("scheduler cannot read the store: %s", error)
+            said = now
+        self._store_failing = (since, said)
+
+    def _store_answered(self, now: float) -> None:
+        if self._store_failing is not None:
+            since, _ = self._store_failing
+            self._store_failing = None
+            log.warning("scheduler reads the store again, after %s", format_duration(now - since))
 
     async def _refresh_paused(self, now: float) -> None:
         # Pause state lives in the store (the CLI may change it): read it at

@@ -433,6 +433,12 @@ async def test_a_database_restart_under_load_answers_503_then_recovers(
         assert {a.relay for a in away} == {0, 1, 2}
         # ...and every one of them accepts again after it.
         assert {a.relay for a in answers if a.status == 200 and a.sent > up} == {0, 1, 2}
+        # Each says once that its scheduler lost the store and once that it is
+        # back, not a line a second meanwhile.
+        for relay in relays:
+            lost = relay.log().count("scheduler cannot read the store")
+            back = relay.log().count("scheduler reads the store again, after")
+            assert lost == back >= 1, (lost, back)
 
         wanted = set(acked.values())
         try:
