@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from relay.cli.common import CommandError, add_config_option, read_operator_config, run
-from relay.pgurl import url_problem
+from relay.pgurl import masked_url, url_problem
 from relay.store.backends import lock_path
 from relay.store.lock import AlreadyRunning, ProcessLock
 
@@ -31,7 +31,9 @@ def migrate_store(args: argparse.Namespace) -> int:
         raise CommandError("this config already uses PostgreSQL (storage.url): nothing to copy")
     url: str = args.to
     if not url.startswith(("postgresql://", "postgres://")):
-        raise CommandError(f'--to: expected a URL like "postgresql://relay@db/relay", got {url!r}')
+        raise CommandError(
+            f'--to: expected a URL like "postgresql://relay@db/relay", got {masked_url(url)!r}'
+        )
     if problem := url_problem(url):
         raise CommandError(f"--to: {problem}")
     path = config.storage.path

@@ -32,7 +32,7 @@ from relay.config.reader import ConfigError, Section, substitute
 from relay.config.sources import parse_answer, parse_networks
 from relay.config.targets import NAME, parse_target
 from relay.payload import REQUEST_VARIABLES
-from relay.pgurl import url_problem
+from relay.pgurl import masked_url, url_problem
 from relay.secrets import Masker
 
 
@@ -206,7 +206,7 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
     if storage.url is not None and not storage.url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(
             section.key("url"),
-            f'expected a URL like "postgresql://relay@db/relay", got {storage.url!r}',
+            f'expected a URL like "postgresql://relay@db/relay", got {masked_url(storage.url)!r}',
         )
     if storage.url is not None and (problem := url_problem(storage.url)):
         raise ConfigError(section.key("url"), problem)

@@ -86,6 +86,18 @@ async def test_migrate_store_refuses_a_to_url_that_does_not_parse(tmp_path: Path
     assert "s3cr" not in result.stderr
 
 
+async def test_migrate_store_refuses_a_to_url_of_another_database_without_its_password(
+    tmp_path: Path,
+) -> None:
+    path = await sqlite_install(tmp_path)
+    url = "mysql://relay:s3cret-pw@127.0.0.1:3306/relay"
+    result = await arelay_cli("migrate-store", "--config", str(path), "--to", url, check=False)
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith('relay: --to: expected a URL like "postgresql://relay@db/relay"')
+    assert "s3cret-pw" not in result.stdout + result.stderr
+
+
 @pytest.fixture
 async def limited_url(pg_cluster: Cluster) -> AsyncIterator[str]:
     """A database owned by the superuser and a role that may only connect: what

@@ -240,6 +240,13 @@ def test_a_commands_error_about_the_storage_url_never_shows_its_password(
     assert "s3cret-password" not in str(raised.value)
 
 
+def test_a_storage_url_of_another_database_is_shown_without_its_password() -> None:
+    # Written into the file itself (against the guide's advice): still not repeated.
+    with pytest.raises(ConfigError) as raised:
+        parse(merged(storage={"url": "mysql://relay:literal-pw@db/relay"}))
+    assert str(raised.value).endswith("got 'mysql://relay:***@db/relay'")
+
+
 def test_an_unset_variable_names_the_key_and_the_variable() -> None:
     data = merged(targets={"crm": {"headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}})
     with pytest.raises(
