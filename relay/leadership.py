@@ -61,7 +61,12 @@ class Leadership:
                 for callback in self._on_gained:
                     callback()
             else:
-                log.warning("no longer leading the cluster: another instance takes over")
+                # Also when the database itself went away: then nobody leads
+                # until it is back, and the line must not say someone does.
+                log.warning(
+                    "no longer leading the cluster: the lead goes to the instance that"
+                    " takes the database's lead lock (none while the database is away)"
+                )
         return leading
 
     async def run(self) -> None:
