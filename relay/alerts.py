@@ -190,6 +190,10 @@ class Alerter:
         self._window = _Window()
         self._outbox: list[Note] = []  # shared: noted here, not stored yet
         self._unstored: list[bytes] | None = None  # shared: a batch whose storing failed
+        # One batch stored at a time: stop()'s flush while the task stores one
+        # would otherwise store that very batch again (_unstored is set until
+        # its write answers).
+        self._storing = asyncio.Lock()
         self._flush_soon = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -253,16 +257,17 @@ class Alerter:
             self._flush_soon.clear()
 
     async def _store_notes(self, shared: AlertNotes) -> None:
-        while True:
-            if self._unstored is None:
-                if not self._outbox:
-                    return
-                self._unstored = [orjson.dumps(note) for note in self._outbox]
-                self._outbox = []
-            # A batch that failed is stored again as it was, alone: the store
-            # knows it again (one whose answer was lost is not noted twice).
-            await shared.note_alerts(self._unstored, self._clock.now())
-            self._unstored = None
+        async with self._storing:
+            while True:
+                if self._unstored is None:
+                    if not self._outbox:
+                        return
+                    self._unstored = [orjson.dumps(note) for note in self._outbox]
+                    self._outbox = []
+                # A batch that failed is stored again as it was, alone: the store
+                # knows it again (one whose answer was lost is not noted twice).
+                await shared.note_alerts(self._unstored, self._clock.now())
+                self._unstored = None
 
     async def stop(self) -> None:
         self._stopping = True
