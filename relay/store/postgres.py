@@ -437,7 +437,10 @@ class PostgresStore:
                 raise
             except StoreError:
                 committed = False
-            del self._unsettled[asked]
+            # Another caller of the same request may have settled it meanwhile
+            # (or failed anew, with a transaction of its own to remember).
+            if self._unsettled.get(asked) is unsettled:
+                del self._unsettled[asked]
             if committed:
                 result: T = answer
                 return result

@@ -610,6 +610,38 @@ async def test_a_requeue_of_delivered_deliveries_whose_answer_was_lost_sends_the
             await a.close()
 
 
+async def test_a_requeue_lost_with_the_database_away_pressed_twice_at_once_is_made_once(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    # The answer is lost and the database out of reach; once it is back the
+    # person presses twice (two tabs, a double click): both ask what became
+    # of the first, both hear it committed, and neither fails for the other.
+    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
+    async with cutter.running():
+        a = PostgresStore(cutter.url(pg_url), instance_id="a", command_timeout=2)
+        await a.open()
+        try:
+            accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
+            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+            done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
+            await a.record_attempt(claimed, done, Delivered(), T0 + 2)
+            again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
+            cutter.cut_next_commit(away=True)
+            with pytest.raises(StoreError):
+                await a.requeue(again, T0 + 5)
+            assert cutter.cut == 1
+            cutter.come_back()
+            answers = await asyncio.gather(
+                a.requeue(again, T0 + 9), a.requeue(again, T0 + 9), return_exceptions=True
+            )
+            assert answers == [[claimed.id], [claimed.id]]
+            detail = await a.get_event(accepted.event_id)
+            assert detail is not None
+            assert [entry.kind for entry in detail.log[claimed.id]] == ["requeue"]
+        finally:
+            await a.close()
+
+
 async def test_an_alert_note_whose_answer_was_lost_is_noted_once(
     pg_cluster: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
