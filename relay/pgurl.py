@@ -30,7 +30,9 @@ def url_problem(url: str) -> str | None:
         return UNREADABLE
     # As asyncpg reads it: the user and password end at the first @.
     hosts = parsed.netloc.partition("@")[2] if "@" in parsed.netloc else parsed.netloc
-    if parsed.fragment or "@" in hosts:
+    # An "@" after the host: a password's "/" ended the host early (a piece
+    # of digits before it read as the port; a database name holds it as %40).
+    if parsed.fragment or "@" in hosts or "@" in parsed.path:
         return UNREADABLE
     for host in hosts.split(","):
         if host.startswith("["):  # [IPv6]:port
