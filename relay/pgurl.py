@@ -45,5 +45,9 @@ def url_problem(url: str) -> str | None:
 
 
 def masked_url(url: str) -> str:
-    """The URL for messages: its password as ***."""
-    return re.sub(r"://([^:@/]*):[^@]*@", r"://\1:***@", url, count=1)
+    """The URL for messages: its password as ***. One the driver would misread
+    (a password with "/" or "@" in it) shows nothing before its last "@":
+    where its password ends cannot be told."""
+    if url_problem(url) is not None:
+        return re.sub(r"://.*@", "://***@", url, count=1)
+    return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", url, count=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.pgurl import url_problem
+from relay.pgurl import masked_url, url_problem
 
 READ_AS_WRITTEN = [
     "postgresql://relay@db/relay",
@@ -49,3 +49,22 @@ def test_a_url_the_driver_would_misread_is_refused_without_quoting_it(url: str) 
     problem = url_problem(url)
     assert problem is not None
     assert "relay:" not in problem
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://relay:secret@db:5432/relay", "postgresql://relay:***@db:5432/relay"),
+        ("postgresql://relay@db/relay", "postgresql://relay@db/relay"),
+        # No user, a port, and an "@" in a query value: nothing to hide, shown as it is.
+        (
+            "postgresql://db.example:5432/relay?user=relay@myserver",
+            "postgresql://db.example:5432/relay?user=relay@myserver",
+        ),
+        # One the driver would misread: nothing of it before its last "@".
+        ("mysql://relay:pa/ss@db/relay", "mysql://***@db/relay"),
+        ("postgresql://relay:p@ss@db/relay", "postgresql://***@db/relay"),
+    ],
+)
+def test_a_url_is_shown_without_its_password_and_otherwise_as_written(url: str, shown: str) -> None:
+    assert masked_url(url) == shown
