@@ -53,11 +53,19 @@ def parse_url(section: Section, name: str, default: str | None = None) -> str:
         parsed is None
         or parsed.scheme not in ("http", "https")
         or not parsed.host
-        # yarl takes "crm .example" as a host; no lookup would ever find it.
-        or not all(char.isprintable() and not char.isspace() for char in parsed.host)
+        or not _host_name(parsed.host)
     ):
         raise section.error(name, "an http:// or https:// URL", url)
     return url
+
+
+def _host_name(host: str) -> bool:
+    """Whether a lookup could ever find `host`: yarl takes "crm .example" and
+    "crm%20.example" as hosts, whose deliveries would wait out every retry.
+    (An IPv6 literal's zone, "fe80::1%eth0", keeps its "%".)"""
+    if any(not char.isprintable() or char.isspace() for char in host):
+        return False
+    return "%" not in host or ":" in host
 
 
 def parse(section: Section, base: Path) -> HttpSettings:
