@@ -470,20 +470,26 @@ class PostgresStore:
         """Whether transaction `txid` committed: waits while it is still in
         progress (its COMMIT on its way), for at most the command timeout.
         One the server no longer knows (NULL) is `forgotten`, or unknown."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._command_timeout
-        while True:
-            async with self._connection() as connection:
-                status = await connection.fetchval("SELECT txid_status($1)", txid)
-            if status in ("committed", "aborted"):
-                return bool(status == "committed")
-            if status is None and forgotten:
-                return False
-            if status is None or loop.time() >= deadline:
-                raise StoreUnavailable(
-                    f"the database cannot say whether transaction {txid} committed ({status})"
-                )
-            await asyncio.sleep(0.05)
+        status = None
+        try:
+            # The whole wait: a poll whose connection or query hangs must not
+            # run past it (each has the command timeout of its own).
+            async with asyncio.timeout(self._command_timeout):
+                while True:
+                    async with self._connection() as connection:
+                        status = await connection.fetchval("SELECT txid_status($1)", txid)
+                    if status in ("committed", "aborted"):
+                        return bool(status == "committed")
+                    if status is None:
+                        if forgotten:
+                            return False
+                        break
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            pass
+        raise StoreUnavailable(
+            f"the database cannot say whether transaction {txid} committed ({status})"
+        )
 
     async def _read(self, sql: str, *params: Any) -> list[asyncpg.Record]:
         async with self._connection() as connection:
