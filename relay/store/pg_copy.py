@@ -167,8 +167,22 @@ async def copy_into(source: sqlite3.Connection, url: str) -> Copied:
         raise at(f"--to {masked_url(url)}", error) from None
 
 
-async def _copy(source: sqlite3.Connection, url: str) -> Copied:
+async def connect_destination(url: str) -> asyncpg.Connection:
+    """The copy's connection, committing synchronously: where the role or the
+    database has synchronous_commit off, its last commit could still be lost
+    when migrate-store says the copy is done (relay serve's pool does the same)."""
     connection = await asyncpg.connect(url, timeout=30)
+    try:
+        if await connection.fetchval("SHOW synchronous_commit") == "off":
+            await connection.execute("SET synchronous_commit = on")
+    except BaseException:
+        connection.terminate()
+        raise
+    return connection
+
+
+async def _copy(source: sqlite3.Connection, url: str) -> Copied:
+    connection = await connect_destination(url)
     try:
         await migrate(connection)
         async with connection.transaction():

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from relay.store import SqliteStore
+from relay.store.pg_copy import connect_destination
 from relay.store.postgres import PostgresStore
 
 from helpers import RelayProcess, arelay_cli, relay_cli, write_config
@@ -198,6 +199,22 @@ async def test_connections_made_after_the_server_changed_still_commit_synchronou
             assert await connection.fetchval("SHOW synchronous_commit") == "on"
     finally:
         await store.close()
+
+
+async def test_migrate_store_commits_synchronously_where_the_database_says_off(
+    pg_url: str,
+) -> None:
+    database = pg_url.split("@/")[1].split("?")[0]
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await admin.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
+    finally:
+        await admin.close()
+    connection = await connect_destination(pg_url)
+    try:
+        assert await connection.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await connection.close()
 
 
 async def test_operator_commands_do_not_need_the_instance_name(tmp_path: Path, pg_url: str) -> None:
