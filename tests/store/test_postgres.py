@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -37,6 +38,7 @@ from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
 
+from helpers import eventually as poll_until
 from pgcluster import Cluster, create_cluster, remove_cluster, server_bin
 from pgcut import CommitCutter
 
@@ -60,6 +62,22 @@ def event(key: str | None = None, body: bytes = b'{"a": 1}') -> NewEvent:
             body=body,
         ),
     )
+
+
+@contextlib.asynccontextmanager
+async def through_cutter(
+    cluster: Cluster, url: str, folder: Path, **options: Any
+) -> AsyncIterator[tuple[CommitCutter, PostgresStore]]:
+    """Instance "a" on the database at `url`, its connections through a
+    CommitCutter (tests/pgcut.py): open, then closed with the cutter."""
+    cutter = CommitCutter(cluster.socket_dir, folder)
+    async with cutter.running():
+        store = PostgresStore(cutter.url(url), instance_id="a", **options)
+        await store.open()
+        try:
+            yield cutter, store
+        finally:
+            await store.close()
 
 
 @pytest.fixture
@@ -320,22 +338,16 @@ async def test_a_delivery_taken_back_from_a_lost_claim_is_not_taken_again_at_tha
     # claim that takes the delivery back writes the lost claim's `now` into
     # it again. Handed out, it is under way: no claim at that moment takes
     # it once more, nor counts it free against the concurrency.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
-        try:
-            a.set_limits({"crm": TargetLimits(concurrency=1)})
-            for key in ("k1", "k2"):
-                await a.accept_event(event(key), [NewDelivery("crm")], T0)
-            cutter.cut_next_commit()
-            with pytest.raises(StoreError):
-                await a.claim_due(T0, T0 + 60, {"crm": 1})
-            [again] = await a.claim_due(T0, T0 + 60, {"crm": 1})
-            assert await a.claim_due(T0, T0 + 60, {"crm": 1}, exclude=[again.id]) == []
-            assert await a.claim_due(T0, T0 + 60, {"crm": 1}) == []
-        finally:
-            await a.close()
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        a.set_limits({"crm": TargetLimits(concurrency=1)})
+        for key in ("k1", "k2"):
+            await a.accept_event(event(key), [NewDelivery("crm")], T0)
+        cutter.cut_next_commit()
+        with pytest.raises(StoreError):
+            await a.claim_due(T0, T0 + 60, {"crm": 1})
+        [again] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+        assert await a.claim_due(T0, T0 + 60, {"crm": 1}, exclude=[again.id]) == []
+        assert await a.claim_due(T0, T0 + 60, {"crm": 1}) == []
 
 
 async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
@@ -345,33 +357,27 @@ async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
     # again (it keeps trying while the store is away). One attempt happened:
     # the history shows one, the target's failure streak counts one, and the
     # answer is the one the record had (0 failures before it, 1 after).
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
-        try:
-            await a.accept_event(event(), [NewDelivery("crm")], T0)
-            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
-            failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
-            cutter.cut_next_commit()
-            with pytest.raises(StoreError):
-                await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
-            assert cutter.cut == 1
-            streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
-            assert (streak.before, streak.after) == (0, 1)
-            detail = await a.get_event(claimed.event_id)
-            assert detail is not None
-            assert [attempt.number for attempt in detail.attempts[claimed.id]] == [1]
-            view = await a.get_delivery(claimed.id)
-            assert view is not None
-            assert (view.status, view.attempts) == (Status.PENDING, 1)
-            # The next attempt is a new one, recorded as such.
-            [again] = await a.claim_due(T0 + 10, T0 + 70, {"crm": 1})
-            second = AttemptRecord(2, T0 + 11, 0.1, "retry", 503, "HTTP 503", b"")
-            streak = await a.record_attempt(again, second, RetryAt(T0 + 20), T0 + 12)
-            assert (streak.before, streak.after) == (1, 2)
-        finally:
-            await a.close()
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+        [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+        failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
+        cutter.cut_next_commit()
+        with pytest.raises(StoreError):
+            await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
+        assert cutter.cut == 1
+        streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
+        assert (streak.before, streak.after) == (0, 1)
+        detail = await a.get_event(claimed.event_id)
+        assert detail is not None
+        assert [attempt.number for attempt in detail.attempts[claimed.id]] == [1]
+        view = await a.get_delivery(claimed.id)
+        assert view is not None
+        assert (view.status, view.attempts) == (Status.PENDING, 1)
+        # The next attempt is a new one, recorded as such.
+        [again] = await a.claim_due(T0 + 10, T0 + 70, {"crm": 1})
+        second = AttemptRecord(2, T0 + 11, 0.1, "retry", 503, "HTTP 503", b"")
+        streak = await a.record_attempt(again, second, RetryAt(T0 + 20), T0 + 12)
+        assert (streak.before, streak.after) == (1, 2)
 
 
 async def test_a_record_answered_again_says_what_it_did_to_the_target(
@@ -382,29 +388,23 @@ async def test_a_record_answered_again_says_what_it_did_to_the_target(
     # must say so: the scheduler learns the target is down from it, and the
     # "down" and "failing" alerts are told from it (relay.alerts.notes_on),
     # once, or never.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
-        try:
-            await a.accept_event(event(), [NewDelivery("crm")], T0)
-            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
-            failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
-            hold = Hold(down_after=1, probe_at=T0 + 30)
-            cutter.cut_next_commit()
-            with pytest.raises(StoreError):
-                await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
-            assert cutter.cut == 1
-            streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
-            assert (streak.before, streak.after, streak.went_down, streak.down) == (
-                0,
-                1,
-                True,
-                True,
-            )
-            assert set(await a.down_targets()) == {"crm"}
-        finally:
-            await a.close()
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+        [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+        failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
+        hold = Hold(down_after=1, probe_at=T0 + 30)
+        cutter.cut_next_commit()
+        with pytest.raises(StoreError):
+            await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
+        assert cutter.cut == 1
+        streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
+        assert (streak.before, streak.after, streak.went_down, streak.down) == (
+            0,
+            1,
+            True,
+            True,
+        )
+        assert set(await a.down_targets()) == {"crm"}
 
 
 async def test_an_attempt_recorded_again_while_its_first_record_still_commits_is_kept_once(
@@ -458,27 +458,21 @@ async def test_a_batch_whose_commit_answer_was_lost_is_503_and_a_keyed_retry_a_d
     # answer is lost answers every event in it unavailable (503), never
     # stored; the sender's keyed retry, made while that COMMIT is still on
     # its way, waits for it and is answered "duplicate" of the stored event.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
-        try:
-            arrives = asyncio.Event()
-            cutter.cut_next_commit(until=arrives)
-            batch = [a.accept_event(event(f"k{n}"), [NewDelivery("crm")], T0) for n in range(3)]
-            for outcome in await asyncio.gather(*batch, return_exceptions=True):
-                assert isinstance(outcome, StoreUnavailable), outcome
-            retry = asyncio.ensure_future(a.accept_event(event("k1"), [NewDelivery("crm")], T0))
-            await asyncio.sleep(0.3)
-            assert not retry.done()  # the key is locked by the transaction on its way
-            arrives.set()
-            accepted = await retry
-            assert accepted.duplicate
-            assert cutter.cut == 1
-            stored = await a.list_events(EventQuery(route="orders"))
-            assert sorted(view.idempotency_key or "" for view in stored) == ["k0", "k1", "k2"]
-        finally:
-            await a.close()
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        arrives = asyncio.Event()
+        cutter.cut_next_commit(until=arrives)
+        batch = [a.accept_event(event(f"k{n}"), [NewDelivery("crm")], T0) for n in range(3)]
+        for outcome in await asyncio.gather(*batch, return_exceptions=True):
+            assert isinstance(outcome, StoreUnavailable), outcome
+        retry = asyncio.ensure_future(a.accept_event(event("k1"), [NewDelivery("crm")], T0))
+        await asyncio.sleep(0.3)
+        assert not retry.done()  # the key is locked by the transaction on its way
+        arrives.set()
+        accepted = await retry
+        assert accepted.duplicate
+        assert cutter.cut == 1
+        stored = await a.list_events(EventQuery(route="orders"))
+        assert sorted(view.idempotency_key or "" for view in stored) == ["k0", "k1", "k2"]
 
 
 def corrected(original_id: int) -> Resend:
@@ -504,21 +498,15 @@ async def test_a_resend_whose_answer_was_lost_makes_one_copy(
     # A person resends a corrected order; the copy commits, the answer is
     # lost. What the person sees, and does next (press the button again),
     # must leave one copy: two would reach the CRM as two orders.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        original = await a.accept_event(event(), [NewDelivery("crm")], T0)
+        cutter.cut_next_commit()
         try:
-            original = await a.accept_event(event(), [NewDelivery("crm")], T0)
-            cutter.cut_next_commit()
-            try:
-                copy_id = await a.resend(corrected(original.event_id), T0 + 5)
-            except StoreError:
-                copy_id = await a.resend(corrected(original.event_id), T0 + 9)  # again
-            assert cutter.cut == 1
-            assert await copies_of(a, original.event_id) == [copy_id]
-        finally:
-            await a.close()
+            copy_id = await a.resend(corrected(original.event_id), T0 + 5)
+        except StoreError:
+            copy_id = await a.resend(corrected(original.event_id), T0 + 9)  # again
+        assert cutter.cut == 1
+        assert await copies_of(a, original.event_id) == [copy_id]
 
 
 async def test_a_resend_still_committing_when_its_connection_broke_makes_one_copy(
@@ -526,26 +514,20 @@ async def test_a_resend_still_committing_when_its_connection_broke_makes_one_cop
 ) -> None:
     # The COMMIT is on its way when the connection breaks: the server holds
     # the transaction open a while, then commits it.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        original = await a.accept_event(event(), [NewDelivery("crm")], T0)
+        arrives = asyncio.Event()
+        cutter.cut_next_commit(until=arrives)
+        resending = asyncio.create_task(a.resend(corrected(original.event_id), T0 + 5))
+        await asyncio.sleep(0.5)
+        assert not resending.done()  # it waits to hear what became of it
+        arrives.set()
         try:
-            original = await a.accept_event(event(), [NewDelivery("crm")], T0)
-            arrives = asyncio.Event()
-            cutter.cut_next_commit(until=arrives)
-            resending = asyncio.create_task(a.resend(corrected(original.event_id), T0 + 5))
-            await asyncio.sleep(0.5)
-            assert not resending.done()  # it waits to hear what became of it
-            arrives.set()
-            try:
-                copy_id = await resending
-            except StoreError:
-                copy_id = await a.resend(corrected(original.event_id), T0 + 9)  # again
-            assert cutter.cut == 1
-            assert await copies_of(a, original.event_id) == [copy_id]
-        finally:
-            await a.close()
+            copy_id = await resending
+        except StoreError:
+            copy_id = await a.resend(corrected(original.event_id), T0 + 9)  # again
+        assert cutter.cut == 1
+        assert await copies_of(a, original.event_id) == [copy_id]
 
 
 async def test_a_resend_lost_with_the_database_out_of_reach_is_one_copy_when_pressed_again(
@@ -554,24 +536,18 @@ async def test_a_resend_lost_with_the_database_out_of_reach_is_one_copy_when_pre
     # The answer is lost and the database is out of reach at once: nobody can
     # tell now whether the copy was stored. The person is told it failed and
     # presses again once the database is back: still one copy.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a", command_timeout=2)
-        await a.open()
-        try:
-            original = await a.accept_event(event(), [NewDelivery("crm")], T0)
-            cutter.cut_next_commit(away=True)
-            with pytest.raises(StoreError):
-                await a.resend(corrected(original.event_id), T0 + 5)
-            assert cutter.cut == 1
-            cutter.come_back()
-            copy_id = await a.resend(corrected(original.event_id), T0 + 30)
-            assert await copies_of(a, original.event_id) == [copy_id]
-            # Another resend of the same correction, asked for after that
-            # answer, is a person's choice: a second copy.
-            assert await a.resend(corrected(original.event_id), T0 + 60) != copy_id
-        finally:
-            await a.close()
+    async with through_cutter(pg_cluster, pg_url, tmp_path, command_timeout=2) as (cutter, a):
+        original = await a.accept_event(event(), [NewDelivery("crm")], T0)
+        cutter.cut_next_commit(away=True)
+        with pytest.raises(StoreError):
+            await a.resend(corrected(original.event_id), T0 + 5)
+        assert cutter.cut == 1
+        cutter.come_back()
+        copy_id = await a.resend(corrected(original.event_id), T0 + 30)
+        assert await copies_of(a, original.event_id) == [copy_id]
+        # Another resend of the same correction, asked for after that
+        # answer, is a person's choice: a second copy.
+        assert await a.resend(corrected(original.event_id), T0 + 60) != copy_id
 
 
 async def test_a_requeue_of_delivered_deliveries_whose_answer_was_lost_sends_them_once_more(
@@ -580,34 +556,28 @@ async def test_a_requeue_of_delivered_deliveries_whose_answer_was_lost_sends_the
     # `relay requeue --status delivered 7`: one more send, asked once. The
     # requeue commits, its answer is lost, the scheduler sends it again at
     # once; the person, told it failed, runs the command again.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
+        [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+        done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
+        await a.record_attempt(claimed, done, Delivered(), T0 + 2)
+        again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
+        cutter.cut_next_commit()
         try:
-            accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
-            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
-            done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
-            await a.record_attempt(claimed, done, Delivered(), T0 + 2)
-            again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
-            cutter.cut_next_commit()
-            try:
-                requeued = await a.requeue(again, T0 + 5)
-            except StoreError:
-                requeued = None
-            assert cutter.cut == 1
-            [resent] = await a.claim_due(T0 + 6, T0 + 66, {"crm": 1})
-            done = AttemptRecord(2, T0 + 6, 0.1, "success", 200)
-            await a.record_attempt(resent, done, Delivered(), T0 + 7)
-            if requeued is None:
-                requeued = await a.requeue(again, T0 + 9)  # the person, again
-            assert requeued == [claimed.id]
-            assert await a.claim_due(T0 + 10, T0 + 70, {"crm": 1}) == []
-            detail = await a.get_event(accepted.event_id)
-            assert detail is not None
-            assert [entry.kind for entry in detail.log[claimed.id]] == ["requeue"]
-        finally:
-            await a.close()
+            requeued = await a.requeue(again, T0 + 5)
+        except StoreError:
+            requeued = None
+        assert cutter.cut == 1
+        [resent] = await a.claim_due(T0 + 6, T0 + 66, {"crm": 1})
+        done = AttemptRecord(2, T0 + 6, 0.1, "success", 200)
+        await a.record_attempt(resent, done, Delivered(), T0 + 7)
+        if requeued is None:
+            requeued = await a.requeue(again, T0 + 9)  # the person, again
+        assert requeued == [claimed.id]
+        assert await a.claim_due(T0 + 10, T0 + 70, {"crm": 1}) == []
+        detail = await a.get_event(accepted.event_id)
+        assert detail is not None
+        assert [entry.kind for entry in detail.log[claimed.id]] == ["requeue"]
 
 
 async def test_a_requeue_lost_with_the_database_away_pressed_twice_at_once_is_made_once(
@@ -616,30 +586,24 @@ async def test_a_requeue_lost_with_the_database_away_pressed_twice_at_once_is_ma
     # The answer is lost and the database out of reach; once it is back the
     # person presses twice (two tabs, a double click): both ask what became
     # of the first, both hear it committed, and neither fails for the other.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a", command_timeout=2)
-        await a.open()
-        try:
-            accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
-            [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
-            done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
-            await a.record_attempt(claimed, done, Delivered(), T0 + 2)
-            again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
-            cutter.cut_next_commit(away=True)
-            with pytest.raises(StoreError):
-                await a.requeue(again, T0 + 5)
-            assert cutter.cut == 1
-            cutter.come_back()
-            answers = await asyncio.gather(
-                a.requeue(again, T0 + 9), a.requeue(again, T0 + 9), return_exceptions=True
-            )
-            assert answers == [[claimed.id], [claimed.id]]
-            detail = await a.get_event(accepted.event_id)
-            assert detail is not None
-            assert [entry.kind for entry in detail.log[claimed.id]] == ["requeue"]
-        finally:
-            await a.close()
+    async with through_cutter(pg_cluster, pg_url, tmp_path, command_timeout=2) as (cutter, a):
+        accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
+        [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+        done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
+        await a.record_attempt(claimed, done, Delivered(), T0 + 2)
+        again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
+        cutter.cut_next_commit(away=True)
+        with pytest.raises(StoreError):
+            await a.requeue(again, T0 + 5)
+        assert cutter.cut == 1
+        cutter.come_back()
+        answers = await asyncio.gather(
+            a.requeue(again, T0 + 9), a.requeue(again, T0 + 9), return_exceptions=True
+        )
+        assert answers == [[claimed.id], [claimed.id]]
+        detail = await a.get_event(accepted.event_id)
+        assert detail is not None
+        assert [entry.kind for entry in detail.log[claimed.id]] == ["requeue"]
 
 
 async def test_an_alert_note_whose_answer_was_lost_is_noted_once(
@@ -648,30 +612,24 @@ async def test_an_alert_note_whose_answer_was_lost_is_noted_once(
     # An instance notes what its attempts saw; the note commits, the answer is
     # lost, and the alerter stores it again: one note, or the leader says it
     # twice (in two alerts, when it sends between the two).
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a", command_timeout=2)
-        await a.open()
-        try:
-            for away in (False, True):
-                alerter = Alerter(
-                    AlertsConfig(target="ops"),
-                    a,
-                    FakeClock(T0),
-                    shared=a,
-                    leading=lambda: False,
-                )
-                alerter.problem(f"database: disk almost full ({away})")
-                cutter.cut_next_commit(away=away)
-                await alerter.flush()
-                assert cutter.cut == 1 + away
-                cutter.come_back()
-                alerter.problem(f"database: back ({away})")  # noted meanwhile
-                await alerter.flush()  # what was not stored is stored now
-                notes = [note.note for note in await a.alert_notes()]
-                assert len(notes) == len(set(notes)) == 2 + 2 * away, notes
-        finally:
-            await a.close()
+    async with through_cutter(pg_cluster, pg_url, tmp_path, command_timeout=2) as (cutter, a):
+        for away in (False, True):
+            alerter = Alerter(
+                AlertsConfig(target="ops"),
+                a,
+                FakeClock(T0),
+                shared=a,
+                leading=lambda: False,
+            )
+            alerter.problem(f"database: disk almost full ({away})")
+            cutter.cut_next_commit(away=away)
+            await alerter.flush()
+            assert cutter.cut == 1 + away
+            cutter.come_back()
+            alerter.problem(f"database: back ({away})")  # noted meanwhile
+            await alerter.flush()  # what was not stored is stored now
+            notes = [note.note for note in await a.alert_notes()]
+            assert len(notes) == len(set(notes)) == 2 + 2 * away, notes
 
 
 async def test_an_alert_whose_answer_was_lost_is_sent_once(
@@ -680,31 +638,69 @@ async def test_an_alert_whose_answer_was_lost_is_sent_once(
     # The leader's alert commits (its notes taken away with it) while its
     # COMMIT's answer is lost, the transaction still open on the server when
     # the leader looks again: it still sees the notes, and sends nothing more.
-    cutter = CommitCutter(pg_cluster.socket_dir, tmp_path)
-    async with cutter.running():
-        a = PostgresStore(cutter.url(pg_url), instance_id="a")
-        await a.open()
-        try:
-            await a.note_alerts([b'{"kind": "dead", "n": 1}'], T0)
-            ids = [note.id for note in await a.alert_notes()]
-            arrives = asyncio.Event()
-            cutter.cut_next_commit(until=arrives)
-            with pytest.raises(StoreError):
-                await a.send_alert(ids, event(body=b"1"), [NewDelivery("ops")], T0 + 61)
-            again = [note.id for note in await a.alert_notes()]
-            assert again == ids  # not committed yet
-            sending = asyncio.create_task(
-                a.send_alert(again, event(body=b"2"), [NewDelivery("ops")], T0 + 62)
+    async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
+        await a.note_alerts([b'{"kind": "dead", "n": 1}'], T0)
+        ids = [note.id for note in await a.alert_notes()]
+        arrives = asyncio.Event()
+        cutter.cut_next_commit(until=arrives)
+        with pytest.raises(StoreError):
+            await a.send_alert(ids, event(body=b"1"), [NewDelivery("ops")], T0 + 61)
+        again = [note.id for note in await a.alert_notes()]
+        assert again == ids  # not committed yet
+        sending = asyncio.create_task(
+            a.send_alert(again, event(body=b"2"), [NewDelivery("ops")], T0 + 62)
+        )
+        await asyncio.sleep(0.3)
+        assert not sending.done()  # waits for the notes' locks
+        arrives.set()
+        assert await sending is None
+        assert cutter.cut == 1
+        assert await a.alert_notes() == []
+        assert len(await a.list_events(EventQuery(route="orders"))) == 1  # one alert
+
+
+async def test_notes_being_stored_when_the_alerter_stops_are_stored_once(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    # relay stops while the alerter's task is storing its notes (a slow
+    # database at shutdown: another session holds alert_notes locked): stop()'s
+    # own flush must not store that batch a second time, or the leader says
+    # those deliveries went dead twice.
+    a, _ = two
+    alerter = Alerter(
+        AlertsConfig(target="ops"), None, FakeClock(0.0), shared=a, leading=lambda: False
+    )
+    locker = await asyncpg.connect(pg_url)
+    running: asyncio.Task[None] | None = None
+    try:
+        locking = locker.transaction()
+        await locking.start()
+        await locker.execute("LOCK TABLE alert_notes IN ACCESS EXCLUSIVE MODE")
+        running = asyncio.create_task(alerter.run())
+        alerter.problem("database: disk almost full")
+
+        async def insert_waits() -> bool:
+            return bool(
+                await locker.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted"
+                    " AND relation = 'alert_notes'::regclass)"
+                )
             )
-            await asyncio.sleep(0.3)
-            assert not sending.done()  # waits for the notes' locks
-            arrives.set()
-            assert await sending is None
-            assert cutter.cut == 1
-            assert await a.alert_notes() == []
-            assert len(await a.list_events(EventQuery(route="orders"))) == 1  # one alert
-        finally:
-            await a.close()
+
+        await poll_until(insert_waits, timeout=5)
+        stopping = asyncio.create_task(alerter.stop())
+        await asyncio.sleep(0.05)
+        await locking.commit()
+        async with asyncio.timeout(10):
+            await stopping
+            await running
+    finally:
+        await locker.close()
+        if running is not None and not running.done():
+            running.cancel()
+    assert [note.note for note in await a.alert_notes()] == [
+        b'{"kind":"problem","text":"database: disk almost full"}'
+    ]
 
 
 async def test_a_dead_instances_leases_are_taken_over_before_they_expire(
