@@ -28,7 +28,27 @@ def warnings(config: Config) -> list[str]:
     for route in config.routes.values():
         found += _route_warnings(route, config)
     found += _readable_secrets(config)
+    found += _sqlite_keys_beside_a_url(config)
     return found
+
+
+def _sqlite_keys_beside_a_url(config: Config) -> list[str]:
+    """SQLite's settings left in [storage] once `url` is set (a moved install):
+    valid, and doing nothing, which a reader of the file cannot tell."""
+    if config.storage.url is None or config.source is None:
+        return []
+    try:
+        data = tomllib.loads(config.source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+    storage = data.get("storage")
+    if not isinstance(storage, dict):
+        return []
+    return [
+        f"storage.{key}: not used with storage.url (PostgreSQL holds the data): remove it"
+        for key in ("path", "synchronous")
+        if key in storage
+    ]
 
 
 # Keys whose values are credentials, per table: written as ${VAR} or

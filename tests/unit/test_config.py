@@ -365,6 +365,27 @@ def test_templates_read_what_they_are_offered_and_jinja_names() -> None:
     assert config.routes["orders"].targets[0].when is not None
 
 
+def test_check_warns_of_sqlite_settings_left_beside_a_postgresql_url(tmp_path: Path) -> None:
+    # A SQLite install moved to PostgreSQL: the guide says "set [storage] url",
+    # and the old keys stay behind doing nothing. relay check says so.
+    from relay.advice import warnings
+
+    path = tmp_path / "relay.toml"
+    path.write_text(
+        '[storage]\nurl = "postgresql://relay@db/relay"\npath = "relay.db"\n'
+        'synchronous = "full"\n\n[admin]\nenabled = false\n'
+        '[targets.crm]\ntype = "file"\npath = "out.jsonl"\n'
+        '[routes.orders]\npath = "/hooks/orders"\ntargets = ["crm"]\ntoken = "${T}"\n'
+    )
+    found = warnings(load_config(path, {"T": "a-route-token"}))
+    assert [w for w in found if w.startswith("storage.")] == [
+        "storage.path: not used with storage.url (PostgreSQL holds the data): remove it",
+        "storage.synchronous: not used with storage.url (PostgreSQL holds the data): remove it",
+    ]
+    path.write_text(path.read_text().replace('path = "relay.db"\nsynchronous = "full"\n', ""))
+    assert not [w for w in warnings(load_config(path, {"T": "x"})) if w.startswith("storage.")]
+
+
 def test_check_warns_of_a_postgresql_server_that_could_lose_acknowledged_events() -> None:
     assert durability_warnings({"fsync": "on", "synchronous_commit": "on"}) == []
     assert durability_warnings({"fsync": "on", "synchronous_commit": "local"}) == []
