@@ -44,10 +44,21 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+# "://user:password@" of a URL the driver reads as written (no "/" or "@" in it).
+_USER_AND_PASSWORD = re.compile(r"://([^:@/]*):[^@/]*@")
+
+
 def masked_url(url: str) -> str:
     """The URL for messages: its password as ***. One the driver would misread
     (a password with "/" or "@" in it) shows nothing before its last "@":
     where its password ends cannot be told."""
     if url_problem(url) is not None:
         return re.sub(r"://.*@", "://***@", url, count=1)
-    return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", url, count=1)
+    return _USER_AND_PASSWORD.sub(r"://\1:***@", url, count=1)
+
+
+def url_to_write(url: str) -> str:
+    """The URL as relay.toml should hold it: its password, if any, named as the
+    ${PGPASSWORD} reference the guide uses (a file every user may read must
+    not hold it). For a URL that passed url_problem."""
+    return _USER_AND_PASSWORD.sub(r"://\1:${PGPASSWORD}@", url, count=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from relay.cli.common import CommandError, add_config_option, read_operator_config, run
-from relay.pgurl import masked_url, url_problem
+from relay.pgurl import masked_url, url_problem, url_to_write
 from relay.store.backends import lock_path
 from relay.store.lock import AlreadyRunning, ProcessLock
 
@@ -60,5 +60,9 @@ def migrate_store(args: argparse.Namespace) -> int:
         lock.release()
     counts = ", ".join(f"{count} {table}" for table, count in copied.counts.items())
     print(f"copied {path} into PostgreSQL, counts verified: {counts}")
-    print("next: set storage.url to that URL in the config, then start relay serve")
+    print(
+        f'next: in the config, [storage] url = "{url_to_write(url)}" (the password from'
+        " relay's environment, or ${file:NAME}), without path and synchronous;"
+        " then start relay serve"
+    )
     return 0

@@ -201,6 +201,19 @@ async def test_connections_made_after_the_server_changed_still_commit_synchronou
         await store.close()
 
 
+async def test_migrate_store_says_what_to_set_without_the_password(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # Its last line tells the person what to put in relay.toml: a URL that
+    # names the password's variable, not one that invites pasting it there.
+    path = await sqlite_install(tmp_path)
+    url = pg_url.replace("postgresql://relay@", "postgresql://relay:s3cret-pw@")
+    result = await arelay_cli("migrate-store", "--config", str(path), "--to", url)
+    assert "s3cret-pw" not in result.stdout + result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert "postgresql://relay:${PGPASSWORD}@" in last, last
+
+
 async def test_migrate_store_commits_synchronously_where_the_database_says_off(
     pg_url: str,
 ) -> None:
