@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 import pytest
 from pytest_aiohttp import AiohttpServer
 
@@ -21,7 +20,7 @@ from relay.store import Store
 from relay.store.postgres import PostgresStore
 
 from helpers import Sink
-from pgcluster import Cluster, create_cluster, remove_cluster, server_bin
+from pgcluster import Cluster, create_cluster, remove_cluster, run_sql, server_bin
 from store_backends import BACKENDS, Harness
 from store_backends import PARAMS as BACKENDS_PARAMS
 
@@ -123,11 +122,7 @@ def _in_thread(work: Coroutine[Any, Any, None]) -> None:
 
 
 async def _admin(cluster: Cluster, sql: str) -> None:
-    admin = await asyncpg.connect(cluster.url("postgres"))
-    try:
-        await admin.execute(sql)
-    finally:
-        await admin.close()
+    await run_sql(cluster.url("postgres"), sql)
 
 
 async def _make_template(cluster: Cluster) -> None:

@@ -21,6 +21,29 @@ from pathlib import Path
 SUPERUSER = "relay"
 
 
+async def run_sql(url: str, *statements: str) -> None:
+    """Each statement in turn, on a connection of its own to `url`."""
+    import asyncpg  # only the PostgreSQL tests need the driver
+
+    connection = await asyncpg.connect(url)
+    try:
+        for statement in statements:
+            await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+def database_of(url: str) -> str:
+    """The database a cluster URL names (postgresql://user@/NAME?host=...)."""
+    return url.split("@/")[1].split("?")[0]
+
+
+async def commits_off(url: str) -> None:
+    """synchronous_commit = off for the database at `url`, as a careless
+    operator leaves it (sessions opened from now on inherit it)."""
+    await run_sql(url, f"ALTER DATABASE {database_of(url)} SET synchronous_commit = off")
+
+
 def server_bin() -> Path | None:
     """Where initdb and pg_ctl are: $PG_BIN, then Debian's newest version, then PATH."""
     if os.environ.get("PG_BIN"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from helpers import relay_cli, write_config
+from pgcluster import commits_off
 
 pytestmark = pytest.mark.postgres
 
@@ -30,12 +30,7 @@ async def test_check_warns_when_commits_are_not_synchronous(pg_url: str, tmp_pat
     assert "storage: PostgreSQL" in clean.stdout
     assert "PostgreSQL server" not in clean.stdout
     # The database's own setting, as a careless operator would leave it.
-    database = pg_url.split("@/")[1].split("?")[0]
-    connection = await asyncpg.connect(pg_url)
-    try:
-        await connection.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
-    finally:
-        await connection.close()
+    await commits_off(pg_url)
     warned = relay_cli("check", "--config", str(path), env={"RELAY_DB_URL": pg_url})
     assert "warning: the PostgreSQL server runs with synchronous_commit = off" in warned.stdout
 

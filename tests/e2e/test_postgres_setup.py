@@ -11,7 +11,6 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from relay.store import SqliteStore
@@ -19,7 +18,7 @@ from relay.store.pg_copy import connect_destination
 from relay.store.postgres import PostgresStore
 
 from helpers import RelayProcess, arelay_cli, relay_cli, write_config
-from pgcluster import Cluster
+from pgcluster import Cluster, commits_off, database_of, run_sql
 
 pytestmark = pytest.mark.postgres
 
@@ -104,19 +103,12 @@ async def limited_url(pg_cluster: Cluster) -> AsyncIterator[str]:
     """A database owned by the superuser and a role that may only connect: what
     `CREATE ROLE relay LOGIN; CREATE DATABASE relay;` gives on PostgreSQL 15."""
     name = f"limited_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_cluster.url("postgres"))
-    try:
-        await admin.execute(f"CREATE ROLE {name} LOGIN")
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
+    admin = pg_cluster.url("postgres")
+    await run_sql(admin, f"CREATE ROLE {name} LOGIN", f"CREATE DATABASE {name}")
     yield pg_cluster.url(name).replace("postgresql://relay@", f"postgresql://{name}@")
-    admin = await asyncpg.connect(pg_cluster.url("postgres"))
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.execute(f"DROP ROLE IF EXISTS {name}")
-    finally:
-        await admin.close()
+    await run_sql(
+        admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"DROP ROLE IF EXISTS {name}"
+    )
 
 
 async def test_a_role_that_cannot_create_tables_is_told_what_to_grant(
@@ -175,17 +167,13 @@ async def test_connections_made_after_the_server_changed_still_commit_synchronou
     store = PostgresStore(pg_url, min_connections=1, max_connections=2)
     await store.open()
     try:
-        database = pg_url.split("@/")[1].split("?")[0]
-        admin = await asyncpg.connect(pg_url)
-        try:
-            await admin.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
-            # The server restarted: every session relay had is gone.
-            await admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        finally:
-            await admin.close()
+        await commits_off(pg_url)
+        # The server restarted: every session relay had is gone.
+        await run_sql(
+            pg_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
         for _ in range(3):  # a connection found broken is replaced by the pool
             try:
                 async with store._connection() as connection:
@@ -217,12 +205,7 @@ async def test_migrate_store_says_what_to_set_without_the_password(
 async def test_migrate_store_commits_synchronously_where_the_database_says_off(
     pg_url: str,
 ) -> None:
-    database = pg_url.split("@/")[1].split("?")[0]
-    admin = await asyncpg.connect(pg_url)
-    try:
-        await admin.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
-    finally:
-        await admin.close()
+    await commits_off(pg_url)
     connection = await connect_destination(pg_url)
     try:
         assert await connection.fetchval("SHOW synchronous_commit") == "on"
@@ -251,12 +234,9 @@ async def test_a_missing_pg_trgm_is_said_in_relays_own_log(
 ) -> None:
     """The guide: where pg_trgm cannot be created relay still starts, and says
     why search is slow. The operator reads relay's log, not the server's."""
-    name = limited_url.split("@/")[1].split("?")[0]
-    admin = await asyncpg.connect(pg_cluster.url(name))
-    try:  # may create tables, is not the owner: CREATE EXTENSION is refused
-        await admin.execute(f"GRANT CREATE ON SCHEMA public TO {name}")
-    finally:
-        await admin.close()
+    name = database_of(limited_url)
+    # May create tables, is not the owner: CREATE EXTENSION is refused.
+    await run_sql(pg_cluster.url(name), f"GRANT CREATE ON SCHEMA public TO {name}")
     relay = RelayProcess(config(tmp_path, limited_url), tmp_path / "relay.log")
     relay.start()
     try:

@@ -39,7 +39,7 @@ from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
 
 from helpers import eventually as poll_until
-from pgcluster import Cluster, create_cluster, remove_cluster, server_bin
+from pgcluster import Cluster, commits_off, create_cluster, remove_cluster, server_bin
 from pgcut import CommitCutter
 
 pytestmark = pytest.mark.postgres
@@ -223,12 +223,7 @@ async def test_events_are_committed_synchronously_where_the_database_says_otherw
     """A role or database left with synchronous_commit = off (relay check warns
     of it) would have relay answer 200 before the event is on disk: relay's own
     sessions commit synchronously all the same."""
-    database = pg_url.split("@/")[1].split("?")[0]
-    connection = await asyncpg.connect(pg_url)
-    try:
-        await connection.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
-    finally:
-        await connection.close()
+    await commits_off(pg_url)
     store = PostgresStore(pg_url, instance_id="a")
     await store.open()
     try:
