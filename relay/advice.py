@@ -27,19 +27,27 @@ def warnings(config: Config) -> list[str]:
         found.append("admin.token: not set: anyone with a shell on this machine can use the API")
     for route in config.routes.values():
         found += _route_warnings(route, config)
-    found += _readable_secrets(config)
-    found += _sqlite_keys_beside_a_url(config)
+    written = _as_written(config)
+    if written is not None:
+        found += _readable_secrets(config, written)
+        found += _sqlite_keys_beside_a_url(config, written)
     return found
 
 
-def _sqlite_keys_beside_a_url(config: Config) -> list[str]:
+def _as_written(config: Config) -> dict[str, object] | None:
+    """The config file's tables as written (before ${...} is substituted), read once."""
+    if config.source is None:
+        return None
+    try:
+        return tomllib.loads(config.source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _sqlite_keys_beside_a_url(config: Config, data: dict[str, object]) -> list[str]:
     """SQLite's settings left in [storage] once `url` is set (a moved install):
     valid, and doing nothing, which a reader of the file cannot tell."""
-    if config.storage.url is None or config.source is None:
-        return []
-    try:
-        data = tomllib.loads(config.source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    if config.storage.url is None:
         return []
     storage = data.get("storage")
     if not isinstance(storage, dict):
@@ -60,20 +68,18 @@ _SECRET_KEYS = {
 }
 
 
-def _readable_secrets(config: Config) -> list[str]:
+def _readable_secrets(config: Config, data: dict[str, object]) -> list[str]:
     """Secrets written into a config file that every user can read.
 
     The service's dynamic user reads relay.toml only because it is world-
     readable (`relay init` writes it 644): so it must name its secrets, not
     hold them."""
     path = config.source
-    if path is None:
-        return []
+    assert path is not None  # `data` was read from it
     try:
         if not path.stat().st_mode & stat.S_IROTH:
             return []
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except OSError:
         return []
     tables: list[tuple[str, object]] = [("admin", data.get("admin"))]
     for group in ("targets", "routes"):
