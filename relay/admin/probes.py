@@ -9,6 +9,7 @@ from aiohttp import web
 
 from relay.admin.api import json_response
 from relay.admin.operator import OPERATOR
+from relay.exposition import CONTENT_TYPE
 from relay.store import StoreError
 
 
@@ -37,7 +38,7 @@ async def metrics(request: web.Request) -> web.Response:
         await operator.refresh_metrics()
     return web.Response(
         body=operator.metrics.render(),
-        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        headers={"Content-Type": CONTENT_TYPE},
     )
 
 

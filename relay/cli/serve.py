@@ -26,7 +26,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.log_level:
         log_config = dataclasses.replace(log_config, level=args.log_level)
     logs.configure(log_config, config.masker)
-    # The daemon's whole machinery (aiohttp.web, Jinja2, prometheus) is imported
+    # The daemon's whole machinery (aiohttp.web, Jinja2) is imported
     # here, not with the CLI: the operator commands start without it.
     from relay.app import serve
 

@@ -26,7 +26,6 @@ HEAVY = (
     "aiohttp",
     "aiohttp.web",
     "jinja2",
-    "prometheus_client",
     "relay.app",
     "relay.targets",
     "relay.templates",
