@@ -30,6 +30,7 @@ from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
 from relay.leadership import CHECK_EVERY, Leadership
 from relay.logs import log_attempt
+from relay.memory import MemoryRelease
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
 from relay.retry import Next
@@ -140,6 +141,7 @@ class Relay:
             shared.reconfigure(config)
         self.indexer = SearchIndexer(self.store, self.clock, config.masker)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
+        self.memory = MemoryRelease(self.store, self.metrics.activity)
         self.ingress = Ingress(
             config,
             self.store,
@@ -317,6 +319,7 @@ class Relay:
                 self._spawn(self.retention.run(), "retention", essential=True)
                 self._spawn(self.indexer.run(), "search-indexer", essential=True)
                 self._spawn(self.database_watch.run(), "database-watch", essential=True)
+                self._spawn(self.memory.run(), "memory-release")
                 if self.leadership.shared:
                     self._spawn(self.leadership.run(), "leadership", essential=True)
                 if isinstance(self.store, Shared):
@@ -466,6 +469,7 @@ class Relay:
             ("stopping retention", self.retention.stop),
             ("stopping the search indexer", self.indexer.stop),
             ("stopping the database watch", self.database_watch.stop),
+            ("stopping the memory release", self.memory.stop),
             ("stopping alerts", self.alerter.stop),
             ("stopping wake-ups", self._stop_listening),
             ("stopping leadership checks", self.leadership.stop),

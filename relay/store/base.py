@@ -673,6 +673,11 @@ class Maintenance(Protocol):
         returns how many events the copy holds."""
         ...
 
+    async def release_memory(self) -> None:
+        """Give back what is cached only for speed (relay.memory calls it once
+        relay is quiet); the next use fills it again."""
+        ...
+
     @property
     def write_stats(self) -> tuple[int, int]:
         """(transactions committed, jobs in them): how well writes are batched."""

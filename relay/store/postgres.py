@@ -1226,6 +1226,9 @@ class PostgresStore:
     async def reclaim_space(self) -> int:
         return 0  # autovacuum gives freed space back to the table
 
+    async def release_memory(self) -> None:
+        pass  # the server holds the caches; the pool's connections keep little
+
     async def server_settings(self) -> dict[str, str]:
         """The server's durability settings, for `relay check`."""
         rows = await self._read(

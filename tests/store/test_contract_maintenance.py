@@ -1,4 +1,4 @@
-"""Store contract, the Maintenance and Health roles: purge, reclaim_space,
+"""Store contract, the Maintenance and Health roles: purge, reclaim_space, release_memory,
 backup, write_stats; heartbeat, file_problem; and the lifecycle (open, close,
 what a reopened store still holds). Runs over every backend
 (tests/store_backends.py)."""
@@ -113,6 +113,20 @@ async def test_reclaim_space_ends(store: Store) -> None:
         steps += 1
         assert steps < 100
     assert await store.reclaim_space() == 0
+
+
+async def test_released_memory_costs_nothing_stored(store: Store) -> None:
+    """What release_memory gives back is only cached: what was stored, and
+    every verb after it, are as before (tests/store/test_memory_release.py
+    measures what SQLite gives back)."""
+    first = await store.accept_event(event("a", body=b'{"n": 1}'), TWO, T0)
+    await store.release_memory()
+    await store.release_memory()  # twice in a row: nothing left to give, no error
+    detail = await store.get_event(first.event_id)
+    assert detail is not None
+    assert detail.payload.body == b'{"n": 1}'
+    assert (await store.accept_event(event("a", body=b'{"n": 1}'), TWO, T0)).duplicate
+    assert not (await store.accept_event(event("b"), TWO, T0)).duplicate
 
 
 async def test_backup_is_a_complete_copy(backend: Harness, tmp_path: Path) -> None:

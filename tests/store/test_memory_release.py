@@ -1,0 +1,86 @@
+"""relay gives memory back once quiet (relay.memory): SQLite's page caches,
+read from SQLite's own count of the memory it holds (sqlite3_memory_used,
+in the library Python's sqlite3 module runs on)."""
+
+from __future__ import annotations
+
+import _sqlite3
+import asyncio
+import ctypes
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relay.memory import MemoryRelease
+from relay.store import SqliteStore
+
+from helpers import eventually
+from samples import T0, TWO, event
+
+_memory_used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+_memory_used.restype = ctypes.c_int64
+
+MIB = 1 << 20
+
+
+def sqlite_memory() -> int:
+    return int(_memory_used())
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    yield store
+    await store.close()
+
+
+async def busy(store: SqliteStore, events: range) -> None:
+    """A burst: the writer's cache and the readers' fill with its pages."""
+    body = b'{"order": "%d", "note": "' + b"x" * 1000 + b'"}'
+    for start in range(events.start, events.stop, 500):
+        await asyncio.gather(
+            *(
+                store.accept_event(event(f"k{n}", body=body % n), TWO, T0)
+                for n in range(start, start + 500)
+            )
+        )
+    for event_id in range(events.start + 1, events.stop, 7):
+        await store.get_event(event_id)
+    await store.stats()
+
+
+async def released(release: MemoryRelease, times: int) -> bool:
+    return release.releases == times
+
+
+async def test_caches_are_given_back_once_quiet_and_once_a_spell(store: SqliteStore) -> None:
+    await busy(store, range(0, 3000))
+    full = sqlite_memory()
+    work = itertools.count()
+    activity = 0.0
+    release = MemoryRelease(store, lambda: activity, quiet=0.2, every=0.02)
+    running = asyncio.create_task(release.run())
+    try:
+        # While relay works, nothing is given back, however long it lasts.
+        for _ in range(30):
+            activity = next(work)
+            await asyncio.sleep(0.02)
+        assert release.releases == 0
+        assert sqlite_memory() >= full - MIB // 4
+        # Quiet: the caches go, once.
+        await eventually(lambda: released(release, 1))
+        assert sqlite_memory() < full - 2 * MIB, (full, sqlite_memory())
+        await asyncio.sleep(0.5)
+        assert release.releases == 1
+        # Work again, then quiet again: given back again, and the store
+        # still answers from the file.
+        await busy(store, range(3000, 4000))
+        activity = next(work)
+        await eventually(lambda: released(release, 2))
+        assert await store.get_event(4000) is not None
+    finally:
+        release.stop()
+        await running
