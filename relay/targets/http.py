@@ -4,17 +4,23 @@ builds a JSON or form body from templates; classifies the answer."""
 from __future__ import annotations
 
 import email.utils
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
-import aiohttp
 import orjson
 from multidict import CIMultiDictProxy
 
 from relay import __version__
+from relay.httpclient import (
+    BadAnswer,
+    Client,
+    ConnectError,
+    NoAnswer,
+    RequestError,
+    TLSError,
+)
 from relay.kinds.targets.http import HttpSettings
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.secrets import Masker
@@ -57,14 +63,15 @@ class Request:
 
 
 class SessionOwner:
-    """A target that sends over its own aiohttp session, opened by `start`."""
+    """A target that sends over its own kept-alive connections, opened by `start`."""
 
     def __init__(self, concurrency: int) -> None:
         self._concurrency = concurrency
-        self._client: aiohttp.ClientSession | None = None
+        self._client: Client | None = None
 
     async def start(self) -> None:
-        self._client = client_session(self._concurrency)
+        # As many idle connections kept as attempts may run at once.
+        self._client = Client(keep=self._concurrency)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -72,7 +79,7 @@ class SessionOwner:
             self._client = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> Client:
         assert self._client is not None, "target not started"
         return self._client
 
@@ -129,8 +136,8 @@ class HttpTarget(SessionOwner):
 
 
 def header_values(rendered: dict[str, str]) -> dict[str, str]:
-    """Rendered header values, refused when one cannot be a header (a line break
-    from the payload would otherwise fail inside aiohttp as an "internal error")."""
+    """Rendered header values, refused when one cannot be a header (a line
+    break from the payload), with the name of the header and the reason."""
     for name, value in rendered.items():
         if any(char in value for char in "\r\n\0"):
             raise TemplateError(
@@ -140,63 +147,41 @@ def header_values(rendered: dict[str, str]) -> dict[str, str]:
     return rendered
 
 
-def client_session(concurrency: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency * 2),
-        # Proxies from the environment would silently change where data goes.
-        trust_env=False,
-        auto_decompress=False,
-    )
-
-
-async def request(session: aiohttp.ClientSession, prepared: Request) -> Outcome:
+async def request(session: Client, prepared: Request) -> Outcome:
     """One HTTP request, classified by its status."""
     return await exchange(session, prepared, classify)
 
 
 async def exchange(
-    session: aiohttp.ClientSession,
+    session: Client,
     prepared: Request,
     judge: Callable[[int, CIMultiDictProxy[str], bytes], Outcome],
 ) -> Outcome:
-    """Send a request; network trouble is a retry, the answer goes to `judge`."""
+    """Send a request; network trouble is a retry, the answer goes to `judge`.
+    Redirects are not followed, compressed answers not asked for."""
     try:
-        async with session.request(
+        answer = await session.request(
             prepared.method,
             prepared.url,
-            data=prepared.body,
-            headers=prepared.headers,
-            allow_redirects=False,
-        ) as response:
-            excerpt = await read_excerpt(response)
-            return judge(response.status, response.headers, excerpt)
-    except aiohttp.ClientConnectorDNSError as error:
-        return Outcome.retry(f"DNS lookup failed for {error.host}")
-    except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError, ssl.SSLError) as error:
-        return Outcome.retry(f"TLS error: {_reason(error)}")
-    except aiohttp.ClientConnectorError as error:
-        return Outcome.retry(f"cannot connect to {error.host}:{error.port}: {_reason(error)}")
-    except aiohttp.InvalidURL:
-        return Outcome.fail("invalid URL")
-    except aiohttp.ServerDisconnectedError:
+            prepared.headers,
+            prepared.body,
+            keep=RESPONSE_EXCERPT_BYTES,
+        )
+    except RequestError as error:
+        return Outcome.fail(str(error))
+    except ConnectError as error:
+        if error.dns:
+            return Outcome.retry(f"DNS lookup failed for {error.host}")
+        return Outcome.retry(f"cannot connect to {error.host}:{error.port}: {error.reason}")
+    except TLSError as error:
+        return Outcome.retry(f"TLS error: {error}")
+    except NoAnswer:
         return Outcome.retry("server closed the connection without answering")
-    except aiohttp.ClientResponseError as error:
-        return Outcome.retry(f"invalid HTTP response: {error.message}")
-    except (aiohttp.ClientError, OSError) as error:
-        return Outcome.retry(f"connection error: {_reason(error)}")
-
-
-async def read_excerpt(response: aiohttp.ClientResponse) -> bytes:
-    """At most RESPONSE_EXCERPT_BYTES of the body; the rest is never read."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < RESPONSE_EXCERPT_BYTES:
-        chunk = await response.content.read(RESPONSE_EXCERPT_BYTES - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+    except BadAnswer as error:
+        return Outcome.retry(f"invalid HTTP response: {error}")
+    except OSError as error:
+        return Outcome.retry(f"connection error: {error.strerror or error}")
+    return judge(answer.status, answer.headers, answer.excerpt)
 
 
 def classify(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:
@@ -252,10 +237,3 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (now if now is not None else time.time()))
-
-
-def _reason(error: BaseException) -> str:
-    inner = getattr(error, "os_error", None)
-    if isinstance(inner, OSError) and inner.strerror:
-        return inner.strerror
-    return str(error) or type(error).__name__

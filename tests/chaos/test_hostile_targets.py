@@ -182,7 +182,7 @@ async def test_misbehaving_targets(
         assert outcomes[name] == {(Status.DEAD, 2)}, (name, outcomes[name], errors[name])
     assert errors["hanging"] == {"timeout after 0.5s"}
     assert errors["slowloris"] == {"timeout after 0.5s"}
-    assert all("DNS" in e for e in errors["dns"])
+    assert all("DNS" in e for e in errors["dns"]), errors["dns"]
     assert all("TLS" in e or "SSL" in e.upper() or "connection" in e for e in errors["tls"])
     assert all("invalid HTTP" in e or "connection" in e for e in errors["garbage"])
     assert outcomes["huge"] == {(Status.DELIVERED, 1)}

@@ -100,7 +100,7 @@ def parse(section: Section, base: Path) -> HttpSettings:
 
 
 def build(name: str, settings: HttpSettings, concurrency: int) -> Target:
-    from relay.targets.http import HttpTarget  # aiohttp's client: only to send
+    from relay.targets.http import HttpTarget  # the HTTP client: only to send
 
     return HttpTarget(name, settings, concurrency=concurrency)
 

@@ -86,7 +86,7 @@ def shared_rates(settings: TelegramSettings) -> tuple[tuple[str, Rate], ...]:
 
 
 def build(name: str, settings: TelegramSettings, concurrency: int) -> Target:
-    from relay.targets.telegram import TelegramTarget  # aiohttp's client: only to send
+    from relay.targets.telegram import TelegramTarget  # the HTTP client: only to send
 
     return TelegramTarget(name, settings, concurrency=concurrency)
 

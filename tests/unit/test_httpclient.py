@@ -1,0 +1,303 @@
+"""relay.httpclient against real servers on 127.0.0.1: an aiohttp app (the
+well-behaved server) and raw TCP servers that answer as RFC 9112 allows but
+few do (1xx first, chunked, a body ending at the close). Each scenario runs
+on asyncio's loop and on uvloop, which relay serves on: their transports and
+create_connection differ."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import pytest
+import trustme
+import uvloop
+from aiohttp import web
+
+from relay.httpclient import BadAnswer, Client, ConnectError, NoAnswer, RequestError, TLSError
+
+LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+
+Scenario = Callable[[], Coroutine[Any, Any, None]]
+
+
+def on_both_loops(scenario: Scenario) -> Callable[[str], None]:
+    @pytest.mark.parametrize("loop", list(LOOPS))
+    def test(loop: str) -> None:
+        LOOPS[loop](asyncio.wait_for(scenario(), 20))
+
+    test.__name__ = scenario.__name__
+    test.__doc__ = scenario.__doc__
+    return test
+
+
+class AppServer:
+    """An aiohttp server that counts the connections it was asked on."""
+
+    def __init__(
+        self,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.handler = handler
+        self.tls = tls
+        self.peers: set[tuple[str, int]] = set()
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> AppServer:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            assert request.transport is not None
+            self.peers.add(request.transport.get_extra_info("peername"))
+            body = await request.read()
+            self.requests.append((request.method, request.path_qs, dict(request.headers), body))
+            return await self.handler(request)
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        self.runner = web.AppRunner(app, keepalive_timeout=0.3)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=self.tls)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+class RawServer:
+    """Reads one request head (and its body by Content-Length), writes `answer`, then
+    closes when `close` says so."""
+
+    def __init__(self, answer: bytes, *, close: bool = True) -> None:
+        self.answer = answer
+        self.close = close
+        self.connections = 0
+        self.url = ""
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> RawServer:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = 0
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            length = int(line.split(b":")[1])
+                    await reader.readexactly(length)
+                    writer.write(self.answer)
+                    await writer.drain()
+                    if self.close:
+                        break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def answer_ok(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True}, headers={"Retry-After": "7"})
+
+
+@on_both_loops
+async def test_connections_are_kept_alive_and_reused() -> None:
+    client = Client(keep=4)
+    async with AppServer(answer_ok) as server:
+        for n in range(5):
+            answer = await client.request(
+                "POST", f"{server.url}/hook?n={n}", {"X-N": str(n)}, b'{"n": 1}', keep=2048
+            )
+            assert answer.status == 200
+            assert answer.excerpt == b'{"ok": true}'
+            assert answer.headers["retry-after"] == "7"  # any case
+        assert len(server.peers) == 1
+        method, path, headers, body = server.requests[-1]
+        assert (method, path, body) == ("POST", "/hook?n=4", b'{"n": 1}')
+        assert headers["X-N"] == "4"
+        assert headers["Host"] == server.url.removeprefix("http://")
+        assert headers["Content-Length"] == "8"
+        assert "Accept-Encoding" not in headers  # answers are kept as they come
+    await client.close()
+
+
+@on_both_loops
+async def test_a_connection_the_server_closed_while_idle_is_not_used() -> None:
+    """aiohttp closes a kept-alive connection after keepalive_timeout (0.3 s
+    here): the next request goes out on a new one and succeeds."""
+    client = Client(keep=4)
+    async with AppServer(answer_ok) as server:
+        assert (await client.request("POST", server.url, {}, b"1", keep=2048)).status == 200
+        await asyncio.sleep(0.6)
+        assert (await client.request("POST", server.url, {}, b"2", keep=2048)).status == 200
+        assert len(server.peers) == 2
+    await client.close()
+
+
+@on_both_loops
+async def test_only_the_excerpt_is_read_and_that_connection_is_dropped() -> None:
+    async def huge(request: web.Request) -> web.Response:
+        return web.Response(body=b"y" * 1_000_000)
+
+    client = Client(keep=4)
+    async with AppServer(huge) as server:
+        answer = await client.request("POST", server.url, {}, b"", keep=2048)
+        assert answer.status == 200
+        assert answer.excerpt == b"y" * 2048
+        # Not reused: the rest of that body was never read.
+        await client.request("GET", server.url, {}, b"", keep=2048)
+        assert len(server.peers) == 2
+    await client.close()
+
+
+@on_both_loops
+async def test_informational_answers_before_the_real_one() -> None:
+    raw = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 102 Processing\r\n\r\n"
+        b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\nX-Id: 9\r\n\r\nok"
+    )
+    client = Client(keep=4)
+    async with RawServer(raw, close=False) as server:
+        answer = await client.request("POST", server.url, {}, b"x", keep=2048)
+        assert (answer.status, answer.excerpt, answer.headers["X-Id"]) == (201, b"ok", "9")
+        assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 201
+        assert server.connections == 1
+    await client.close()
+
+
+@on_both_loops
+async def test_chunked_and_close_delimited_bodies() -> None:
+    chunked = (
+        b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'5\r\n{"err\r\n10\r\nor": "no phone"}\r\n0\r\n\r\n'
+    )
+    client = Client(keep=4)
+    async with RawServer(chunked, close=False) as server:
+        answer = await client.request("POST", server.url, {}, b"x", keep=2048)
+        assert (answer.status, answer.excerpt) == (400, b'{"error": "no phone"}')
+    until_close = b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 30\r\n\r\nbusy, later"
+    async with RawServer(until_close) as server:
+        answer = await client.request("POST", server.url, {}, b"x", keep=2048)
+        assert (answer.status, answer.excerpt) == (503, b"busy, later")
+    await client.close()
+
+
+@on_both_loops
+async def test_a_status_that_came_is_the_answer_even_if_the_body_was_cut() -> None:
+    """The target said 200: calling it a failure would deliver it again."""
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial"
+    client = Client(keep=4)
+    async with RawServer(cut) as server:
+        answer = await client.request("POST", server.url, {}, b"x", keep=2048)
+        assert (answer.status, answer.excerpt) == (200, b"partial")
+    await client.close()
+
+
+@on_both_loops
+async def test_what_is_not_an_answer() -> None:
+    client = Client(keep=4)
+    async with RawServer(b"") as server:  # reads the request, closes, says nothing
+        with pytest.raises(NoAnswer):
+            await client.request("POST", server.url, {}, b"x", keep=2048)
+    async with RawServer(b"SSH-2.0-OpenSSH_9.2\r\n") as server:
+        with pytest.raises(BadAnswer):
+            await client.request("POST", server.url, {}, b"x", keep=2048)
+    with pytest.raises(ConnectError) as refused:
+        await client.request("POST", "http://127.0.0.1:1/", {}, b"x", keep=2048)
+    assert (refused.value.reason, refused.value.dns) == ("Connection refused", False)
+    with pytest.raises(ConnectError) as unknown:
+        await client.request("POST", "http://no-such-host.invalid/", {}, b"x", keep=2048)
+    assert unknown.value.dns
+    await client.close()
+
+
+@on_both_loops
+async def test_headers_as_given_and_those_that_cannot_be() -> None:
+    client = Client(keep=4)
+    async with AppServer(answer_ok) as server:
+        port = server.url.rsplit(":", 1)[1]
+        url = f"http://crm%40user:p%3Ass@127.0.0.1:{port}/v1"
+        given = {"Host": "crm.example", "Content-Length": "999", "Accept": "application/json"}
+        await client.request("PUT", url, given, b"abc", keep=2048)
+        _, _, headers, body = server.requests[-1]
+        assert headers["Host"] == "crm.example"  # a configured Host wins
+        assert headers["Content-Length"] == "3"  # framing is worked out, never taken
+        assert headers["Accept"] == "application/json"
+        assert headers["Authorization"] == "Basic " + base64.b64encode(b"crm@user:p:ss").decode()
+        assert body == b"abc"
+        for name, value in (("X-Evil", "a\r\nX-Injected: 1"), ("X-Bad\n", "v")):
+            with pytest.raises(RequestError):
+                await client.request("POST", server.url, {name: value}, b"", keep=2048)
+        assert not any("X-Injected" in h for _, _, h, _ in server.requests)
+    with pytest.raises(RequestError):
+        await client.request("POST", "ftp://127.0.0.1/", {}, b"", keep=2048)
+    await client.close()
+
+
+@on_both_loops
+async def test_a_cancelled_request_never_leaves_its_connection_for_the_next() -> None:
+    """The scheduler's time limit cancels the wait: that connection may still
+    bring the late answer, which must never be read as the next request's."""
+    release = asyncio.Event()
+    answered = 0
+
+    async def slow_then_fast(request: web.Request) -> web.Response:
+        nonlocal answered
+        answered += 1
+        if answered == 1:
+            await release.wait()
+            return web.Response(text="late")
+        return web.Response(text="second")
+
+    client = Client(keep=4)
+    async with AppServer(slow_then_fast) as server:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await client.request("POST", server.url, {}, b"1", keep=2048)
+        release.set()
+        answer = await client.request("POST", server.url, {}, b"2", keep=2048)
+        assert answer.excerpt == b"second"
+        assert len(server.peers) == 2
+    await client.close()
+
+
+@on_both_loops
+async def test_https_is_verified_and_kept_alive() -> None:
+    ca = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(served)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    async with AppServer(answer_ok, tls=served) as server:
+        # The system's certificates do not know this CA: refused, nothing sent.
+        untrusting = Client(keep=4)
+        with pytest.raises(TLSError, match="CERTIFICATE_VERIFY_FAILED"):
+            await untrusting.request("POST", server.url, {}, b"x", keep=2048)
+        await untrusting.close()
+        assert server.requests == []
+        client = Client(keep=4, tls=trusting)
+        for _ in range(3):
+            assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 200
+        assert len(server.peers) == 1
+        # The certificate names 127.0.0.1, not localhost: the name is checked too.
+        wrong_name = server.url.replace("127.0.0.1", "localhost")
+        with pytest.raises((TLSError, ConnectError)):
+            await client.request("POST", wrong_name, {}, b"x", keep=2048)
+        await client.close()
