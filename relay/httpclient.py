@@ -399,6 +399,13 @@ class _Connection(asyncio.Protocol):
 
     # llhttp's callbacks
 
+    def on_message_begin(self) -> None:
+        if self._answer is None:
+            # A second answer to one request, or the start of one, behind the
+            # first: read on, the next request sent here would take it for its
+            # own (a stale 200 for a delivery the target refused).
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 

@@ -301,3 +301,67 @@ async def test_https_is_verified_and_kept_alive() -> None:
         with pytest.raises((TLSError, ConnectError)):
             await client.request("POST", wrong_name, {}, b"x", keep=2048)
         await client.close()
+
+
+class ScriptedServer:
+    """Writes `script[n]` as its answer to the n-th request on each connection
+    (b"" for those past the script), whatever the request was."""
+
+    def __init__(self, *script: bytes) -> None:
+        self.script = script
+        self.connections = 0
+        self.url = ""
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> ScriptedServer:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                for answer in self.script:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next(
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    )
+                    await reader.readexactly(length)
+                    writer.write(answer)
+                    await writer.drain()
+                await reader.read()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+@on_both_loops
+async def test_bytes_after_the_answer_are_never_the_next_requests_answer() -> None:
+    """A server that answers twice (a framework's error page after the handler's
+    answer): the start of the second, in the same packet as the first, must not
+    be read as the answer to the next request sent on that connection."""
+    answer_and_more = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    first = answer_and_more + b"HTTP/1.1 200 OK\r\nContent-Le"
+    second = b"ngth: 5\r\n\r\nstale" + b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nreal"
+    client = Client(keep=4)
+    async with ScriptedServer(first, second) as server:
+        answer = await client.request("POST", server.url, {}, b"1", keep=2048)
+        assert (answer.status, answer.excerpt) == (200, b"ok")
+        # A new connection, whose first answer is the script's first again.
+        answer = await client.request("POST", server.url, {}, b"2", keep=2048)
+        assert (answer.status, answer.excerpt) == (200, b"ok")
+        assert server.connections == 2
+    # A whole second answer in the same packet: that connection is not trusted either.
+    twice = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" * 2
+    async with ScriptedServer(twice, twice) as server:
+        for _ in range(2):
+            assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 200
+        assert server.connections == 2
+    await client.close()
