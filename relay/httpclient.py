@@ -36,6 +36,11 @@ KEEPALIVE_SECONDS = 15.0
 DNS_TTL_SECONDS = 10.0
 # Between two address families' connection attempts (RFC 8305's 250 ms).
 HAPPY_EYEBALLS_DELAY = 0.25
+# An answer's head (status line, headers, 1xx answers before it) is held in
+# memory until it ends: a target that never ends it is refused past these,
+# aiohttp's limits (128 headers of 8190 bytes) or near them.
+MAX_HEADERS = 128
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class RequestError(Exception):
@@ -324,6 +329,7 @@ class _Connection(asyncio.Protocol):
         self._headers: list[tuple[str, str]] = []
         self._body: list[bytes] = []
         self._body_size = 0
+        self._head_size = 0
         self._status = 0
         self._headers_done = False
         self._complete = False
@@ -339,7 +345,7 @@ class _Connection(asyncio.Protocol):
             self._answer.set_exception(NoAnswer())
             return self._answer
         self._keep = keep
-        self._headers, self._body, self._body_size = [], [], 0
+        self._headers, self._body, self._body_size, self._head_size = [], [], 0, 0
         self._status, self._headers_done, self._complete = 0, False, False
         self.reusable = False
         self._transport.write(request)
@@ -368,7 +374,19 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(BadAnswer("the server switched protocols"))
         except httptools.HttpParserError as error:
-            self._fail(BadAnswer(str(error) or type(error).__name__))
+            refused = error.__context__  # one our callbacks raised (too many headers)
+            self._fail(
+                refused
+                if isinstance(refused, BadAnswer)
+                else BadAnswer(str(error) or type(error).__name__)
+            )
+        else:
+            if self._answer is not None and not self._headers_done:
+                # All of it was head: llhttp's parser holds a header's partial
+                # value, and 1xx answers may come for ever.
+                self._head_size += len(data)
+                if self._head_size > MAX_HEAD_BYTES:
+                    self._fail(BadAnswer(f"the answer's head is over {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool | None:
         self._ended()
@@ -407,6 +425,8 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self._headers) >= MAX_HEADERS:
+            raise BadAnswer(f"the answer has over {MAX_HEADERS} headers")
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:

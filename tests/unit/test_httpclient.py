@@ -365,3 +365,37 @@ async def test_bytes_after_the_answer_are_never_the_next_requests_answer() -> No
             assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 200
         assert server.connections == 2
     await client.close()
+
+
+@on_both_loops
+async def test_an_endless_head_is_refused_not_held_in_memory() -> None:
+    """A hostile target that sends headers for ever, or one header that never
+    ends: refused once past aiohttp's limits, not read until memory runs out."""
+
+    async def endless(line: bytes) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(1)
+            writer.write(b"HTTP/1.1 200 OK\r\n")
+            try:
+                for _ in range(20_000):  # 20 MB at most, if nothing stops it
+                    writer.write(line * (1000 // len(line)))
+                    await writer.drain()
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = Client(keep=4)
+        try:
+            with pytest.raises(BadAnswer):
+                await client.request("POST", f"http://127.0.0.1:{port}/", {}, b"x", keep=2048)
+        finally:
+            await client.close()
+            server.close()
+
+    await endless(b"X-A: b\r\n")  # more headers than any answer has
+    await endless(b"a")  # one header line that never ends
+    await endless(b"HTTP/1.1 100 Continue\r\n\r\n")  # informational answers for ever
