@@ -374,6 +374,13 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(BadAnswer("the server switched protocols"))
         except httptools.HttpParserError as error:
+            if self._headers_done:
+                # The status came (see _ended): a body llhttp cannot read on
+                # does not undo it, and a retry would deliver again what the
+                # target said it took. The connection is not reused.
+                self._finish()
+                self.close()
+                return
             refused = error.__context__  # one our callbacks raised (too many headers)
             self._fail(
                 refused

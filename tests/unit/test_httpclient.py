@@ -399,3 +399,18 @@ async def test_an_endless_head_is_refused_not_held_in_memory() -> None:
     await endless(b"X-A: b\r\n")  # more headers than any answer has
     await endless(b"a")  # one header line that never ends
     await endless(b"HTTP/1.1 100 Continue\r\n\r\n")  # informational answers for ever
+
+
+@on_both_loops
+async def test_a_status_that_came_is_the_answer_even_if_the_body_is_garbled() -> None:
+    """As with a body cut short: the target said 200, and a chunk size llhttp
+    cannot read after it must not make it a retry (a second delivery)."""
+    garbled = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n"
+    client = Client(keep=4)
+    async with RawServer(garbled, close=False) as server:
+        answer = await client.request("POST", server.url, {}, b"x", keep=2048)
+        assert (answer.status, answer.excerpt) == (200, b"hello")
+        # That connection is not reused: what follows on it cannot be read.
+        assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 200
+        assert server.connections == 2
+    await client.close()
