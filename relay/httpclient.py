@@ -36,9 +36,10 @@ KEEPALIVE_SECONDS = 15.0
 DNS_TTL_SECONDS = 10.0
 # Between two address families' connection attempts (RFC 8305's 250 ms).
 HAPPY_EYEBALLS_DELAY = 0.25
-# An answer's head (status line, headers, 1xx answers before it) is held in
-# memory until it ends: a target that never ends it is refused past these,
-# aiohttp's limits (128 headers of 8190 bytes) or near them.
+# An answer's head (status line, headers, 1xx answers before it, trailers
+# after a chunked body) is held in memory until it ends: a target that never
+# ends it is refused past these, aiohttp's limits (128 headers of 8190 bytes)
+# or near them.
 MAX_HEADERS = 128
 MAX_HEAD_BYTES = 64 * 1024
 
@@ -388,11 +389,15 @@ class _Connection(asyncio.Protocol):
                 else BadAnswer(str(error) or type(error).__name__)
             )
         else:
-            if self._answer is not None and not self._headers_done:
-                # All of it was head: llhttp's parser holds a header's partial
-                # value, and 1xx answers may come for ever.
-                self._head_size += len(data)
-                if self._head_size > MAX_HEAD_BYTES:
+            # All but the body (on_body takes its bytes off): httptools holds a
+            # header's or a trailer's partial value, 1xx answers and chunk
+            # framing may come for ever.
+            self._head_size += len(data)
+            if self._answer is not None and self._head_size > MAX_HEAD_BYTES:
+                if self._headers_done:  # trailers: the status came (see _ended)
+                    self._finish()
+                    self.close()
+                else:
                     self._fail(BadAnswer(f"the answer's head is over {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool | None:
@@ -443,6 +448,7 @@ class _Connection(asyncio.Protocol):
             self._finish()
 
     def on_body(self, body: bytes) -> None:
+        self._head_size -= len(body)
         if self._status < 200:
             return
         room = self._keep - self._body_size
