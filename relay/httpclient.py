@@ -298,7 +298,9 @@ async def _connect(origin: _Origin, resolver: _Resolver, tls: ssl.SSLContext | N
             _Connection,
             sock=sock,
             ssl=(tls or _tls_context()) if origin.tls else None,
-            server_hostname=origin.host if origin.tls else None,
+            # Without a fully qualified name's final dot, as aiohttp checks it:
+            # no certificate names "crm.example.", and Python's check fails.
+            server_hostname=origin.host.rstrip(".") if origin.tls else None,
         )
     except ssl.SSLError as error:
         sock.close()

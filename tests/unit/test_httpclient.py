@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -436,3 +437,26 @@ async def test_a_status_that_came_is_the_answer_even_if_the_body_is_garbled() ->
         assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 200
         assert server.connections == 2
     await client.close()
+
+
+@on_both_loops
+async def test_https_to_a_name_written_with_its_final_dot() -> None:
+    """https://crm.example./ (a fully qualified name, no search domain tried)
+    worked with aiohttp, which checks the certificate for crm.example: the
+    dot is no part of the name a certificate holds."""
+    ca = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("relay.example").configure_cert(served)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    async with AppServer(answer_ok, tls=served) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        client = Client(keep=4, tls=trusting)
+        # No DNS here for relay.example: its address put in the client's cache.
+        loopback = await asyncio.get_running_loop().getaddrinfo(
+            "127.0.0.1", port, type=socket.SOCK_STREAM
+        )
+        client._resolver._known[("relay.example.", port)] = (float("inf"), loopback)
+        answer = await client.request("POST", f"https://relay.example.:{port}/", {}, b"x", keep=99)
+        assert answer.status == 200
+        await client.close()
