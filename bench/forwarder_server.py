@@ -1,11 +1,15 @@
 """The end-to-end baseline: a minimal forwarder that stores nothing.
 
-    python bench/forwarder_server.py PORT SINK_URL CONCURRENCY
+    python bench/forwarder_server.py PORT SINK_URL CONCURRENCY [aiohttp|relay]
 
 Each POST is read and forwarded to the sink with one shared aiohttp client
 (at most CONCURRENCY requests to it at once, as relay's target allows), and
 answered 200 once the sink has answered. Nothing is kept: a crash loses
 whatever is in flight. It is what relay's delivery path costs at the least.
+
+With `relay` as the last argument the forwarder sends with relay's own
+client (relay.httpclient) instead: the baseline with relay's lean client, so
+that what relay's storage and scheduling cost is seen apart from the client.
 """
 
 from __future__ import annotations
@@ -16,6 +20,32 @@ import sys
 import aiohttp
 import uvloop
 from aiohttp import web
+
+
+async def with_relays_client(port: int, sink_url: str, concurrency: int) -> None:
+    from relay.httpclient import Client
+
+    client = Client(keep=concurrency)
+    slots = asyncio.Semaphore(concurrency)
+    forwarded = 0
+
+    async def handle(request: web.BaseRequest) -> web.Response:
+        nonlocal forwarded
+        body = await request.read()
+        forwarded += 1
+        headers = {
+            "Content-Type": request.headers.get("Content-Type", "application/json"),
+            "X-Relay-Event-Id": str(forwarded),
+        }
+        async with slots:
+            answer = await client.request("POST", sink_url, headers, body, keep=2048)
+        status = 200 if answer.status < 300 else 502
+        return web.Response(status=status, body=b'{"status":"forwarded"}')
+
+    runner = web.ServerRunner(web.Server(handle, access_log=None), handle_signals=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
+    await asyncio.Event().wait()
 
 
 async def main(port: int, sink_url: str, concurrency: int) -> None:
@@ -43,4 +73,6 @@ async def main(port: int, sink_url: str, concurrency: int) -> None:
 
 
 if __name__ == "__main__":
-    uvloop.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3])))
+    client = sys.argv[4] if len(sys.argv) > 4 else "aiohttp"
+    forward = with_relays_client if client == "relay" else main
+    uvloop.run(forward(int(sys.argv[1]), sys.argv[2], int(sys.argv[3])))

@@ -30,7 +30,7 @@ from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
 from relay.leadership import CHECK_EVERY, Leadership
 from relay.logs import log_attempt
-from relay.memory import MemoryRelease
+from relay.memory import QUIET_SECONDS, MemoryRelease
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
 from relay.retry import Next
@@ -94,6 +94,7 @@ class Relay:
         rng: random.Random | None = None,
         poll_interval: float = 1.0,
         log_attempts: bool = True,
+        memory_quiet: float = QUIET_SECONDS,
     ) -> None:
         config = with_admin_token(config)
         logs.reconfigure(config)  # a token just written is masked from the first line
@@ -141,7 +142,9 @@ class Relay:
             shared.reconfigure(config)
         self.indexer = SearchIndexer(self.store, self.clock, config.masker)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
-        self.memory = MemoryRelease(self.store, self.metrics.activity)
+        self.memory = MemoryRelease(
+            self.store, self.metrics.activity, quiet=memory_quiet, every=min(memory_quiet, 5.0)
+        )
         self.ingress = Ingress(
             config,
             self.store,
