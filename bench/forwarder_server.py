@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import uvloop
 from aiohttp import web
 
+Send = Callable[[dict[str, str], bytes], Awaitable[int]]  # headers, body -> status
 
-async def with_relays_client(port: int, sink_url: str, concurrency: int) -> None:
-    from relay.httpclient import Client
 
-    client = Client(keep=concurrency)
-    slots = asyncio.Semaphore(concurrency)
+async def forward(port: int, send: Send) -> None:
     forwarded = 0
 
     async def handle(request: web.BaseRequest) -> web.Response:
@@ -37,9 +36,7 @@ async def with_relays_client(port: int, sink_url: str, concurrency: int) -> None
             "Content-Type": request.headers.get("Content-Type", "application/json"),
             "X-Relay-Event-Id": str(forwarded),
         }
-        async with slots:
-            answer = await client.request("POST", sink_url, headers, body, keep=2048)
-        status = 200 if answer.status < 300 else 502
+        status = 200 if await send(headers, body) < 300 else 502
         return web.Response(status=status, body=b'{"status":"forwarded"}')
 
     runner = web.ServerRunner(web.Server(handle, access_log=None), handle_signals=True)
@@ -48,31 +45,33 @@ async def with_relays_client(port: int, sink_url: str, concurrency: int) -> None
     await asyncio.Event().wait()
 
 
-async def main(port: int, sink_url: str, concurrency: int) -> None:
+async def with_aiohttp(port: int, sink_url: str, concurrency: int) -> None:
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as client:
-        forwarded = 0
 
-        async def handle(request: web.BaseRequest) -> web.Response:
-            nonlocal forwarded
-            body = await request.read()
-            forwarded += 1
-            headers = {
-                "Content-Type": request.headers.get("Content-Type", "application/json"),
-                "X-Relay-Event-Id": str(forwarded),
-            }
+        async def send(headers: dict[str, str], body: bytes) -> int:
             async with client.post(sink_url, data=body, headers=headers) as answer:
                 await answer.read()
-                status = 200 if answer.status < 300 else 502
-            return web.Response(status=status, body=b'{"status":"forwarded"}')
+                return answer.status
 
-        runner = web.ServerRunner(web.Server(handle, access_log=None), handle_signals=True)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
-        await asyncio.Event().wait()
+        await forward(port, send)
+
+
+async def with_relays_client(port: int, sink_url: str, concurrency: int) -> None:
+    from relay.httpclient import Client
+
+    client = Client(keep=concurrency)
+    slots = asyncio.Semaphore(concurrency)  # aiohttp's connector limit, as above
+
+    async def send(headers: dict[str, str], body: bytes) -> int:
+        async with slots:
+            answer = await client.request("POST", sink_url, headers, body, keep=2048)
+        return answer.status
+
+    await forward(port, send)
 
 
 if __name__ == "__main__":
     client = sys.argv[4] if len(sys.argv) > 4 else "aiohttp"
-    forward = with_relays_client if client == "relay" else main
-    uvloop.run(forward(int(sys.argv[1]), sys.argv[2], int(sys.argv[3])))
+    forwarder = with_relays_client if client == "relay" else with_aiohttp
+    uvloop.run(forwarder(int(sys.argv[1]), sys.argv[2], int(sys.argv[3])))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Coroutine
@@ -82,12 +83,15 @@ class AppServer:
 
 
 class RawServer:
-    """Reads one request head (and its body by Content-Length), writes `answer`, then
-    closes when `close` says so."""
+    """Writes `answers[n]` to the n-th request on each connection, whatever it
+    was (its head read, and its body by Content-Length). Past the last answer
+    it closes the connection, or with `hold` keeps it open until the client
+    closes it; with `repeat` the last answer is written to every later one."""
 
-    def __init__(self, answer: bytes, *, close: bool = True) -> None:
-        self.answer = answer
-        self.close = close
+    def __init__(self, *answers: bytes, repeat: bool = False, hold: bool = False) -> None:
+        self.answers = answers
+        self.repeat = repeat
+        self.hold = hold
         self.connections = 0
         self.url = ""
         self.server: asyncio.AbstractServer | None = None
@@ -96,17 +100,19 @@ class RawServer:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.connections += 1
             try:
-                while True:
+                for number in itertools.count():
+                    if number >= len(self.answers) and not self.repeat:
+                        break
                     head = await reader.readuntil(b"\r\n\r\n")
                     length = 0
                     for line in head.split(b"\r\n"):
                         if line.lower().startswith(b"content-length:"):
                             length = int(line.split(b":")[1])
                     await reader.readexactly(length)
-                    writer.write(self.answer)
+                    writer.write(self.answers[min(number, len(self.answers) - 1)])
                     await writer.drain()
-                    if self.close:
-                        break
+                if self.hold:
+                    await reader.read()
             except (asyncio.IncompleteReadError, ConnectionError):
                 pass
             finally:
@@ -183,7 +189,7 @@ async def test_informational_answers_before_the_real_one() -> None:
         b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\nX-Id: 9\r\n\r\nok"
     )
     client = Client(keep=4)
-    async with RawServer(raw, close=False) as server:
+    async with RawServer(raw, repeat=True) as server:
         answer = await client.request("POST", server.url, {}, b"x", keep=2048)
         assert (answer.status, answer.excerpt, answer.headers["X-Id"]) == (201, b"ok", "9")
         assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 201
@@ -198,7 +204,7 @@ async def test_chunked_and_close_delimited_bodies() -> None:
         b'5\r\n{"err\r\n10\r\nor": "no phone"}\r\n0\r\n\r\n'
     )
     client = Client(keep=4)
-    async with RawServer(chunked, close=False) as server:
+    async with RawServer(chunked, repeat=True) as server:
         answer = await client.request("POST", server.url, {}, b"x", keep=2048)
         assert (answer.status, answer.excerpt) == (400, b'{"error": "no phone"}')
     until_close = b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 30\r\n\r\nbusy, later"
@@ -312,45 +318,6 @@ async def test_https_is_verified_and_kept_alive() -> None:
         await client.close()
 
 
-class ScriptedServer:
-    """Writes `script[n]` as its answer to the n-th request on each connection
-    (b"" for those past the script), whatever the request was."""
-
-    def __init__(self, *script: bytes) -> None:
-        self.script = script
-        self.connections = 0
-        self.url = ""
-        self.server: asyncio.AbstractServer | None = None
-
-    async def __aenter__(self) -> ScriptedServer:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self.connections += 1
-            try:
-                for answer in self.script:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = next(
-                        int(line.split(b":")[1])
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length:")
-                    )
-                    await reader.readexactly(length)
-                    writer.write(answer)
-                    await writer.drain()
-                await reader.read()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                pass
-            finally:
-                writer.close()
-
-        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self.server is not None
-        self.server.close()
-
-
 @on_both_loops
 async def test_bytes_after_the_answer_are_never_the_next_requests_answer() -> None:
     """A server that answers twice (a framework's error page after the handler's
@@ -360,7 +327,7 @@ async def test_bytes_after_the_answer_are_never_the_next_requests_answer() -> No
     first = answer_and_more + b"HTTP/1.1 200 OK\r\nContent-Le"
     second = b"ngth: 5\r\n\r\nstale" + b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nreal"
     client = Client(keep=4)
-    async with ScriptedServer(first, second) as server:
+    async with RawServer(first, second, hold=True) as server:
         answer = await client.request("POST", server.url, {}, b"1", keep=2048)
         assert (answer.status, answer.excerpt) == (200, b"ok")
         # A new connection, whose first answer is the script's first again.
@@ -369,7 +336,7 @@ async def test_bytes_after_the_answer_are_never_the_next_requests_answer() -> No
         assert server.connections == 2
     # A whole second answer in the same packet: that connection is not trusted either.
     twice = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" * 2
-    async with ScriptedServer(twice, twice) as server:
+    async with RawServer(twice, twice, hold=True) as server:
         for _ in range(2):
             assert (await client.request("POST", server.url, {}, b"x", keep=2048)).status == 200
         assert server.connections == 2
@@ -430,7 +397,7 @@ async def test_a_status_that_came_is_the_answer_even_if_the_body_is_garbled() ->
     cannot read after it must not make it a retry (a second delivery)."""
     garbled = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n"
     client = Client(keep=4)
-    async with RawServer(garbled, close=False) as server:
+    async with RawServer(garbled, repeat=True) as server:
         answer = await client.request("POST", server.url, {}, b"x", keep=2048)
         assert (answer.status, answer.excerpt) == (200, b"hello")
         # That connection is not reused: what follows on it cannot be read.
