@@ -93,7 +93,10 @@ class _Origin:
 
 @lru_cache(maxsize=256)
 def _origin(url: str) -> _Origin:
-    parsed = URL(url)
+    try:
+        parsed = URL(url)
+    except ValueError as error:  # yarl: "Invalid IPv6 URL", "Port out of range"...
+        raise RequestError(f"not a valid URL: {error}") from None
     if parsed.scheme not in ("http", "https") or not parsed.raw_host:
         raise RequestError(f"not an http(s) URL: {parsed.with_password(None)}")
     host = parsed.raw_host

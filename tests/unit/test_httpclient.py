@@ -261,8 +261,9 @@ async def test_headers_as_given_and_those_that_cannot_be() -> None:
             with pytest.raises(RequestError):
                 await client.request("POST", server.url, {name: value}, b"", keep=2048)
         assert not any("X-Injected" in h for _, _, h, _ in server.requests)
-    with pytest.raises(RequestError):
-        await client.request("POST", "ftp://127.0.0.1/", {}, b"", keep=2048)
+    for unusable in ("ftp://127.0.0.1/", "http://[::1/", "http://127.0.0.1:99999/"):
+        with pytest.raises(RequestError):
+            await client.request("POST", unusable, {}, b"", keep=2048)
     await client.close()
 
 
