@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import os
 import socket
 import ssl
@@ -256,6 +257,9 @@ class _Resolver:
         self._pending: dict[tuple[str, int], asyncio.Future[Addresses]] = {}
 
     async def addresses(self, host: str, port: int) -> Addresses:
+        literal = _literal(host, port)
+        if literal is not None:  # no lookup, no thread hop: aiohttp skips it too
+            return literal
         key = (host, port)
         known = self._known.get(key)
         if known is not None and known[0] > time.monotonic():
@@ -277,6 +281,17 @@ class _Resolver:
             self._known.clear()
         self._known[(host, port)] = (time.monotonic() + DNS_TTL_SECONDS, found)
         return found
+
+
+def _literal(host: str, port: int) -> Addresses | None:
+    """The address itself when the URL names one (`127.0.0.1`, `::1`), else None."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    where: tuple[Any, ...] = (host, port, 0, 0) if address.version == 6 else (host, port)
+    return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", where)]
 
 
 async def _connect(origin: _Origin, resolver: _Resolver, tls: ssl.SSLContext | None) -> _Connection:

@@ -467,8 +467,15 @@ async def test_a_rate_holds_across_three_instances_at_the_sink(
         await post_round_robin(relays, [f"k{i}" for i in range(25)], acked)
         await sink.wait_for(25, timeout=60)
         times = sorted(r.at for r in sink.requests)
-        busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
-        assert busiest <= 5, busiest
+        # The pace spaces sends 0.2002 s apart (relay.ratelimit): a second
+        # holds exactly 5 with 1 ms to spare, and arrivals at the sink add
+        # the delivery's own jitter (a connection opened, a busy core): on a
+        # loaded machine a late first arrival put a sixth in its second.
+        # Windows of 0.95 s allow 50 ms of it; three instances pacing each
+        # for itself (15/s) would put 14 in one.
+        window = 0.95
+        busiest = max(sum(1 for t in times if start <= t < start + window) for start in times)
+        assert busiest <= 5, (busiest, [round(t - times[0], 3) for t in times])
         senders = [relay.log().count("outcome=success") for relay in relays]
         print(f"busiest one-second window: {busiest}; sends per instance: {senders}")
         assert sum(1 for count in senders if count) >= 2, senders  # the pace is the cluster's

@@ -428,3 +428,31 @@ async def test_https_to_a_name_written_with_its_final_dot() -> None:
         answer = await client.request("POST", f"https://relay.example.:{port}/", {}, b"x", keep=99)
         assert answer.status == 200
         await client.close()
+
+
+@on_both_loops
+async def test_an_address_in_the_url_is_connected_to_as_it_is() -> None:
+    """No lookup for an IP literal (IPv6 in brackets too), and its Host header as written."""
+    seen: list[str] = []
+
+    async def host(request: web.Request) -> web.Response:
+        seen.append(request.headers["Host"])
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/", host)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "::1", 0).start()
+    except OSError:
+        await runner.cleanup()
+        pytest.skip("no IPv6 loopback here")
+    port = runner.addresses[0][1]
+    client = Client(keep=2)
+    try:
+        answer = await client.request("POST", f"http://[::1]:{port}/", {}, b"x", keep=2048)
+        assert (answer.status, seen) == (200, [f"[::1]:{port}"])
+    finally:
+        await client.close()
+        await runner.cleanup()
