@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Labels = Sequence[tuple[str, str]]
+Child = TypeVar("Child")
 
 
 def number(value: float) -> str:
@@ -57,30 +59,42 @@ def render(lines: list[str]) -> bytes:
     return ("\n".join(lines) + "\n").encode() if lines else b""
 
 
-class Counter:
-    """A counter family, one plain number per set of label values.
+class _Family(Generic[Child]):
+    """A family of samples, one child per set of label values, made on first use.
 
-    Increments come from the event loop's thread only, so no lock: a `+=`
+    Children are used from the event loop's thread only, so no lock: a `+=`
     on a float is what prometheus-client guarded with one per call.
     """
 
-    kind = "counter"
-
-    def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
-        self.name = f"{name}_total"
+    def __init__(
+        self, name: str, help_text: str, labelnames: Sequence[str], child: Callable[[], Child]
+    ) -> None:
+        self.name = name
         self.help_text = help_text
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], CounterChild] = {}
-        if not self.labelnames:  # exported as 0 before the first increment
-            self._children[()] = CounterChild()
+        self._new_child = child
+        self._children: dict[tuple[str, ...], Child] = {}
 
-    def labels(self, *values: str) -> CounterChild:
+    def labels(self, *values: str) -> Child:
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-            child = self._children[values] = CounterChild()
+            child = self._children[values] = self._new_child()
         return child
+
+    def _labelled(self) -> Iterator[tuple[Labels, Child]]:
+        for values, child in self._children.items():
+            yield tuple(zip(self.labelnames, values, strict=True)), child
+
+
+class Counter(_Family["CounterChild"]):
+    """A counter family, one plain number per set of label values."""
+
+    def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(f"{name}_total", help_text, labelnames, CounterChild)
+        if not self.labelnames:  # exported as 0 before the first increment
+            self.labels()
 
     def inc(self, amount: float = 1.0) -> None:
         """For a counter without labels."""
@@ -91,9 +105,9 @@ class Counter:
         return sum(child.value for child in self._children.values())
 
     def expose(self, lines: list[str]) -> None:
-        family(lines, self.name, self.help_text, self.kind)
-        for values, child in self._children.items():
-            sample(lines, self.name, tuple(zip(self.labelnames, values, strict=True)), child.value)
+        family(lines, self.name, self.help_text, "counter")
+        for labels, child in self._labelled():
+            sample(lines, self.name, labels, child.value)
 
 
 class CounterChild:
@@ -124,30 +138,19 @@ class Gauge:
         sample(lines, self.name, (), self.value)
 
 
-class Histogram:
-    """A histogram family with one label set per child (loop thread only, as Counter)."""
+class Histogram(_Family["HistogramChild"]):
+    """A histogram family with one label set per child."""
 
     def __init__(
         self, name: str, help_text: str, labelnames: Sequence[str], buckets: Sequence[float]
     ) -> None:
-        self.name = name
-        self.help_text = help_text
-        self.labelnames = tuple(labelnames)
-        self.bounds = tuple(buckets)
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
-
-    def labels(self, *values: str) -> HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-            child = self._children[values] = HistogramChild(self.bounds)
-        return child
+        bounds = tuple(buckets)
+        super().__init__(name, help_text, labelnames, lambda: HistogramChild(bounds))
+        self.bounds = bounds
 
     def expose(self, lines: list[str]) -> None:
         family(lines, self.name, self.help_text, "histogram")
-        for values, child in self._children.items():
-            labels = tuple(zip(self.labelnames, values, strict=True))
+        for labels, child in self._labelled():
             histogram_samples(lines, self.name, labels, self.bounds, child.counts, child.total)
 
 
