@@ -176,7 +176,7 @@ class Client:
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if connection.open and now - connection.idle_since < KEEPALIVE_SECONDS:
+            if connection.usable(now):
                 return connection
             connection.close()
         return None
@@ -197,7 +197,7 @@ class Client:
         self._sweeper = None
         now = time.monotonic()
         for key, idle in list(self._idle.items()):
-            fresh = [c for c in idle if c.open and now - c.idle_since < KEEPALIVE_SECONDS]
+            fresh = [c for c in idle if c.usable(now)]
             for connection in idle:
                 if connection not in fresh:
                     connection.close()
@@ -371,6 +371,10 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self._transport.write(request)
         return self._answer
+
+    def usable(self, now: float) -> bool:
+        """Still open, and idle for less than KEEPALIVE_SECONDS (kept in the pool)."""
+        return self.open and now - self.idle_since < KEEPALIVE_SECONDS
 
     def close(self) -> None:
         self.open = False
