@@ -84,3 +84,25 @@ async def test_caches_are_given_back_once_quiet_and_once_a_spell(store: SqliteSt
     finally:
         release.stop()
         await running
+
+
+async def test_the_writers_prepared_statements_are_given_back(tmp_path: Path) -> None:
+    # Each batch size the writer saw keeps its INSERT prepared (relay.store.accept):
+    # batches of 1 to 40 events leave ~3 MiB of statements, more than the pages.
+    before = sqlite_memory()
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    try:
+        opened = sqlite_memory() - before
+        numbers = itertools.count()
+        for size in range(1, 41):  # one loop turn each: one batch of `size`
+            keys = [f"k{next(numbers)}" for _ in range(size)]
+            await asyncio.gather(*(store.accept_event(event(key), TWO, T0) for key in keys))
+        assert sqlite_memory() - before > opened + 2 * MIB
+        await store.release_memory()
+        assert sqlite_memory() - before <= opened, (opened, sqlite_memory() - before)
+        # Prepared again when next needed: the store goes on as before.
+        await asyncio.gather(*(store.accept_event(event(f"again{n}"), TWO, T0) for n in range(40)))
+        assert await store.get_event(860) is not None
+    finally:
+        await store.close()
