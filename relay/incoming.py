@@ -10,16 +10,19 @@ import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDictProxy
 
+from relay.budget import TemplateError
 from relay.canonical import payload_digest
 from relay.config import RouteConfig, RouteTarget
 from relay.keys import stored_key
 from relay.payload import Payload, first_header, parse_query, storable, template_context
 from relay.store import NewDelivery, Status
-from relay.templates import Template, TemplateError, holds
+
+if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
+    from relay.templates import Template
 
 KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key", "webhook-id")
 
@@ -118,7 +121,7 @@ def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]
             continue
         if condition is not None:
             try:
-                matched = holds(condition, incoming.context(condition.variables))
+                matched = condition.holds(incoming.context(condition.variables))
             except TemplateError as error:
                 reason = storable(f"when: {error}")
                 deliveries.append(NewDelivery(route_target.target, Status.DEAD, reason))

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from relay.budget import one_budget
 from relay.clock import Clock
 from relay.config import Answer, Config, RouteConfig
 from relay.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
@@ -28,7 +29,6 @@ from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.metrics import Metrics
 from relay.netaddr import Network, client_address, within
 from relay.payload import Payload
-from relay.sandbox import one_budget
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source, build_source
 from relay.store import Accepted, Intake, NewEvent, Rejection, StoreError

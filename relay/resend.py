@@ -26,13 +26,13 @@ from dataclasses import dataclass, replace
 
 import orjson
 
+from relay.budget import TemplateError
 from relay.canonical import payload_digest
 from relay.config import Config, RouteConfig
 from relay.payload import media_type, parse_form
 from relay.secrets import MASK, Masker, request_masker, shown_body
 from relay.store import EventDetail, Header, Resend, Status
 from relay.targets import Envelope, build_target
-from relay.templates import TemplateError
 
 # Headers that describe the original body, not the edited one.
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})

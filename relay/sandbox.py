@@ -19,15 +19,10 @@ this payload, a permanent failure for this one event.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
 import math
 import re
 import string
-import time
 from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass
 from typing import Any, cast
 
 import jinja2
@@ -36,19 +31,14 @@ from jinja2.runtime import markup_join, str_join
 from jinja2.sandbox import SandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-# Output beyond this is an error, not a silently truncated message; it is also
-# the largest string, list or number of digits any one operation may build.
-MAX_OUTPUT_CHARS = 1024 * 1024
-MAX_SIZE = MAX_OUTPUT_CHARS
-MAX_INT_BITS = 16_384  # ~4,900 digits: more than any amount or id needs
-# Calls, lookups and loop iterations one render may make.
-MAX_OPERATIONS = 1_000_000
-# How long one render may run: on the event loop (keys, `when` conditions)
-# every other request waits meanwhile; in a worker thread (target bodies)
-# it only holds that one delivery.
-LOOP_SECONDS = 0.05
-WORKER_SECONDS = 2.0
-_CLOCK_EVERY = 256  # operations between two looks at the clock
+from relay.budget import (
+    TemplateError,
+    check_bits,
+    check_size,
+    on_loop,
+    spend,
+)
+
 # Filters that run Python for every item in one call the clock cannot stop
 # (~1 µs an item): on the event loop they take this many items at most.
 PER_ITEM_FILTERS = frozenset({"sort", "unique", "groupby", "dictsort", "min", "max", "sum"})
@@ -56,92 +46,6 @@ LOOP_FILTER_ITEMS = 20_000
 
 LOOP_NAME = "_relay_counted"
 CONCAT_NAME = "_relay_concat"
-
-
-class TemplateError(Exception):
-    """A template could not be rendered for this payload (missing field, bad output)."""
-
-
-@dataclass
-class _Budget:
-    operations: int
-    deadline: float
-    seconds: float
-    worker: bool
-    tick: int = 0
-    shared: bool = False  # several renders draw on it (see one_budget)
-
-
-_budget: contextvars.ContextVar[_Budget] = contextvars.ContextVar("template_budget")
-
-
-def _new_budget(*, shared: bool = False) -> _Budget:
-    try:
-        asyncio.get_running_loop()
-        worker = False
-    except RuntimeError:
-        worker = True
-    seconds = WORKER_SECONDS if worker else LOOP_SECONDS
-    return _Budget(MAX_OPERATIONS, time.perf_counter() + seconds, seconds, worker, shared=shared)
-
-
-def start_budget() -> contextvars.Token[_Budget] | None:
-    """A budget for one render, or None when it draws on a shared one."""
-    current = _budget.get(None)
-    if current is not None and current.shared:
-        if current.operations == MAX_OPERATIONS:  # its first render: the clock starts now
-            current.deadline = time.perf_counter() + current.seconds
-        return None
-    return _budget.set(_new_budget())
-
-
-def end_budget(token: contextvars.Token[_Budget] | None) -> None:
-    if token is not None:
-        _budget.reset(token)
-
-
-@contextlib.contextmanager
-def one_budget() -> Iterator[None]:
-    """Every render within shares one budget: ingress gives a request's key and
-    `when` conditions LOOP_SECONDS together, not each."""
-    token = _budget.set(_new_budget(shared=True))
-    try:
-        yield
-    finally:
-        _budget.reset(token)
-
-
-def spend(amount: int = 1) -> None:
-    budget = _budget.get(None)
-    if budget is None:
-        return
-    budget.operations -= amount
-    if budget.operations < 0:
-        raise TemplateError(f"template too expensive: more than {MAX_OPERATIONS} operations")
-    budget.tick += amount
-    if budget.tick >= _CLOCK_EVERY:
-        budget.tick = 0
-        if time.perf_counter() > budget.deadline:
-            raise TemplateError(
-                f"template too expensive: took longer than {budget.seconds * 1000:g} ms"
-            )
-        if budget.worker:
-            # Hand the GIL over now and then: otherwise the event loop thread
-            # waits up to the 5 ms switch interval each time it needs it back
-            # (after every socket call), and one render slows every request.
-            time.sleep(0)
-
-
-def _size(size: int, what: str) -> None:
-    if size > MAX_SIZE:
-        raise TemplateError(
-            f"template too expensive: {what} would be {size} long (at most {MAX_SIZE})"
-        )
-
-
-def _bits(bits: float) -> None:
-    if bits > MAX_INT_BITS:
-        raise TemplateError(f"template too expensive: a number of more than {MAX_INT_BITS} bits")
 
 
 def _counted(iterable: Iterable[Any]) -> Iterator[Any]:
@@ -153,7 +57,7 @@ def _counted(iterable: Iterable[Any]) -> Iterator[Any]:
 
 def _concat(join: Callable[[Iterable[Any]], str]) -> Callable[[tuple[Any, ...]], str]:
     def concat(parts: tuple[Any, ...]) -> str:
-        _size(sum(len(str(part)) for part in parts), "a ~ result")
+        check_size(sum(len(str(part)) for part in parts), "a ~ result")
         return join(parts)
 
     return concat
@@ -194,7 +98,7 @@ def _percent_format(text: str) -> None:
             if number == "*":
                 raise TemplateError("template error: '*' widths are not supported")
             if number:
-                _size(int(number), "a %-format width")
+                check_size(int(number), "a %-format width")
 
 
 def _brace_format(text: str) -> None:
@@ -206,22 +110,22 @@ def _brace_format(text: str) -> None:
         if spec and "{" in spec:
             raise TemplateError("template error: nested format fields are not supported")
         for number in re.findall(r"\d+", spec or ""):
-            _size(int(number), "a format width")
+            check_size(int(number), "a format width")
 
 
 def _text_method(owner: str | bytes, name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Checks a str (or bytes) method call before it runs; may return new args."""
     if name in ("center", "ljust", "rjust", "zfill") and args and isinstance(args[0], int):
-        _size(args[0], f"{name}()")
+        check_size(args[0], f"{name}()")
     elif name == "expandtabs":
         tabsize = args[0] if args and isinstance(args[0], int) else 8
         tabs = owner.count("\t") if isinstance(owner, str) else owner.count(b"\t")
-        _size(len(owner) + tabs * max(tabsize, 0), "expandtabs()")
+        check_size(len(owner) + tabs * max(tabsize, 0), "expandtabs()")
     elif name == "replace" and len(args) >= 2:
         _replacement(owner, args[0], args[1], args[2] if len(args) > 2 else -1)
     elif name == "join" and args:
         items = list(args[0])
-        _size(len(owner) * len(items), "join()")
+        check_size(len(owner) * len(items), "join()")
         return (items, *args[1:])
     elif name in ("format", "format_map") and isinstance(owner, str):
         _brace_format(owner)
@@ -234,20 +138,20 @@ def _replacement(text: Any, old: Any, new: Any, count: Any) -> None:
     found = text.count(old) if old else len(text) + 1
     if isinstance(count, int) and count >= 0:
         found = min(found, count)
-    _size(len(text) + found * max(len(new) - len(old or ""), 0), "replace()")
+    check_size(len(text) + found * max(len(new) - len(old or ""), 0), "replace()")
 
 
 def _bounded_filters(filters: dict[str, Any]) -> None:
     plain = dict(filters)
 
     def center(value: Any, width: int = 80) -> str:
-        _size(int(width), "center()")
+        check_size(int(width), "center()")
         return str(plain["center"](value, width))
 
     def indent(text: Any, width: Any = 4, first: bool = False, blank: bool = False) -> str:
         lines = str(text).count("\n") + 1
         pad = len(width) if isinstance(width, str) else int(width)
-        _size(len(str(text)) + pad * lines, "indent()")
+        check_size(len(str(text)) + pad * lines, "indent()")
         return str(plain["indent"](text, width, first, blank))
 
     def wordwrap(
@@ -259,8 +163,8 @@ def _bounded_filters(filters: dict[str, Any]) -> None:
         break_on_hyphens: bool = True,
     ) -> str:
         # textwrap is slow on long inputs and can insert a break per character.
-        _size(len(str(text)) * 16, "wordwrap() input, times 16,")
-        _size(len(str(text)) * (1 + len(wrapstring or "\n")), "wordwrap()")
+        check_size(len(str(text)) * 16, "wordwrap() input, times 16,")
+        check_size(len(str(text)) * (1 + len(wrapstring or "\n")), "wordwrap()")
         return str(
             plain["wordwrap"](
                 environment, text, width, break_long_words, wrapstring, break_on_hyphens
@@ -278,7 +182,7 @@ def _bounded_filters(filters: dict[str, Any]) -> None:
     def join(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> str:
         items = list(value)
         spend(len(items))
-        _size(len(str(d)) * len(items), "join()")
+        check_size(len(str(d)) * len(items), "join()")
         return str(plain["join"](eval_ctx, items, d, attribute))
 
     join.jinja_pass_arg = plain["join"].jinja_pass_arg  # type: ignore[attr-defined]
@@ -288,11 +192,11 @@ def _bounded_filters(filters: dict[str, Any]) -> None:
         return str(plain["format"](value, *args, **kwargs))
 
     def slice_(value: Any, slices: int, fill_with: Any = None) -> Any:
-        _size(int(slices), "slice()")
+        check_size(int(slices), "slice()")
         return plain["slice"](value, slices, fill_with)
 
     def batch(value: Any, linecount: int, fill_with: Any = None) -> Any:
-        _size(int(linecount), "batch()")
+        check_size(int(linecount), "batch()")
         return plain["batch"](value, linecount, fill_with)
 
     def sum_(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0) -> Any:
@@ -315,11 +219,6 @@ def _bounded_filters(filters: dict[str, Any]) -> None:
     )
 
 
-def _on_loop() -> bool:
-    budget = _budget.get(None)
-    return budget is not None and not budget.worker
-
-
 def _metered(function: Callable[..., Any], name: str = "") -> Callable[..., Any]:
     """A filter (or test) that spends an operation, plus one per 64 items or
     characters of its input: filters run in C or in Jinja without passing
@@ -334,7 +233,7 @@ def _metered(function: Callable[..., Any], name: str = "") -> Callable[..., Any]
         value = args[position] if len(args) > position else None
         size = len(value) if isinstance(value, str | bytes | list | tuple | dict | set) else 0
         spend(1 + size // 64)
-        if per_item and size > LOOP_FILTER_ITEMS and _on_loop():
+        if per_item and size > LOOP_FILTER_ITEMS and on_loop():
             raise TemplateError(
                 f"template too expensive: {name} over {size} items while the"
                 f" request waits (at most {LOOP_FILTER_ITEMS}; a target's template may)"
@@ -391,22 +290,22 @@ class BoundedEnvironment(SandboxedEnvironment):
         if isinstance(result, range):
             spend(len(result))  # a loop over it costs as much
         elif isinstance(result, str | bytes | list | tuple | dict | set):
-            _size(len(result), "a call's result")
+            check_size(len(result), "a call's result")
         if isinstance(owner, list | dict | set):
-            _size(len(owner), "a list, dict or set")  # after append/extend/update
+            check_size(len(owner), "a list, dict or set")  # after append/extend/update
         return result
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and _integers(left, right) and right > 0 and abs(left) > 1:
-            _bits(right * math.log2(abs(left)))
+            check_bits(right * math.log2(abs(left)))
         elif operator == "*":
             if _integers(left, right):
-                _bits(left.bit_length() + right.bit_length())
+                check_bits(left.bit_length() + right.bit_length())
             for sequence, times in ((left, right), (right, left)):
                 if isinstance(sequence, Sized) and isinstance(times, int):
-                    _size(len(sequence) * times, "a * result")
+                    check_size(len(sequence) * times, "a * result")
         elif operator == "+" and isinstance(left, Sized) and isinstance(right, Sized):
-            _size(len(left) + len(right), "a + result")
+            check_size(len(left) + len(right), "a + result")
         elif operator == "%" and isinstance(left, str):
             _percent_format(left)
         return super().call_binop(context, operator, left, right)

@@ -18,16 +18,9 @@ import jinja2
 import jinja2.meta
 from jinja2.filters import do_default
 
+from relay.budget import MAX_OPERATIONS, MAX_OUTPUT_CHARS, TemplateError, end_budget, start_budget
 from relay.payload import EVENT_VARIABLES
-from relay.sandbox import (
-    MAX_OPERATIONS,
-    MAX_OUTPUT_CHARS,
-    BoundedEnvironment,
-    TemplateError,
-    bound,
-    end_budget,
-    start_budget,
-)
+from relay.sandbox import BoundedEnvironment, bound
 
 __all__ = [
     "MAX_OPERATIONS",
@@ -36,7 +29,6 @@ __all__ = [
     "TemplateError",
     "compile_expression",
     "compile_template",
-    "holds",
 ]
 
 # Set by `relay render`: every value that fell back to its `default` is
@@ -132,6 +124,10 @@ class Template:
             end_budget(token)
         return "".join(pieces)
 
+    def holds(self, context: Mapping[str, Any]) -> bool:
+        """A condition's verdict (see compile_expression)."""
+        return self.render(context) == "1"
+
 
 def compile_template(
     source: str,
@@ -182,12 +178,8 @@ def compile_expression(source: str, *, offers: Collection[str] | None = None) ->
     """A boolean condition such as `json.Status == 'CONFIRMED'`, as a template.
 
     Rendered through the same sandbox; the result is "1" when it holds and ""
-    when it does not (see `holds`).
+    when it does not (see `Template.holds`).
     """
     wrapped = compile_template("{% if (" + source + ") %}1{% endif %}", offers=offers)
     # Messages ("when: ... is false") show the condition as the user wrote it.
     return dataclasses.replace(wrapped, source=source)
-
-
-def holds(condition: Template, context: Mapping[str, Any]) -> bool:
-    return condition.render(context) == "1"

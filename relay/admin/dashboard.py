@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
-import jinja2
 import orjson
 from aiohttp import web
 
@@ -50,12 +50,14 @@ from relay.views import (
     stats_view,
 )
 
+if TYPE_CHECKING:
+    import jinja2
+
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SESSIONS = web.AppKey("sessions", Sessions)
-TEMPLATES = web.AppKey("templates", jinja2.Environment)
 STATIC = web.AppKey("static", dict[str, tuple[bytes, str]])
 SESSION = web.RequestKey("session", str)
 
@@ -82,7 +84,12 @@ MESSAGES = {
 }
 
 
+@functools.cache
 def _templates() -> jinja2.Environment:
+    # Loaded with the first page shown, not at start: most of the time nobody
+    # looks, and Jinja2 is ~2 MiB of a relay's memory (relay/budget.py).
+    import jinja2
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
@@ -108,7 +115,6 @@ def add_dashboard(app: web.Application, operator: Operator) -> None:
     advises guarding the handlers instead), and a domain-matched one is tried
     before every other path, so it would take /api and the probes too."""
     app[SESSIONS] = Sessions(lambda: operator.config.admin.token)
-    app[TEMPLATES] = _templates()
     app[STATIC] = _load_static()
     router = app.router
     # What a signed-out browser may load: the sign-in and its stylesheet and script.
@@ -221,7 +227,7 @@ def _render(request: web.Request, name: str, **context: Any) -> web.Response:
         "done": message,
         "problem": context.pop("problem", ""),
     }
-    html = request.app[TEMPLATES].get_template(name).render(**{**base, **context})
+    html = _templates().get_template(name).render(**{**base, **context})
     status = context.get("status", 200)
     return web.Response(
         text=html, content_type="text/html", status=status, headers=SECURITY_HEADERS

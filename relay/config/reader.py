@@ -276,12 +276,12 @@ class Section:
         self, name: str, default: D = REQUIRED, *, offers: Collection[str]
     ) -> Template | D:
         """A condition such as `json.Status == 'PAID'`, compiled now."""
-        from relay.templates import compile_expression  # see _compile
-
         source = self.string(name, None)
         if source is None:
             absent: Template | D = self.take(name, default)  # the default, or "is required"
             return absent
+        from relay.templates import compile_expression  # see _compile
+
         try:
             return compile_expression(source, offers=offers)
         except ValueError as error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from relay.config.model import Rate, RouteConfig
@@ -34,12 +34,14 @@ def _no_shared_rates(settings: Any) -> tuple[tuple[str, Rate], ...]:
     return ()
 
 
-@dataclass(frozen=True)
-class AlertTemplates:
+class AlertTemplates(Protocol):
     """What an alert says (relay/alerts.py): its one-line summary and its text."""
 
-    summary: Template
-    text: Template
+    @property
+    def summary(self) -> Template: ...
+
+    @property
+    def text(self) -> Template: ...
 
 
 def _no_alert_twin(settings: Any, alert: AlertTemplates) -> None:

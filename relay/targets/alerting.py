@@ -15,18 +15,41 @@ target) sends an alert as it sends everything.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import TYPE_CHECKING
 
 from relay.config import TargetConfig
 from relay.kinds import AlertTemplates, target_kind
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, Target
-from relay.templates import compile_template
+
+if TYPE_CHECKING:
+    from relay.templates import Template
 
 ALERTS_ROUTE = "_alerts"
 
-ALERT = AlertTemplates(
-    summary=compile_template("{{ json.summary }}"), text=compile_template("{{ json.text }}")
-)
+
+class _AlertTemplates:
+    """The alert's templates, each compiled when a kind first reads it, not at
+    import: a relay whose config holds no template never loads Jinja2 (an
+    HTTP target sends alerts as their JSON, and reads neither)."""
+
+    @functools.cached_property
+    def summary(self) -> Template:
+        return _compiled("{{ json.summary }}")
+
+    @functools.cached_property
+    def text(self) -> Template:
+        return _compiled("{{ json.text }}")
+
+
+def _compiled(source: str) -> Template:
+    from relay.templates import compile_template
+
+    return compile_template(source)
+
+
+ALERT: AlertTemplates = _AlertTemplates()
 
 
 def alert_settings(config: TargetConfig) -> TargetConfig | None:

@@ -12,12 +12,14 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from relay.outcome import Outcome
 from relay.payload import Payload, template_context
-from relay.templates import Template
 from relay.units import format_instant
+
+if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
+    from relay.templates import Template
 
 _Built = TypeVar("_Built")
 

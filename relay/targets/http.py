@@ -13,6 +13,7 @@ import orjson
 from multidict import CIMultiDictProxy
 
 from relay import __version__
+from relay.budget import TemplateError
 from relay.httpclient import (
     BadAnswer,
     Client,
@@ -33,7 +34,6 @@ from relay.targets.base import (
     rendered,
     variables,
 )
-from relay.templates import TemplateError
 
 USER_AGENT = f"relay/{__version__}"
 

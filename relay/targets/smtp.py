@@ -15,10 +15,10 @@ from email.utils import formatdate, parseaddr
 
 import aiosmtplib
 
+from relay.budget import TemplateError
 from relay.kinds.targets.smtp import SmtpSettings
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, context, rendered, variables
-from relay.templates import TemplateError
 
 
 class SmtpTarget:

@@ -59,6 +59,7 @@ async def config(tmp_path: Path) -> Path:
                 "crm": {
                     "type": "http",
                     "url": "http://127.0.0.1:9/leads",
+                    "format": "json",
                     "body": '{"n": {{ json.n }}}',
                 },
                 "mail": {
@@ -133,12 +134,16 @@ def test_operator_commands_do_not_import_the_daemon(
 
 
 def test_the_heavy_list_is_what_serve_really_loads(config: Path) -> None:
-    """The check above means something only if these names are the real ones."""
+    """The check above means something only if these names are the real ones:
+    the daemon's wiring, and Jinja2 for the templates the config holds."""
     done = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import json, sys; import relay.app; print(json.dumps(sorted(sys.modules)))",
+            "import json, sys; from pathlib import Path; import relay.app;"
+            " from relay.config import load_config; load_config(Path(sys.argv[1]), {});"
+            " print(json.dumps(sorted(sys.modules)))",
+            str(config),
         ],
         capture_output=True,
         text=True,
@@ -165,3 +170,59 @@ def test_the_daemon_on_sqlite_does_not_load_postgresqls_driver() -> None:
         timeout=60,
     )
     assert "asyncpg" not in json.loads(done.stdout)
+
+
+# Starts relay on a config without templates, takes a webhook, reports whether
+# Jinja2 was loaded; then opens the dashboard's sign-in and reports again.
+SERVE_AND_REPORT = """
+import asyncio, json, sys
+from pathlib import Path
+import aiohttp
+from relay.app import Relay
+from relay.config import load_config
+
+async def main():
+    relay = Relay(load_config(Path(sys.argv[2]), {}))
+    await relay.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            hook = relay.ingress_url + "/hooks/orders"
+            async with session.post(hook, json={"n": 1}) as answer:
+                assert answer.status == 200, answer.status
+            serving = "jinja2" in sys.modules
+            async with session.get(relay.admin_url + "/login") as page:
+                assert page.status == 200, page.status
+                assert "<form" in await page.text()
+    finally:
+        await relay.stop()
+    return {"serving": serving, "dashboard shown": "jinja2" in sys.modules}
+
+Path(sys.argv[1]).write_text(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_a_relay_whose_config_holds_no_template_loads_jinja2_only_for_the_dashboard(
+    tmp_path: Path,
+) -> None:
+    # ~2 MiB of every relay's memory (relay/budget.py): a relay that forwards
+    # to a CRM as is, alerts included, renders nothing until someone looks.
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "server": {"listen": "127.0.0.1:0"},
+            "admin": {"listen": "127.0.0.1:0", "token": "kq3-Vd9_xPz7LmW2rT8yN4bH6sJ1cF5gA0eU"},
+            "storage": {"path": str(tmp_path / "relay.db")},
+            "alerts": {"target": "crm"},
+            "targets": {"crm": {"type": "http", "url": "http://127.0.0.1:9/leads"}},
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        },
+    )
+    report_path = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_AND_REPORT, str(report_path), str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(report_path.read_text()) == {"serving": False, "dashboard shown": True}

@@ -1,6 +1,6 @@
 import pytest
 
-from relay.templates import TemplateError, compile_expression, compile_template, holds
+from relay.templates import TemplateError, compile_expression, compile_template
 
 
 def test_renders_and_knows_its_variables() -> None:
@@ -41,8 +41,8 @@ def test_runaway_output_is_refused() -> None:
 
 def test_conditions() -> None:
     condition = compile_expression("json.Status == 'CONFIRMED'")
-    assert holds(condition, {"json": {"Status": "CONFIRMED"}})
-    assert not holds(condition, {"json": {"Status": "NEW"}})
+    assert condition.holds({"json": {"Status": "CONFIRMED"}})
+    assert not condition.holds({"json": {"Status": "NEW"}})
 
 
 def test_runaway_loops_without_output_are_refused_too() -> None:
