@@ -22,6 +22,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -56,11 +57,18 @@ def main() -> int:
                 if name == "bare":
                     command = [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(port)]
                     env = None
+                    cwd = None
                 else:
                     config = relay_config(folder, port, target_port, "full")
                     command = [sys.executable, "-m", "relay", "serve", "--config", str(config)]
                     env = {**os.environ, "PYTHONPATH": versions[name]}
-                server = Server(command, port, cpu=1, env=env)
+                    # `python -m` puts its working directory first on sys.path:
+                    # run from a checkout, it would import that checkout's relay
+                    # for every version. The round's folder holds no relay.
+                    cwd = folder
+                    if round_number == 0:
+                        check_imports(versions[name], env, cwd)
+                server = Server(command, port, cpu=1, env=env, cwd=cwd)
                 try:
                     result, used = load_webhooks(
                         server, connections=64, seconds=args.seconds, prefix=round_number, cpu=0
@@ -97,6 +105,21 @@ def main() -> int:
     path = write_json("stages", {"args": vars(args), "versions": versions, "runs": runs})
     print(f"results: {path}")
     return 0
+
+
+def check_imports(tree: str, env: dict[str, str], cwd: Path) -> None:
+    """Stop unless a version's server, started as the round starts it, imports
+    relay from that version's tree."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import relay; print(relay.__file__)"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(found).resolve().is_relative_to(tree):
+        sys.exit(f"a version meant to run from {tree} imports relay from {found}")
 
 
 if __name__ == "__main__":
