@@ -137,6 +137,24 @@ def merged(**sections: Any) -> dict[str, Any]:
             merged(targets={"crm": {"headers": {"A": 1}}}),
             "targets.crm.headers.A: expected a string",
         ),
+        # RFC 9110 sections 5.1 and 5.5: a name is a token, and no value holds
+        # CR, LF or NUL; every delivery with such a header would be dead.
+        (
+            merged(targets={"crm": {"headers": {"X-Id": "a\u0000b"}}}),
+            "targets.crm.headers.X-Id: holds a line break or NUL",
+        ),
+        (
+            merged(targets={"crm": {"headers": {"X-Id": "a\r\nX-Evil: 1"}}}),
+            "targets.crm.headers.X-Id: holds a line break or NUL",
+        ),
+        (
+            merged(targets={"crm": {"headers": {"X Id": "1"}}}),
+            "targets.crm.headers.X Id: is not a header name",
+        ),
+        (
+            merged(targets={"crm": {"headers": {"X-Id:": "1"}}}),
+            "targets.crm.headers.X-Id:: is not a header name",
+        ),
         (merged(targets={"crm": {"colour": "red"}}), "targets.crm.colour: unknown key"),
         (
             merged(routes={"orders": {"path": "hooks"}}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,12 +69,31 @@ def _host_name(host: str) -> bool:
     return "%" not in host or ":" in host
 
 
+# RFC 9110 section 5.1: a field name is a token.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _check_header(section: Section, name: str, source: str) -> None:
+    """A header that could never be sent is refused at load: every delivery
+    with it would be dead at its first attempt. A value written without
+    template syntax is sent as written; a templated one is checked as rendered
+    (relay.targets.http.header_values)."""
+    key = section.key(f"headers.{name}")
+    if not _TOKEN.fullmatch(name):
+        raise ConfigError(key, "is not a header name: letters, digits and !#$%&'*+-.^_`|~ only")
+    if "{" not in source and any(char in source for char in "\r\n\0"):
+        # RFC 9110 section 5.5: CR, LF and NUL are never part of a value.
+        raise ConfigError(key, "holds a line break or NUL, which a header value cannot hold")
+
+
 def parse(section: Section, base: Path) -> HttpSettings:
     url = parse_url(section, "url")
     method = section.string("method", "POST").upper()
     if method not in HTTP_METHODS:
         raise section.error("method", "one of " + ", ".join(HTTP_METHODS), method)
     headers = section.template_map("headers", offers=EVENT_VARIABLES)
+    for name, template in headers.items():
+        _check_header(section, name, template.source)
     body_format: HttpFormat = section.choice("format", HTTP_FORMATS, "raw")
     body = section.template("body", None, offers=EVENT_VARIABLES)
     form = section.template_map("form", offers=EVENT_VARIABLES)
