@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
+from urllib.parse import unquote
 
 import aiohappyeyeballs
 import httptools
@@ -103,6 +104,13 @@ def _origin(url: str) -> _Origin:
     host = parsed.raw_host
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     bracketed = f"[{host}]" if ":" in host else host
+    if ":" in host and "%" in host:
+        # An IPv6 address with its zone (fe80::1%25eth0 in a URL, RFC 6874
+        # section 2): connected through the zone as the system names it
+        # (fe80::1%eth0), and sent without it in Host, which section 4 asks of
+        # a client: the zone means something on this machine only.
+        host = unquote(host)
+        bracketed = f"[{host.partition('%')[0]}]"
     host_header = bracketed if parsed.is_default_port() else f"{bracketed}:{port}"
     authorization = None
     if parsed.user is not None:
@@ -285,6 +293,8 @@ class _Resolver:
 
 def _literal(host: str, port: int) -> Addresses | None:
     """The address itself when the URL names one (`127.0.0.1`, `::1`), else None."""
+    if "%" in host:  # a zone: the lookup turns its name into the interface's index
+        return None
     try:
         address = ipaddress.ip_address(host)
     except ValueError:

@@ -27,6 +27,7 @@ from relay.httpclient import (
     NoAnswer,
     RequestError,
     TLSError,
+    _origin,
 )
 
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -453,6 +454,16 @@ async def test_an_address_in_the_url_is_connected_to_as_it_is() -> None:
     try:
         answer = await client.request("POST", f"http://[::1]:{port}/", {}, b"x", keep=2048)
         assert (answer.status, seen) == (200, [f"[::1]:{port}"])
+        # A zone, written %25 as RFC 6874 section 2 says (here lo by its index,
+        # 1): connected through that interface, and left out of Host, as
+        # section 4 asks of a client (Go's net/http strips it too).
+        lo = socket.if_nametoindex("lo")
+        zoned = f"http://[::1%25{lo}]:{port}/"
+        answer = await client.request("POST", zoned, {}, b"x", keep=2048)
+        assert (answer.status, seen[1:]) == (200, [f"[::1]:{port}"])
+        # (A loopback address ignores its zone: that a link-local one is
+        # reached through the zone named, decoded, is the lookup's to show.)
+        assert _origin("http://[fe80::1%25eth0]:8080/").host == "fe80::1%eth0"
     finally:
         await client.close()
         await runner.cleanup()
