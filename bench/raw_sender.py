@@ -1,0 +1,91 @@
+"""A second lone sender, for a second opinion on wrk's: one blocking socket
+posting bench/common.py's ~1 KiB webhook, each request after the last answer,
+timing each from its first byte sent to its answer's last byte read.
+
+    python bench/raw_sender.py PORT SECONDS PREFIX
+
+Prints one JSON line: requests, non2xx, seconds, p50, p99, p999 (ms). With
+one connection, its latencies add up to the run's time, so a tail it reports
+is one the server made (wrk's own stalls, on this host, put its p99 against
+relay at 4.8-7.9 ms while this one measured 1.5-1.6 ms in the rounds between).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import body_1kib
+
+
+def main() -> int:
+    port, seconds, prefix = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    body = body_1kib().encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    latencies: list[float] = []
+    refused = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        head = (
+            "POST /hooks/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\n"
+            f"Idempotency-Key: raw-{prefix}-{len(latencies)}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        began = time.perf_counter()
+        sock.sendall(head.encode() + body)
+        status = read_answer(sock)
+        latencies.append(time.perf_counter() - began)
+        refused += not 200 <= status < 300
+    elapsed = time.monotonic() - started
+    sock.close()
+    latencies.sort()
+
+    def at(share: float) -> float:
+        return latencies[min(len(latencies) - 1, int(len(latencies) * share))] * 1000
+
+    print(
+        json.dumps(
+            {
+                "requests": len(latencies),
+                "non2xx": refused,
+                "errors": 0,
+                "seconds": elapsed,
+                "p50": at(0.5),
+                "p99": at(0.99),
+                "p999": at(0.999),
+            }
+        )
+    )
+    return 0
+
+
+def read_answer(sock: socket.socket) -> int:
+    """The status of one answer with a Content-Length, read to its end."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(
+        int(line.split(b":", 1)[1]) for line in lines if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        rest += chunk
+    return int(lines[0].split()[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
