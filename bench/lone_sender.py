@@ -7,10 +7,10 @@ for the answer to the one before, against the bare aiohttp app handler (the
 baseline), aiohttp's low-level server, and relay (synchronous = "full", so
 every answer waits for its own fsynced commit). The server runs on CPU 1 and
 wrk on CPU 0. Then bench/raw_sender.py, a blocking socket, does the same
-for as long (a second opinion: on one host wrk's p99 against relay was 3-5x
-what this client measured in the rounds between, and what relay's writer
-saw). Reported: the acknowledgement's p50 and p99 by each client; every
-webhook relay acknowledged must be in its database afterwards.
+for as long: it reports each request's own latency, where wrk corrects for
+coordinated omission and so counts a stall by its length (see raw_sender.py).
+Reported: the acknowledgement's p50 and p99 by each client; every webhook
+relay acknowledged must be in its database afterwards.
 """
 
 from __future__ import annotations

@@ -1,14 +1,18 @@
-"""A second lone sender, for a second opinion on wrk's: one blocking socket
-posting bench/common.py's ~1 KiB webhook, each request after the last answer,
-timing each from its first byte sent to its answer's last byte read.
+"""A second lone sender beside wrk: one blocking socket posting bench/common.py's
+~1 KiB webhook, each request after the last answer, timing each from its first
+byte sent to its answer's last byte read.
 
     python bench/raw_sender.py PORT SECONDS PREFIX
 
-Prints one JSON line: requests, non2xx, seconds, p50, p99, p999 (ms). On one
-host wrk put its p99 against relay at 4.8-21 ms while this client measured
-1.5-1.6 ms in the rounds between, and relay's writer, timed from inside, agreed
-with this client; against the bare handlers the two clients agreed. Why wrk
-differs there was not found: both figures are reported.
+Prints one JSON line: requests, non2xx, seconds, p50, p99, p999 (ms).
+
+The two measure different things. This one reports each request's own
+latency. wrk corrects its histogram for coordinated omission (stats_correct in
+wrk's src/stats.c: every latency over twice the mean interval adds a sample at
+each interval below it), which models senders that do not wait for each other,
+as a form's visitors do: a stall counts by its length, not once. Against the
+bare handlers, which never stall, the two agree; against relay, whose fsynced
+commits now and then stall for tens of milliseconds, wrk's p99 is the higher.
 """
 
 from __future__ import annotations
