@@ -103,14 +103,13 @@ def _origin(url: str) -> _Origin:
         raise RequestError(f"not an http(s) URL: {parsed.with_password(None)}")
     host = parsed.raw_host
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    bracketed = f"[{host}]" if ":" in host else host
     if ":" in host and "%" in host:
         # An IPv6 address with its zone (fe80::1%25eth0 in a URL, RFC 6874
         # section 2): connected through the zone as the system names it
         # (fe80::1%eth0), and sent without it in Host, which section 4 asks of
         # a client: the zone means something on this machine only.
         host = unquote(host)
-        bracketed = f"[{host.partition('%')[0]}]"
+    bracketed = f"[{host.partition('%')[0]}]" if ":" in host else host
     host_header = bracketed if parsed.is_default_port() else f"{bracketed}:{port}"
     authorization = None
     if parsed.user is not None:

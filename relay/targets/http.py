@@ -22,7 +22,7 @@ from relay.httpclient import (
     RequestError,
     TLSError,
 )
-from relay.kinds.targets.http import HttpSettings
+from relay.kinds.targets.http import HttpSettings, breaks_header
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.secrets import Masker
 from relay.signing import signature_headers
@@ -139,7 +139,7 @@ def header_values(rendered: dict[str, str]) -> dict[str, str]:
     """Rendered header values, refused when one cannot be a header (a line
     break from the payload), with the name of the header and the reason."""
     for name, value in rendered.items():
-        if any(char in value for char in "\r\n\0"):
+        if breaks_header(value):
             raise TemplateError(
                 f"header {name}: the template's output contains a line break or NUL,"
                 " which a header value cannot hold"

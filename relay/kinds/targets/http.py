@@ -73,6 +73,12 @@ def _host_name(host: str) -> bool:
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
+def breaks_header(value: str) -> bool:
+    """Whether a header value holds what no value may: CR, LF or NUL (RFC 9110
+    section 5.5). Asked of a value as written (at load) and as rendered."""
+    return any(char in value for char in "\r\n\0")
+
+
 def _check_header(section: Section, name: str, source: str) -> None:
     """A header that could never be sent is refused at load: every delivery
     with it would be dead at its first attempt. A value written without
@@ -81,8 +87,7 @@ def _check_header(section: Section, name: str, source: str) -> None:
     key = section.key(f"headers.{name}")
     if not _TOKEN.fullmatch(name):
         raise ConfigError(key, "is not a header name: letters, digits and !#$%&'*+-.^_`|~ only")
-    if "{" not in source and any(char in source for char in "\r\n\0"):
-        # RFC 9110 section 5.5: CR, LF and NUL are never part of a value.
+    if "{" not in source and breaks_header(source):
         raise ConfigError(key, "holds a line break or NUL, which a header value cannot hold")
 
 
