@@ -259,19 +259,6 @@ def split_target(target: bytes) -> tuple[str, str]:
     return path, query_bytes.decode("utf-8", "surrogateescape")
 
 
-class _Dropped(list[tuple[bytes, bytes]]):
-    """Where a request's trailer fields go: read and dropped. A trailer is not a
-    header (RFC 9110 section 6.5.1): the head is what is checked and stored."""
-
-    __slots__ = ()
-
-    def append(self, field: tuple[bytes, bytes]) -> None:
-        pass
-
-
-_TRAILERS = _Dropped()
-
-
 class _Message:
     """One request: parsed head, its body as it comes, and its exchange once admitted."""
 
@@ -462,12 +449,16 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # Their sizes and count are checked once the head is complete (what
-        # one head may hold meanwhile is bounded by MAX_HEAD, in _feed).
-        self._raw.append((name, value))
+        # one head may hold meanwhile is bounded by MAX_HEAD, in _feed). A
+        # field after the head is a trailer, which is not a header (RFC 9110
+        # section 6.5.1): read and dropped, the head being what is checked and
+        # stored.
+        if self._in_head:
+            self._raw.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        raw, self._raw = self._raw, _TRAILERS  # what comes after the head is not in it
+        raw = self._raw  # the head's own: on_message_begin gives the next one a new list
         if self._problem is not None or self._lingering is not None:
             return
         if len(self._queue) >= MAX_PIPELINED:

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from relay import __version__
+from relay import __version__, compiled
 from relay.cli import check, events, movestore, operate, render, resend, serve, setup
 from relay.cli.common import CommandError, as_root_hint
 from relay.inputs import BadRequest
@@ -20,7 +20,9 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="relay", description="A webhook relay: accept, keep on disk, deliver with retries."
     )
-    root.add_argument("--version", action="version", version=f"relay {__version__}")
+    root.add_argument(
+        "--version", action="version", version=f"relay {__version__}, {compiled.describe()}"
+    )
     commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.register(commands)
