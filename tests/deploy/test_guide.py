@@ -555,6 +555,8 @@ async def _follow(
         return service
     result = await asyncio.to_thread(machine.run, machine.rewrite(plain))
     assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    if plain == "relay --version":  # both installs compile the hot path, as the guide says
+        assert result.stdout.strip().endswith("hot path compiled (mypyc)"), result.stdout
     if " init " in f" {plain} ":
         config = machine.path("/etc/relay/relay.toml")
         text = config.read_text()
