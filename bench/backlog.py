@@ -35,6 +35,7 @@ from common import (
     crm_counts,
     free_port,
     print_table,
+    relay_command,
     relay_to_sink_config,
     write_json,
 )
@@ -158,7 +159,7 @@ def main() -> int:
             order_by="{{ json.order.id }}" if keys else None,
         )
         started = time.perf_counter()
-        relay = Server([sys.executable, "-m", "relay", "serve", "--config", str(path)], port, cpu=1)
+        relay = Server([*relay_command(), "serve", "--config", str(path)], port, cpu=1)
         start_seconds = time.perf_counter() - started
         rss: list[float] = []
         try:

@@ -23,6 +23,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def relay_command() -> list[str]:
+    """How a benchmark starts relay: with $RELAY_PYTHON when set (say, the
+    Python of a virtual environment holding the compiled wheel:
+    `RELAY_MYPYC=1 pip install .`), else this interpreter. -P keeps the
+    working directory off sys.path: run from a checkout, `-m relay` would
+    import the checkout's pure sources whatever the interpreter has installed."""
+    python = os.environ.get("RELAY_PYTHON")
+    return [os.path.abspath(python) if python else sys.executable, "-P", "-m", "relay"]
+
+
 WRK_SCRIPT = r"""
 counter = 0
 wrk.method = "POST"
@@ -219,11 +230,23 @@ def print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def relay_build() -> str:
+    """What `relay --version` says of the relay the benchmarks start: whether
+    its hot path is compiled."""
+    return subprocess.run(
+        [*relay_command(), "--version"], capture_output=True, text=True, check=True, cwd="/"
+    ).stdout.strip()
+
+
 def write_json(name: str, data: object) -> Path:
+    """The results, with the relay build they were measured on (printed too)."""
+    build = relay_build()
+    print(f"measured on: {build}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2, default=lambda o: asdict(o)))
+    record = {"relay": build, **data} if isinstance(data, dict) else data
+    path.write_text(json.dumps(record, indent=2, default=lambda o: asdict(o)))
     return path
 
 

@@ -37,6 +37,7 @@ from common import (
     crm_counts,
     free_port,
     print_table,
+    relay_command,
     relay_to_sink_config,
     run_wrk,
     write_json,
@@ -58,9 +59,7 @@ def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> 
             cpu=0,
         )
         config = relay_to_sink_config(folder, port, admin_port, sink_port, concurrency)
-        relay = Server(
-            [sys.executable, "-m", "relay", "serve", "--config", str(config)], port, cpu=1
-        )
+        relay = Server([*relay_command(), "serve", "--config", str(config)], port, cpu=1)
         try:
             result = run_wrk(
                 f"http://127.0.0.1:{port}/hooks/orders",

@@ -24,6 +24,7 @@ from common import (
     Server,
     free_port,
     print_table,
+    relay_command,
     relay_to_sink_config,
     run_wrk,
     write_json,
@@ -61,7 +62,7 @@ def main() -> int:
                 port = free_port()
                 if name == "relay":
                     config = relay_to_sink_config(folder, port, free_port(), sink_port, 32)
-                    command = [sys.executable, "-m", "relay", "serve", "--config", str(config)]
+                    command = [*relay_command(), "serve", "--config", str(config)]
                 else:
                     command = [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(port)]
                 server = Server(command, port, cpu=1)

@@ -30,6 +30,7 @@ from common import (
     free_port,
     load_webhooks,
     print_table,
+    relay_command,
     write_json,
 )
 
@@ -105,7 +106,7 @@ def main() -> int:
                     command = [sys.executable, str(ROOT / "bench" / "bare_lowlevel.py"), str(port)]
                 else:
                     config = relay_config(folder, port, target_port, args.synchronous)
-                    command = [sys.executable, "-m", "relay", "serve", "--config", str(config)]
+                    command = [*relay_command(), "serve", "--config", str(config)]
                 server = Server(command, port, cpu=None if args.no_pin else 1)
                 try:
                     result, used = load_webhooks(

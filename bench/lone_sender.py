@@ -33,6 +33,7 @@ from common import (
     cpu_prefix,
     free_port,
     print_table,
+    relay_command,
     run_wrk,
     write_json,
 )
@@ -49,7 +50,7 @@ def main() -> int:
     commands = {
         "bare aiohttp app": [sys.executable, str(ROOT / "bench" / "bare_server.py")],
         "bare aiohttp low-level": [sys.executable, str(ROOT / "bench" / "bare_lowlevel.py")],
-        "relay": [sys.executable, "-m", "relay", "serve", "--config"],
+        "relay": [*relay_command(), "serve", "--config"],
     }
     results: dict[str, list[WrkResult]] = {
         f"{name}{client}": [] for name in commands for client in ("", ", raw socket")

@@ -21,7 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, Server, WrkResult, free_port, print_table, run_wrk, write_json
+from common import (
+    ROOT,
+    Server,
+    WrkResult,
+    free_port,
+    print_table,
+    relay_command,
+    run_wrk,
+    write_json,
+)
 from ingest import black_hole, relay_config
 
 
@@ -73,7 +82,7 @@ def main() -> int:
                     ]
                 else:
                     config = relay_config(folder, port, target_port, "full")
-                    command = [sys.executable, "-m", "relay", "serve", "--config", str(config)]
+                    command = [*relay_command(), "serve", "--config", str(config)]
                 servers.append(Server(command, port, cpu=1))
                 try:
                     result = run_wrk(

@@ -47,6 +47,7 @@ from common import (
     WrkResult,
     free_port,
     print_table,
+    relay_command,
     relay_to_sink_config,
     run_wrk,
     write_json,
@@ -177,7 +178,7 @@ def run_setup(
                 )
                 relays.append(
                     Server(
-                        [sys.executable, "-m", "relay", "serve", "--config", str(path)],
+                        [*relay_command(), "serve", "--config", str(path)],
                         port,
                         cpu=None,
                         cwd=folder,

@@ -5,6 +5,11 @@
     git worktree add /tmp/before <commit>
     python bench/stages.py before=/tmp/before now=.
 
+    # the compiled hot path against the pure one: a SOURCE_TREE may be the
+    # site-packages of a virtual environment holding the compiled wheel
+    python3 -m venv /tmp/compiled && RELAY_MYPYC=1 /tmp/compiled/bin/pip install .
+    python bench/stages.py pure=. compiled=/tmp/compiled/lib/python3.11/site-packages
+
 What a change bought, in µs of CPU per webhook, needs its before and after
 measured in one sitting: this host's speed moves by up to 1.4x between
 sittings. Each round runs the bare aiohttp app handler, then each version
