@@ -22,6 +22,12 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+# How tests start relay in a process of its own. -P: not the working
+# directory first on sys.path, where `-m relay` run from a checkout would
+# import the checkout's pure sources even in the run against the compiled
+# wheel (.ci/run, tests/unit/test_compiled.py).
+RELAY = [sys.executable, "-P", "-m", "relay"]
+
 
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
@@ -172,7 +178,7 @@ class RelayProcess:
         log = self.log_path.open("ab")
         self._log_offset = self.log_path.stat().st_size
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "relay", "serve", "--config", str(self.config_path)],
+            [*RELAY, "serve", "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
@@ -231,7 +237,7 @@ def relay_cli(
     *args: str, check: bool = True, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "relay", *args],
+        [*RELAY, *args],
         capture_output=True,
         text=True,
         check=False,

@@ -7,13 +7,12 @@ import os
 import sqlite3
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 from pytest_aiohttp import AiohttpServer
 
-from helpers import RelayProcess, Sink, arelay_cli, relay_cli, write_config
+from helpers import RELAY, RelayProcess, Sink, arelay_cli, relay_cli, write_config
 
 STARTER_ENV = {
     "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",
@@ -125,7 +124,7 @@ def test_init_writes_a_readable_config_that_names_its_database(tmp_path: Path) -
     path = tmp_path / "etc" / "relay" / "relay.toml"
     # As `sudo` may run it on a hardened machine: a umask that keeps everything private.
     written = subprocess.run(
-        [sys.executable, "-m", "relay", "init", str(path), "--database", "/var/lib/relay/relay.db"],
+        [*RELAY, "init", str(path), "--database", "/var/lib/relay/relay.db"],
         preexec_fn=lambda: os.umask(0o077),
         capture_output=True,
         text=True,

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -20,6 +18,8 @@ import pytest
 
 import relay
 from relay.compiled import HOT_PATH, compiled_modules, describe
+
+from helpers import relay_cli
 
 EXPECT_COMPILED = os.environ.get("RELAY_EXPECT_COMPILED") == "1"
 
@@ -56,11 +56,6 @@ def test_the_suite_runs_the_compiled_modules() -> None:
         origin = str(module.__file__)
         assert origin.endswith(tuple(EXTENSION_SUFFIXES)), f"{name} was imported from {origin}"
     assert compiled_modules() == list(HOT_PATH)
-    version = subprocess.run(
-        [sys.executable, "-m", "relay", "--version"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd="/",  # not a checkout: `-m` would put its pure sources first
-    ).stdout
+    # relay as the tests start it in a process of their own (helpers.RELAY).
+    version = relay_cli("--version").stdout
     assert version.strip().endswith("hot path compiled (mypyc)")

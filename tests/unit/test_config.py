@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,8 @@ from relay.cli.check import describe, durability_warnings
 from relay.config import ConfigError, load_config, load_operator_config, parse_config
 from relay.kinds.targets.file import FileSettings
 from relay.kinds.targets.http import HttpSettings
+
+from helpers import RELAY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -303,7 +304,7 @@ def test_check_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "relay.toml"
     path.write_text('[server]\nlisen = "127.0.0.1:8080"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "relay", "check", "--config", str(path)],
+        [*RELAY, "check", "--config", str(path)],
         capture_output=True,
         text=True,
         check=False,
