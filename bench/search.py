@@ -247,7 +247,7 @@ async def main() -> None:
             f" (database {file_size / 2**20:.1f} MiB);"
             f" indexed {indexed} events in {index_seconds:.1f}s"
         )
-        print(f"wrote {write_json('search', summary)}")
+        print(f"wrote {write_json('search', summary, one_build=False)}")
     finally:
         await store.close()
         if temporary is not None:

@@ -107,7 +107,10 @@ def main() -> int:
         ["version", "rate / bare, each round", "median", "us CPU/webhook", "p99 ms"],
         rows,
     )
-    path = write_json("stages", {"args": vars(args), "versions": versions, "runs": runs})
+    # Each version is its own tree, named on the command line: no one build to name.
+    path = write_json(
+        "stages", {"args": vars(args), "versions": versions, "runs": runs}, one_build=False
+    )
     print(f"results: {path}")
     return 0
 
