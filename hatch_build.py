@@ -49,7 +49,7 @@ class MypycHook(BuildHookInterface):
         if self.target_name != "wheel" or version == "editable" or not compile_requested():
             return
         root = Path(self.root)
-        modules = [name.replace(".", "/") + ".py" for name in _hot_path(root)]
+        modules = _hot_path_sources(root)
         work = root / "build" / "mypyc"
         shutil.rmtree(work, ignore_errors=True)
         built = _compile(root, modules, work)
@@ -59,11 +59,15 @@ class MypycHook(BuildHookInterface):
         build_data["infer_tag"] = True  # cp311-cp311-<platform>: the .so is for this Python
 
 
-def _hot_path(root: Path) -> list[str]:
-    """relay.compiled.HOT_PATH, read without importing relay (whose
-    dependencies a build environment does not have)."""
+def _hot_path_sources(root: Path) -> list[str]:
+    """The sources of relay.compiled.HOT_PATH, relative to root (relay/http1.py),
+    read without importing relay (whose dependencies a build environment does
+    not have)."""
     namespace = runpy.run_path(str(root / "relay" / "compiled.py"))
-    return list(namespace["HOT_PATH"])
+    module_file = namespace["module_file"]
+    return [
+        str(module_file(name, Path("relay")).with_suffix(".py")) for name in namespace["HOT_PATH"]
+    ]
 
 
 def _compile(root: Path, modules: list[str], work: Path) -> list[Path]:

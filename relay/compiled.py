@@ -25,13 +25,20 @@ HOT_PATH = (
 _PACKAGE = Path(__file__).resolve().parent
 
 
+def module_file(name: str, package: Path = _PACKAGE) -> Path:
+    """Where module `name` (relay.store.writer) lives in `package` (the relay
+    folder), without a suffix: writer.py beside it is the source, writer
+    plus an extension suffix the compiled module."""
+    return package.joinpath(*name.split(".")[1:])
+
+
 def compiled_modules(package: Path = _PACKAGE) -> list[str]:
     """The HOT_PATH modules an import would load compiled from `package` (the
     relay folder). Found by file, not by import: `relay --version` must not
     load the store or the HTTP machinery."""
     compiled = []
     for name in HOT_PATH:
-        base = package.joinpath(*name.split(".")[1:])
+        base = module_file(name, package)
         if any(base.with_name(base.name + suffix).is_file() for suffix in EXTENSION_SUFFIXES):
             compiled.append(name)
     return compiled

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import relay
-from relay.compiled import HOT_PATH, compiled_modules, describe
+from relay.compiled import HOT_PATH, compiled_modules, describe, module_file
 
 from helpers import relay_cli
 
@@ -25,9 +24,8 @@ EXPECT_COMPILED = os.environ.get("RELAY_EXPECT_COMPILED") == "1"
 
 
 def test_every_hot_path_module_exists() -> None:
-    package = Path(relay.__file__).parent
     for name in HOT_PATH:
-        source = package.joinpath(*name.split(".")[1:]).with_suffix(".py")
+        source = module_file(name).with_suffix(".py")
         assert source.is_file(), f"{name} is in HOT_PATH but {source} does not exist"
 
 
@@ -35,7 +33,7 @@ def test_a_module_counts_as_compiled_by_its_extension_file(tmp_path: Path) -> No
     package = tmp_path / "relay"
     (package / "store").mkdir(parents=True)
     for name in HOT_PATH:
-        package.joinpath(*name.split(".")[1:]).with_suffix(".py").write_text("")
+        module_file(name, package).with_suffix(".py").write_text("")
     assert compiled_modules(package) == []
     writer = package / "store" / f"writer{EXTENSION_SUFFIXES[0]}"
     writer.write_bytes(b"")
