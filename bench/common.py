@@ -238,14 +238,14 @@ def relay_build() -> str:
     ).stdout.strip()
 
 
-def write_json(name: str, data: object, *, one_build: bool = True) -> Path:
+def write_json(name: str, data: dict[str, object], *, one_build: bool = True) -> Path:
     """The results, with the relay build they were measured on (printed too)
     when the benchmark ran the one relay_command() starts."""
     record = data
     if one_build:
         build = relay_build()
         print(f"measured on: {build}")
-        record = {"relay": build, **data} if isinstance(data, dict) else data
+        record = {"relay": build, **data}
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.json"
