@@ -187,6 +187,8 @@ class Scheduler:
             self._running = False
 
     async def _loop(self) -> None:
+        woken = True  # the first turn claims at once
+        due: float | None = None
         while not self._stopping:
             now = self._clock.now()
             self.last_tick = now
@@ -194,8 +196,15 @@ class Scheduler:
             until = now + self._poll_interval
             try:
                 await self._refresh_paused(now)
-                started = await self._dispatch(now)
-                due = await self._next_wake(now)
+                if not woken and (due is None or due > now):
+                    # A poll with nothing known due: look (a read) before
+                    # claiming (a write transaction), so an idle relay reads
+                    # once a second and writes nothing.
+                    due = await self._look_first(now)
+                started = 0
+                if woken or (due is not None and due <= now):
+                    started = await self._dispatch(now)
+                    due = await self._next_wake(now)
             except StoreError as error:
                 self._store_failed(now, error)
                 started, due = 0, None
@@ -204,7 +213,14 @@ class Scheduler:
             if due is not None and (due > now or started):
                 until = min(until, due)
             await self._clock.wait(self._wake, until)
+            woken = self._wake.is_set()
             self._wake.clear()
+
+    async def _look_first(self, now: float) -> float | None:
+        """The next due time, read; `now` when the store cannot foresee its claims."""
+        if not self._store.next_due_foresees_claims:
+            return now
+        return await self._next_wake(now)
 
     async def run_once(self) -> int:
         """Start every attempt that is due now; returns how many were started."""
@@ -313,9 +329,9 @@ class Scheduler:
         # the poll interval, not on every wake-up.
         last = self._paused_read_at
         if last is None or now - last >= self._poll_interval or now < last:
-            self._paused = await self._store.paused_targets()
             # Down state lives there too: a restart, or another process, sees it.
-            self._down = await self._store.down_targets()
+            held = await self._store.held_targets()
+            self._paused, self._down = held.paused, held.down
             self._paused_read_at = now
 
     def _eligible(self) -> dict[str, _Lane]:

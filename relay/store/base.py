@@ -327,6 +327,14 @@ class DownState:
 
 
 @dataclass(frozen=True)
+class HeldTargets:
+    """What holds targets back, read together: paused ones, and down ones."""
+
+    paused: frozenset[str]
+    down: dict[str, DownState]
+
+
+@dataclass(frozen=True)
 class TargetState:
     name: str
     paused: bool = False
@@ -519,6 +527,11 @@ class Queue(Protocol):
         it has something to claim."""
         ...
 
+    # True when claim_due leases nothing for a target before the time next_due
+    # gives it: the scheduler's poll may then look (a read) before it claims
+    # (a write transaction), and an idle relay writes nothing.
+    next_due_foresees_claims: bool
+
     async def record_attempt(
         self,
         delivery: ClaimedDelivery,
@@ -557,6 +570,10 @@ class Queue(Protocol):
 
     async def down_targets(self) -> dict[str, DownState]:
         """Targets that are down (hold_when_down), whatever the config says now."""
+        ...
+
+    async def held_targets(self) -> HeldTargets:
+        """paused_targets and down_targets in one read (the scheduler's poll)."""
         ...
 
 

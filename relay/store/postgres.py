@@ -56,6 +56,7 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     HeldBehind,
+    HeldTargets,
     Hold,
     HourlyActivity,
     IndexSource,
@@ -99,6 +100,7 @@ from relay.store.rows import (
     ATTEMPT_COLUMNS_INSERTED,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
+    HELD_TARGETS,
     LOG_COLUMNS,
     RESEND_COLUMNS,
     Row,
@@ -110,6 +112,7 @@ from relay.store.rows import (
     delivery_view,
     event_detail,
     event_view,
+    held_targets,
     selection_where,
 )
 from relay.store.verbs import (
@@ -186,6 +189,10 @@ def default_instance_id() -> str:
 
 
 class PostgresStore:
+    # claim_due also takes over the leases of an instance whose heartbeats
+    # stopped, before those leases run out: next_due does not read heartbeats.
+    next_due_foresees_claims = False
+
     def __init__(
         self,
         url: str,
@@ -1054,6 +1061,9 @@ class PostgresStore:
             "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
         )
         return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+
+    async def held_targets(self) -> HeldTargets:
+        return held_targets([tuple(row) for row in await self._read(HELD_TARGETS)])
 
     async def target_states(self) -> dict[str, TargetState]:
         async with self._connection() as connection:

@@ -17,10 +17,12 @@ from relay.store.base import (
     ClaimedDelivery,
     Delivered,
     DeliveryView,
+    DownState,
     EventDetail,
     EventView,
     FailureStreak,
     Header,
+    HeldTargets,
     Hold,
     LogEntry,
     NewEvent,
@@ -79,6 +81,19 @@ WHERE id IN (
     ORDER BY lease_until LIMIT ?)
 {CLAIM_RETURNING}
 """
+
+# Paused or down targets, one row each (held_targets).
+HELD_TARGETS = (
+    "SELECT name, paused, down_since, probe_at, probes FROM targets"
+    " WHERE paused OR down_since IS NOT NULL"
+)
+
+
+def held_targets(rows: Sequence[Sequence[Any]]) -> HeldTargets:
+    return HeldTargets(
+        paused=frozenset(row[0] for row in rows if row[1]),
+        down={row[0]: DownState(row[2], row[3], row[4]) for row in rows if row[2] is not None},
+    )
 
 
 def placeholders(count: int) -> str:

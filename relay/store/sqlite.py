@@ -30,6 +30,7 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     HeldBehind,
+    HeldTargets,
     Hold,
     HourlyActivity,
     IndexSource,
@@ -59,6 +60,7 @@ from relay.store.rows import (
     EVENT_COLUMNS,
     EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
+    HELD_TARGETS,
     LOG_COLUMNS,
     NEXT_IN_LINE,
     RESEND_COLUMNS,
@@ -70,6 +72,7 @@ from relay.store.rows import (
     delivery_view,
     event_detail,
     event_view,
+    held_targets,
     insert_log,
     match_expression,
     placeholders,
@@ -97,6 +100,9 @@ T = TypeVar("T")
 
 
 class SqliteStore:
+    # next_due reads the very conditions claim_due leases by.
+    next_due_foresees_claims = True
+
     def __init__(
         self,
         path: Path,
@@ -695,6 +701,9 @@ class SqliteStore:
             "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
         )
         return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+
+    async def held_targets(self) -> HeldTargets:
+        return held_targets(await self._read(HELD_TARGETS))
 
     async def target_states(self) -> dict[str, TargetState]:
         rows = await self._read(

@@ -14,6 +14,7 @@ from relay.store import (
     Dead,
     Delivered,
     DownState,
+    HeldTargets,
     Hold,
     NewDelivery,
     NotFound,
@@ -308,3 +309,18 @@ async def test_resuming_a_down_target_makes_its_probe_due_now(store: Store) -> N
     await store.set_paused("mail", False, T0 + 21)
     assert set(await store.down_targets()) == {"crm"}
     assert await store.paused_targets() == frozenset()
+
+
+async def test_held_targets_reads_paused_and_down_together(store: Store) -> None:
+    assert await store.held_targets() == HeldTargets(frozenset(), {})
+    await store.accept_event(event("a"), [NewDelivery("crm")], T0)
+    [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
+    await store.record_attempt(claim, FAILED, RetryAt(T0 + 10), T0, Hold(1, T0 + 3600))
+    await store.set_paused("mail", True, T0 + 1)
+    await store.set_paused("crm", True, T0 + 2)  # both paused and down
+    held = await store.held_targets()
+    assert held == HeldTargets(frozenset({"mail", "crm"}), {"crm": DownState(T0, T0 + 3600, 0)})
+    assert (held.paused, held.down) == (
+        await store.paused_targets(),
+        await store.down_targets(),
+    )

@@ -1,0 +1,86 @@
+"""The scheduler's poll on an idle relay: it looks before it claims, so it
+writes nothing, and it still picks up what another process made due."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from relay.app import Relay
+from relay.indexer import SETTLE
+from relay.store import SqliteStore, Status
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+
+ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
+POLL = 0.02  # seconds: many polls in a short test
+
+
+async def post(relay: Relay, http: aiohttp.ClientSession) -> int:
+    async with http.post(
+        relay.ingress_url + "/hooks/orders",
+        data=b'{"order": 1}',
+        headers={"Content-Type": "application/json"},
+    ) as response:
+        assert response.status == 200
+        return int((await response.json())["id"])
+
+
+async def settled(relay: Relay, event_id: int, status: Status) -> int:
+    """The event's one delivery once it reaches `status` (within 5 s); its id."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        found = await relay.store.get_event(event_id)
+        assert found is not None
+        [delivery] = found.event.deliveries
+        if delivery.status is status:
+            return delivery.id
+        await asyncio.sleep(POLL)
+    raise AssertionError(f"delivery of event {event_id} never became {status.value}")
+
+
+async def test_an_idle_relay_polls_without_writing(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    _, url = await start_sink()
+    relay = await start_relay(
+        make_config({"crm": {"type": "http", "url": url}}, ROUTES), poll_interval=POLL
+    )
+    assert isinstance(relay.store, SqliteStore)
+    await settled(relay, await post(relay, http), Status.DELIVERED)
+    await relay.indexer.catch_up()
+    # The background indexer's own look (SETTLE after the webhook) finds it done.
+    await asyncio.sleep(SETTLE + 5 * POLL)
+    writes, ticked = relay.store.write_stats, relay.scheduler.last_tick
+    await asyncio.sleep(25 * POLL)
+    assert relay.scheduler.last_tick != ticked  # it did poll
+    # Claiming on every poll was a write transaction each time.
+    assert relay.store.write_stats == writes
+
+
+async def test_the_poll_picks_up_a_retry_asked_for_by_another_process(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    sink, url = await start_sink([422, 200])  # refused for good, then taken
+    config = make_config({"crm": {"type": "http", "url": url}}, ROUTES)
+    relay = await start_relay(config, poll_interval=POLL)
+    event_id = await post(relay, http)
+    delivery_id = await settled(relay, event_id, Status.DEAD)
+    # `relay retry` from a shell: its own store on the same file; nothing
+    # wakes the serving process, only its poll can see the delivery is due.
+    other = SqliteStore(config.storage.path)
+    await other.open()
+    try:
+        await other.retry_now(delivery_id, time.time())
+    finally:
+        await other.close()
+    assert await settled(relay, event_id, Status.DELIVERED) == delivery_id
+    assert len(sink.requests) == 2
