@@ -153,6 +153,20 @@ async def post_events(url: str, count: int, *, parallel: int = 32) -> None:
         await asyncio.gather(*(one(i) for i in range(count)))
 
 
+async def post_accepted(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: bytes = b'{"n": 1}',
+    headers: Mapping[str, str] | None = None,
+) -> int:
+    """POST one JSON webhook that must be accepted; the event id relay answers with."""
+    async with http.post(
+        url, data=body, headers={"Content-Type": "application/json", **(headers or {})}
+    ) as response:
+        assert response.status == 200, await response.text()
+        return int((await response.json())["id"])
+
+
 class RelayProcess:
     """`relay serve` in a subprocess, as a user runs it. Stopped by its own PID."""
 

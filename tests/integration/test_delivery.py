@@ -15,7 +15,7 @@ from relay.clock import FakeClock
 from relay.store import EventDetail, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
-from helpers import free_port
+from helpers import free_port, post_accepted
 
 
 async def post(
@@ -24,13 +24,7 @@ async def post(
     body: bytes = b'{"n": 1}',
     headers: dict[str, str] | None = None,
 ) -> int:
-    async with http.post(
-        relay.ingress_url + "/hooks/orders",
-        data=body,
-        headers={"Content-Type": "application/json", **(headers or {})},
-    ) as r:
-        assert r.status == 200
-        return int((await r.json())["id"])
+    return await post_accepted(http, relay.ingress_url + "/hooks/orders", body, headers)
 
 
 async def detail(relay: Relay, event_id: int) -> EventDetail:

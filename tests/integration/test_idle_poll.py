@@ -13,19 +13,14 @@ from relay.indexer import SETTLE
 from relay.store import SqliteStore, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import post_accepted
 
 ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
 POLL = 0.02  # seconds: many polls in a short test
 
 
 async def post(relay: Relay, http: aiohttp.ClientSession) -> int:
-    async with http.post(
-        relay.ingress_url + "/hooks/orders",
-        data=b'{"order": 1}',
-        headers={"Content-Type": "application/json"},
-    ) as response:
-        assert response.status == 200
-        return int((await response.json())["id"])
+    return await post_accepted(http, relay.ingress_url + "/hooks/orders", b'{"order": 1}')
 
 
 async def settled(relay: Relay, event_id: int, status: Status) -> int:
