@@ -143,3 +143,32 @@ async def test_an_alert_and_a_claim_behind_a_refused_webhook_are_still_written(
     assert claim.exception() is None
     assert len(claim.result()) == 1
     assert store.write_stats[0] == batches + 1  # one batch: the three shared it
+
+
+async def wal_pages_after_commits(tmp_path: Path, commits: int, senders: int) -> int:
+    """The WAL file's high-water mark, in pages, after `commits` group commits
+    of `senders` webhooks each (~1 KiB bodies)."""
+    store = SqliteStore(tmp_path / "relay.db", synchronous="normal")
+    await store.open()
+    body = b'{"note": "' + b"x" * 1000 + b'"}'
+    try:
+        for commit in range(commits):
+            accepted = await asyncio.gather(
+                *(
+                    store.accept_event(event(f"k{commit}-{i}", body=body), TWO, T0)
+                    for i in range(senders)
+                )
+            )
+            assert not any(a.duplicate for a in accepted)
+        return (tmp_path / "relay.db-wal").stat().st_size // 4096
+    finally:
+        await store.close()
+
+
+async def test_commits_of_many_senders_checkpoint_in_short_steps(tmp_path: Path) -> None:
+    # ~2,000 WAL frames either way. Under load each checkpoint holds up every
+    # sender, so they come every 250 pages; a lone sender's every 1,000.
+    busy = await wal_pages_after_commits(tmp_path / "busy", commits=100, senders=20)
+    lone = await wal_pages_after_commits(tmp_path / "lone", commits=600, senders=1)
+    assert busy < 400
+    assert lone > 900
