@@ -87,6 +87,29 @@ class WrkResult:
         return self.requests - self.non2xx
 
 
+def percentile(ordered: list[float], share: float) -> float:
+    """The value at `share` (0.99 for p99) of a sorted list, as wrk reads its histogram."""
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+def as_wrk_counts(latencies: list[float], interval: float) -> list[float]:
+    """Latencies as wrk counts them, sorted: its coordinated-omission correction
+    (stats_correct in wrk's src/stats.c) adds, for every latency of at least
+    twice the expected interval between requests, one more at each interval
+    below it. A stall then counts by its length, as it would for senders that
+    do not wait for each other. wrk takes the run's mean interval per
+    connection."""
+    counted = list(latencies)
+    for latency in latencies:
+        if latency >= 2 * interval:
+            later = latency - interval
+            while later > interval:
+                counted.append(later)
+                later -= interval
+    counted.sort()
+    return counted
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -10,7 +10,10 @@ wrk on CPU 0. Then bench/raw_sender.py, a blocking socket, does the same
 for as long: it reports each request's own latency, where wrk corrects for
 coordinated omission and so counts a stall by its length (see raw_sender.py).
 Reported: the acknowledgement's p50 and p99 by each client; every webhook
-relay acknowledged must be in its database afterwards.
+relay acknowledged must be in its database afterwards. Each round ends with
+bench/fsync_floor.py in the same folder: the disk's own fdatasync times, and
+the same as wrk would count them at relay's pace in that round, so relay's
+tail can be read against what no fsyncing server gets under.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -55,6 +59,7 @@ def main() -> int:
     results: dict[str, list[WrkResult]] = {
         f"{name}{client}": [] for name in commands for client in ("", ", raw socket")
     }
+    floors: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         folder = Path(tmp)
         for round_number in range(args.rounds):
@@ -84,6 +89,13 @@ def main() -> int:
                         f"  p99 {result.p99:5.2f} ms  ({result.rate:.0f} req/s)",
                         flush=True,
                     )
+            # The disk alone, at relay's pace by wrk in this round.
+            floors.append(fsync_floor(folder, args.seconds, 1000 / results["relay"][-1].rate))
+            print(
+                f"round {round_number + 1} {'fdatasync alone':34}: p99 {floors[-1]['p99']:5.2f} ms,"
+                f" as wrk counts {floors[-1]['as_wrk_counts']['p99']:5.2f} ms",
+                flush=True,
+            )
         database = sqlite3.connect(folder / "relay.db")
         stored = database.execute("SELECT COUNT(*) FROM events").fetchone()[0]
         database.close()
@@ -99,6 +111,17 @@ def main() -> int:
                 f"{statistics.median(r.rate for r in runs):.0f}",
             ]
         )
+    for name, floor in (
+        ("fdatasync alone (the disk's floor)", floors),
+        ("fdatasync alone, as wrk counts", [f["as_wrk_counts"] for f in floors]),
+    ):
+        rows.append(
+            [
+                name,
+                *(f"{statistics.median(f[q] for f in floor):.2f}" for q in ("p50", "p99", "p999")),
+                f"{statistics.median(f['syncs'] / f['seconds'] for f in floors):.0f}",
+            ]
+        )
     print_table(
         f"a lone sender: 1 connection, ~1 KiB JSON, median of {args.rounds} rounds"
         f" of {args.seconds:g}s",
@@ -110,7 +133,14 @@ def main() -> int:
     print(f"\nacknowledged by relay: {acked}, in the database: {stored}, lost: {lost}")
     path = write_json(
         "lone_sender",
-        {"args": vars(args), "results": results, "acked": acked, "stored": stored, "lost": lost},
+        {
+            "args": vars(args),
+            "results": results,
+            "fsync_floor": floors,
+            "acked": acked,
+            "stored": stored,
+            "lost": lost,
+        },
     )
     print(f"results: {path}")
     # One connection per client: at most one request each a round may be cut
@@ -119,6 +149,24 @@ def main() -> int:
         print("FAILED: acknowledged events are missing from the database")
         return 1
     return 0
+
+
+def fsync_floor(folder: Path, seconds: float, interval_ms: float) -> dict[str, Any]:
+    output = subprocess.run(
+        [
+            *cpu_prefix(1),
+            sys.executable,
+            str(ROOT / "bench" / "fsync_floor.py"),
+            str(folder),
+            str(seconds),
+            str(interval_ms),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    floor: dict[str, Any] = json.loads(output)
+    return floor
 
 
 def raw_sender(port: int, seconds: float, round_number: int) -> WrkResult:

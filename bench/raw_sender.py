@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import body_1kib
+from common import body_1kib, percentile
 
 
 def main() -> int:
@@ -50,11 +50,7 @@ def main() -> int:
         refused += not 200 <= status < 300
     elapsed = time.monotonic() - started
     sock.close()
-    latencies.sort()
-
-    def at(share: float) -> float:
-        return latencies[min(len(latencies) - 1, int(len(latencies) * share))] * 1000
-
+    latencies = sorted(latency * 1000 for latency in latencies)
     print(
         json.dumps(
             {
@@ -62,9 +58,9 @@ def main() -> int:
                 "non2xx": refused,
                 "errors": 0,
                 "seconds": elapsed,
-                "p50": at(0.5),
-                "p99": at(0.99),
-                "p999": at(0.999),
+                "p50": percentile(latencies, 0.5),
+                "p99": percentile(latencies, 0.99),
+                "p999": percentile(latencies, 0.999),
             }
         )
     )
