@@ -6,8 +6,9 @@ search text on a worker thread (decoding a body is CPU work the event loop
 must not do), and writes a batch together with the new high-water mark in one
 transaction — so after a crash it simply goes on from the mark. It gives way
 to ingest: while webhooks are arriving it waits for a quiet moment (up to
-MAX_DEFER), and after each batch it rests as long as the batch took, so it
-takes at most about half of the writer's time even when far behind.
+MAX_DEFER, then it takes a small slice), and after each batch it rests as
+long as the batch took, so it takes at most about half of the writer's time
+even when far behind.
 """
 
 from __future__ import annotations
@@ -30,11 +31,18 @@ IDLE_INTERVAL = 5.0
 SETTLE = 0.25
 # Ingest counts as busy when a webhook arrived this recently...
 QUIET = 0.05
-# ...but the index is never held back longer than this. Under a sustained
-# flood that is one batch per 5 s: a batch of 200 costs the writer ~15 ms
-# (~50 ms at worst, FTS5's incremental merges included, measured up to
-# 300,000 rows), so ingest keeps about 99 % of the writer.
-MAX_DEFER = 5.0
+# ...but the index is never held back longer than this: under a sustained
+# flood it indexes a slice of BUSY_BATCH events every MAX_DEFER, 40 a second.
+# Small slices, often, because each one stalls ingest while it lasts: making
+# the search text costs ~150-300 us of CPU an event on a worker thread that
+# holds the GIL (the event loop waits for it in 5 ms turns), and the write
+# ~0.2 ms an event on the writer, which every sender's commit waits behind.
+# One batch of 200 every 5 s was 30-60 ms of text and 30-66 ms of writing at
+# once; a lone sender by wrk, which counts such a stall by its length, had a
+# p99 of 6.3 ms with it and 3.1 ms with the indexer held back altogether. A
+# slice of 20 is ~6 ms and ~5 ms.
+MAX_DEFER = 0.5
+BUSY_BATCH = 20
 RETRY_AFTER_ERROR = 5.0
 
 
@@ -67,9 +75,10 @@ class SearchIndexer:
         self._arrived = True
         self._wake.set()
 
-    async def step(self) -> int:
-        """Index the next batch; returns how many events it covered."""
-        batch = await self._store.events_to_index(self._batch, MAX_BODY_BYTES)
+    async def step(self, limit: int | None = None) -> int:
+        """Index the next batch (of `limit` events, else the configured batch);
+        returns how many events it covered."""
+        batch = await self._store.events_to_index(limit or self._batch, MAX_BODY_BYTES)
         if not batch:
             return 0
         found = await asyncio.to_thread(documents, batch, self._masker)
@@ -87,15 +96,15 @@ class SearchIndexer:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
-            await self._quiet_moment(loop)
+            limit = self._batch if await self._quiet_moment(loop) else min(self._batch, BUSY_BATCH)
             started = loop.time()
             try:
-                count = await self.step()
+                count = await self.step(limit)
             except StoreError as error:
                 log.warning("search indexing failed, will try again: %s", error)
                 await self._sleep(RETRY_AFTER_ERROR)
                 continue
-            if count == self._batch:
+            if count == limit:
                 await self._sleep(loop.time() - started)  # behind: rest as long as we worked
                 continue
             self._wake.clear()
@@ -103,13 +112,16 @@ class SearchIndexer:
             if self._wake.is_set() and not self._stop.is_set():
                 await self._sleep(SETTLE)
 
-    async def _quiet_moment(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _quiet_moment(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait for QUIET seconds without a webhook (MAX_DEFER at most); at once
-        when none came since the last look."""
+        when none came since the last look. False when webhooks kept coming."""
         deferred = loop.time()
-        while self._arrived and loop.time() - deferred < MAX_DEFER:
+        while self._arrived:
+            if loop.time() - deferred >= MAX_DEFER:
+                return False
             self._arrived = False
             await self._sleep(QUIET)
+        return True
 
     async def _sleep(self, seconds: float) -> None:
         # Real time, on purpose: this paces work against live traffic.
