@@ -152,38 +152,23 @@ def main() -> int:
 
 
 def fsync_floor(folder: Path, seconds: float, interval_ms: float) -> dict[str, Any]:
-    output = subprocess.run(
-        [
-            *cpu_prefix(1),
-            sys.executable,
-            str(ROOT / "bench" / "fsync_floor.py"),
-            str(folder),
-            str(seconds),
-            str(interval_ms),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    floor: dict[str, Any] = json.loads(output)
-    return floor
+    return run_json("fsync_floor.py", folder, seconds, interval_ms, cpu=1)
 
 
 def raw_sender(port: int, seconds: float, round_number: int) -> WrkResult:
+    return WrkResult(**run_json("raw_sender.py", port, seconds, round_number, cpu=0))
+
+
+def run_json(script: str, *args: object, cpu: int) -> dict[str, Any]:
+    """Run one of bench/'s scripts on `cpu`; the JSON line it prints."""
     output = subprocess.run(
-        [
-            *cpu_prefix(0),
-            sys.executable,
-            str(ROOT / "bench" / "raw_sender.py"),
-            str(port),
-            str(seconds),
-            str(round_number),
-        ],
+        [*cpu_prefix(cpu), sys.executable, str(ROOT / "bench" / script), *map(str, args)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return WrkResult(**json.loads(output))
+    found: dict[str, Any] = json.loads(output)
+    return found
 
 
 if __name__ == "__main__":

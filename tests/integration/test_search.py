@@ -257,6 +257,33 @@ async def test_a_running_relay_indexes_by_itself(
     assert relay.indexer.indexed >= 1
 
 
+async def flood(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+    seconds: float,
+) -> tuple[Relay, int, list[int]]:
+    """A relay with its background tasks, sent Tilda leads one after another
+    (no gap near indexer.QUIET) for `seconds`: the relay, how many were
+    posted, and the size of each step the indexer took meanwhile."""
+    config = make_config(
+        {"crm": {"type": "file", "path": "crm.jsonl"}}, routes(["crm"]), admin={"token": TOKEN}
+    )
+    relay = await start_relay(config, poll_interval=0.05)
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + seconds
+    posted = 0
+    steps: list[int] = []
+    while loop.time() < ends:
+        lead = f"Name=Lead{posted}&Phone=8999{posted:07d}&tranid=9:{posted}&formid=f1"
+        before = relay.indexer.indexed
+        await post(relay, http, "/hooks/tilda", lead, headers=FORM)
+        posted += 1
+        if relay.indexer.indexed != before:
+            steps.append(relay.indexer.indexed - before)
+    return relay, posted, steps
+
+
 async def test_the_index_waits_while_webhooks_arrive_and_follows_soon_after(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -265,19 +292,8 @@ async def test_the_index_waits_while_webhooks_arrive_and_follows_soon_after(
     # than at its next idle look (IDLE_INTERVAL, 5 s). Ingress must tell it of
     # each arrival: without that it indexed in the middle of a flood, taking
     # ~10 µs of CPU per webhook from ingest (found profiling bench/ingest.py).
-    config = make_config(
-        {"crm": {"type": "file", "path": "crm.jsonl"}}, routes(["crm"]), admin={"token": TOKEN}
-    )
-    relay = await start_relay(config, poll_interval=0.05)
-    loop = asyncio.get_running_loop()
-    flood_ends = loop.time() + 1.5
-    posted = 0
-    while loop.time() < flood_ends:  # one after another: no gap near QUIET
-        lead = f"Name=Lead{posted}&Phone=8999{posted:07d}&tranid=9:{posted}&formid=f1"
-        await post(relay, http, "/hooks/tilda", lead, headers=FORM)
-        posted += 1
-    # Nothing indexed amid the flood (a pause past QUIET on a slow machine may
-    # let one batch through, never all of it).
+    relay, posted, _ = await flood(make_config, start_relay, http, 1.5)
+    # Only slices amid the flood (see the next test), never all of it.
     assert relay.indexer.indexed < posted
 
     async def all_indexed() -> bool:
@@ -293,21 +309,7 @@ async def test_amid_a_flood_the_index_follows_in_small_slices(
     # large batch it stalls every sender at once (a lone sender's p99 by wrk
     # 6.3 ms with one batch of 200 every 5 s, 3.1 ms without the indexer).
     # So a flood gets a slice of BUSY_BATCH every MAX_DEFER.
-    config = make_config(
-        {"crm": {"type": "file", "path": "crm.jsonl"}}, routes(["crm"]), admin={"token": TOKEN}
-    )
-    relay = await start_relay(config, poll_interval=0.05)
-    loop = asyncio.get_running_loop()
-    flood_ends = loop.time() + 4 * MAX_DEFER
-    posted = 0
-    steps: list[int] = []
-    while loop.time() < flood_ends:  # one after another: no gap near QUIET
-        lead = f"Name=Lead{posted}&Phone=8999{posted:07d}&tranid=9:{posted}&formid=f1"
-        before = relay.indexer.indexed
-        await post(relay, http, "/hooks/tilda", lead, headers=FORM)
-        posted += 1
-        if relay.indexer.indexed != before:
-            steps.append(relay.indexer.indexed - before)
+    _, posted, steps = await flood(make_config, start_relay, http, 4 * MAX_DEFER)
     assert posted > 4 * BUSY_BATCH  # a flood: the slices could not cover it
     assert steps, "nothing indexed during the flood"
     assert max(steps) <= BUSY_BATCH
