@@ -38,9 +38,9 @@ QUIET = 0.05
 # holds the GIL (the event loop waits for it in 5 ms turns), and the write
 # ~0.2 ms an event on the writer, which every sender's commit waits behind.
 # One batch of 200 every 5 s was 30-60 ms of text and 30-66 ms of writing at
-# once; a lone sender by wrk, which counts such a stall by its length, had a
-# p99 of 6.3 ms with it and 3.1 ms with the indexer held back altogether. A
-# slice of 20 is ~6 ms and ~5 ms.
+# once; a slice of 20 is ~6 ms and ~5 ms. 64 connections, bench/stages.py,
+# one sitting: p99 18.4 -> 15.0 ms, the rate unchanged. (A lone sender's p99
+# by wrk did not move measurably: its tail has another cause.)
 MAX_DEFER = 0.5
 BUSY_BATCH = 20
 RETRY_AFTER_ERROR = 5.0

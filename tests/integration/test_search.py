@@ -306,9 +306,9 @@ async def test_amid_a_flood_the_index_follows_in_small_slices(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
     # Held back for good, the index would fall ever further behind; in one
-    # large batch it stalls every sender at once (a lone sender's p99 by wrk
-    # 6.3 ms with one batch of 200 every 5 s, 3.1 ms without the indexer).
-    # So a flood gets a slice of BUSY_BATCH every MAX_DEFER.
+    # large batch it stalls every sender at once (a batch of 200 was 60-120
+    # ms of text and writing). So a flood gets a slice of BUSY_BATCH every
+    # MAX_DEFER.
     _, posted, steps = await flood(make_config, start_relay, http, 4 * MAX_DEFER)
     assert posted > 4 * BUSY_BATCH  # a flood: the slices could not cover it
     assert steps, "nothing indexed during the flood"
