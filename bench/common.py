@@ -92,6 +92,15 @@ def percentile(ordered: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
 
 
+def percentiles(ordered: list[float]) -> dict[str, float]:
+    """p50, p99 and p999 of a sorted list, as the benchmarks' JSON names them."""
+    return {
+        "p50": percentile(ordered, 0.5),
+        "p99": percentile(ordered, 0.99),
+        "p999": percentile(ordered, 0.999),
+    }
+
+
 def as_wrk_counts(latencies: list[float], interval: float) -> list[float]:
     """Latencies as wrk counts them, sorted: its coordinated-omission correction
     (stats_correct in wrk's src/stats.c) adds, for every latency of at least

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import as_wrk_counts, percentile
+from common import as_wrk_counts, percentiles
 
 PAGES = b"\0" * 3 * 4096
 LIMIT = 64 * 1024 * 1024  # start the file over past this, as SQLite's WAL is reused
@@ -56,15 +56,9 @@ def main() -> int:
             {
                 "syncs": len(times),
                 "seconds": elapsed,
-                "p50": percentile(times, 0.5),
-                "p99": percentile(times, 0.99),
-                "p999": percentile(times, 0.999),
+                **percentiles(times),
                 "interval_ms": interval,
-                "as_wrk_counts": {
-                    "p50": percentile(counted, 0.5),
-                    "p99": percentile(counted, 0.99),
-                    "p999": percentile(counted, 0.999),
-                },
+                "as_wrk_counts": percentiles(counted),
             }
         )
     )

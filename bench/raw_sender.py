@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import body_1kib, percentile
+from common import body_1kib, percentiles
 
 
 def main() -> int:
@@ -58,9 +58,7 @@ def main() -> int:
                 "non2xx": refused,
                 "errors": 0,
                 "seconds": elapsed,
-                "p50": percentile(latencies, 0.5),
-                "p99": percentile(latencies, 0.99),
-                "p999": percentile(latencies, 0.999),
+                **percentiles(latencies),
             }
         )
     )
