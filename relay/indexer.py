@@ -3,12 +3,13 @@
 Ingress stores an event and answers; it never waits for the index. This task
 follows behind: it reads the oldest events not yet indexed, turns them into
 search text on a worker thread (decoding a body is CPU work the event loop
-must not do), and writes a batch together with the new high-water mark in one
-transaction — so after a crash it simply goes on from the mark. It gives way
-to ingest: while webhooks are arriving it waits for a quiet moment (up to
-MAX_DEFER, then it takes a small slice), and after each batch it rests as
-long as the batch took, so it takes at most about half of the writer's time
-even when far behind.
+must not do), and writes it a few events at a time, each piece together with
+its new high-water mark in one transaction — so after a crash it simply goes
+on from the mark. It gives way to ingest: no piece of its work holds a
+webhook up for long (CHUNK); while webhooks are arriving it waits for a quiet
+moment (up to MAX_DEFER, then it does one piece); and after each batch it
+rests as long as the batch took, so it takes at most about half of the
+writer's time even when far behind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ from relay.store import Indexing, StoreError
 log = logging.getLogger("relay.indexer")
 
 BATCH = 200
+# The unit of work: the search text of CHUNK events, made on a worker thread,
+# then written in one job on the writer. Each piece holds up a webhook that
+# arrives meanwhile by its whole length: the worker thread holds the GIL,
+# which the event loop gets back only in 5 ms turns, and the writer commits
+# one job after another. A piece of 4 ~1 KiB JSON bodies was 0.7 ms of text
+# and 0.65 ms of writing beside a commit: under a millisecond each way,
+# whatever the indexer is doing (catching up after a restart or a flood, or
+# keeping pace amid one). A batch of 200 in one piece was 60-120 ms, and
+# stalled the first webhooks after every restart with a backlog by as much;
+# amid a flood, slices of 20 every 0.5 s stalled a lone sender by ~7 ms twice
+# a second (bench/lone_sender.py). Smaller pieces cost more an event to catch
+# up: ~0.6 ms of the indexer's time for 2, ~0.45 for 4, ~0.33 for 200.
+CHUNK = 4
 # With nothing to do, look again this often (the CLI's resends, a restore).
 IDLE_INTERVAL = 5.0
 # After a wake-up, let a burst of webhooks gather into one batch.
@@ -32,17 +46,8 @@ SETTLE = 0.25
 # Ingest counts as busy when a webhook arrived this recently...
 QUIET = 0.05
 # ...but the index is never held back longer than this: under a sustained
-# flood it indexes a slice of BUSY_BATCH events every MAX_DEFER, 40 a second.
-# Small slices, often, because each one stalls ingest while it lasts: making
-# the search text costs ~150-300 us of CPU an event on a worker thread that
-# holds the GIL (the event loop waits for it in 5 ms turns), and the write
-# ~0.2 ms an event on the writer, which every sender's commit waits behind.
-# One batch of 200 every 5 s was 30-60 ms of text and 30-66 ms of writing at
-# once; a slice of 20 is ~6 ms and ~5 ms. 64 connections, bench/stages.py,
-# one sitting: p99 18.4 -> 15.0 ms, the rate unchanged. (A lone sender's p99
-# by wrk did not move measurably: its tail has another cause.)
-MAX_DEFER = 0.5
-BUSY_BATCH = 20
+# flood it indexes one piece of CHUNK events every MAX_DEFER, 40 a second.
+MAX_DEFER = 0.1
 RETRY_AFTER_ERROR = 5.0
 
 
@@ -54,11 +59,13 @@ class SearchIndexer:
         masker: Masker,
         *,
         batch: int = BATCH,
+        chunk: int = CHUNK,
     ) -> None:
         self._store = store
         self._clock = clock
         self._masker = masker
         self._batch = batch
+        self._chunk = chunk
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._arrived = False  # a webhook came since the indexer last looked
@@ -75,16 +82,21 @@ class SearchIndexer:
         self._arrived = True
         self._wake.set()
 
-    async def step(self, limit: int | None = None) -> int:
-        """Index the next batch (of `limit` events, else the configured batch);
-        returns how many events it covered."""
+    async def step(self, limit: int | None = None, *, give_way: bool = False) -> int:
+        """Index the next batch (of `limit` events, else the configured batch),
+        piece by piece (see CHUNK); returns how many events it covered. With
+        `give_way`, stop after the piece during which a webhook arrived."""
         batch = await self._store.events_to_index(limit or self._batch, MAX_BODY_BYTES)
-        if not batch:
-            return 0
-        found = await asyncio.to_thread(documents, batch, self._masker)
-        await self._store.index_events(found, batch[-1].event_id)
-        self.indexed += len(batch)
-        return len(batch)
+        done = 0
+        while done < len(batch) and not (give_way and done and self._arrived):
+            piece = batch[done : done + self._chunk]
+            found = await asyncio.to_thread(documents, piece, self._masker)
+            # Each piece is written with its own mark: a crash between pieces
+            # loses nothing, the next start goes on after the last one written.
+            await self._store.index_events(found, piece[-1].event_id)
+            self.indexed += len(piece)
+            done += len(piece)
+        return done
 
     async def catch_up(self) -> int:
         """Index everything stored so far (tests, benchmarks, `relay` tools)."""
@@ -96,10 +108,10 @@ class SearchIndexer:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
-            limit = self._batch if await self._quiet_moment(loop) else min(self._batch, BUSY_BATCH)
+            limit = self._batch if await self._quiet_moment(loop) else self._chunk
             started = loop.time()
             try:
-                count = await self.step(limit)
+                count = await self.step(limit, give_way=True)
             except StoreError as error:
                 log.warning("search indexing failed, will try again: %s", error)
                 await self._sleep(RETRY_AFTER_ERROR)
@@ -107,7 +119,11 @@ class SearchIndexer:
             if count == limit:
                 await self._sleep(loop.time() - started)  # behind: rest as long as we worked
                 continue
+            if count and self._arrived:
+                continue  # gave way to a webhook: on at the next quiet moment
             self._wake.clear()
+            if self._stop.is_set():  # stop() set the wake just cleared
+                return
             await self._clock.wait(self._wake, self._clock.now() + IDLE_INTERVAL)
             if self._wake.is_set() and not self._stop.is_set():
                 await self._sleep(SETTLE)

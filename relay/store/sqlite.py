@@ -115,7 +115,9 @@ class SqliteStore:
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
         self._write_queue_timeout = write_queue_timeout
-        self._writer = GroupCommitWriter(self._connect_writer)
+        self._writer = GroupCommitWriter(
+            self._connect_writer, checkpoints=self._connect_checkpointer
+        )
         # Two read connections (each is a thread): the scheduler's quick
         # lookups never queue behind an operator's slow listing or stats.
         self._reader: aiosqlite.Connection | None = None
@@ -225,6 +227,13 @@ class SqliteStore:
         except BaseException:
             connection.close()
             raise
+        return connection
+
+    def _connect_checkpointer(self) -> sqlite3.Connection:
+        """The checkpointer's connection (relay.store.checkpointer), opened after
+        the writer's: it only copies the WAL into the file, syncing as the writer does."""
+        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        connection.execute(f"PRAGMA synchronous = {self._synchronous}")
         return connection
 
     async def _write(self, job: Job[T], *, queue_timeout: float | None = None) -> T:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from relay.store.base import StoreError, StoreUnavailable
+from relay.store.checkpointer import BACKSTOP_PAGES, Checkpointer
 
 T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], T]
@@ -90,31 +91,22 @@ LINGER_SECONDS = 0.002
 SATURATED = 0.8
 BUSY_WINDOW = 0.1  # seconds over which "busy" is measured: a commit's 2 ms are too few
 
-# SQLite checkpoints inside the COMMIT that takes the WAL past this many pages
-# (its wal_autocheckpoint): that commit's senders, and every one queued behind
-# it, wait for the copy into the database file and its fsync. A commit of
-# LINGER_FROM senders or more checkpoints at CHECKPOINT_PAGES_BUSY: under load
-# a checkpoint holds up every sender at once, so the p99 is one checkpoint's
-# length, and shorter ones keep it low (64 connections, compiled: p99 19-21
-# ms at 1,000 pages, 12-14 ms at 250, the rate within noise). Smaller commits
-# keep SQLite's 1,000: a lone sender's commit is its own request, and a
-# checkpoint every 250 pages (~80 of its commits) would reach its p99
-# (1.45 -> 1.88 ms by the socket).
-CHECKPOINT_PAGES = 1000
-CHECKPOINT_PAGES_BUSY = 250
-
 
 class GroupCommitWriter:
     def __init__(
         self,
         connect: Callable[[], sqlite3.Connection],
         *,
+        checkpoints: Callable[[], sqlite3.Connection] | None = None,
         max_batch: int = 1000,
         linger_from: int = LINGER_FROM,
         linger: float = LINGER_SECONDS,
         cpu_time: Callable[[], float] = time.process_time,
     ) -> None:
         self._connect = connect
+        # Checkpoints on a connection of their own, beside the commits
+        # (relay.store.checkpointer); without one, SQLite's inside them.
+        self._checkpointer = Checkpointer(checkpoints) if checkpoints is not None else None
         self._max_batch = max_batch
         self._linger_from = linger_from
         self._linger_seconds = linger
@@ -137,7 +129,6 @@ class GroupCommitWriter:
         self._sweeper: asyncio.TimerHandle | None = None
         self._running = False
         self._closing = False
-        self._checkpoint_pages = CHECKPOINT_PAGES  # the connection's wal_autocheckpoint
         # Counters for metrics and benchmarks: batches committed, jobs in them.
         self.batches = 0
         self.jobs = 0
@@ -308,9 +299,12 @@ class GroupCommitWriter:
     def _work(self, opened: asyncio.Future[None]) -> None:
         loop = self._loop
         assert loop is not None
+        checkpointer = self._checkpointer
         try:
             self._connection = self._connect()
-            self._connection.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_PAGES}")
+            if checkpointer is not None:
+                self._connection.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+                checkpointer.start()  # last: nothing after it can fail and leave it running
         except BaseException as error:
             if self._connection is not None:
                 self._connection.close()
@@ -323,7 +317,11 @@ class GroupCommitWriter:
             while (batch := self._inbox.get()) is not _STOP:
                 results = self._commit(batch)
                 loop.call_soon_threadsafe(self._answered, batch, results)
+                if checkpointer is not None:
+                    checkpointer.committed()
         finally:
+            if checkpointer is not None:
+                checkpointer.stop()
             self._connection.close()
             self._connection = None
             loop.call_soon_threadsafe(_settle, self._ended, None)
@@ -334,7 +332,6 @@ class GroupCommitWriter:
         """Run the batch in one transaction; each job's result, or its failure.
         Never raises: whatever happens, every caller gets an answer."""
         try:
-            self._pace_checkpoints(sum(pending.sender for pending in batch))
             return self._transaction([p.job for p in batch])
         except BaseException as error:
             # A job's own refusal (StoreUnavailable: a sender's webhook into a
@@ -352,15 +349,6 @@ class GroupCommitWriter:
             except BaseException as error:
                 results.append(_Failed(unavailable(error)))
         return results
-
-    def _pace_checkpoints(self, senders: int) -> None:
-        """Checkpoint in short steps while many senders share each commit (see
-        CHECKPOINT_PAGES_BUSY)."""
-        pages = CHECKPOINT_PAGES_BUSY if senders >= self._linger_from else CHECKPOINT_PAGES
-        if pages != self._checkpoint_pages:
-            assert self._connection is not None
-            self._connection.execute(f"PRAGMA wal_autocheckpoint = {pages}")
-            self._checkpoint_pages = pages
 
     def _transaction(self, jobs: list[Job[Any]]) -> list[Any]:
         connection = self._connection

@@ -17,7 +17,7 @@ import pytest
 from relay import retention
 from relay.app import Relay
 from relay.clock import FakeClock
-from relay.indexer import BUSY_BATCH, MAX_DEFER, SearchIndexer
+from relay.indexer import CHUNK, MAX_DEFER, QUIET, SearchIndexer
 from relay.payload import Payload
 from relay.search import documents
 from relay.secrets import Masker
@@ -144,28 +144,30 @@ async def test_ingress_never_waits_for_the_index_and_a_search_says_how_far_it_go
     assert ids(await search(relay, http, q="89991234567")) == [second, first]
 
 
+def lead(i: int) -> NewEvent:
+    """A Tilda lead as stored by ingress: number i, its own phone."""
+    return NewEvent(
+        route="tilda",
+        idempotency_key=None,
+        received_at=1_800_000_000.0 + i,
+        remote_addr=None,
+        payload=Payload(
+            method="POST",
+            path="/hooks/tilda",
+            query="",
+            headers=[("Content-Type", FORM["Content-Type"])],
+            content_type=FORM["Content-Type"],
+            body=f"Name=Lead{i}&Phone=8999{i:07d}".encode(),
+        ),
+    )
+
+
 async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "relay.db"
     store = SqliteStore(path)
     await store.open()
-
-    def lead(i: int) -> NewEvent:
-        return NewEvent(
-            route="tilda",
-            idempotency_key=None,
-            received_at=1_800_000_000.0 + i,
-            remote_addr=None,
-            payload=Payload(
-                method="POST",
-                path="/hooks/tilda",
-                query="",
-                headers=[("Content-Type", FORM["Content-Type"])],
-                content_type=FORM["Content-Type"],
-                body=f"Name=Lead{i}&Phone=8999{i:07d}".encode(),
-            ),
-        )
 
     for i in range(10):
         await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
@@ -189,6 +191,34 @@ async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
     assert remaining == [6, 7, 8, 9, 10]
     await store.close()
     db.close()
+
+
+async def test_a_batch_is_indexed_a_piece_at_a_time_each_with_its_mark(tmp_path: Path) -> None:
+    # Each piece holds up a webhook that arrives meanwhile (the text holds the
+    # GIL, the write holds the writer): a backlog after a restart must not go
+    # in one 60-120 ms batch. Pieces of CHUNK events, one write each.
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    for i in range(2 * CHUNK + 1):
+        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    marks: list[int] = []
+    write_jobs = store.write_stats[1]
+
+    indexer = SearchIndexer(store, FakeClock(), Masker())
+    indexed = indexer.indexed
+    step = asyncio.create_task(indexer.step())
+    while True:  # what a reader sees between the pieces
+        if indexer.indexed != indexed:
+            indexed = indexer.indexed
+            marks.append((await store.search_progress()).indexed_through)
+        if step.done():
+            break
+        await asyncio.sleep(0)
+
+    assert step.result() == 2 * CHUNK + 1
+    assert store.write_stats[1] - write_jobs == 3
+    assert marks == [CHUNK, 2 * CHUNK, 2 * CHUNK + 1]
+    await store.close()
 
 
 async def test_an_event_purged_while_being_indexed_stays_out_of_the_index(
@@ -302,14 +332,48 @@ async def test_the_index_waits_while_webhooks_arrive_and_follows_soon_after(
     await eventually(all_indexed, timeout=2.0)
 
 
+async def test_catching_up_the_index_gives_way_to_a_webhook_at_once(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    # After a restart with a backlog the indexer works without a pause; a
+    # webhook that comes meanwhile must not share the writer and the GIL with
+    # it piece after piece: it stops after the piece under way, and goes on
+    # at the next quiet moment (indexer.QUIET without a webhook).
+    config = make_config(
+        {"crm": {"type": "file", "path": "crm.jsonl"}}, routes(["crm"]), admin={"token": TOKEN}
+    )
+    backlog = 300
+    store = SqliteStore(config.storage.path)
+    await store.open()
+    for i in range(backlog):
+        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    await store.close()
+    relay = await start_relay(config, poll_interval=0.05)
+
+    async def started() -> bool:
+        return relay.indexer.indexed > 0
+
+    await eventually(started, timeout=5.0)
+    await post(relay, http, "/hooks/tilda", LEADS[1], headers=FORM)
+    answered = relay.indexer.indexed
+    await asyncio.sleep(QUIET / 2)
+    assert answered < backlog  # the webhook came amid the catch-up
+    assert relay.indexer.indexed - answered <= CHUNK  # the piece under way, no more
+
+    async def all_indexed() -> bool:
+        return relay.indexer.indexed == backlog + 1
+
+    await eventually(all_indexed, timeout=10.0)
+
+
 async def test_amid_a_flood_the_index_follows_in_small_slices(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
     # Held back for good, the index would fall ever further behind; in one
     # large batch it stalls every sender at once (a batch of 200 was 60-120
-    # ms of text and writing). So a flood gets a slice of BUSY_BATCH every
-    # MAX_DEFER.
+    # ms of text and writing, slices of 20 ~7 ms). So a flood gets one piece
+    # of CHUNK events every MAX_DEFER.
     _, posted, steps = await flood(make_config, start_relay, http, 4 * MAX_DEFER)
-    assert posted > 4 * BUSY_BATCH  # a flood: the slices could not cover it
+    assert posted > 4 * CHUNK  # a flood: the pieces could not cover it
     assert steps, "nothing indexed during the flood"
-    assert max(steps) <= BUSY_BATCH
+    assert max(steps) <= CHUNK
