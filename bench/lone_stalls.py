@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, Server, as_wrk_counts, body_1kib, free_port, percentile, relay_command
 from ingest import black_hole, relay_config
-from raw_sender import read_answer
+from raw_sender import read_answer, webhook_request
 
 PROBE = """
 import json, os, sys, time
@@ -92,14 +92,9 @@ def timed_answers(port: int, seconds: float, prefix: int) -> list[tuple[float, f
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ends = time.monotonic() + seconds
         while time.monotonic() < ends:
-            head = (
-                "POST /hooks/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                "Content-Type: application/json\r\n"
-                f"Idempotency-Key: stall-{prefix}-{len(answers)}\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            )
+            request = webhook_request(f"stall-{prefix}-{len(answers)}", body)
             began = time.monotonic()
-            sock.sendall(head.encode() + body)
+            sock.sendall(request)
             read_answer(sock)
             answers.append((began, time.monotonic() - began))
     return answers

@@ -37,14 +37,9 @@ def main() -> int:
     refused = 0
     started = time.monotonic()
     while time.monotonic() - started < seconds:
-        head = (
-            "POST /hooks/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            "Content-Type: application/json\r\n"
-            f"Idempotency-Key: raw-{prefix}-{len(latencies)}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
+        request = webhook_request(f"raw-{prefix}-{len(latencies)}", body)
         began = time.perf_counter()
-        sock.sendall(head.encode() + body)
+        sock.sendall(request)
         status = read_answer(sock)
         latencies.append(time.perf_counter() - began)
         refused += not 200 <= status < 300
@@ -63,6 +58,17 @@ def main() -> int:
         )
     )
     return 0
+
+
+def webhook_request(key: str, body: bytes) -> bytes:
+    """A POST of `body` to /hooks/orders with idempotency key `key`, as sent."""
+    head = (
+        "POST /hooks/orders HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\n"
+        f"Idempotency-Key: {key}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def read_answer(sock: socket.socket) -> int:
