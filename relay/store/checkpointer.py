@@ -14,7 +14,9 @@ committed during a checkpoint are left for the next one, and SQLite only
 starts the WAL over once a checkpoint has copied all of it. So the writer
 keeps SQLite's own checkpoint too, at BACKSTOP_PAGES: by then nearly all of
 the WAL has been copied here, its checkpoint is short, and it starts the WAL
-over. The WAL stays bounded whatever this thread manages.
+over. So the WAL stays near BACKSTOP_PAGES at most, whatever this thread
+manages (a commit whose checkpoint finds this thread's under way leaves it to
+the next commit).
 
 Durability does not depend on any of this: a webhook is on disk once its
 commit's WAL frames are fsynced. A checkpoint only moves committed pages.
@@ -34,8 +36,8 @@ log = logging.getLogger("relay.store")
 # faster than each checkpoint here can finish.
 BACKSTOP_PAGES = 4000
 # A checkpoint at most this often: each is an fsync of the database file
-# beside the writer's fsyncs of the WAL. Frames wait here at most this long,
-# so the writer's own checkpoint at BACKSTOP_PAGES finds little left to copy.
+# beside the writer's fsyncs of the WAL. Frames wait about this long to be
+# copied, so the writer's own checkpoint at BACKSTOP_PAGES finds little left.
 PAUSE_SECONDS = 0.02
 
 
