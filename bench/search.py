@@ -196,7 +196,9 @@ async def main() -> None:
             print(f"stored {args.events} events in {build_seconds:.1f}s", flush=True)
         behind = (await store.search_progress()).behind
         print(f"indexing {behind} events ...", flush=True)
-        indexer = SearchIndexer(store, SystemClock(), Masker(), batch=500)
+        # Pieces as large as the batch: nothing else writes here, so no
+        # webhook waits behind them (relay.indexer.CHUNK).
+        indexer = SearchIndexer(store, SystemClock(), Masker(), batch=500, chunk=500)
         started = time.perf_counter()
         indexed = await indexer.catch_up()
         index_seconds = time.perf_counter() - started

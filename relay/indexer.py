@@ -25,7 +25,9 @@ from relay.store import Indexing, StoreError
 
 log = logging.getLogger("relay.indexer")
 
-BATCH = 200
+# Events read at once: ~10 pieces. A catch-up that gives way to a webhook
+# reads the rest again later, so a large read would mostly be read twice.
+BATCH = 40
 # The unit of work: the search text of CHUNK events, made on a worker thread,
 # then written in one job on the writer. Each piece holds up a webhook that
 # arrives meanwhile by its whole length: the worker thread holds the GIL,
@@ -36,8 +38,9 @@ BATCH = 200
 # keeping pace amid one). A batch of 200 in one piece was 60-120 ms, and
 # stalled the first webhooks after every restart with a backlog by as much;
 # amid a flood, slices of 20 every 0.5 s stalled a lone sender by ~7 ms twice
-# a second (bench/lone_sender.py). Smaller pieces cost more an event to catch
-# up: ~0.6 ms of the indexer's time for 2, ~0.45 for 4, ~0.33 for 200.
+# a second (timestamped by a socket client as bench/lone_stalls.py's). Smaller
+# pieces cost more an event to catch up: ~0.6 ms of the indexer's time for 2,
+# ~0.45 for 4, ~0.33 for 200.
 CHUNK = 4
 # With nothing to do, look again this often (the CLI's resends, a restore).
 IDLE_INTERVAL = 5.0
@@ -85,10 +88,13 @@ class SearchIndexer:
     async def step(self, limit: int | None = None, *, give_way: bool = False) -> int:
         """Index the next batch (of `limit` events, else the configured batch),
         piece by piece (see CHUNK); returns how many events it covered. With
-        `give_way`, stop after the piece during which a webhook arrived."""
+        `give_way`, stop after the piece during which a webhook arrived; on
+        stop(), after the piece under way."""
         batch = await self._store.events_to_index(limit or self._batch, MAX_BODY_BYTES)
         done = 0
-        while done < len(batch) and not (give_way and done and self._arrived):
+        while done < len(batch):
+            if done and (self._stop.is_set() or (give_way and self._arrived)):
+                break
             piece = batch[done : done + self._chunk]
             found = await asyncio.to_thread(documents, piece, self._masker)
             # Each piece is written with its own mark: a crash between pieces
@@ -109,6 +115,8 @@ class SearchIndexer:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             limit = self._batch if await self._quiet_moment(loop) else self._chunk
+            if self._stop.is_set():
+                return
             started = loop.time()
             try:
                 count = await self.step(limit, give_way=True)
@@ -119,8 +127,12 @@ class SearchIndexer:
             if count == limit:
                 await self._sleep(loop.time() - started)  # behind: rest as long as we worked
                 continue
-            if count and self._arrived:
-                continue  # gave way to a webhook: on at the next quiet moment
+            if self._arrived:
+                # It gave way to a webhook, or one came as it found nothing
+                # left (its read missed that commit): on at the next quiet
+                # moment, not at the next idle look. Never a busy loop:
+                # _quiet_moment sleeps while webhooks come.
+                continue
             self._wake.clear()
             if self._stop.is_set():  # stop() set the wake just cleared
                 return

@@ -77,6 +77,7 @@ class Checkpointer:
             thread.join()
 
     def _run(self, connection: sqlite3.Connection) -> None:
+        failing = False
         try:
             while True:
                 self._due.wait()
@@ -86,10 +87,16 @@ class Checkpointer:
                 try:
                     connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     self.checkpoints += 1
+                    failing = False
                 except sqlite3.Error as error:
                     # The writer's own checkpoint at BACKSTOP_PAGES still
-                    # bounds the WAL; a failing disk shows in its commits.
-                    log.debug("checkpoint beside the writer failed: %s", error)
+                    # bounds the WAL; said once a spell, not 50 times a second.
+                    (log.debug if failing else log.warning)(
+                        "checkpoint beside the writer failed (the writer's own"
+                        " checkpoints go on): %s",
+                        error,
+                    )
+                    failing = True
                 if self._stopping.wait(self._pause):
                     return
         finally:

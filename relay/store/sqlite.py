@@ -233,7 +233,11 @@ class SqliteStore:
         """The checkpointer's connection (relay.store.checkpointer), opened after
         the writer's: it only copies the WAL into the file, syncing as the writer does."""
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        connection.execute(f"PRAGMA synchronous = {self._synchronous}")
+        try:
+            connection.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
     async def _write(self, job: Job[T], *, queue_timeout: float | None = None) -> T:

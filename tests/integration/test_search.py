@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,11 @@ import pytest
 from relay import retention
 from relay.app import Relay
 from relay.clock import FakeClock
-from relay.indexer import CHUNK, MAX_DEFER, QUIET, SETTLE, SearchIndexer
+from relay.indexer import CHUNK, MAX_DEFER, SETTLE, SearchIndexer
 from relay.payload import Payload
 from relay.search import documents
 from relay.secrets import Masker
-from relay.store import NewDelivery, NewEvent, SqliteStore, Status
+from relay.store import NewDelivery, NewEvent, SearchDocument, SqliteStore, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import arelay_cli, eventually, write_config
@@ -201,23 +202,21 @@ async def test_a_batch_is_indexed_a_piece_at_a_time_each_with_its_mark(tmp_path:
     await store.open()
     for i in range(2 * CHUNK + 1):
         await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
-    marks: list[int] = []
     write_jobs = store.write_stats[1]
+    marks: list[int] = []  # each write's high-water mark, as the store is given it
+    index_events = store.index_events
 
+    async def recorded(found: Sequence[SearchDocument], through: int) -> None:
+        marks.append(through)
+        await index_events(found, through)
+
+    store.index_events = recorded  # type: ignore[method-assign]
     indexer = SearchIndexer(store, FakeClock(), Masker())
-    indexed = indexer.indexed
-    step = asyncio.create_task(indexer.step())
-    while True:  # what a reader sees between the pieces
-        if indexer.indexed != indexed:
-            indexed = indexer.indexed
-            marks.append((await store.search_progress()).indexed_through)
-        if step.done():
-            break
-        await asyncio.sleep(0)
+    assert await indexer.step() == 2 * CHUNK + 1
 
-    assert step.result() == 2 * CHUNK + 1
     assert store.write_stats[1] - write_jobs == 3
     assert marks == [CHUNK, 2 * CHUNK, 2 * CHUNK + 1]
+    assert (await store.search_progress()).indexed_through == 2 * CHUNK + 1
     await store.close()
 
 
@@ -300,18 +299,27 @@ async def flood(
         {"crm": {"type": "file", "path": "crm.jsonl"}}, routes(["crm"]), admin={"token": TOKEN}
     )
     relay = await start_relay(config, poll_interval=0.05)
+    posted, steps = await post_leads(relay, http, seconds)
+    return relay, posted, steps
+
+
+async def post_leads(
+    relay: Relay, http: aiohttp.ClientSession, seconds: float
+) -> tuple[int, list[int]]:
+    """Tilda leads posted one after another for `seconds`: how many, and the
+    size of each step the indexer took meanwhile."""
     loop = asyncio.get_running_loop()
     ends = loop.time() + seconds
     posted = 0
     steps: list[int] = []
     while loop.time() < ends:
-        lead = f"Name=Lead{posted}&Phone=8999{posted:07d}&tranid=9:{posted}&formid=f1"
+        form = f"Name=Lead{posted}&Phone=8999{posted:07d}&tranid=9:{posted}&formid=f1"
         before = relay.indexer.indexed
-        await post(relay, http, "/hooks/tilda", lead, headers=FORM)
+        await post(relay, http, "/hooks/tilda", form, headers=FORM)
         posted += 1
         if relay.indexer.indexed != before:
             steps.append(relay.indexer.indexed - before)
-    return relay, posted, steps
+    return posted, steps
 
 
 async def test_the_index_waits_while_webhooks_arrive_and_follows_soon_after(
@@ -332,13 +340,34 @@ async def test_the_index_waits_while_webhooks_arrive_and_follows_soon_after(
     await eventually(all_indexed, timeout=2.0)
 
 
-async def test_catching_up_the_index_gives_way_to_a_webhook_at_once(
-    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+async def test_a_catch_up_gives_way_to_a_webhook_after_the_piece_under_way(
+    tmp_path: Path,
 ) -> None:
     # After a restart with a backlog the indexer works without a pause; a
     # webhook that comes meanwhile must not share the writer and the GIL with
-    # it piece after piece: it stops after the piece under way, and goes on
-    # at the next quiet moment (indexer.QUIET without a webhook).
+    # it piece after piece: the batch stops after the piece under way.
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    for i in range(10 * CHUNK):
+        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    indexer = SearchIndexer(store, FakeClock(), Masker())
+    step = asyncio.create_task(indexer.step(give_way=True))
+    while True:  # every loop turn: the first piece's end, before the second's
+        if indexer.indexed >= CHUNK:
+            break
+        await asyncio.sleep(0)
+    indexer.noticed()  # what ingress calls for each webhook stored
+    stopped_after = await step
+    assert CHUNK <= stopped_after <= 2 * CHUNK
+    assert await indexer.catch_up() == 10 * CHUNK - stopped_after  # the rest, later
+    await store.close()
+
+
+async def test_a_catch_up_that_gave_way_to_webhooks_still_finishes(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    # A backlog at start, webhooks amid its catch-up (it gives way to them,
+    # then takes a piece every MAX_DEFER): once they stop, it finishes.
     config = make_config(
         {"crm": {"type": "file", "path": "crm.jsonl"}}, routes(["crm"]), admin={"token": TOKEN}
     )
@@ -354,14 +383,11 @@ async def test_catching_up_the_index_gives_way_to_a_webhook_at_once(
         return relay.indexer.indexed > 0
 
     await eventually(started, timeout=5.0)
-    await post(relay, http, "/hooks/tilda", LEADS[1], headers=FORM)
-    answered = relay.indexer.indexed
-    await asyncio.sleep(QUIET / 2)
-    assert answered < backlog  # the webhook came amid the catch-up
-    assert relay.indexer.indexed - answered <= CHUNK  # the piece under way, no more
+    posted, _ = await post_leads(relay, http, 3 * MAX_DEFER)
+    assert relay.indexer.indexed < backlog  # the webhooks came amid the catch-up
 
     async def all_indexed() -> bool:
-        return relay.indexer.indexed == backlog + 1
+        return relay.indexer.indexed == backlog + posted
 
     await eventually(all_indexed, timeout=10.0)
 
