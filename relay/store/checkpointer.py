@@ -52,7 +52,7 @@ class Checkpointer:
         self._due = threading.Event()  # something was committed since the last checkpoint
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self.checkpoints = 0  # checkpoints run (tests, metrics)
+        self.checkpoints = 0  # checkpoints run so far
 
     def start(self) -> None:
         """Open the connection and start the thread; raises what opening raised."""
