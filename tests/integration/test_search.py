@@ -163,6 +163,12 @@ def lead(i: int) -> NewEvent:
     )
 
 
+async def store_leads(store: SqliteStore, count: int) -> None:
+    """Leads 0 to count - 1 stored as ingress stores them, their delivery skipped."""
+    for i in range(count):
+        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+
+
 async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
     tmp_path: Path,
 ) -> None:
@@ -170,8 +176,7 @@ async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
     store = SqliteStore(path)
     await store.open()
 
-    for i in range(10):
-        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    await store_leads(store, 10)
     indexer = SearchIndexer(store, FakeClock(), Masker(), batch=4)
     assert await indexer.step() == 4
     await store.close()  # "crash" between batches: the mark says where it stopped
@@ -200,8 +205,7 @@ async def test_a_batch_is_indexed_a_piece_at_a_time_each_with_its_mark(tmp_path:
     # in one 60-120 ms batch. Pieces of CHUNK events, one write each.
     store = SqliteStore(tmp_path / "relay.db")
     await store.open()
-    for i in range(2 * CHUNK + 1):
-        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    await store_leads(store, 2 * CHUNK + 1)
     write_jobs = store.write_stats[1]
     marks: list[int] = []  # each write's high-water mark, as the store is given it
     index_events = store.index_events
@@ -348,8 +352,7 @@ async def test_a_catch_up_gives_way_to_a_webhook_after_the_piece_under_way(
     # it piece after piece: the batch stops after the piece under way.
     store = SqliteStore(tmp_path / "relay.db")
     await store.open()
-    for i in range(10 * CHUNK):
-        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    await store_leads(store, 10 * CHUNK)
     indexer = SearchIndexer(store, FakeClock(), Masker())
     step = asyncio.create_task(indexer.step(give_way=True))
     while True:  # every loop turn: the first piece's end, before the second's
@@ -374,8 +377,7 @@ async def test_a_catch_up_that_gave_way_to_webhooks_still_finishes(
     backlog = 300
     store = SqliteStore(config.storage.path)
     await store.open()
-    for i in range(backlog):
-        await store.accept_event(lead(i), [NewDelivery("crm", Status.SKIPPED)], 1_800_000_000.0)
+    await store_leads(store, backlog)
     await store.close()
     relay = await start_relay(config, poll_interval=0.05)
 
