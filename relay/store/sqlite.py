@@ -240,8 +240,10 @@ class SqliteStore:
             raise
         return connection
 
-    async def _write(self, job: Job[T], *, queue_timeout: float | None = None) -> T:
-        return await self._writer.run(job, queue_timeout=queue_timeout)
+    async def _write(
+        self, job: Job[T], *, queue_timeout: float | None = None, durable: bool = True
+    ) -> T:
+        return await self._writer.run(job, queue_timeout=queue_timeout, durable=durable)
 
     @asynccontextmanager
     async def _snapshot(self) -> AsyncIterator[None]:
@@ -484,7 +486,8 @@ class SqliteStore:
                 (through,),
             )
 
-        await self._write(job)
+        # Made again from the events if a power cut undoes it: no fsync of its own.
+        await self._write(job, durable=False)
 
     async def get_event(self, event_id: int) -> EventDetail | None:
         async with self._snapshot():

@@ -68,6 +68,7 @@ class _Pending:
     future: asyncio.Future[Any]
     deadline: float  # loop time after which, still untaken, the job gives up
     sender: bool  # a webhook to acknowledge (its sender comes back once answered)
+    durable: bool  # its commit must be fsynced before it is answered
     taken: bool = field(default=False)
 
 
@@ -79,6 +80,8 @@ class _Failed:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
+
+_NORMAL = 1  # PRAGMA synchronous: 1 is NORMAL, 2 FULL, 3 EXTRA
 
 _STOP = None  # put on the thread's queue: close the connection and end
 
@@ -117,6 +120,9 @@ class GroupCommitWriter:
         self._worker: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connection: sqlite3.Connection | None = None
+        # PRAGMA synchronous (2 is FULL): as the store opened the connection,
+        # and as it is now (NORMAL after a batch that needed no fsync).
+        self._synchronous = self._level = 0
         self._queue: list[_Pending] = []
         self._on_thread = False  # a batch is on the thread
         self._handing = False  # a hand-over is scheduled for this loop turn
@@ -148,16 +154,31 @@ class GroupCommitWriter:
             raise
         self._running = True
 
-    async def run(self, job: Job[T], *, queue_timeout: float | None = None) -> T:
+    async def run(
+        self, job: Job[T], *, queue_timeout: float | None = None, durable: bool = True
+    ) -> T:
         """Run `job` in the next group transaction and return its result after the commit."""
-        return await self.submit(job, queue_timeout=queue_timeout)
+        return await self.submit(job, queue_timeout=queue_timeout, durable=durable)
 
     def submit(
-        self, job: Job[T], *, queue_timeout: float | None = None, sender: bool = False
+        self,
+        job: Job[T],
+        *,
+        queue_timeout: float | None = None,
+        sender: bool = False,
+        durable: bool = True,
     ) -> asyncio.Future[T]:
         """Queue `job` for the next group transaction: the future has its result
         after the commit (ingress answers from it without a task per request).
         A `sender` job stores a webhook whose sender waits for the answer.
+
+        A job that is not `durable` writes what can be made again (the search
+        index, with its high-water mark): a batch of only such jobs commits
+        without an fsync of its own (synchronous NORMAL, as SQLite's WAL
+        allows without risk to the file), and the next durable commit's fsync
+        covers it. A power cut may undo it; nothing that was answered "stored"
+        depends on it. So the index's commits do not hold a webhook that
+        arrives meanwhile up for an fsync too.
 
         `queue_timeout` bounds the wait for a place in a transaction; once the
         job is in one, its outcome is awaited whatever it takes (the
@@ -169,7 +190,7 @@ class GroupCommitWriter:
             raise StoreUnavailable("store is closed")
         future: asyncio.Future[T] = loop.create_future()
         deadline = loop.time() + queue_timeout if queue_timeout is not None else float("inf")
-        self._queue.append(_Pending(job, future, deadline, sender))
+        self._queue.append(_Pending(job, future, deadline, sender, durable))
         if (
             not self._on_thread
             and not self._handing
@@ -302,6 +323,8 @@ class GroupCommitWriter:
         checkpointer = self._checkpointer
         try:
             self._connection = self._connect()
+            level = self._connection.execute("PRAGMA synchronous").fetchone()[0]
+            self._synchronous = self._level = level
             if checkpointer is not None:
                 self._connection.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
                 checkpointer.start()  # last: nothing after it can fail and leave it running
@@ -331,8 +354,9 @@ class GroupCommitWriter:
     def _commit(self, batch: list[_Pending]) -> list[Any]:
         """Run the batch in one transaction; each job's result, or its failure.
         Never raises: whatever happens, every caller gets an answer."""
+        durable = any(p.durable for p in batch)
         try:
-            return self._transaction([p.job for p in batch])
+            return self._transaction([p.job for p in batch], durable=durable)
         except BaseException as error:
             # A job's own refusal (StoreUnavailable: a sender's webhook into a
             # deleted database file) is that job's, not the disk's: the alert
@@ -345,14 +369,21 @@ class GroupCommitWriter:
         results: list[Any] = []
         for pending in batch:
             try:
-                results.append(self._transaction([pending.job])[0])
+                results.append(self._transaction([pending.job], durable=pending.durable)[0])
             except BaseException as error:
                 results.append(_Failed(unavailable(error)))
         return results
 
-    def _transaction(self, jobs: list[Job[Any]]) -> list[Any]:
+    def _transaction(self, jobs: list[Job[Any]], *, durable: bool) -> list[Any]:
         connection = self._connection
         assert connection is not None
+        level = self._synchronous if durable else min(self._synchronous, _NORMAL)
+        if level != self._level:
+            # Before BEGIN, on purpose: if it cannot be put back (SQLite
+            # refuses inside a transaction a failed ROLLBACK left open), the
+            # durable batch fails here rather than commit unsynced.
+            connection.execute(f"PRAGMA synchronous = {level}")
+            self._level = level
         connection.execute("BEGIN IMMEDIATE")
         try:
             results = _run_jobs(connection, jobs)

@@ -224,6 +224,30 @@ async def test_a_batch_is_indexed_a_piece_at_a_time_each_with_its_mark(tmp_path:
     await store.close()
 
 
+async def test_the_index_commits_without_an_fsync_of_its_own(tmp_path: Path) -> None:
+    # It is made again from the events if a power cut undoes it; its fsync
+    # only held up a webhook committing next. Beside a job that needs no
+    # fsync either, the batch commits at synchronous NORMAL (1), not FULL (2).
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    await store_leads(store, 2)
+    batch = await store.events_to_index(10, 1000)
+
+    def level(connection: sqlite3.Connection) -> int:
+        found: int = connection.execute("PRAGMA synchronous").fetchone()[0]
+        return found
+
+    try:
+        _, seen = await asyncio.gather(
+            store.index_events(documents(batch, Masker()), batch[-1].event_id),
+            store._writer.run(level, durable=False),
+        )
+        assert seen == 1
+        assert (await store.search_progress()).indexed_through == batch[-1].event_id
+    finally:
+        await store.close()
+
+
 async def test_an_event_purged_while_being_indexed_stays_out_of_the_index(
     tmp_path: Path,
 ) -> None:

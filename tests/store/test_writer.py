@@ -134,3 +134,29 @@ async def test_with_the_core_idle_nobody_waits(tmp_path: Path) -> None:
             await asyncio.gather(*(writer.submit(insert, sender=True) for _ in range(4)))
             assert await writer.submit(insert, sender=True) == 1  # not after 60 s
         assert writer.batches == 2
+
+
+def synchronous(connection: sqlite3.Connection) -> int:
+    """The PRAGMA synchronous the job's transaction will commit with (2 FULL, 1 NORMAL)."""
+    level: int = connection.execute("PRAGMA synchronous").fetchone()[0]
+    return level
+
+
+async def test_a_batch_that_needs_no_fsync_commits_without_one(tmp_path: Path) -> None:
+    # The search index's pieces: a webhook arriving while one commits waited
+    # for its fsync as well as its own (bench/lone_stalls.py: ~1 in 90 of a
+    # lone sender's answers, 2.7 ms at the median).
+    writer = GroupCommitWriter(counter(tmp_path / "w.db"))
+    await writer.start()
+    try:
+        async with asyncio.timeout(5):
+            assert await writer.run(synchronous, durable=False) == 1
+            assert await writer.run(synchronous) == 2  # put back after
+            # One durable job makes its whole batch durable.
+            together = await asyncio.gather(
+                writer.run(synchronous, durable=False), writer.run(synchronous)
+            )
+            assert together == [2, 2]
+            assert writer.batches == 3
+    finally:
+        await writer.close()
