@@ -18,7 +18,7 @@ import pytest
 from relay import retention
 from relay.app import Relay
 from relay.clock import FakeClock
-from relay.indexer import CHUNK, MAX_DEFER, SETTLE, SearchIndexer
+from relay.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
 from relay.payload import Payload
 from relay.search import documents
 from relay.secrets import Masker
@@ -424,10 +424,43 @@ async def test_amid_a_flood_the_index_follows_in_small_slices(
     # Held back for good, the index would fall ever further behind; in one
     # large batch it stalls every sender at once (a batch of 200 was 60-120
     # ms of text and writing, slices of 20 ~7 ms). So a flood gets one piece
-    # of CHUNK events every MAX_DEFER. The first comes SETTLE after the first
-    # webhook wakes the indexer, and later on a loaded machine: long enough
-    # for several.
-    _, posted, steps = await flood(make_config, start_relay, http, SETTLE + 10 * MAX_DEFER)
-    assert posted > 4 * CHUNK  # a flood: the pieces could not cover it
+    # of CHUNK events every FLOOD_DEFER: each piece holds up the webhook it
+    # meets by ~2 ms, and one every MAX_DEFER met 0.8 % of a lone sender's
+    # answers. The first comes SETTLE after the first webhook wakes the
+    # indexer, and later on a loaded machine: long enough for several.
+    seconds = SETTLE + 4 * FLOOD_DEFER
+    _, posted, steps = await flood(make_config, start_relay, http, seconds)
+    assert posted > seconds * CHUNK / MAX_DEFER  # faster than pieces every MAX_DEFER follow
     assert steps, "nothing indexed during the flood"
     assert max(steps) <= CHUNK
+    # Every MAX_DEFER would be ~20 pieces; every FLOOD_DEFER at most 5, with
+    # room for a quiet moment or two on a loaded machine.
+    assert len(steps) <= 2 * seconds / FLOOD_DEFER
+
+
+async def test_webhooks_it_can_keep_pace_with_are_indexed_as_they_come(
+    tmp_path: Path,
+) -> None:
+    # Never a quiet moment (one every 30 ms, under QUIET), but fewer than a
+    # piece of CHUNK every MAX_DEFER: not a flood, so a piece every
+    # MAX_DEFER, and the index keeps pace (every FLOOD_DEFER it would index 8
+    # a second of these ~33).
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    indexer = SearchIndexer(store, FakeClock(), Masker())
+    running = asyncio.create_task(indexer.run())
+    stored = 0
+    try:
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + SETTLE + 4 * FLOOD_DEFER
+        while loop.time() < ends:
+            await store.accept_event(lead(stored), [NewDelivery("crm", Status.SKIPPED)], 1.0)
+            stored += 1
+            indexer.noticed()
+            await asyncio.sleep(0.03)
+        assert stored > 40  # over 2 s: every FLOOD_DEFER would leave most of them
+        assert indexer.indexed >= stored - 3 * CHUNK
+    finally:
+        indexer.stop()
+        await running
+        await store.close()
