@@ -14,6 +14,11 @@ relay acknowledged must be in its database afterwards. Each round ends with
 bench/fsync_floor.py in the same folder: the disk's own fdatasync times, and
 the same as wrk would count them at relay's pace in that round, so relay's
 tail can be read against what no fsyncing server gets under.
+
+    TMPDIR=/dev/shm python bench/lone_sender.py
+
+runs it all on tmpfs, where an fsync costs nothing: relay's own tail (its
+threads, its background work, the GIL), with no disk under it.
 """
 
 from __future__ import annotations

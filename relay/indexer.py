@@ -7,8 +7,8 @@ must not do), and writes it a few events at a time, each piece together with
 its new high-water mark in one transaction — so after a crash it simply goes
 on from the mark. It gives way to ingest: no piece of its work holds a
 webhook up for long (CHUNK); while webhooks are arriving it waits for a quiet
-moment (up to MAX_DEFER, then it does one piece; FLOOD_DEFER when they come
-faster than it could keep pace with anyway); and after each batch it
+moment (up to MAX_DEFER, then it does one piece; longer, up to FLOOD_DEFER,
+when they come faster than it could keep pace with); and after each batch it
 rests as long as the batch took, so it takes at most about half of the
 writer's time even when far behind.
 """
@@ -50,14 +50,16 @@ SETTLE = 0.25
 # Ingest counts as busy when a webhook arrived this recently...
 QUIET = 0.05
 # ...but the index is never held back longer than this while it can keep
-# pace: amid webhooks coming at most CHUNK every MAX_DEFER (40 a second) it
-# indexes one piece every MAX_DEFER, and so follows them as they come.
+# pace: amid webhooks coming at most CHUNK every MAX_DEFER (nearly 40 a
+# second, less the pieces' own time) it indexes one piece every MAX_DEFER,
+# and so follows them as they come.
 MAX_DEFER = 0.1
-# Amid faster ones it could not keep pace at that cadence (catching up waits
-# for the quiet after them, when it runs without pauses), and each piece
-# holds up the webhook it meets by ~2 ms (the read, the text, the write;
-# timestamped on tmpfs, a lone sender met one every ~107 ms: 0.8 % of its
-# answers, near its p99). So it takes one piece this often: the index still
+# Amid faster ones it cannot keep pace (catching up waits for the quiet after
+# them, when it runs without pauses), and each piece holds up the webhook it
+# meets by ~2 ms (the read, the text, the write; timestamped on tmpfs, a lone
+# sender met one every ~107 ms: 0.8 % of its answers, near its p99). So the
+# wait grows with their rate: twice the rate it can follow, twice
+# MAX_DEFER, and so on up to this (from ~200 a second): the index still
 # moves on amid a flood that never ends, and meets a sender twice a second.
 FLOOD_DEFER = 0.5
 RETRY_AFTER_ERROR = 5.0
@@ -153,15 +155,16 @@ class SearchIndexer:
 
     async def _quiet_moment(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait for QUIET seconds without a webhook: MAX_DEFER at most, or
-        FLOOD_DEFER while they come faster than a piece every MAX_DEFER could
-        follow; at once when none came since the last look. False when
-        webhooks kept coming."""
+        longer in proportion while they come faster than a piece every
+        MAX_DEFER could follow (FLOOD_DEFER at most); at once when none came
+        since the last look. False when webhooks kept coming."""
         deferred, arrivals = loop.time(), self._arrivals
         while self._arrived:
             waited = loop.time() - deferred
             if waited >= MAX_DEFER:
-                flood = self._arrivals - arrivals > self._chunk * waited / MAX_DEFER
-                if not flood or waited >= FLOOD_DEFER:
+                # How many times faster they come than pieces every MAX_DEFER follow.
+                faster = (self._arrivals - arrivals) * MAX_DEFER / (self._chunk * waited)
+                if waited >= min(MAX_DEFER * max(1.0, faster), FLOOD_DEFER):
                     return False
             self._arrived = False
             await self._sleep(QUIET)

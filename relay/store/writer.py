@@ -2,10 +2,11 @@
 
 Callers hand in a job (a function of the connection). The writer takes every
 job waiting, runs them in one transaction on its own thread, commits (one
-fsync), and only then answers each caller with its own job's result. A
-caller's answer therefore always comes from the very transaction that held
-its rows: if that commit fails, every job in it fails, and nobody is told
-"stored" for a row that is not on disk.
+fsync; none for a batch of jobs that need none, see submit), and only then
+answers each caller with its own job's result. A caller's answer therefore
+always comes from the very transaction that held its rows: if that commit
+fails, every job in it fails, and nobody is told "stored" for a row that is
+not on disk.
 
 One batch is on the thread at a time; what arrives meanwhile is the next
 batch, handed over as soon as the thread answers. The thread is fed by a
@@ -123,6 +124,10 @@ class GroupCommitWriter:
         # PRAGMA synchronous (2 is FULL): as the store opened the connection,
         # and as it is now (NORMAL after a batch that needed no fsync).
         self._synchronous = self._level = 0
+        # Only in WAL mode: there a commit without an fsync may be undone by
+        # a power cut but never corrupts the file, and the next fsynced
+        # commit covers it. A rollback journal gives no such promise.
+        self._wal = False
         self._queue: list[_Pending] = []
         self._on_thread = False  # a batch is on the thread
         self._handing = False  # a hand-over is scheduled for this loop turn
@@ -325,6 +330,8 @@ class GroupCommitWriter:
             self._connection = self._connect()
             level = self._connection.execute("PRAGMA synchronous").fetchone()[0]
             self._synchronous = self._level = level
+            mode = self._connection.execute("PRAGMA journal_mode").fetchone()[0]
+            self._wal = str(mode).lower() == "wal"
             if checkpointer is not None:
                 self._connection.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
                 checkpointer.start()  # last: nothing after it can fail and leave it running
@@ -377,7 +384,8 @@ class GroupCommitWriter:
     def _transaction(self, jobs: list[Job[Any]], *, durable: bool) -> list[Any]:
         connection = self._connection
         assert connection is not None
-        level = self._synchronous if durable else min(self._synchronous, _NORMAL)
+        relaxed = not durable and self._wal
+        level = min(self._synchronous, _NORMAL) if relaxed else self._synchronous
         if level != self._level:
             # Before BEGIN, on purpose: if it cannot be put back (SQLite
             # refuses inside a transaction a failed ROLLBACK left open), the
