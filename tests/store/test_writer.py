@@ -142,8 +142,10 @@ def synchronous(connection: sqlite3.Connection) -> int:
     return level
 
 
-def connect_in(database: Path, journal_mode: str) -> Callable[[], sqlite3.Connection]:
-    """Connections as the store opens them (synchronous FULL), in `journal_mode`."""
+@contextlib.asynccontextmanager
+async def writer_in(database: Path, journal_mode: str) -> AsyncIterator[GroupCommitWriter]:
+    """A started writer on connections as the store opens them (synchronous
+    FULL), in `journal_mode`."""
 
     def connect() -> sqlite3.Connection:
         connection = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
@@ -151,36 +153,31 @@ def connect_in(database: Path, journal_mode: str) -> Callable[[], sqlite3.Connec
         connection.execute("PRAGMA synchronous = FULL")
         return connection
 
-    return connect
+    writer = GroupCommitWriter(connect)
+    await writer.start()
+    try:
+        yield writer
+    finally:
+        await writer.close()
 
 
 async def test_a_batch_that_needs_no_fsync_commits_without_one(tmp_path: Path) -> None:
     # The search index's pieces: a webhook arriving while one commits waited
     # for its fsync as well as its own (strace on a lone sender: ~1 in 90 of
     # its answers held two commit fsyncs, 2.7 ms at the median).
-    writer = GroupCommitWriter(connect_in(tmp_path / "w.db", "wal"))
-    await writer.start()
-    try:
-        async with asyncio.timeout(5):
-            assert await writer.run(synchronous, durable=False) == 1
-            assert await writer.run(synchronous) == 2  # put back after
-            # One durable job makes its whole batch durable.
-            together = await asyncio.gather(
-                writer.run(synchronous, durable=False), writer.run(synchronous)
-            )
-            assert together == [2, 2]
-            assert writer.batches == 3
-    finally:
-        await writer.close()
+    async with writer_in(tmp_path / "w.db", "wal") as writer, asyncio.timeout(5):
+        assert await writer.run(synchronous, durable=False) == 1
+        assert await writer.run(synchronous) == 2  # put back after
+        # One durable job makes its whole batch durable.
+        together = await asyncio.gather(
+            writer.run(synchronous, durable=False), writer.run(synchronous)
+        )
+        assert together == [2, 2]
+        assert writer.batches == 3
 
 
 async def test_without_a_wal_every_commit_is_fsynced(tmp_path: Path) -> None:
     # A rollback journal's commit without an fsync can leave the file corrupt
     # after a power cut; only SQLite's WAL makes skipping it safe.
-    writer = GroupCommitWriter(connect_in(tmp_path / "w.db", "delete"))
-    await writer.start()
-    try:
-        async with asyncio.timeout(5):
-            assert await writer.run(synchronous, durable=False) == 2
-    finally:
-        await writer.close()
+    async with writer_in(tmp_path / "w.db", "delete") as writer, asyncio.timeout(5):
+        assert await writer.run(synchronous, durable=False) == 2
