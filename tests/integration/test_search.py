@@ -7,8 +7,9 @@ drive it with `catch_up()` (the way the scheduler is driven with `drain()`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -434,18 +435,31 @@ async def test_amid_a_flood_the_index_follows_in_small_slices(
     assert max(steps) <= CHUNK
 
 
+@contextlib.asynccontextmanager
+async def running_indexer(
+    tmp_path: Path, backlog: int
+) -> AsyncIterator[tuple[SqliteStore, SearchIndexer]]:
+    """A store holding `backlog` leads and an indexer running on it, stopped after."""
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    await store_leads(store, backlog)
+    indexer = SearchIndexer(store, FakeClock(), Masker())
+    running = asyncio.create_task(indexer.run())
+    try:
+        yield store, indexer
+    finally:
+        indexer.stop()
+        await running
+        await store.close()
+
+
 async def test_amid_a_fast_flood_a_piece_every_flood_defer(tmp_path: Path) -> None:
     # Each piece holds up the webhook it meets by ~2 ms (its read, its text,
     # its write): one every MAX_DEFER met 0.8 % of a lone sender's ~1,200
     # answers a second, and could not keep pace with them anyway. Here 5,000
     # webhooks a second, as ingress tells of them, amid a backlog.
-    store = SqliteStore(tmp_path / "relay.db")
-    await store.open()
-    await store_leads(store, 200)
-    indexer = SearchIndexer(store, FakeClock(), Masker())
-    running = asyncio.create_task(indexer.run())
     seconds = SETTLE + 4 * FLOOD_DEFER
-    try:
+    async with running_indexer(tmp_path, 200) as (_, indexer):
         loop = asyncio.get_running_loop()
         ends = loop.time() + seconds
         while loop.time() < ends:
@@ -455,10 +469,6 @@ async def test_amid_a_fast_flood_a_piece_every_flood_defer(tmp_path: Path) -> No
         # One piece at the start (then it gives way), one every FLOOD_DEFER:
         # ~6. Every MAX_DEFER it was ~20 (80 events).
         assert CHUNK <= indexer.indexed <= 2 * CHUNK * (1 + seconds / FLOOD_DEFER)
-    finally:
-        indexer.stop()
-        await running
-        await store.close()
 
 
 async def test_webhooks_it_can_keep_pace_with_are_indexed_as_they_come(
@@ -468,12 +478,8 @@ async def test_webhooks_it_can_keep_pace_with_are_indexed_as_they_come(
     # piece of CHUNK every MAX_DEFER follows: a piece every MAX_DEFER, and
     # the index keeps pace (every FLOOD_DEFER it would index 8 a second of
     # these 25).
-    store = SqliteStore(tmp_path / "relay.db")
-    await store.open()
-    indexer = SearchIndexer(store, FakeClock(), Masker())
-    running = asyncio.create_task(indexer.run())
     stored = 0
-    try:
+    async with running_indexer(tmp_path, 0) as (store, indexer):
         loop = asyncio.get_running_loop()
         ends = loop.time() + SETTLE + 4 * FLOOD_DEFER
         while loop.time() < ends:
@@ -482,7 +488,3 @@ async def test_webhooks_it_can_keep_pace_with_are_indexed_as_they_come(
             indexer.noticed()
             await asyncio.sleep(0.04)
         assert indexer.indexed >= stored // 2  # every FLOOD_DEFER: about a third
-    finally:
-        indexer.stop()
-        await running
-        await store.close()
