@@ -30,7 +30,16 @@ from relay.budget import TemplateError
 from relay.canonical import payload_digest
 from relay.config import Config, RouteConfig
 from relay.payload import media_type, parse_form
-from relay.secrets import MASK, Masker, request_masker, shown_body
+from relay.secrets import (
+    MASK,
+    Hidden,
+    Masker,
+    Segments,
+    body_segments,
+    request_masker,
+    shown,
+    shown_body,
+)
 from relay.store import EventDetail, Header, Resend, Status
 from relay.targets import Envelope, build_target
 
@@ -92,10 +101,14 @@ def _edit_source(detail: EventDetail) -> str:
 
 
 def _shown(detail: EventDetail, text: str, masker: Masker) -> str:
+    return shown(_segments(detail, text, masker))
+
+
+def _segments(detail: EventDetail, text: str, masker: Masker) -> Segments:
     own = request_masker(
         masker, detail.payload.query, detail.payload.content_type, detail.payload.body
     )
-    return shown_body(text, detail.payload.content_type, own)
+    return body_segments(text, detail.payload.content_type, own)
 
 
 def default_targets(detail: EventDetail) -> list[str]:
@@ -175,42 +188,107 @@ def check_body(route: RouteConfig, body: bytes, content_type: str) -> None:
         raise EditRejected(400, f"body is not a valid {kind} form")
 
 
+# Where a masked secret stood, as the box showed it: its line or field, back
+# to the separator before it (at most this many characters).
+_CONTEXT = 64
+_SEPARATORS = re.compile(r"[\n&,{\[;]")
+_SPACE = re.compile(r"\s+")
+
+
 def restore_secrets(edited: bytes, detail: EventDetail, masker: Masker) -> bytes:
-    """Put back the secrets that the edit box showed as "***", in order.
+    """Put back the secrets that the edit box showed as "***", each where it was.
 
     The box showed `s0 *** s1 *** s2`, made from a text that reads
-    `s0 SECRET1 s1 SECRET2 s2`: the secrets are what stands between the
-    pieces. The edited body must still hold as many "***" (in the box's form
-    or the API's raw one: the order of values is the same): each gets its
-    secret back, the first the first.
+    `s0 SECRET1 s1 SECRET2 s2` (relay.secrets tells which pieces it masked).
+    The edited body must still hold as many "***", and each must stand where
+    it stood: after the same field or line (the box's form, or the API's raw
+    one). A "***" moved into another field would carry the secret there,
+    where no view masks it: refused, as is a copy that would show a restored
+    secret in clear.
     """
     try:
         source = _edit_source(detail)
     except EditRejected:
         return edited  # not text: nothing was shown masked
-    shown = _shown(detail, source, masker)
-    if MASK not in shown:
+    marks = _marks(_segments(detail, source, masker))
+    if not any(secret is not None for secret, _ in marks):
         return edited
-    pieces = shown.split(MASK)
-    pattern = "(.*?)".join(re.escape(piece) for piece in pieces)
-    found = re.fullmatch(pattern, source, re.DOTALL)
-    if found is None:  # cannot line the secrets up: refuse rather than guess
-        raise EditRejected(400, "the body holds masked secrets that cannot be restored")
     try:
         edited_text = edited.decode("utf-8")
     except UnicodeDecodeError:
         raise EditRejected(400, "the edited body is not UTF-8 text") from None
     parts = edited_text.split(MASK)
-    if len(parts) != len(pieces):
+    if len(parts) != len(marks) + 1:
         raise EditRejected(
             400,
-            f"the body showed {len(pieces) - 1} masked secret(s) as {MASK}: keep each"
+            f"the body showed {len(marks)} masked secret(s) as {MASK}: keep each"
             f" {MASK} where it was (the secret goes back in its place), now {len(parts) - 1}",
         )
     restored = [parts[0]]
-    for secret, part in zip(found.groups(), parts[1:], strict=True):
-        restored += [secret, part]
-    return "".join(restored).encode("utf-8")
+    secrets = []
+    for (secret, before), part in zip(marks, parts[1:], strict=True):
+        if secret is None:  # a "***" the sender wrote: it stays
+            restored += [MASK, part]
+            continue
+        context = _context(before)
+        if not _unspaced(restored[-1][-4 * _CONTEXT :]).endswith(_unspaced(context)):
+            raise EditRejected(
+                400,
+                f"a {MASK} is not where a masked secret was (after {context.strip()!r}):"
+                f" a secret goes back only in its own place; keep each {MASK} where it was",
+            )
+        restored[-1] = restored[-1][: len(restored[-1]) - len(secret.shown) + len(MASK)]
+        restored += [secret.original, part]
+        secrets.append(secret.original)
+    body = "".join(restored)
+    _check_copy_masks(detail, body, secrets, masker)
+    return body.encode("utf-8")
+
+
+def _marks(segments: Segments) -> list[tuple[Hidden | None, str]]:
+    """Each "***" of the shown text in order: the secret it hides (None for one
+    the sender wrote) and the shown text before it, since the previous one."""
+    marks: list[tuple[Hidden | None, str]] = []
+    before = ""
+    for piece in segments:
+        if isinstance(piece, Hidden):
+            prefix = piece.shown[: -len(MASK)] if piece.shown.endswith(MASK) else piece.shown
+            marks.append((piece, before + prefix))
+            before = ""
+            continue
+        chunks = piece.split(MASK)
+        for chunk in chunks[:-1]:
+            marks.append((None, before + chunk))
+            before = ""
+        before += chunks[-1]
+    return marks
+
+
+def _context(before: str) -> str:
+    """The end of `before` that places a "***": its field or line."""
+    tail = before[-_CONTEXT:]
+    separators = list(_SEPARATORS.finditer(tail))
+    return tail[separators[-1].end() :] if separators else tail
+
+
+def _unspaced(text: str) -> str:
+    """Whitespace never changes which field a value is in (the box's indented
+    JSON against the API's compact one)."""
+    return _SPACE.sub("", text)
+
+
+def _check_copy_masks(detail: EventDetail, body: str, secrets: list[str], masker: Masker) -> None:
+    """The copy's own views must mask every secret put back in it."""
+    kind = detail.payload.content_type
+    own = request_masker(masker, detail.payload.query, kind, body.encode("utf-8"))
+    view = shown_body(body, kind, own)
+    for secret in secrets:
+        if secret in view:
+            raise EditRejected(
+                400,
+                f"the copy would show a masked secret in clear (its credential field was"
+                f" renamed or removed): keep the field, or delete its {MASK}",
+            )
 
 
 def _targets(config: Config, detail: EventDetail, wanted: Sequence[str]) -> list[str]:

@@ -29,7 +29,7 @@ from relay.inputs import BadRequest, instant, row_id
 from relay.payload import parse_form
 from relay.resend import EditRejected, default_targets, editable_body, plan_resend
 from relay.search import SearchError, describe, parse_search
-from relay.secrets import MASK
+from relay.secrets import MASK, Masker
 from relay.store import (
     Conflict,
     EventDetail,
@@ -520,17 +520,8 @@ async def requeue_dead(request: web.Request) -> web.StreamResponse:
 async def event_page(request: web.Request) -> web.Response:
     operator = _operator(request)
     detail = await _detail(request)
-    event = event_detail(detail, operator.masker)
-    pretty_json = None
-    form_fields = None
-    if event["body"] is not None:
-        try:
-            pretty_json = orjson.dumps(
-                orjson.loads(event["body"]), option=orjson.OPT_INDENT_2
-            ).decode()
-        except orjson.JSONDecodeError:
-            fields = parse_form(event["content_type"], event["body"].encode())
-            form_fields = list(fields.items()) if fields else None
+    # Masking is linear in the body, and a body may be a MiB: off the loop.
+    event, pretty_json, form_fields = await asyncio.to_thread(_event_view, detail, operator.masker)
     return _render(
         request,
         "event.html",
@@ -543,6 +534,24 @@ async def event_page(request: web.Request) -> web.Response:
     )
 
 
+def _event_view(
+    detail: EventDetail, masker: Masker
+) -> tuple[dict[str, Any], str | None, list[tuple[str, str]] | None]:
+    """An event as its page shows it: masked, and its body as JSON or form fields."""
+    event = event_detail(detail, masker)
+    pretty_json = None
+    form_fields = None
+    if event["body"] is not None:
+        try:
+            pretty_json = orjson.dumps(
+                orjson.loads(event["body"]), option=orjson.OPT_INDENT_2
+            ).decode()
+        except orjson.JSONDecodeError:
+            fields = parse_form(event["content_type"], event["body"].encode())
+            form_fields = list(fields.items()) if fields else None
+    return event, pretty_json, form_fields
+
+
 async def _detail(request: web.Request) -> EventDetail:
     event_id = row_id(request.match_info["event_id"], "event id")
     return await _operator(request).event(event_id)
@@ -553,7 +562,7 @@ async def resend_page(request: web.Request) -> web.Response:
     operator = _operator(request)
     detail = await _detail(request)
     try:
-        body = editable_body(detail, operator.masker)
+        body = await asyncio.to_thread(editable_body, detail, operator.masker)
     except EditRejected as problem:
         return _plain(problem.status, str(problem))
     chosen = default_targets(detail)
@@ -575,7 +584,8 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     try:
         if not wanted:  # an empty choice is not "the default targets" here
             raise EditRejected(400, "choose at least one target")
-        plan = plan_resend(
+        plan = await asyncio.to_thread(
+            plan_resend,
             operator.config,
             detail,
             text.encode("utf-8"),

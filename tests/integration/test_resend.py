@@ -308,3 +308,67 @@ async def test_a_form_lead_keeps_its_own_credential_field_which_no_view_shows(
     assert sink.requests[-1].body == (
         b"Name=Anna&Phone=%2B79991234567&api_key=tilda-key-4242&formid=f1"
     )
+
+
+@pytest.mark.parametrize(
+    "moved",
+    [
+        # The *** of password moved into name: the secret would go to the CRM
+        # in the name field, and the copy's views would show it in clear.
+        "Name=***&Phone=%2B79991234567&password=x&formid=f1",
+        "Name=Anna&Phone=%2B79991234567&formid=***",
+        "Name=Anna&Phone=%2B79991234567&note=***&formid=f1",
+    ],
+)
+async def test_a_masked_secret_goes_back_only_where_it_was(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    moved: str,
+) -> None:
+    sink, url = await start_sink([400, 200])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}},
+        {"tilda": {"path": "/hooks/tilda", "targets": ["crm"]}},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    lead = b"Name=Anna&Phone=8+999&password=hunter2-secret&formid=f1"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with http.post(relay.ingress_url + "/hooks/tilda", data=lead, headers=form) as answer:
+        original = (await answer.json())["id"]
+    await relay.scheduler.drain()
+    shown = (await api(relay, http, "GET", f"/api/v1/events/{original}", 200))["body"]
+    assert shown == "Name=Anna&Phone=8+999&password=***&formid=f1"
+    for confirm in (False, True):
+        refused = await api(
+            relay,
+            http,
+            "POST",
+            f"/api/v1/events/{original}/resend",
+            400,
+            json={"body": moved, "confirm": confirm},
+        )
+        assert "hunter2-secret" not in json.dumps(refused)
+        assert "goes back only in its own place" in refused["error"] or (
+            "in clear" in refused["error"]
+        )
+    assert len(sink.requests) == 1  # only the original's attempt: nothing sent
+    assert (await relay.store.search_progress()).newest == int(original)  # no copy stored
+
+    # Where it was, it goes back (whitespace and other fields may change).
+    fixed = "Name=Anna&Phone=%2B79991234567&password=***&formid=f1"
+    await api(
+        relay,
+        http,
+        "POST",
+        f"/api/v1/events/{original}/resend",
+        201,
+        json={"body": fixed, "confirm": True},
+    )
+    await relay.scheduler.drain()
+    assert (
+        sink.requests[-1].body
+        == b"Name=Anna&Phone=%2B79991234567&password=hunter2-secret&formid=f1"
+    )

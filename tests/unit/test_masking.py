@@ -1,0 +1,79 @@
+"""What every view of a stored request masks, and that the work is linear."""
+
+from __future__ import annotations
+
+import orjson
+
+from relay.secrets import (
+    MASK,
+    MAX_VALUE_SECRETS,
+    Hidden,
+    Masker,
+    body_segments,
+    inbound_secrets,
+    request_masker,
+    shown,
+    shown_body,
+)
+
+
+def test_json_credential_fields_are_masked_by_name_past_the_value_cap() -> None:
+    fields = {f"token{n}": f"value-{n:05d}" for n in range(1000)}
+    fields["name"] = "Anna"
+    body = orjson.dumps(fields)
+    found = inbound_secrets("", "application/json", body)
+    assert len(found) == MAX_VALUE_SECRETS  # the rest by name alone
+    masker = request_masker(Masker(), "", "application/json", body)
+    view = shown_body(body.decode(), "application/json", masker)
+    assert "value-" not in view
+    assert orjson.loads(view) == {**dict.fromkeys(fields, MASK), "name": "Anna"}
+
+
+def test_json_values_of_every_shape_are_masked_by_their_keys_name() -> None:
+    text = (
+        '{"a": {"api_key": "k\\"ey-1", "list": [{"Password": 12345}]},'
+        ' "note": "token", "x_signature": "", "ok": true, "token_on": false}'
+    )
+    view = shown_body(text, "application/json", Masker())
+    assert view == (
+        '{"a": {"api_key": "***", "list": [{"Password": ***}]},'
+        ' "note": "token", "x_signature": "", "ok": true, "token_on": false}'
+    )
+
+
+def test_a_key_written_with_escapes_is_read_as_its_name() -> None:
+    text = '{"\\u0074oken": "abcdef"}'
+    assert shown_body(text, "application/json", Masker()) == '{"\\u0074oken": "***"}'
+
+
+def test_a_secret_found_by_name_is_masked_wherever_else_it_shows() -> None:
+    body = b'{"token": "tok-123456", "echo": "saw tok-123456 twice: tok-123456"}'
+    masker = request_masker(Masker(), "", "application/json", body)
+    assert shown_body(body.decode(), "application/json", masker) == (
+        '{"token": "***", "echo": "saw *** twice: ***"}'
+    )
+    assert masker.text("GET /?t=tok-123456") == "GET /?t=***"
+
+
+def test_longest_secret_first_and_no_secret_matches_inside_a_mask() -> None:
+    masker = Masker(["abcdef", "abcdefgh", "***a", "https://b24.example/rest/1/key/"])
+    assert masker.text("x abcdefgh y abcdef z") == "x *** y *** z"
+    assert masker.text("to https://b24.example/rest/1/key/crm.add") == (
+        "to https://b24.example/***crm.add"
+    )
+    assert masker.text("***abcdef") == "******"
+
+
+def test_segments_keep_what_each_mask_hides() -> None:
+    masker = Masker(["sec ret"])
+    pieces = masker.segments("a=sec+ret&b=sec%20ret")
+    assert pieces == ["a=", Hidden("sec+ret"), "&b=", Hidden("sec%20ret"), ""]
+    assert shown(pieces) == "a=***&b=***"
+    form = body_segments("password=p%40ss&name=A", "application/x-www-form-urlencoded", Masker())
+    assert form == ["password=", Hidden("p%40ss"), "&name=A"]
+
+
+def test_a_body_that_is_not_json_is_masked_by_value_only() -> None:
+    text = '{"token": "abcdef"'  # cut short: no structure to trust
+    masker = Masker(["abcdef"])
+    assert shown_body(text, "application/json", masker) == '{"token": "***"'
