@@ -18,7 +18,14 @@ from relay.budget import TemplateError
 from relay.canonical import payload_digest
 from relay.config import RouteConfig, RouteTarget
 from relay.keys import stored_key
-from relay.payload import Payload, first_header, parse_query, storable, template_context
+from relay.payload import (
+    Payload,
+    first_header,
+    parse_form,
+    parse_query,
+    storable,
+    template_context,
+)
 from relay.store import NewDelivery, Status
 
 if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
@@ -71,6 +78,12 @@ class Incoming:
     def query_fields(self) -> dict[str, str]:
         return self.payload.query_fields
 
+    @functools.cached_property
+    def key_form(self) -> dict[str, str] | None:
+        """The form as keys read it: bytes that are not UTF-8 kept (as
+        surrogates, which `stored_key` escapes), not folded into U+FFFD."""
+        return parse_form(self.content_type, self.body, errors="surrogateescape")
+
     @property
     def digest(self) -> bytes:
         """The payload's digest (relay.canonical), reusing the JSON already parsed."""
@@ -85,12 +98,15 @@ class Incoming:
     def render_key(self, template: Template) -> str:
         """A key template's output, keeping every byte: the raw body and query
         values are decoded with undecodable bytes kept (as surrogates, which
-        `stored_key` escapes), where other templates see U+FFFD."""
+        `stored_key` escapes), where other templates see U+FFFD. Headers
+        keep theirs already (relay.http1); JSON holds only valid UTF-8."""
         values = self.context(template.variables)
         if "body" in values:
             values["body"] = self.body.decode("utf-8", errors="surrogateescape")
         if "query" in values:
             values["query"] = parse_query(self.query, errors="surrogateescape")
+        if "form" in values:
+            values["form"] = self.key_form
         return template.render(values)
 
 

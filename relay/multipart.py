@@ -34,19 +34,22 @@ class _Malformed(Exception):
     pass
 
 
-def parse_multipart(content_type: str, body: bytes) -> dict[str, str] | None:
+def parse_multipart(
+    content_type: str, body: bytes, errors: str = "replace"
+) -> dict[str, str] | None:
     """Fields of a multipart/form-data body (first value of a repeated name;
-    uploaded files are not fields), or None when it is malformed or too big."""
+    uploaded files are not fields), or None when it is malformed or too big.
+    Bytes that are not text in the part's charset are decoded with `errors`."""
     try:
         boundary = _parameters(content_type.encode("latin-1", "replace")).get(b"boundary")
         if not boundary or len(boundary) > MAX_BOUNDARY:
             return None
-        return _fields(body, boundary)
+        return _fields(body, boundary, errors)
     except _Malformed:
         return None
 
 
-def _fields(body: bytes, boundary: bytes) -> dict[str, str]:
+def _fields(body: bytes, boundary: bytes, errors: str) -> dict[str, str]:
     delimiter = b"\r\n--" + boundary
     # The first delimiter may open the body (no preamble, no CRLF before it).
     start = 0 if body.startswith(delimiter[2:]) else body.find(delimiter)
@@ -71,12 +74,12 @@ def _fields(body: bytes, boundary: bytes) -> dict[str, str]:
         end = body.find(delimiter, content_start)
         if end < 0:
             raise _Malformed  # no close delimiter: truncated
-        _add_field(fields, body[head_start:head_end], body[content_start:end])
+        _add_field(fields, body[head_start:head_end], body[content_start:end], errors)
         position = end + len(delimiter)
     raise _Malformed  # more than MAX_PARTS parts
 
 
-def _add_field(fields: dict[str, str], head: bytes, content: bytes) -> None:
+def _add_field(fields: dict[str, str], head: bytes, content: bytes, errors: str) -> None:
     headers = _headers(head)
     disposition = _parameters(headers.get(b"content-disposition", b""))
     if b"filename" in disposition or b"filename*" in disposition:
@@ -84,7 +87,7 @@ def _add_field(fields: dict[str, str], head: bytes, content: bytes) -> None:
     name = disposition.get(b"name")
     if name is None:
         return
-    field_name = name.decode("utf-8", "replace")
+    field_name = name.decode("utf-8", errors)
     if field_name in fields:
         return
     encoding = headers.get(b"content-transfer-encoding", b"").strip().lower()
@@ -96,7 +99,7 @@ def _add_field(fields: dict[str, str], head: bytes, content: bytes) -> None:
     except binascii.Error:
         pass  # keep the bytes as sent
     charset = _parameters(headers.get(b"content-type", b"")).get(b"charset", b"utf-8")
-    fields[field_name] = content.decode(_codec(charset), "replace")
+    fields[field_name] = content.decode(_codec(charset), errors)
 
 
 def _headers(head: bytes) -> dict[bytes, bytes]:

@@ -53,22 +53,31 @@ def parse_json(body: bytes) -> Any:
 MAX_FORM_FIELDS = MAX_PARTS
 
 
-def parse_form(content_type: str | None, body: bytes) -> dict[str, str] | None:
+def parse_form(
+    content_type: str | None, body: bytes, *, errors: str = "replace"
+) -> dict[str, str] | None:
     """Form fields of a urlencoded or multipart body (first value of a repeated
     field; uploaded files are not fields), else None; None too for a body of
-    more than MAX_FORM_FIELDS fields (no sender's form has that many)."""
+    more than MAX_FORM_FIELDS fields (no sender's form has that many).
+
+    Bytes that are not UTF-8 (a cp1251 form, raw or percent-encoded) become
+    U+FFFD; with `errors="surrogateescape"` each is kept as a surrogate
+    instead, as idempotency keys need (relay.keys): two orders must not
+    become one key."""
     kind = media_type(content_type)
     if kind == "multipart/form-data":
-        parsed = parse_multipart(content_type or "", body)
+        parsed = parse_multipart(content_type or "", body, errors)
         return FormFields(parsed) if parsed is not None else None
     if kind != "application/x-www-form-urlencoded":
         return None
     try:
-        text = body.decode("utf-8")
+        text = body.decode("utf-8", "strict" if errors == "replace" else errors)
     except UnicodeDecodeError:
         return None
     try:  # parse_qsl counts the separators before it parses anything
-        pairs = parse_qsl(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+        pairs = parse_qsl(
+            text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS, errors=errors
+        )
     except ValueError:
         return None
     fields = FormFields()

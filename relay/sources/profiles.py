@@ -100,13 +100,14 @@ class Tilda:
         return Accept(self.key(incoming))
 
     def key(self, incoming: Incoming) -> str | None:
-        tranid = _tilda_fields(incoming).get("tranid")
+        tranid = _tilda_fields(incoming, keyed=True).get("tranid")
         return str(tranid) if tranid not in (None, "") else None
 
 
-def _tilda_fields(incoming: Incoming) -> dict[str, Any]:
-    """The lead's fields: the form, or the JSON object Tilda sends instead."""
-    form = incoming.form
+def _tilda_fields(incoming: Incoming, *, keyed: bool = False) -> dict[str, Any]:
+    """The lead's fields: the form, or the JSON object Tilda sends instead
+    (`keyed`: with bytes that are not UTF-8 kept, for its key)."""
+    form = incoming.key_form if keyed else incoming.form
     if form is not None:
         return dict(form)
     data = incoming.json

@@ -186,3 +186,80 @@ async def test_template_keys_from_cp1251_query_values_stay_two_keys(
     events = await relay.store.list_events(EventQuery())
     keys = sorted(key_bytes(str(event.idempotency_key)) for event in events)
     assert keys == sorted(word.encode("cp1251") for word in ("заказ-1", "товар-1"))
+
+
+def _percent(raw: bytes) -> bytes:
+    return "".join(f"%{byte:02X}" for byte in raw).encode()
+
+
+# Two order ids a cp1251 site sends, in every place a key can come from; each
+# case builds (query, headers, body) for one id. The same body otherwise, so
+# a key that folds both ids into one would answer the second "duplicate".
+KEY_SOURCES = {
+    "form percent-encoded": (
+        "{{ form.order_id }}",
+        lambda raw: (
+            "",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            b"order_id=" + _percent(raw) + b"&n=1",
+        ),
+    ),
+    "form raw bytes": (
+        "{{ form.order_id }}",
+        lambda raw: (
+            "",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            b"order_id=" + raw + b"&n=1",
+        ),
+    ),
+    "multipart": (
+        "{{ form.order_id }}",
+        lambda raw: (
+            "",
+            {"Content-Type": "multipart/form-data; boundary=B"},
+            b'--B\r\nContent-Disposition: form-data; name="order_id"\r\n\r\n'
+            + raw
+            + b"\r\n--B--\r\n",
+        ),
+    ),
+    "query": (
+        "{{ query.order }}",
+        lambda raw: ("order=" + _percent(raw).decode(), {}, b'{"n": 1}'),
+    ),
+    "raw body": ("{{ body }}", lambda raw: ("", {"Content-Type": "text/plain"}, raw)),
+    "template over form and query": (
+        "{{ query.shop }}/{{ form.order_id }}",
+        lambda raw: (
+            "shop=1",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            b"order_id=" + _percent(raw),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("source", list(KEY_SOURCES))
+async def test_every_key_source_keeps_distinct_bytes_distinct(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+    source: str,
+) -> None:
+    # Before: form fields were decoded with U+FFFD for each byte that is not
+    # UTF-8, so `заказ-1` and `товар-1` both keyed "�����-1" and the second
+    # order was answered "duplicate" and never delivered.
+    template, build = KEY_SOURCES[source]
+    relay = await start_relay(
+        make_config(TARGETS, routes(idempotency_key=template)), background=False
+    )
+    ids = [word.encode("cp1251") for word in ("заказ-1", "товар-1")]
+    for raw in [*ids, ids[0]]:
+        query, headers, body = build(raw)
+        url = relay.ingress_url + "/hooks/orders" + (f"?{query}" if query else "")
+        async with http.post(url, data=body, headers=headers) as response:
+            assert response.status == 200
+    events = await relay.store.list_events(EventQuery())
+    keys = [key_bytes(str(event.idempotency_key)) for event in events]
+    assert len(keys) == 2, keys  # the third was the first again: a duplicate
+    assert len(set(keys)) == 2
+    assert all(ids[0].split(b"-")[0] in key or ids[1].split(b"-")[0] in key for key in keys)
