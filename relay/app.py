@@ -286,7 +286,17 @@ class Relay:
         await runner.setup()
         self._runners["admin"] = runner
         try:
-            site = CappedSite(runner, listen.host, listen.port, limit=limit, name="admin")
+            site = CappedSite(
+                runner,
+                listen.host,
+                listen.port,
+                limit=limit,
+                name="admin",
+                # aiohttp has no deadline for a trickled head; health probes
+                # are answered even with every slot busy.
+                head_timeout=self.config.server.read_timeout,
+                probes=True,
+            )
             await site.start()
         except OSError as error:
             raise _cannot_listen(listen, "admin", error) from None

@@ -330,6 +330,12 @@ class Connection(asyncio.Protocol):
         """A request is being handled (relay.guard never closes such a connection for room)."""
         return bool(self._queue)
 
+    @property
+    def receiving_head(self) -> bool:
+        """Part of a request's head has come, not all of it (relay.guard sheds
+        the oldest such connection first when full)."""
+        return self._in_head
+
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
