@@ -476,6 +476,7 @@ class Connection(asyncio.Protocol):
             return
         length = None
         asked_keep_alive = False
+        hosts = 0
         for name, value in raw:
             if len(name) + len(value) > MAX_LINE:
                 self._fail(431, f"a header longer than {MAX_LINE} bytes")
@@ -484,6 +485,13 @@ class Connection(asyncio.Protocol):
                 length = int(value)  # llhttp checked it is one decimal number
             elif len(name) == 10 and name.lower() == b"connection":
                 asked_keep_alive = asked_keep_alive or b"keep-alive" in value.lower()
+            elif len(name) == 4 and name.lower() == b"host":
+                hosts += 1
+        # RFC 9112 section 3.2: a server MUST answer 400 to an HTTP/1.1 request
+        # without Host, and to any with more than one.
+        if hosts > 1 or (hosts == 0 and parser.get_http_version() != "1.0"):
+            self._fail(400, "a request needs exactly one Host header (RFC 9112 section 3.2)")
+            return
         if length is None and not self._plain_framing(raw):
             return
         try:

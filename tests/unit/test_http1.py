@@ -435,7 +435,7 @@ async def test_a_flood_of_pipelined_requests_is_cut_off(
     one go (the loop held ~100 ms; more when each logs a refusal)."""
     handler, _, port = served
     reader, writer = await connect(port)
-    writer.write(b"POST /f HTTP/1.1\r\nContent-Length: 0\r\n\r\n" * (MAX_PIPELINED * 10))
+    writer.write(b"POST /f HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * (MAX_PIPELINED * 10))
     got = await answers(reader, MAX_PIPELINED + 1)
     assert [head[:12] for head, _ in got] == [b"HTTP/1.1 200"] * MAX_PIPELINED + [b"HTTP/1.1 429"]
     assert await asyncio.wait_for(reader.read(), 3) == b""
@@ -481,8 +481,8 @@ async def test_requests_answered_on_their_head_keep_the_connection_alive(
 @pytest.mark.parametrize(
     ("request_bytes", "status"),
     [
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 501),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 501),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
          b"1\r\na\r\n0\r\n\r\n", 501),
         (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 400),
     ],
@@ -585,7 +585,7 @@ async def test_every_refusal_on_the_head_is_logged_in_one_line(
     for request_bytes in (
         b"POST /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n",
         b"POST / HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
-        b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
     ):
         reader, writer = await connect(port)
         writer.write(request_bytes)
@@ -635,3 +635,28 @@ def test_header_values_read_as_utf8_and_are_stored_as_latin1() -> None:
         value.decode("utf-8", "surrogateescape") for value in values
     ]
     assert head.fields == [("X-Value", value.decode("latin-1")) for value in values]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /h HTTP/1.1\r\nContent-Length: 1\r\n\r\nx", b"400"),
+        (b"POST /h HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 1\r\n\r\nx", b"400"),
+        (b"POST /h HTTP/1.0\r\nContent-Length: 1\r\n\r\nx", b"200"),  # 1.0 had no Host
+        (b"POST /h HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx", b"200"),
+    ],
+    ids=["none", "two", "http/1.0", "one"],
+)
+async def test_an_http_1_1_request_needs_exactly_one_host(
+    served: tuple[Handler, Http1Server, int], request_bytes: bytes, status: bytes
+) -> None:
+    # RFC 9112 section 3.2: "A server MUST respond with a 400 (Bad Request)
+    # status code to any HTTP/1.1 request message that lacks a Host header
+    # field and to any request message that contains more than one Host header
+    # field line". Before, such a request was stored.
+    _, _, port = served
+    reader, writer = await connect(port)
+    writer.write(request_bytes)
+    answer = await asyncio.wait_for(reader.read(), 3)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 " + status), answer
