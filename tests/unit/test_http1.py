@@ -478,11 +478,14 @@ async def test_requests_answered_on_their_head_keep_the_connection_alive(
     writer.close()
 
 
+HOST = b"POST / HTTP/1.1\r\nHost: x\r\n"
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "status"),
     [
-        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 501),
-        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+        (HOST + b"Transfer-Encoding: gzip, chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 501),
+        (HOST + b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
          b"1\r\na\r\n0\r\n\r\n", 501),
         (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", 400),
     ],
