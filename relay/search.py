@@ -81,14 +81,34 @@ def canonical_digits(digits: str) -> str:
     return digits
 
 
+# What one search may ask for: a name, a phone, an e-mail or an order id is
+# far shorter; each term costs a pass over the index, and a long one costs
+# more per pass (a 7,000-digit search held a reader for 17-26 s).
+MAX_SEARCH_CHARS = 200
+MAX_SEARCH_WORDS = 8
+MAX_SEARCH_DIGITS = 32
+
+
 def parse_search(text: str) -> TextSearch:
-    """What to look for. Raises SearchError when nothing searchable is left."""
+    """What to look for. Raises SearchError when nothing searchable is left,
+    or when it asks for more than one search may."""
     stripped = text.strip()
+    if len(stripped) > MAX_SEARCH_CHARS:
+        raise SearchError(
+            f"search text of {len(stripped)} characters: at most {MAX_SEARCH_CHARS}"
+            " (a name, a phone, an e-mail or an id is shorter)"
+        )
     if _PHONE_QUERY.match(stripped):
         digits = _NOT_DIGIT.sub("", stripped)
+        if len(digits) > MAX_SEARCH_DIGITS:
+            raise SearchError(
+                f"a number of {len(digits)} digits: at most {MAX_SEARCH_DIGITS} are searched"
+            )
         if len(digits) >= MIN_TERM:
             return TextSearch(digits=canonical_digits(digits))
     words = tuple(dict.fromkeys(word for word in fold(stripped).split() if len(word) >= MIN_TERM))
+    if len(words) > MAX_SEARCH_WORDS:
+        raise SearchError(f"{len(words)} words: at most {MAX_SEARCH_WORDS} are searched at once")
     if not words:
         raise SearchError(
             f"search text needs a word of at least {MIN_TERM} characters"

@@ -23,6 +23,7 @@ from relay.store import (
     DeliveryView,
     EventQuery,
     NotFound,
+    SearchTooSlow,
     Selection,
     Status,
     StoreError,
@@ -135,7 +136,10 @@ def event_query(params: Mapping[str, str], now: float) -> EventQuery:
 async def list_events(request: web.Request) -> web.Response:
     operator = _operator(request)
     query = event_query(request.query, operator.clock.now())
-    events = await operator.store.list_events(query)
+    try:
+        events = await operator.store.list_events(query)
+    except SearchTooSlow as problem:
+        raise BadRequest(f"q: {problem}") from None
     masker = operator.masker
     next_cursor = str(events[-1].id) if len(events) == query.limit else None
     page: dict[str, Any] = {

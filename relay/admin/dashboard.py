@@ -36,6 +36,7 @@ from relay.store import (
     EventQuery,
     EventView,
     NotFound,
+    SearchTooSlow,
     Selection,
     Status,
     StoreError,
@@ -435,7 +436,10 @@ async def _search(
         terms = parse_search(text)
     except SearchError as problem:
         return [], "", str(problem).capitalize() + "."
-    events = await operator.store.list_events(dataclasses.replace(query, search=terms))
+    try:
+        events = await operator.store.list_events(dataclasses.replace(query, search=terms))
+    except SearchTooSlow as problem:
+        return [], "", str(problem).capitalize() + "."
     progress = await operator.store.search_progress()
     note = f"Searched for {describe(terms)} in bodies, queries and headers"
     if progress.behind:

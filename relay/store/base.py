@@ -67,6 +67,22 @@ class Conflict(StoreError):
     pass
 
 
+# How long one search may run: past it the search is stopped and the person
+# told to narrow it; a search of every event for a rare string must not hold
+# a reader for everyone else.
+SEARCH_SECONDS = 2.0
+
+
+class SearchTooSlow(StoreError):
+    """A search stopped at SEARCH_SECONDS; the message says how to narrow it."""
+
+    def __init__(self, seconds: float = SEARCH_SECONDS) -> None:
+        super().__init__(
+            f"the search took longer than {seconds:g} s and was stopped:"
+            " narrow it (a route, a time range, a longer word)"
+        )
+
+
 class Status(StrEnum):
     PENDING = "pending"
     IN_FLIGHT = "in_flight"

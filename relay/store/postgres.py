@@ -44,6 +44,7 @@ from relay.store import rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
+    SEARCH_SECONDS,
     Accepted,
     AlertNote,
     AttemptRecord,
@@ -68,6 +69,7 @@ from relay.store.base import (
     RetryAt,
     SearchDocument,
     SearchProgress,
+    SearchTooSlow,
     Selection,
     Stats,
     Status,
@@ -813,7 +815,10 @@ class PostgresStore:
         sql += " ORDER BY events.id DESC LIMIT ?"
         params.append(query.limit)
         async with self._snapshot() as connection:
-            rows = await connection.fetch(numbered(sql), *params)
+            if query.search is None:
+                rows = await connection.fetch(numbered(sql), *params)
+            else:
+                rows = await _search(connection, numbered(sql), params)
             deliveries = await _deliveries_of(connection, [row[0] for row in rows])
         return [event_view(row, deliveries.get(row[0], ())) for row in rows]
 
@@ -1306,6 +1311,17 @@ async def _target_states(connection: Connection) -> dict[str, TargetState]:
         )
         for row in rows
     }
+
+
+async def _search(connection: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    """A search's statement, stopped at SEARCH_SECONDS (in its transaction only)."""
+    await connection.execute(f"SET LOCAL statement_timeout = {int(SEARCH_SECONDS * 1000)}")
+    try:
+        rows = await connection.fetch(sql, *params)
+    except asyncpg.exceptions.QueryCanceledError:
+        raise SearchTooSlow from None
+    await connection.execute("SET LOCAL statement_timeout = 0")
+    return list(rows)
 
 
 async def _deliveries_of(

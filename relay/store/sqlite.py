@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -19,6 +21,7 @@ import orjson
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
+    SEARCH_SECONDS,
     Accepted,
     AttemptRecord,
     ClaimedDelivery,
@@ -41,6 +44,7 @@ from relay.store.base import (
     Resend,
     SearchDocument,
     SearchProgress,
+    SearchTooSlow,
     Selection,
     Stats,
     Status,
@@ -123,6 +127,12 @@ class SqliteStore:
         self._reader: aiosqlite.Connection | None = None
         self._slow_reader: aiosqlite.Connection | None = None
         self._snapshot_lock = asyncio.Lock()
+        # A third, for searches (one at a time, each stopped at SEARCH_SECONDS):
+        # a long search never holds the stats or the event page behind it.
+        self._search_reader: aiosqlite.Connection | None = None
+        self._search_lock = asyncio.Lock()
+        self._search_deadline = math.inf
+        self.search_seconds = SEARCH_SECONDS
         # (device, inode) of the database file as opened: see file_problem().
         self._identity: tuple[int, int] | None = None
         self._problems: dict[str, str] = {}
@@ -134,6 +144,9 @@ class SqliteStore:
             await self._writer.start()
             self._reader = await self._connect_reader()
             self._slow_reader = await self._connect_reader()
+            self._search_reader = await self._connect_reader()
+            # Asked every few thousand steps of the search's statement: nonzero stops it.
+            await self._search_reader.set_progress_handler(self._search_expired, 10_000)
         except sqlite3.Error as error:
             await self.close()
             raise unavailable(error) from None
@@ -182,10 +195,10 @@ class SqliteStore:
         return reader
 
     async def close(self) -> None:
-        for reader in (self._reader, self._slow_reader):
+        for reader in (self._reader, self._slow_reader, self._search_reader):
             if reader is not None:
                 await reader.close()
-        self._reader = self._slow_reader = None
+        self._reader = self._slow_reader = self._search_reader = None
         await self._writer.close()
 
     @property
@@ -273,6 +286,26 @@ class SqliteStore:
             return list(await reader.execute_fetchall(sql, params))
         except sqlite3.Error as error:
             raise unavailable(error) from None
+
+    def _search_expired(self) -> bool:
+        return time.monotonic() > self._search_deadline  # (on the reader's thread)
+
+    async def _search(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+        reader = self._search_reader
+        if reader is None:
+            raise StoreUnavailable("store is not open")
+        async with self._search_lock:
+            self._search_deadline = time.monotonic() + self.search_seconds
+            try:
+                return list(await reader.execute_fetchall(sql, params))
+            except sqlite3.OperationalError as error:
+                if "interrupt" in str(error):
+                    raise SearchTooSlow(self.search_seconds) from None
+                raise unavailable(error) from None
+            except sqlite3.Error as error:
+                raise unavailable(error) from None
+            finally:
+                self._search_deadline = math.inf
 
     # Ingress
 
@@ -445,9 +478,14 @@ class SqliteStore:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY {order} DESC LIMIT ?"
         params.append(query.limit)
-        async with self._snapshot():
-            rows = await self._read(sql, params, slow=True)
-            deliveries = await self._deliveries_of([row[0] for row in rows])
+        if query.search is not None:
+            rows = await self._search(sql, params)
+            async with self._snapshot():
+                deliveries = await self._deliveries_of([row[0] for row in rows])
+        else:
+            async with self._snapshot():
+                rows = await self._read(sql, params, slow=True)
+                deliveries = await self._deliveries_of([row[0] for row in rows])
         return [event_view(row, deliveries.get(row[0], ())) for row in rows]
 
     async def search_progress(self) -> SearchProgress:

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from relay.store import NewDelivery, SqliteStore, StoreUnavailable
+from relay.store import (
+    EventQuery,
+    NewDelivery,
+    SearchDocument,
+    SearchTooSlow,
+    SqliteStore,
+    StoreUnavailable,
+    TextSearch,
+)
 from relay.store.checkpointer import BACKSTOP_PAGES
 from relay.store.migrations import MIGRATIONS
 
@@ -206,3 +214,29 @@ async def test_the_database_file_takes_the_commits_soon_beside_the_writer(
     # The checkpointer's connection closed before the writer's, the last:
     # SQLite then copied the rest and removed the WAL.
     assert not (tmp_path / "relay.db-wal").exists()
+
+
+async def test_a_search_past_its_budget_is_stopped_and_stats_never_wait_for_it(
+    store: SqliteStore,
+) -> None:
+    # Before: one 7,000-digit search of 200,000 events held the reader that
+    # the stats share for 17-26 s. Searches have a reader of their own and a
+    # budget (SEARCH_SECONDS; here tiny, so a real search of a real index
+    # runs past it).
+    documents = []
+    for n in range(3000):
+        accepted = await store.accept_event(event(key=f"k{n}"), [NewDelivery("a")], T0)
+        documents.append(SearchDocument(accepted.event_id, f"lead {n} petrov ivan", f"7999{n:07d}"))
+    await store.index_events(documents, documents[-1].event_id)
+    found = await store.list_events(EventQuery(search=TextSearch(digits="79990000123"), limit=5))
+    assert [e.id for e in found] == [documents[123].event_id]
+    store.search_seconds = 0.0
+    # Every event matches, none is on this route: the search walks them all.
+    walk = EventQuery(search=TextSearch(words=("petrov",)), route="elsewhere")
+    slow = asyncio.create_task(store.list_events(walk))
+    stats = await store.stats()  # not behind the search
+    assert sum(stats.counts_by_target["a"].values()) == 3000
+    with pytest.raises(SearchTooSlow, match="narrow it"):
+        await slow
+    store.search_seconds = 60.0
+    assert len(await store.list_events(EventQuery(search=TextSearch(words=("petrov",))))) == 50

@@ -182,3 +182,16 @@ def test_queries(query: str, expected: TextSearch) -> None:
 def test_queries_too_short_are_refused_with_a_reason(query: str) -> None:
     with pytest.raises(SearchError, match="at least 3 characters"):
         parse_search(query)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("7" * 7000, "at most 200"),  # held a reader for 17-26 s before
+        ("9" * 40, "a number of 40 digits: at most 32"),
+        (" ".join(f"word{n}" for n in range(9)), "9 words: at most 8"),
+    ],
+)
+def test_a_search_asks_for_no_more_than_one_search_may(text: str, message: str) -> None:
+    with pytest.raises(SearchError, match=message):
+        parse_search(text)
