@@ -12,6 +12,7 @@ per request.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -51,6 +52,12 @@ REJECTIONS_LOGGED_PER_SECOND = 10
 # stored (at least four of the largest route's bodies): 300 stalled 1 MiB
 # uploads held 357 MiB before; past this the sender gets 503 and Retry-After.
 BODIES_IN_FLIGHT = 64 * 1024 * 1024
+
+# Compressed bodies are inflated on this one thread, never on the loop:
+# inflating up to a route's max_body_size is work a sender chooses, and
+# zlib lets go of the GIL while it inflates. One thread: senders of
+# compressed bodies wait for each other, never the others.
+_INFLATER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-inflate")
 
 
 @dataclass(frozen=True)
@@ -329,26 +336,43 @@ class Webhook:
         self._ingress.bodies_in_flight -= self.held
 
     def answer(self, body: bytes) -> Response | asyncio.Future[Any]:
+        if self._coding:
+            return asyncio.ensure_future(self._inflated(body))
+        return self._budgeted(body)
+
+    def _budgeted(self, body: bytes) -> Response | asyncio.Future[Any]:
         if self._bundle.templated:
             with one_budget():  # the request's templates together: LOOP_SECONDS at most
                 return self._answer(body)
         # Nothing to budget, and a budget costs as much as the route lookup.
         return self._answer(body)
 
+    async def _inflated(self, body: bytes) -> Response | Accepted:
+        """A compressed body, inflated off the loop, then answered as any other
+        (`settle` takes the Response this may give instead of an Accepted)."""
+        route = self._bundle.config
+        loop = asyncio.get_running_loop()
+        try:
+            body = await loop.run_in_executor(
+                _INFLATER, inflate, self._coding, body, route.max_body_size
+            )
+        except BodyTooLarge:
+            self._ingress.count(route.name, "too_large")
+            return _error(413, f"body larger than {route.max_body_size} bytes")
+        except BadEncoding as error:
+            self._ingress.count(route.name, "bad_request")
+            return _error(400, f"body is not valid {self._coding}: {error}")
+        answered = self._budgeted(body)
+        if isinstance(answered, Response):
+            return answered
+        result: Accepted = await answered
+        return result
+
     def _answer(self, body: bytes) -> Response | asyncio.Future[Any]:
         ingress = self._ingress
         bundle = self._bundle
         route = bundle.config
         head = self._head
-        if self._coding:
-            try:
-                body = inflate(self._coding, body, route.max_body_size)
-            except BodyTooLarge:
-                ingress.count(route.name, "too_large")
-                return _error(413, f"body larger than {route.max_body_size} bytes")
-            except BadEncoding as error:
-                ingress.count(route.name, "bad_request")
-                return _error(400, f"body is not valid {self._coding}: {error}")
         headers = head.headers
         payload = Payload(
             method=head.method,
@@ -395,14 +419,16 @@ class Webhook:
     def settle(self, done: asyncio.Future[Any]) -> Response:
         ingress = self._ingress
         route = self._bundle.config
-        event = self._event
-        assert event is not None
         try:
-            accepted: Accepted = done.result()
+            accepted: Accepted | Response = done.result()
         except StoreError as error:
             return self._not_stored(error)
         except asyncio.CancelledError:  # the store closed with the event in its queue
             return self._not_stored(StoreError("the store closed"))
+        if isinstance(accepted, Response):  # a compressed body, answered when inflated
+            return accepted
+        event = self._event
+        assert event is not None
         ingress.stored(route, event, accepted)
         if accepted.refused:
             return _error(
