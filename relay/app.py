@@ -143,7 +143,11 @@ class Relay:
         self.indexer = SearchIndexer(self.store, self.clock, config.masker)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.memory = MemoryRelease(
-            self.store, self.metrics.activity, quiet=memory_quiet, every=min(memory_quiet, 5.0)
+            self.store,
+            self.metrics.activity,
+            quiet=memory_quiet,
+            every=min(memory_quiet, 5.0),
+            bodies=self._bodies_held,
         )
         self.ingress = Ingress(
             config,
@@ -187,6 +191,12 @@ class Relay:
     @property
     def admin_url(self) -> str:
         return _url(self._runners["admin"])
+
+    def _bodies_held(self) -> tuple[int, int]:
+        """Request bodies held now, and the most held since the last call."""
+        held, peak = self.ingress.bodies_in_flight, self.ingress.bodies_peak
+        self.ingress.bodies_peak = held
+        return held, peak
 
     def _leading(self) -> bool:
         return self.leadership.leading

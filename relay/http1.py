@@ -358,6 +358,11 @@ class Connection(asyncio.Protocol):
             if exchange is not None:
                 exchange.release()
         self._queue.clear()
+        # The parser and this protocol refer to each other (a cycle only the
+        # collector frees, and relay runs it seldom): what the connection
+        # held of its requests' bodies goes now.
+        self._parsing = self._lingering = self._framed = self._waiting = None
+        self._raw = []
         self._transport = None
 
     def data_received(self, data: bytes) -> None:

@@ -96,6 +96,7 @@ class Ingress:
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.bodies_in_flight = 0
+        self.bodies_peak = 0  # the most held at once since relay.memory last looked
         self._http: Http1Server | None = None
         self.reconfigure(config)
 
@@ -194,6 +195,7 @@ class Ingress:
             self.count(route.name, "too_large")
             return _error(413, f"body larger than {route.max_body_size} bytes")
         self.bodies_in_flight += held
+        self.bodies_peak = max(self.bodies_peak, self.bodies_in_flight)
         return Webhook(self, bundle, settings, head, remote, coding, held, started)
 
     def count(self, route: str, result: str) -> None:

@@ -26,6 +26,11 @@ log = logging.getLogger("relay.memory")
 
 QUIET_SECONDS = 10.0
 CHECK_SECONDS = 5.0
+# Request bodies held at once past which, once they are gone, the allocator
+# is trimmed at the next look even while webhooks keep coming: a burst of
+# stalled uploads (up to ingress's BODIES_IN_FLIGHT, 64 MiB) is not kept
+# until a quiet spell that a busy relay never has.
+BODY_TRIM_BYTES = 16 * 1024 * 1024
 
 
 class MemoryRelease:
@@ -36,11 +41,15 @@ class MemoryRelease:
         *,
         quiet: float = QUIET_SECONDS,
         every: float = CHECK_SECONDS,
+        bodies: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         """`activity` only grows while relay works (webhooks received and
-        attempts made, relay.metrics)."""
+        attempts made, relay.metrics); `bodies` gives (held now, most held
+        since the last call) of request bodies being received."""
         self._store = store
         self._activity = activity
+        self._bodies = bodies
+        self.trims = 0  # allocator trims after a burst of bodies, quiet or not
         self._quiet = quiet
         self._every = every
         self._stopped = asyncio.Event()
@@ -54,6 +63,7 @@ class MemoryRelease:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), self._every)
             now = time.monotonic()
+            self._after_bodies()
             if self._activity() != seen:
                 seen, quiet_since, released = self._activity(), now, False
             elif not released and now - quiet_since >= self._quiet:
@@ -67,6 +77,14 @@ class MemoryRelease:
                 trim_allocator()
                 released = True
                 self.releases += 1
+
+    def _after_bodies(self) -> None:
+        if self._bodies is None:
+            return
+        held, peak = self._bodies()
+        if peak >= BODY_TRIM_BYTES and held < peak // 4:
+            trim_allocator()
+            self.trims += 1
 
     def stop(self) -> None:
         self._stopped.set()
