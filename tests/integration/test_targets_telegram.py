@@ -223,6 +223,31 @@ async def test_stays_within_telegram_limits_without_being_told(
     assert json.loads(json.dumps(api.calls[0][2]))["chat_id"] in ("-100123", "-100999")
 
 
+@pytest.mark.parametrize("chat_id", ["@shop_news", -100123, "-4012345"])
+async def test_a_channel_or_group_is_paced_by_the_group_limit(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+    chat_id: str | int,
+) -> None:
+    # Bot API, sendMessage: chat_id is "Unique identifier for the target chat
+    # or username of the target channel (in the format @channelusername)": a
+    # @username is a channel or a public supergroup, never a person. Bot API
+    # FAQ ("My bot is hitting limits"): no more than 20 messages a minute to
+    # one group.
+    api, base, clock = bot
+    relay = await start(
+        make_config, start_relay, {"news": chat_target(base, chat_id=chat_id)}, clock
+    )
+    for i in range(5):
+        await submit(relay, http, name=f"n{i}")
+    await relay.scheduler.drain()
+    times = [at for at, _, _ in api.calls]
+    assert len(times) == 5
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 3.0  # 60 s / 20
+
+
 async def test_a_group_that_became_a_supergroup_says_where_it_moved(
     make_config: ConfigFactory,
     start_relay: RelayFactory,
