@@ -602,6 +602,7 @@ def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State)
         received_at=delivery.received_at,
         payload=_forwarded(delivery.payload, strip),
         sent_at=now,
+        message_tag=delivery.message_tag,
     )
 
 

@@ -135,6 +135,8 @@ class ClaimedDelivery:
     idempotency_key: str | None
     received_at: float
     payload: Payload
+    # What makes its webhook-id unique across databases (None: stored before tags).
+    message_tag: str | None = None
 
 
 @dataclass(frozen=True)

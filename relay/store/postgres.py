@@ -135,7 +135,8 @@ UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 CHANNEL = "relay_wake"
 
 CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
+    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
+    " message_tag"
 )
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3,

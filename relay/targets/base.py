@@ -37,6 +37,8 @@ class Envelope:
     payload: Payload
     # When this attempt starts (the scheduler's clock): what a signature is dated.
     sent_at: float
+    # The delivery's stored random tag (relay.signing.webhook_id), if it has one.
+    message_tag: str | None = None
 
 
 class Target(Protocol):

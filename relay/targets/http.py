@@ -25,7 +25,7 @@ from relay.httpclient import (
 from relay.kinds.targets.http import HttpSettings, breaks_header
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.secrets import Masker
-from relay.signing import signature_headers
+from relay.signing import signature_headers, webhook_id
 from relay.targets.base import (
     Envelope,
     context,
@@ -116,9 +116,8 @@ class HttpTarget(SessionOwner):
         headers.update(relay_headers(envelope))
         if settings.sign:
             # Last: the signature covers the body exactly as it goes out.
-            headers.update(
-                signature_headers(settings.sign, envelope.delivery_id, envelope.sent_at, body)
-            )
+            message_id = webhook_id(envelope.delivery_id, envelope.message_tag)
+            headers.update(signature_headers(settings.sign, message_id, envelope.sent_at, body))
         return Request(settings.method, settings.url, headers, body)
 
     def preview(self, envelope: Envelope, *, wire: bool = False) -> str:

@@ -132,7 +132,8 @@ async def test_woocommerce_deleted_restored_deleted_is_two_deliveries(
     for second in (1796800811, 1796800874):
         headers = woo_headers(body, woo_delivery_id(15, second), "order.deleted")
         status, answer = await post(http, relay, "/woo", body, headers)
-        assert status == 200 and json.loads(answer)["status"] == "queued"
+        assert status == 200
+        assert json.loads(answer)["status"] == "queued"
     await sink.wait_for(2)
     assert [json.loads(r.body) for r in sink.requests] == [{"id": 104}, {"id": 104}]
     events = await relay.store.list_events(EventQuery())
@@ -141,7 +142,8 @@ async def test_woocommerce_deleted_restored_deleted_is_two_deliveries(
     # The very same request again (a proxy's replay: WooCommerce has none) is one event still.
     headers = woo_headers(body, woo_delivery_id(15, 1796800874), "order.deleted")
     status, answer = await post(http, relay, "/woo", body, headers)
-    assert status == 200 and json.loads(answer)["status"] == "duplicate"
+    assert status == 200
+    assert json.loads(answer)["status"] == "duplicate"
     assert len(await relay.store.list_events(EventQuery())) == 2
 
 
