@@ -28,3 +28,7 @@ class Pacer:
 
     def ready_at(self, now: float) -> float:
         return max(now, self._next)
+
+    def hold(self, until: float) -> None:
+        """Nothing goes before `until`: the receiver asked to be left alone."""
+        self._next = max(self._next, until)

@@ -21,7 +21,14 @@ from relay.config import Config, RetryPolicy
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
 from relay.payload import Payload, strip_form_fields
 from relay.ratelimit import Pacer
-from relay.retry import Decision, ManualRetry, Next, decide_attempt, delay_before_retry
+from relay.retry import (
+    Decision,
+    ManualRetry,
+    Next,
+    decide_attempt,
+    delay_before_retry,
+    receiver_wait,
+)
 from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
@@ -77,6 +84,10 @@ class _Lane:
 
     def ready_at(self, now: float) -> float:
         return max([now, *(pacer.ready_at(now) for pacer in self.pacers)])
+
+    def hold(self, until: float) -> None:
+        for pacer in self.pacers:
+            pacer.hold(until)
 
 
 @dataclass(frozen=True)
@@ -459,6 +470,9 @@ class Scheduler:
                     Next.RETRY, at=hold.probe_at, reason=decision.reason, in_cycle=False
                 )
                 then = Waits()
+            wait = receiver_wait(policy, outcome)
+            if wait is not None:
+                decision, then = self._flood_wait(state, delivery, decision, then, now + wait)
             attempt = AttemptRecord(
                 number=number,
                 started_at=started_at,
@@ -491,6 +505,33 @@ class Scheduler:
                 lane.in_flight -= 1
             self._tasks.pop(delivery.id, None)
             self._wake.set()
+
+    def _flood_wait(
+        self,
+        state: _State,
+        delivery: ClaimedDelivery,
+        decision: Decision,
+        then: Transition,
+        until: float,
+    ) -> tuple[Decision, Transition]:
+        """A receiver's wait (a 429's Retry-After, Telegram's retry_after) is
+        about the sender, not this one message: it holds every pace of the
+        target (its own rate, its rate group; Telegram's chat and bot, since
+        the answer does not say which is limited), so the deliveries queued
+        behind wait without meeting another 429 and spending a retry. This one
+        lines up by arrival (next_attempt_at = received_at), the rule for a
+        down target too: when the wait ends it goes first, and the chat keeps
+        its order. A target without a pace keeps its own retry time (nothing
+        else would hold it), as does a person's retry."""
+        lane = state.lanes.get(delivery.target)
+        if lane is None or not lane.pacers:
+            return decision, then
+        lane.hold(until)
+        if not isinstance(then, RetryAt):
+            return decision, then
+        if delivery.manual:
+            return decision, RetryAt(then.at, hold_until=until)
+        return replace(decision, at=until), RetryAt(delivery.received_at, hold_until=until)
 
     def _hold(
         self, state: _State, delivery: ClaimedDelivery, probe: DownState | None, now: float

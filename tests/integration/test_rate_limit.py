@@ -137,6 +137,42 @@ async def test_two_targets_on_one_portal_share_its_rate(
     assert max(calls) - started >= 19.0
 
 
+async def test_a_429_holds_the_whole_rate_group_for_its_retry_after(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    # RFC 9110 §10.2.3: Retry-After says how long "the user agent ought to
+    # wait before making a follow-up request": any request, not that one.
+    clock = FakeClock()
+    calls: list[tuple[float, int]] = []
+
+    def portal(request: web.Request, number: int) -> web.StreamResponse:
+        calls.append((clock.now(), number))
+        if number == 3:
+            return web.Response(status=429, headers={"Retry-After": "5"})
+        return web.json_response({"result": number})
+
+    _, url = await start_sink(portal, path="/rest/1/abc/")
+    b24 = {"type": "http", "rate": "2/s", "rate_group": "portal"}
+    config = make_config(
+        {
+            "lead": {**b24, "url": url + "crm.lead.add.json"},
+            "deal": {**b24, "url": url + "crm.deal.add.json"},
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["lead", "deal"]}},
+    )
+    relay = await start_relay(config, background=False, clock=clock)
+    await post_events(relay.ingress_url + "/hooks/orders", 5)
+    await relay.scheduler.drain()
+    assert len(calls) == 11
+    limited_at = next(at for at, number in calls if number == 3)
+    assert not [at for at, _ in calls if limited_at < at < limited_at + 5]
+    events = await relay.store.list_events(EventQuery())
+    attempts = sorted(d.attempts for e in events for d in e.deliveries)
+    assert attempts == [1] * 9 + [2]  # only the one that met the 429
+
+
 def test_a_rate_group_needs_one_rate(make_config: ConfigFactory) -> None:
     targets = {
         "lead": {"type": "http", "url": "https://b24.example/a", "rate": "2/s", "rate_group": "p"},

@@ -166,6 +166,45 @@ async def test_429_waits_for_retry_after_and_errors_never_show_the_token(
     assert "secret-bot-token" not in text
 
 
+async def test_a_flood_wait_holds_the_bot_and_keeps_each_chat_in_order(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    # Bot API, ResponseParameters.retry_after: "In case of exceeding flood
+    # control, the number of seconds left to wait before the request can be
+    # repeated". The answer does not say whether the bot or the chat is
+    # limited, so nothing of the bot goes until it has passed: a message sent
+    # into the wait meets another 429 and spends a retry.
+    api, base, clock = bot
+    flood = {
+        "ok": False,
+        "error_code": 429,
+        "description": "Too Many Requests: retry after 30",
+        "parameters": {"retry_after": 30},
+    }
+    api.script = [(429, flood), (200, {"ok": True, "result": {"message_id": 2}})]
+    targets = {
+        "owner": chat_target(base, chat_id=42, text="{{ form.name }}"),
+        "partner": chat_target(base, chat_id=43, text="{{ form.name }}"),
+    }
+    relay = await start(make_config, start_relay, targets, clock)
+    for i in range(3):
+        await submit(relay, http, name=f"m{i}")
+    await relay.scheduler.drain()
+    (flooded_at, _, flooded), *rest = api.calls
+    assert flooded["text"] == "m0"
+    assert len(rest) == 6
+    assert all(at >= flooded_at + 30 for at, _, _ in rest)  # nothing sent into the wait
+    for chat in ("42", "43"):
+        assert [p["text"] for _, _, p in rest if p["chat_id"] == chat] == ["m0", "m1", "m2"]
+    attempts = sorted(
+        d.attempts for e in await relay.store.list_events(EventQuery()) for d in e.deliveries
+    )
+    assert attempts == [1, 1, 1, 1, 1, 2]  # the waiting messages spent no attempt
+
+
 async def test_long_text_is_cut_visibly_not_refused(
     make_config: ConfigFactory,
     start_relay: RelayFactory,
