@@ -455,8 +455,12 @@ class Scheduler:
             number = delivery.attempts + 1
             started_at = self._clock.now()
             began = time.perf_counter()
+            lane = state.lanes.get(delivery.target)
             outcome = await self._send(
-                target, _envelope(delivery, number, started_at, state), policy.timeout
+                target,
+                _envelope(delivery, number, started_at, state),
+                policy.timeout,
+                lane.pacers if lane is not None else [],
             )
             duration = time.perf_counter() - began
             now = self._clock.now()
@@ -563,9 +567,19 @@ class Scheduler:
             previous = self._down[target]
             self._down[target] = DownState(previous.since, hold.probe_at, previous.probes + 1)
 
-    async def _send(self, target: Target, envelope: Envelope, time_limit: float) -> Outcome:
+    async def _send(
+        self, target: Target, envelope: Envelope, time_limit: float, pacers: list[Pacer]
+    ) -> Outcome:
         try:
-            async with asyncio.timeout(time_limit):
+            async with asyncio.timeout(time_limit) as limit:
+                if pacers:
+
+                    async def paced() -> None:
+                        await self._turn(pacers)
+                        # The time limit is the request's: its turn is not part of it.
+                        limit.reschedule(asyncio.get_running_loop().time() + time_limit)
+
+                    envelope = replace(envelope, paced=paced)
                 return await target.send(envelope)
         except TimeoutError:
             return Outcome.retry(f"timeout after {time_limit:g}s")
@@ -574,6 +588,23 @@ class Scheduler:
             # kept and retried like any other failure.
             log.exception("target %s raised while sending", target.name)
             return Outcome.retry(f"internal error: {type(error).__name__}")
+
+    async def _turn(self, pacers: list[Pacer]) -> None:
+        """Wait until this request may be written, then say it was: spaced from
+        when the previous one of each pace really went out, not from when it
+        was claimed (a slow template or a new connection delays a send after
+        its claim; the next one must not follow it too soon). The claim's pace
+        already spaced them, so this waits at most what the previous one was
+        late by. Check and record run without a pause between them: of two
+        requests waiting, one goes and the other waits a full interval."""
+        while True:
+            now = self._clock.now()
+            ready = max(pacer.send_at(now) for pacer in pacers)
+            if ready <= now:
+                for pacer in pacers:
+                    pacer.sent(now)
+                return
+            await self._clock.wait(asyncio.Event(), ready)
 
     def _decide(
         self, policy: RetryPolicy, delivery: ClaimedDelivery, outcome: Outcome, now: float

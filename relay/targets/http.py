@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
@@ -131,7 +131,7 @@ class HttpTarget(SessionOwner):
             prepared = await rendered(self.prepare, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
-        return await request(session, prepared)
+        return await request(session, prepared, envelope.paced)
 
 
 def header_values(rendered: dict[str, str]) -> dict[str, str]:
@@ -146,18 +146,23 @@ def header_values(rendered: dict[str, str]) -> dict[str, str]:
     return rendered
 
 
-async def request(session: Client, prepared: Request) -> Outcome:
+async def request(
+    session: Client, prepared: Request, paced: Callable[[], Awaitable[None]] | None = None
+) -> Outcome:
     """One HTTP request, classified by its status."""
-    return await exchange(session, prepared, classify)
+    return await exchange(session, prepared, classify, paced)
 
 
 async def exchange(
     session: Client,
     prepared: Request,
     judge: Callable[[int, CIMultiDictProxy[str], bytes], Outcome],
+    paced: Callable[[], Awaitable[None]] | None = None,
 ) -> Outcome:
     """Send a request; network trouble is a retry, the answer goes to `judge`.
-    Redirects are not followed, compressed answers not asked for."""
+    Redirects are not followed, compressed answers not asked for. `paced`
+    (Envelope.paced) is awaited with the connection open, right before the
+    request is written."""
     try:
         answer = await session.request(
             prepared.method,
@@ -165,6 +170,7 @@ async def exchange(
             prepared.headers,
             prepared.body,
             keep=RESPONSE_EXCERPT_BYTES,
+            before_write=paced,
         )
     except RequestError as error:
         return Outcome.fail(str(error))

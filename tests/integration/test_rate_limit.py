@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections import deque
 
 import aiohttp
@@ -135,6 +137,37 @@ async def test_two_targets_on_one_portal_share_its_rate(
     assert len(calls) == 40
     assert most_in_any_window(calls, 1.0) <= 2  # the portal's 2/s, not 2/s per target
     assert max(calls) - started >= 19.0
+
+
+async def test_a_late_send_never_brings_the_next_ones_too_close(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # Real time: the first request renders a slow template (tens of ms in a
+    # worker thread) and goes out late; the next two render at once. Spaced
+    # from the moment each was claimed, the third came less than a second
+    # after the first: three requests in one second at "2/s".
+    arrived: list[float] = []
+
+    def crm(request: web.Request, number: int) -> web.StreamResponse:
+        arrived.append(time.monotonic())
+        return web.Response(status=200)
+
+    sink, url = await start_sink(crm)
+    slow = '{% for i in range(json.n) %}{% for j in range(200) %}{% endfor %}{% endfor %}{"ok": 1}'
+    config = make_config(
+        {"crm": {"type": "http", "url": url, "rate": "2/s", "format": "json", "body": slow}},
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+    )
+    relay = await start_relay(config)
+    for n in (500, 0, 0, 0):
+        async with http.post(relay.ingress_url + "/hooks/orders", json={"n": n}) as answer:
+            assert answer.status == 200
+    await sink.wait_for(4, timeout=10)
+    gaps = [b - a for a, b in itertools.pairwise(arrived)]
+    assert most_in_any_window(arrived, 1.0) <= 2, gaps
 
 
 async def test_a_429_holds_the_whole_rate_group_for_its_retry_after(
