@@ -22,6 +22,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
@@ -150,10 +151,19 @@ class Client:
         self._closed = False
 
     async def request(
-        self, method: str, url: str, headers: dict[str, str], body: bytes, *, keep: int
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        keep: int,
+        before_write: Callable[[], Awaitable[None]] | None = None,
     ) -> Answer:
         """Send one request; the answer with at most `keep` bytes of its body.
 
+        `before_write` is awaited once the connection is open, right before
+        the request is written (a paced target's turn).
         Raises RequestError, ConnectError, TLSError, NoAnswer or BadAnswer.
         """
         if self._closed:
@@ -163,6 +173,12 @@ class Client:
         connection = self._idle_connection(origin.key) or await _connect(
             origin, self._resolver, self._tls
         )
+        if before_write is not None:
+            try:
+                await before_write()
+            except BaseException:
+                connection.close()
+                raise
         try:
             # A kept-alive connection the server closes as this goes out fails
             # as NoAnswer: a retry at the scheduler's pace, never a second

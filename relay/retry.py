@@ -75,10 +75,19 @@ def decide(
         gave_up = f"gave up after {count(attempts_in_cycle, 'attempt')}"
         return Decision(Next.DEAD, reason=f"{error} ({gave_up})")
     delay = delay_before_retry(policy, retry, rng)
-    if outcome.retry_after is not None:
-        cap = policy.max_delay if policy.max_delay is not None else DEFAULT_RETRY_AFTER_CAP
-        delay = max(delay, min(outcome.retry_after, cap))
+    asked = receiver_wait(policy, outcome)
+    if asked is not None:
+        delay = max(delay, asked)
     return Decision(Next.RETRY, at=now + delay, reason=error)
+
+
+def receiver_wait(policy: RetryPolicy, outcome: Outcome) -> float | None:
+    """How long the receiver asked relay to wait (Retry-After, Telegram's
+    retry_after), capped like a retry's delay; None when it asked nothing."""
+    if outcome.verdict is not Verdict.RETRY or outcome.retry_after is None:
+        return None
+    cap = policy.max_delay if policy.max_delay is not None else DEFAULT_RETRY_AFTER_CAP
+    return max(0.0, min(outcome.retry_after, cap))
 
 
 @dataclass(frozen=True)

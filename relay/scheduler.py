@@ -21,7 +21,14 @@ from relay.config import Config, RetryPolicy
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
 from relay.payload import Payload, strip_form_fields
 from relay.ratelimit import Pacer
-from relay.retry import Decision, ManualRetry, Next, decide_attempt, delay_before_retry
+from relay.retry import (
+    Decision,
+    ManualRetry,
+    Next,
+    decide_attempt,
+    delay_before_retry,
+    receiver_wait,
+)
 from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
@@ -77,6 +84,10 @@ class _Lane:
 
     def ready_at(self, now: float) -> float:
         return max([now, *(pacer.ready_at(now) for pacer in self.pacers)])
+
+    def hold(self, until: float) -> None:
+        for pacer in self.pacers:
+            pacer.hold(until)
 
 
 @dataclass(frozen=True)
@@ -444,8 +455,12 @@ class Scheduler:
             number = delivery.attempts + 1
             started_at = self._clock.now()
             began = time.perf_counter()
+            lane = state.lanes.get(delivery.target)
             outcome = await self._send(
-                target, _envelope(delivery, number, started_at, state), policy.timeout
+                target,
+                _envelope(delivery, number, started_at, state),
+                policy.timeout,
+                lane.pacers if lane is not None else [],
             )
             duration = time.perf_counter() - began
             now = self._clock.now()
@@ -459,6 +474,9 @@ class Scheduler:
                     Next.RETRY, at=hold.probe_at, reason=decision.reason, in_cycle=False
                 )
                 then = Waits()
+            wait = receiver_wait(policy, outcome)
+            if wait is not None:
+                decision, then = self._flood_wait(state, delivery, decision, then, now + wait)
             attempt = AttemptRecord(
                 number=number,
                 started_at=started_at,
@@ -492,6 +510,33 @@ class Scheduler:
             self._tasks.pop(delivery.id, None)
             self._wake.set()
 
+    def _flood_wait(
+        self,
+        state: _State,
+        delivery: ClaimedDelivery,
+        decision: Decision,
+        then: Transition,
+        until: float,
+    ) -> tuple[Decision, Transition]:
+        """A receiver's wait (a 429's Retry-After, Telegram's retry_after) is
+        about the sender, not this one message: it holds every pace of the
+        target (its own rate, its rate group; Telegram's chat and bot, since
+        the answer does not say which is limited), so the deliveries queued
+        behind wait without meeting another 429 and spending a retry. This one
+        lines up by arrival (next_attempt_at = received_at), the rule for a
+        down target too: when the wait ends it goes first, and the chat keeps
+        its order. A target without a pace keeps its own retry time (nothing
+        else would hold it), as does a person's retry."""
+        lane = state.lanes.get(delivery.target)
+        if lane is None or not lane.pacers:
+            return decision, then
+        lane.hold(until)
+        if not isinstance(then, RetryAt):
+            return decision, then
+        if delivery.manual:
+            return decision, RetryAt(then.at, hold_until=until)
+        return replace(decision, at=until), RetryAt(delivery.received_at, hold_until=until)
+
     def _hold(
         self, state: _State, delivery: ClaimedDelivery, probe: DownState | None, now: float
     ) -> Hold | None:
@@ -522,9 +567,19 @@ class Scheduler:
             previous = self._down[target]
             self._down[target] = DownState(previous.since, hold.probe_at, previous.probes + 1)
 
-    async def _send(self, target: Target, envelope: Envelope, time_limit: float) -> Outcome:
+    async def _send(
+        self, target: Target, envelope: Envelope, time_limit: float, pacers: list[Pacer]
+    ) -> Outcome:
         try:
-            async with asyncio.timeout(time_limit):
+            async with asyncio.timeout(time_limit) as limit:
+                if pacers:
+
+                    async def paced() -> None:
+                        await self._turn(pacers)
+                        # The time limit is the request's: its turn is not part of it.
+                        limit.reschedule(asyncio.get_running_loop().time() + time_limit)
+
+                    envelope = replace(envelope, paced=paced)
                 return await target.send(envelope)
         except TimeoutError:
             return Outcome.retry(f"timeout after {time_limit:g}s")
@@ -533,6 +588,23 @@ class Scheduler:
             # kept and retried like any other failure.
             log.exception("target %s raised while sending", target.name)
             return Outcome.retry(f"internal error: {type(error).__name__}")
+
+    async def _turn(self, pacers: list[Pacer]) -> None:
+        """Wait until this request may be written, then say it was: spaced from
+        when the previous one of each pace really went out, not from when it
+        was claimed (a slow template or a new connection delays a send after
+        its claim; the next one must not follow it too soon). The claim's pace
+        already spaced them, so this waits at most what the previous one was
+        late by. Check and record run without a pause between them: of two
+        requests waiting, one goes and the other waits a full interval."""
+        while True:
+            now = self._clock.now()
+            ready = max(pacer.send_at(now) for pacer in pacers)
+            if ready <= now:
+                for pacer in pacers:
+                    pacer.sent(now)
+                return
+            await self._clock.wait(asyncio.Event(), ready)
 
     def _decide(
         self, policy: RetryPolicy, delivery: ClaimedDelivery, outcome: Outcome, now: float
@@ -602,6 +674,7 @@ def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State)
         received_at=delivery.received_at,
         payload=_forwarded(delivery.payload, strip),
         sent_at=now,
+        message_tag=delivery.message_tag,
     )
 
 

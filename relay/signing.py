@@ -13,9 +13,14 @@ import hmac
 from collections.abc import Sequence
 
 
-def webhook_id(delivery_id: int) -> str:
-    """The same on every attempt of a delivery: receivers de-duplicate on it."""
-    return f"msg_relay_{delivery_id}"
+def webhook_id(delivery_id: int, tag: str | None) -> str:
+    """The same on every attempt of a delivery: receivers de-duplicate on it.
+
+    The delivery's stored random tag makes it unique across databases: ids
+    start at 1 in every new one. A delivery stored before tags existed keeps
+    the id its earlier attempts carried.
+    """
+    return f"msg_relay_{delivery_id}_{tag}" if tag else f"msg_relay_{delivery_id}"
 
 
 def sign(secrets: Sequence[bytes], message_id: str, timestamp: int, body: bytes) -> str:
@@ -28,9 +33,8 @@ def sign(secrets: Sequence[bytes], message_id: str, timestamp: int, body: bytes)
 
 
 def signature_headers(
-    secrets: Sequence[bytes], delivery_id: int, timestamp: float, body: bytes
+    secrets: Sequence[bytes], message_id: str, timestamp: float, body: bytes
 ) -> dict[str, str]:
-    message_id = webhook_id(delivery_id)
     seconds = int(timestamp)
     return {
         "webhook-id": message_id,

@@ -201,11 +201,18 @@ def woocommerce_key(incoming: Incoming) -> str:
     Not X-WC-Webhook-Delivery-ID: WooCommerce computes it as
     wp_hash(webhook_id . strtotime('now')) (WC_Webhook::get_new_delivery_id),
     the same for every delivery of one webhook within a second, so two orders
-    saved in one second (a bulk edit, a queue flush) would share it. A payload
-    without an id or a modification time (`action.*` topics, a deleted
-    resource's {"id": N}) is named by its canonical content instead. An update
+    saved in one second (a bulk edit, a queue flush) would share it. An update
     that changes an order without moving date_modified keeps the key but not
     the content: the key-conflict rule then stores it as its own event.
+
+    A payload without an id and a modification time (`action.*` topics'
+    {"action", "arg"}, a deleted resource's {"id": N}) repeats its bytes for
+    every real event: an order deleted, restored and deleted again. WooCommerce
+    never re-sends a delivery (`deliver()` sends once, `failed_delivery()` only
+    counts), so such a payload is named by its delivery id and its content:
+    two deliveries are two events, and only the very same request again (a
+    replay) is a duplicate. Two such deliveries of one webhook with one body
+    within one second carry nothing that tells them apart and stay one event.
     """
     data = incoming.json
     topic = incoming.headers.get("X-WC-Webhook-Topic", "")
@@ -214,7 +221,8 @@ def woocommerce_key(incoming: Incoming) -> str:
     modified = _field(data, "date_modified_gmt") or _field(data, "date_modified")
     if resource is not None and modified:
         return f"wc:{webhook}:{topic}:{resource}:{modified}"
-    return f"wc:{webhook}:{topic}:body:{incoming.digest.hex()}"
+    delivery = incoming.headers.get("X-WC-Webhook-Delivery-ID", "")
+    return f"wc:{webhook}:{topic}:delivery:{delivery}:body:{incoming.digest.hex()}"
 
 
 class Telegram:

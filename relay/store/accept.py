@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import secrets
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -109,6 +110,7 @@ class AcceptJob:
                         delivery.reason,
                         new.job.now,
                         key,
+                        message_tag(),
                     )
                 )
                 next_delivery += 1
@@ -194,6 +196,14 @@ def decide(
     return results, stores
 
 
+def message_tag() -> str:
+    """A new delivery's random tag, stored with it: its webhook-id is
+    msg_relay_<id>_<tag>, the same on every attempt, and no other database (a
+    reinstall, a restored backup, a second relay) makes it again for another
+    message, as a receiver that remembers ids would drop that message."""
+    return secrets.token_hex(8)
+
+
 def _digest_of(event: NewEvent) -> bytes:
     if event.digest is not None:
         return event.digest
@@ -206,7 +216,7 @@ _EVENTS = (
 )
 _DELIVERIES = (
     "INSERT INTO deliveries (id, event_id, route, target, status, next_attempt_at,"
-    " last_error, updated_at, order_key) VALUES "
+    " last_error, updated_at, order_key, message_tag) VALUES "
 )
 
 
@@ -234,7 +244,7 @@ class _Lines:
 
 
 # Rows per statement: SQLite binds at most 32766 values (events have 14
-# columns, deliveries 9).
+# columns, deliveries 10).
 _EVENTS_PER_STATEMENT = 2000
 _ROWS_PER_STATEMENT = 256
 

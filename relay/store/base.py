@@ -151,6 +151,8 @@ class ClaimedDelivery:
     idempotency_key: str | None
     received_at: float
     payload: Payload
+    # What makes its webhook-id unique across databases (None: stored before tags).
+    message_tag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,11 @@ class Delivered:
 @dataclass(frozen=True)
 class RetryAt:
     at: float
+    # The receiver asked to be left alone until then (a flood wait): no
+    # delivery of the target's paces goes before it. The scheduler's pacers
+    # hold them in its process; PostgreSQL's cluster pacing holds them for
+    # every instance.
+    hold_until: float | None = None
 
 
 @dataclass(frozen=True)

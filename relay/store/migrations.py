@@ -248,6 +248,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        11,
+        "each delivery's random tag: its webhook-id is unique across databases",
+        # NULL for deliveries stored before: they keep the webhook-id their
+        # earlier attempts carried (msg_relay_<id>).
+        ["ALTER TABLE deliveries ADD COLUMN message_tag TEXT"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

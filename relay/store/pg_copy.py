@@ -78,6 +78,7 @@ TABLES = (
             "resume_status",
             "resume_at",
             "order_key",
+            "message_tag",
         ),
         {},
     ),

@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 
-from relay.store.accept import AcceptJob, Holder, ToStore, decide
+from relay.store.accept import AcceptJob, Holder, ToStore, decide, message_tag
 from relay.store.base import Accepted, Status, StoreUnavailable
 from relay.store.pg_errors import Connection, is_environmental, unavailable
 
@@ -39,9 +39,9 @@ SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::tex
 """
 DELIVERY_INSERT = """
 INSERT INTO deliveries (event_id, route, target, status, next_attempt_at, last_error,
-    updated_at, order_key)
+    updated_at, order_key, message_tag)
 SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::float8[],
-    $6::text[], $7::float8[], $8::text[])
+    $6::text[], $7::float8[], $8::text[], $9::text[])
 """
 # Ordering keys (order_by) that already have an unfinished delivery: a new one joins the line.
 BUSY_LINES = """
@@ -218,7 +218,7 @@ async def _insert(connection: Connection, stores: list[ToStore]) -> None:
                     due = None
                 busy.add((delivery.target, key))
             row = (new.event_id, new.job.event.route, delivery.target, delivery.status.value)
-            rows.append((*row, due, delivery.reason, new.job.now, key))
+            rows.append((*row, due, delivery.reason, new.job.now, key, message_tag()))
     if rows:
         await connection.execute(DELIVERY_INSERT, *(list(c) for c in zip(*rows, strict=True)))
 

@@ -241,6 +241,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "a lease's end by the server's clock (another instance's fast clock does not end it)",
         ["ALTER TABLE deliveries ADD COLUMN lease_expires DOUBLE PRECISION"],
     ),
+    (
+        6,
+        "each delivery's random tag: its webhook-id is unique across databases",
+        # NULL for deliveries stored before: they keep the webhook-id their
+        # earlier attempts carried (msg_relay_<id>).
+        ["ALTER TABLE deliveries ADD COLUMN message_tag TEXT"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

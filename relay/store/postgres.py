@@ -137,7 +137,8 @@ UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 CHANNEL = "relay_wake"
 
 CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
+    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
+    " message_tag"
 )
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3,
@@ -721,6 +722,8 @@ class PostgresStore:
             held = result.split()[-1] != "0"
             if held and status is Status.DELIVERED:
                 await connection.execute(NEXT_IN_LINE, now, now, delivery.id)
+            if isinstance(then, RetryAt) and then.hold_until is not None:
+                await self._hold_paces(connection, delivery.target, then.hold_until)
             streak = await _update_health(connection, delivery.target, attempt, now, hold)
             if streak.went_down:
                 await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
@@ -739,6 +742,18 @@ class PostgresStore:
             raise
         self._unanswered_records.pop(key, None)
         return streak
+
+    async def _hold_paces(self, connection: Connection, target: str, until: float) -> None:
+        """A receiver's wait holds the target's paces for every instance: none
+        claims for them before `until` (pg_cluster.allowed reads these rows)."""
+        limits = self._limits.get(target)
+        names = [name for name, _ in limits.paces] if limits is not None else []
+        if names:
+            await connection.execute(
+                "UPDATE pacing SET next_at = GREATEST(next_at, $1) WHERE name = ANY($2::text[])",
+                until,
+                names,
+            )
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
         ids = list(delivery_ids)

@@ -63,7 +63,8 @@ WHERE id = (
 AND status = 'pending' AND next_attempt_at IS NULL
 """
 CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
+    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
+    " message_tag"
 )
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
@@ -361,6 +362,7 @@ def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDe
         manual=resume_status is not None,
         resume_status=Status(resume_status) if resume_status is not None else None,
         resume_at=delivery[7],
+        message_tag=delivery[8],
         idempotency_key=event[2],
         received_at=event[3],
         payload=payload_of(event),

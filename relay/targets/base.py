@@ -9,9 +9,9 @@ permanent failure: retrying would render the same thing).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from relay.outcome import Outcome
@@ -37,6 +37,12 @@ class Envelope:
     payload: Payload
     # When this attempt starts (the scheduler's clock): what a signature is dated.
     sent_at: float
+    # The delivery's stored random tag (relay.signing.webhook_id), if it has one.
+    message_tag: str | None = None
+    # Awaited by the target right before its request is written: waits for
+    # the target's pace, spaced from when the previous request really went
+    # out (relay.ratelimit). None: the target is not paced.
+    paced: Callable[[], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
 
 
 class Target(Protocol):

@@ -32,6 +32,8 @@ class FileTarget:
 
     async def send(self, envelope: Envelope) -> Outcome:
         line = orjson.dumps(_record(envelope)) + b"\n"
+        if envelope.paced is not None:
+            await envelope.paced()
         try:
             async with self._lock:
                 await asyncio.to_thread(self._append, line)

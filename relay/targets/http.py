@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
@@ -25,7 +25,7 @@ from relay.httpclient import (
 from relay.kinds.targets.http import HttpSettings, breaks_header
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.secrets import Masker
-from relay.signing import signature_headers
+from relay.signing import signature_headers, webhook_id
 from relay.targets.base import (
     Envelope,
     context,
@@ -116,9 +116,8 @@ class HttpTarget(SessionOwner):
         headers.update(relay_headers(envelope))
         if settings.sign:
             # Last: the signature covers the body exactly as it goes out.
-            headers.update(
-                signature_headers(settings.sign, envelope.delivery_id, envelope.sent_at, body)
-            )
+            message_id = webhook_id(envelope.delivery_id, envelope.message_tag)
+            headers.update(signature_headers(settings.sign, message_id, envelope.sent_at, body))
         return Request(settings.method, settings.url, headers, body)
 
     def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
@@ -132,7 +131,7 @@ class HttpTarget(SessionOwner):
             prepared = await rendered(self.prepare, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
-        return await request(session, prepared)
+        return await request(session, prepared, envelope.paced)
 
 
 def header_values(rendered: dict[str, str]) -> dict[str, str]:
@@ -147,18 +146,23 @@ def header_values(rendered: dict[str, str]) -> dict[str, str]:
     return rendered
 
 
-async def request(session: Client, prepared: Request) -> Outcome:
+async def request(
+    session: Client, prepared: Request, paced: Callable[[], Awaitable[None]] | None = None
+) -> Outcome:
     """One HTTP request, classified by its status."""
-    return await exchange(session, prepared, classify)
+    return await exchange(session, prepared, classify, paced)
 
 
 async def exchange(
     session: Client,
     prepared: Request,
     judge: Callable[[int, CIMultiDictProxy[str], bytes], Outcome],
+    paced: Callable[[], Awaitable[None]] | None = None,
 ) -> Outcome:
     """Send a request; network trouble is a retry, the answer goes to `judge`.
-    Redirects are not followed, compressed answers not asked for."""
+    Redirects are not followed, compressed answers not asked for. `paced`
+    (Envelope.paced) is awaited with the connection open, right before the
+    request is written."""
     try:
         answer = await session.request(
             prepared.method,
@@ -166,6 +170,7 @@ async def exchange(
             prepared.headers,
             prepared.body,
             keep=RESPONSE_EXCERPT_BYTES,
+            before_write=paced,
         )
     except RequestError as error:
         return Outcome.fail(str(error))

@@ -88,6 +88,8 @@ class SmtpTarget:
             return Outcome.unsendable(
                 f"template error: {error}" if not isinstance(error, TemplateError) else str(error)
             )
+        if envelope.paced is not None:
+            await envelope.paced()
         try:
             await aiosmtplib.send(
                 message,

@@ -88,7 +88,7 @@ class TelegramTarget(SessionOwner):
             {"Content-Type": "application/json", "User-Agent": USER_AGENT},
             orjson.dumps(payload),
         )
-        return await exchange(session, prepared, judge)
+        return await exchange(session, prepared, judge, envelope.paced)
 
 
 def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:

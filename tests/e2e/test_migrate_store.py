@@ -136,6 +136,14 @@ async def test_a_sqlite_database_moves_with_its_ids_and_history(
         # A re-send of a moved event is still a duplicate of it.
         again = await pg.accept_event(event("k3", b'{"n": 3}\xff', T0 + 61), [], T0 + 61)
         assert (again.duplicate, again.event_id) == (True, ids[3])
+        # Each delivery keeps its tag, so its webhook-id: a receiver that saw
+        # an attempt before the move recognises the next one.
+        moved = await pg.claim_due(T0 + 999, T0 + 1999, {"crm": 100})
+        kept = await sqlite.claim_due(T0 + 999, T0 + 1999, {"crm": 100})
+        assert kept
+        assert all(d.message_tag for d in kept)
+        tags = {d.id: d.message_tag for d in moved}
+        assert {d.id: d.message_tag for d in kept} == {d.id: tags[d.id] for d in kept}
     finally:
         await sqlite.close()
         await pg.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections import deque
 
 import aiohttp
@@ -135,6 +137,73 @@ async def test_two_targets_on_one_portal_share_its_rate(
     assert len(calls) == 40
     assert most_in_any_window(calls, 1.0) <= 2  # the portal's 2/s, not 2/s per target
     assert max(calls) - started >= 19.0
+
+
+async def test_a_late_send_never_brings_the_next_ones_too_close(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # Real time: the first request renders a slow template (tens of ms in a
+    # worker thread) and goes out late; the next two render at once. Spaced
+    # from the moment each was claimed, the third came less than a second
+    # after the first: three requests in one second at "2/s".
+    arrived: list[float] = []
+
+    def crm(request: web.Request, number: int) -> web.StreamResponse:
+        arrived.append(time.monotonic())
+        return web.Response(status=200)
+
+    sink, url = await start_sink(crm)
+    slow = '{% for i in range(json.n) %}{% for j in range(200) %}{% endfor %}{% endfor %}{"ok": 1}'
+    config = make_config(
+        {"crm": {"type": "http", "url": url, "rate": "2/s", "format": "json", "body": slow}},
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+    )
+    relay = await start_relay(config)
+    for n in (500, 0, 0, 0):
+        async with http.post(relay.ingress_url + "/hooks/orders", json={"n": n}) as answer:
+            assert answer.status == 200
+    await sink.wait_for(4, timeout=10)
+    gaps = [b - a for a, b in itertools.pairwise(arrived)]
+    assert most_in_any_window(arrived, 1.0) <= 2, gaps
+
+
+async def test_a_429_holds_the_whole_rate_group_for_its_retry_after(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    # RFC 9110 §10.2.3: Retry-After says how long "the user agent ought to
+    # wait before making a follow-up request": any request, not that one.
+    clock = FakeClock()
+    calls: list[tuple[float, int]] = []
+
+    def portal(request: web.Request, number: int) -> web.StreamResponse:
+        calls.append((clock.now(), number))
+        if number == 3:
+            return web.Response(status=429, headers={"Retry-After": "5"})
+        return web.json_response({"result": number})
+
+    _, url = await start_sink(portal, path="/rest/1/abc/")
+    b24 = {"type": "http", "rate": "2/s", "rate_group": "portal"}
+    config = make_config(
+        {
+            "lead": {**b24, "url": url + "crm.lead.add.json"},
+            "deal": {**b24, "url": url + "crm.deal.add.json"},
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["lead", "deal"]}},
+    )
+    relay = await start_relay(config, background=False, clock=clock)
+    await post_events(relay.ingress_url + "/hooks/orders", 5)
+    await relay.scheduler.drain()
+    assert len(calls) == 11
+    limited_at = next(at for at, number in calls if number == 3)
+    assert not [at for at, _ in calls if limited_at < at < limited_at + 5]
+    events = await relay.store.list_events(EventQuery())
+    attempts = sorted(d.attempts for e in events for d in e.deliveries)
+    assert attempts == [1] * 9 + [2]  # only the one that met the 429
 
 
 def test_a_rate_group_needs_one_rate(make_config: ConfigFactory) -> None:

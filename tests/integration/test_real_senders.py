@@ -50,16 +50,17 @@ async def relay_to_sink(
     return await start_relay(config), sink
 
 
-def woo_headers(body: bytes, delivery_id: str) -> dict[str, str]:
+def woo_headers(body: bytes, delivery_id: str, topic: str = "order.updated") -> dict[str, str]:
     """The headers WC_Webhook::deliver() sets (woocommerce includes/class-wc-webhook.php)."""
     signature = hmac.new(WOO_SECRET.encode(), body, hashlib.sha256).digest()
+    resource, _, event = topic.partition(".")
     return {
         "Content-Type": "application/json",
         "User-Agent": "WooCommerce/9.4.2 Hookshot (WordPress/6.7.1)",
         "X-WC-Webhook-Source": "https://shop.example/",
-        "X-WC-Webhook-Topic": "order.updated",
-        "X-WC-Webhook-Resource": "order",
-        "X-WC-Webhook-Event": "updated",
+        "X-WC-Webhook-Topic": topic,
+        "X-WC-Webhook-Resource": resource,
+        "X-WC-Webhook-Event": event,
         "X-WC-Webhook-Signature": base64.b64encode(signature).decode(),
         "X-WC-Webhook-ID": "15",
         "X-WC-Webhook-Delivery-ID": delivery_id,
@@ -107,6 +108,62 @@ async def test_woocommerce_same_order_twice_is_one_delivery(
         assert (await post(http, relay, "/woo", body, woo_headers(body, delivery_id)))[0] == 200
     await sink.wait_for(1)
     assert len(await relay.store.list_events(EventQuery())) == 1
+
+
+def woo_delivery_id(webhook_id: int, second: int) -> str:
+    """WC_Webhook::get_new_delivery_id(): wp_hash( $this->get_id() . strtotime( 'now' ) ),
+    and wp_hash() is hash_hmac( 'md5', $data, wp_salt() ) (wp-includes/pluggable.php)."""
+    return hmac.new(b"example-wp-salt", f"{webhook_id}{second}".encode(), "md5").hexdigest()
+
+
+async def test_woocommerce_deleted_restored_deleted_is_two_deliveries(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    relay, sink = await relay_to_sink(
+        make_config, start_relay, start_sink, "/woo", source="woocommerce", secret=WOO_SECRET
+    )
+    # WooCommerce never repeats a delivery: the same body twice, seconds
+    # apart, is the order deleted twice (restored in between); the CRM must
+    # hear of both, or it keeps an order the shop deleted.
+    body = json.dumps(json.loads(fixture("woocommerce/order-deleted.json"))).encode()
+    for second in (1796800811, 1796800874):
+        headers = woo_headers(body, woo_delivery_id(15, second), "order.deleted")
+        status, answer = await post(http, relay, "/woo", body, headers)
+        assert status == 200
+        assert json.loads(answer)["status"] == "queued"
+    await sink.wait_for(2)
+    assert [json.loads(r.body) for r in sink.requests] == [{"id": 104}, {"id": 104}]
+    events = await relay.store.list_events(EventQuery())
+    assert len(events) == 2
+    assert all(event.conflict_of is None for event in events)  # two keys, not a conflict
+    # The very same request again (a proxy's replay: WooCommerce has none) is one event still.
+    headers = woo_headers(body, woo_delivery_id(15, 1796800874), "order.deleted")
+    status, answer = await post(http, relay, "/woo", body, headers)
+    assert status == 200
+    assert json.loads(answer)["status"] == "duplicate"
+    assert len(await relay.store.list_events(EventQuery())) == 2
+
+
+async def test_woocommerce_action_topic_twice_is_two_deliveries(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    relay, sink = await relay_to_sink(
+        make_config, start_relay, start_sink, "/woo", source="woocommerce", secret=WOO_SECRET
+    )
+    # Order 105 completed, reopened, completed again: two "completed" actions.
+    body = json.dumps(json.loads(fixture("woocommerce/action-order-completed.json"))).encode()
+    topic = "action.woocommerce_order_status_completed"
+    for second in (1796800811, 1796803020):
+        headers = woo_headers(body, woo_delivery_id(15, second), topic)
+        assert (await post(http, relay, "/woo", body, headers))[0] == 200
+    await sink.wait_for(2)
+    assert [json.loads(r.body)["arg"] for r in sink.requests] == [105, 105]
 
 
 def tbank_signed(path: str, password: str = TBANK_PASSWORD) -> bytes:

@@ -23,6 +23,7 @@ import pytest
 from relay.clock import FakeClock
 from relay.config import ConfigError
 from relay.signing import sign, signature_headers
+from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 
@@ -154,7 +155,7 @@ def test_standardwebhooks_library_accepts_our_signature() -> None:
     standardwebhooks = pytest.importorskip("standardwebhooks")
     key = base64.b64decode(NEW_SECRET.removeprefix("whsec_"))
     body = b'{"OrderId": "42", "Status": "CONFIRMED"}'
-    headers = signature_headers([key], 7, time.time(), body)
+    headers = signature_headers([key], "msg_relay_7_0123456789abcdef", time.time(), body)
     verified = standardwebhooks.Webhook(NEW_SECRET).verify(body, headers)
     assert verified == {"OrderId": "42", "Status": "CONFIRMED"}
 
@@ -170,3 +171,35 @@ def test_a_bad_secret_names_the_key_and_hides_the_value(
     assert "whsec_" in message
     if value != "whsec_":
         assert value not in message
+
+
+async def test_webhook_ids_never_repeat_across_databases(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # The spec ("Idempotency"): receivers should use webhook-id to avoid
+    # processing a message twice. Two databases (a reinstall, a second relay,
+    # a restored backup) each number deliveries from 1: the id must still
+    # name one message only, or the receiver drops the second database's.
+    sink, url = await start_sink([503, 200])
+    target = {"type": "http", "url": url, "sign": NEW_SECRET}
+    ids = []
+    for database in ("first.db", "second.db"):
+        config = make_config({"crm": target}, ROUTES, storage={"path": database})
+        relay = await start_relay(config, background=False, clock=FakeClock())
+        async with http.post(relay.ingress_url + "/hooks/lead", data=b"a=1") as answer:
+            assert answer.status == 200
+        await relay.scheduler.drain()
+        [event] = await relay.store.list_events(EventQuery())
+        assert event.deliveries[0].id == 1
+        ids.append([r.headers["webhook-id"] for r in sink.requests])
+        sink.requests.clear()
+    first, second = ids
+    assert len(first) == len(second) == 2  # each sink.script starts again with a 503
+    assert first[0] == first[1]
+    assert second[0] == second[1]
+    assert second[0] != first[0]
+    assert first[0].startswith("msg_relay_1_")
+    assert second[0].startswith("msg_relay_1_")

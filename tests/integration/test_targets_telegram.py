@@ -166,6 +166,45 @@ async def test_429_waits_for_retry_after_and_errors_never_show_the_token(
     assert "secret-bot-token" not in text
 
 
+async def test_a_flood_wait_holds_the_bot_and_keeps_each_chat_in_order(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    # Bot API, ResponseParameters.retry_after: "In case of exceeding flood
+    # control, the number of seconds left to wait before the request can be
+    # repeated". The answer does not say whether the bot or the chat is
+    # limited, so nothing of the bot goes until it has passed: a message sent
+    # into the wait meets another 429 and spends a retry.
+    api, base, clock = bot
+    flood = {
+        "ok": False,
+        "error_code": 429,
+        "description": "Too Many Requests: retry after 30",
+        "parameters": {"retry_after": 30},
+    }
+    api.script = [(429, flood), (200, {"ok": True, "result": {"message_id": 2}})]
+    targets = {
+        "owner": chat_target(base, chat_id=42, text="{{ form.name }}"),
+        "partner": chat_target(base, chat_id=43, text="{{ form.name }}"),
+    }
+    relay = await start(make_config, start_relay, targets, clock)
+    for i in range(3):
+        await submit(relay, http, name=f"m{i}")
+    await relay.scheduler.drain()
+    (flooded_at, _, flooded), *rest = api.calls
+    assert flooded["text"] == "m0"
+    assert len(rest) == 6
+    assert all(at >= flooded_at + 30 for at, _, _ in rest)  # nothing sent into the wait
+    for chat in ("42", "43"):
+        assert [p["text"] for _, _, p in rest if p["chat_id"] == chat] == ["m0", "m1", "m2"]
+    attempts = sorted(
+        d.attempts for e in await relay.store.list_events(EventQuery()) for d in e.deliveries
+    )
+    assert attempts == [1, 1, 1, 1, 1, 2]  # the waiting messages spent no attempt
+
+
 async def test_long_text_is_cut_visibly_not_refused(
     make_config: ConfigFactory,
     start_relay: RelayFactory,
@@ -221,6 +260,31 @@ async def test_stays_within_telegram_limits_without_being_told(
     [event] = await relay.store.list_events(EventQuery(limit=1))
     assert all(d.attempts == 1 for d in event.deliveries)  # waiting is not an attempt
     assert json.loads(json.dumps(api.calls[0][2]))["chat_id"] in ("-100123", "-100999")
+
+
+@pytest.mark.parametrize("chat_id", ["@shop_news", -100123, "-4012345"])
+async def test_a_channel_or_group_is_paced_by_the_group_limit(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+    chat_id: str | int,
+) -> None:
+    # Bot API, sendMessage: chat_id is "Unique identifier for the target chat
+    # or username of the target channel (in the format @channelusername)": a
+    # @username is a channel or a public supergroup, never a person. Bot API
+    # FAQ ("My bot is hitting limits"): no more than 20 messages a minute to
+    # one group.
+    api, base, clock = bot
+    relay = await start(
+        make_config, start_relay, {"news": chat_target(base, chat_id=chat_id)}, clock
+    )
+    for i in range(5):
+        await submit(relay, http, name=f"n{i}")
+    await relay.scheduler.drain()
+    times = [at for at, _, _ in api.calls]
+    assert len(times) == 5
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 3.0  # 60 s / 20
 
 
 async def test_a_group_that_became_a_supergroup_says_where_it_moved(

@@ -51,6 +51,20 @@ async def test_a_claim_carries_the_event_as_stored(store: Store) -> None:
     assert view.status is Status.IN_FLIGHT
 
 
+async def test_a_delivery_keeps_one_random_message_tag(store: Store) -> None:
+    # What makes its webhook-id (relay.signing) unique across databases that
+    # number their deliveries alike, and the same on every attempt.
+    await store.accept_event(event("a"), [NewDelivery("crm"), NewDelivery("audit")], T0)
+    claims = await store.claim_due(T0, T0 + 30, {"crm": 1, "audit": 1})
+    tags = {claim.id: claim.message_tag for claim in claims}
+    assert len(set(tags.values())) == 2
+    assert all(len(tag or "") >= 16 for tag in tags.values())
+    for claim in claims:
+        await store.record_attempt(claim, FAILED, RetryAt(T0 + 10), T0 + 1)
+    again = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1, "audit": 1})
+    assert {claim.id: claim.message_tag for claim in again} == tags
+
+
 async def test_claims_go_oldest_due_first_and_skip_what_is_not_pending(store: Store) -> None:
     late = await store.accept_event(event("late"), [NewDelivery("crm")], T0 + 5)
     early = await store.accept_event(event("early"), [NewDelivery("crm")], T0)

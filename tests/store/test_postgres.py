@@ -752,6 +752,26 @@ async def test_a_rate_is_a_total_across_instances(
     assert await a.claim_due(T0 + 0.3, T0 + 60, {"crm": 5}) == []
 
 
+async def test_a_receivers_wait_holds_the_target_for_every_instance(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    # A 429's wait (Telegram's retry_after) recorded by one instance: the
+    # other sends nothing of the target's paces into it.
+    a, b = two
+    paces = (("group:telegram-chat-1", 1.0), ("group:telegram-bot-1", 1 / 30))
+    for store in (a, b):
+        store.set_limits({"chat": TargetLimits(concurrency=1, paces=paces)})
+    for _ in range(3):
+        await a.accept_event(event(), [NewDelivery("chat")], T0)
+    [first] = await a.claim_due(T0, T0 + 60, {"chat": 1})
+    flood = AttemptRecord(1, T0, 0.01, "retry", 429, "Telegram: Too Many Requests")
+    await a.record_attempt(first, flood, RetryAt(T0, hold_until=T0 + 30), T0 + 0.1)
+    assert await b.claim_due(T0 + 29, T0 + 89, {"chat": 1}) == []
+    assert (await b.next_due(["chat"]))["chat"] >= T0 + 30
+    [again] = await b.claim_due(T0 + 30, T0 + 90, {"chat": 1})
+    assert again.id == first.id  # lined up by arrival: the first goes first
+
+
 async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(
     two: tuple[PostgresStore, PostgresStore],
 ) -> None:

@@ -19,3 +19,14 @@ def test_a_clock_going_back_does_not_stall_forever() -> None:
     pacer.take(1, 100.0)
     assert pacer.ready_at(50.0) > 100.0  # waits for the slot it promised, not longer
     assert pacer.ready_at(50.0) < 101.1
+
+
+def test_a_hold_delays_the_next_send_and_pacing_resumes_after_it() -> None:
+    pacer = Pacer(Rate(2, 1.0), now=0.0)
+    pacer.take(1, 0.0)
+    pacer.hold(30.0)
+    assert pacer.available(29.9) == 0
+    assert pacer.ready_at(1.0) == 30.0
+    assert pacer.available(30.0) == 1
+    pacer.hold(10.0)  # a shorter hold never brings the next send forward
+    assert pacer.ready_at(1.0) == 30.0

@@ -73,12 +73,20 @@ def parse(section: Section, base: Path) -> TelegramSettings:
     )
 
 
+def is_private(chat_id: str) -> bool:
+    """A person's chat: a positive id. Groups and supergroups have negative
+    ids, and a `@username` names a channel or a public supergroup (sendMessage:
+    "username of the target channel"; the Bot API cannot address a person by
+    username), so everything else is paced as a group."""
+    return chat_id.isdigit()
+
+
 def shared_rates(settings: TelegramSettings) -> tuple[tuple[str, Rate], ...]:
     """Paced per bot and per chat, whichever targets send there: two targets on
-    one chat share its 1/s (20/min for a group: a negative chat_id)."""
+    one chat share its 1/s (20/min for a group, a channel, a @username)."""
     bot = hashlib.sha256(settings.bot_token.encode()).hexdigest()[:12]
     chat_id = settings.chat_id
-    chat_rate = TELEGRAM_GROUP_RATE if chat_id.startswith("-") else TELEGRAM_CHAT_RATE
+    chat_rate = TELEGRAM_CHAT_RATE if is_private(chat_id) else TELEGRAM_GROUP_RATE
     return (
         (f"telegram-bot-{bot}", TELEGRAM_BOT_RATE),
         (f"telegram-chat-{bot}-{chat_id}", chat_rate),
