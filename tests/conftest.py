@@ -19,7 +19,7 @@ from relay.config import Config, parse_config
 from relay.store import Store
 from relay.store.postgres import PostgresStore
 
-from helpers import Sink
+from helpers import RelayProcess, Sink
 from pgcluster import Cluster, create_cluster, remove_cluster, run_sql, server_bin
 from store_backends import BACKENDS, Harness
 from store_backends import PARAMS as BACKENDS_PARAMS
@@ -27,6 +27,16 @@ from store_backends import PARAMS as BACKENDS_PARAMS
 PG_TEMPLATE = "relay_template"
 
 ConfigFactory = Callable[..., Config]
+
+
+@pytest.fixture(autouse=True)
+def no_relay_left_running() -> Iterator[None]:
+    """Every `relay serve` a test started is stopped when it ends, whatever
+    happened: a test that failed or timed out before its own `finally` left
+    one running for minutes, and its warnings failed unrelated tests."""
+    yield
+    killed = RelayProcess.reap()
+    assert not killed, f"relay serve still running after the test: pids {killed}"
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 from aiohttp import web
@@ -168,7 +168,24 @@ async def post_accepted(
 
 
 class RelayProcess:
-    """`relay serve` in a subprocess, as a user runs it. Stopped by its own PID."""
+    """`relay serve` in a subprocess, as a user runs it. Stopped by its own PID:
+    by the test, and whatever happens to the test (a failure, a timeout that
+    skips its `finally`), by conftest's `no_relay_left_running` after it."""
+
+    started: ClassVar[list[RelayProcess]] = []  # every one started, until reaped
+
+    @classmethod
+    def reap(cls) -> list[int]:
+        """Kill every relay started and still running; their PIDs."""
+        killed = []
+        for relay in cls.started:
+            process = relay.process
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+                killed.append(process.pid)
+        cls.started.clear()
+        return killed
 
     def __init__(
         self,
@@ -198,6 +215,7 @@ class RelayProcess:
             env=self.env,
             preexec_fn=self._limit if self.max_open_files else None,
         )
+        RelayProcess.started.append(self)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
