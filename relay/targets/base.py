@@ -37,6 +37,9 @@ class Envelope:
     payload: Payload
     # When this attempt starts (the scheduler's clock): what a signature is dated.
     sent_at: float
+    # The event loop's time by which an answer whose status came is taken as
+    # it is, its body no longer waited for (before the attempt's time limit).
+    answer_by: float | None = None
 
 
 class Target(Protocol):

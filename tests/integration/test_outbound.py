@@ -1,0 +1,232 @@
+"""What a target's answer, its network and its server can do to a delivery,
+seen through relay: a 200 whose body stalls, a Retry-After no one can read,
+control characters in an answer, a server that drops idle connections, a
+redirect, a header no server should be sent, a private CA, a client
+certificate, an HTTP proxy. Real servers on 127.0.0.1 each time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from relay.app import Relay
+from relay.clock import FakeClock
+from relay.logs import TextFormatter
+from relay.secrets import Masker
+from relay.store import EventDetail
+
+from conftest import ConfigFactory, RelayFactory, SinkFactory
+
+ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Raw:
+    """A TCP server on 127.0.0.1 whose `handler` does what it likes with each connection."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.server: asyncio.AbstractServer | None = None
+        self.connections = 0
+
+    async def start(self) -> str:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                await self.handler(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[Callable[[Handler], Awaitable[tuple[Raw, str]]]]:
+    started: list[Raw] = []
+
+    async def start(handler: Handler) -> tuple[Raw, str]:
+        server = Raw(handler)
+        started.append(server)
+        return server, await server.start()
+
+    yield start
+    for server in started:
+        if server.server is not None:
+            server.server.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + await reader.readexactly(length)
+
+
+async def post_order(relay: Relay, body: bytes = b'{"order": 1}') -> int:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.ingress_url + "/hooks/orders",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as answer,
+    ):
+        assert answer.status == 200
+        return int((await answer.json())["id"])
+
+
+async def detail(relay: Relay, event_id: int) -> EventDetail:
+    found = await relay.store.get_event(event_id)
+    assert found is not None
+    return found
+
+
+def target(url: str, **more: Any) -> dict[str, Any]:
+    return {"type": "http", "url": url, "retry": {"retries": 1}, **more}
+
+
+async def deliver_one(
+    make_config: ConfigFactory, start_relay: RelayFactory, crm: dict[str, Any], **config: Any
+) -> tuple[Relay, EventDetail]:
+    """One event through a relay whose one target is `crm`, its retry cycle run out."""
+    relay = await start_relay(
+        make_config({"crm": crm}, ROUTES, **config), background=False, clock=FakeClock()
+    )
+    event_id = await post_order(relay)
+    await relay.scheduler.drain()
+    return relay, await detail(relay, event_id)
+
+
+# 34.7: a 200 whose body never ends
+
+
+async def test_a_200_whose_body_stalls_is_delivered_with_a_note(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    raw: Callable[[Handler], Awaitable[tuple[Raw, str]]],
+) -> None:
+    """Before: every attempt was "timeout after 1s" and the delivery was sent
+    again until dead, though the target had said 200 each time."""
+
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{"id": 7')
+        await writer.drain()
+        await asyncio.sleep(3600)
+
+    server, url = await raw(stalls)
+    crm = target(url, retry={"retries": 1, "timeout": "1s"})
+    _, found = await deliver_one(make_config, start_relay, crm)
+    [delivery] = found.event.deliveries
+    assert (delivery.status.value, delivery.attempts) == ("delivered", 1)
+    [attempt] = found.attempts[delivery.id]
+    assert (attempt.outcome, attempt.http_status) == ("success", 200)
+    assert attempt.response == b'{"id": 7'
+    assert attempt.error is not None
+    assert "body stopped coming" in attempt.error
+    assert attempt.duration < 1.0  # returned before the time limit, not cut by it
+    assert server.connections == 1
+
+
+async def test_a_503_whose_body_stalls_keeps_its_status(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    raw: Callable[[Handler], Awaitable[tuple[Raw, str]]],
+) -> None:
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 1000\r\n\r\nbus")
+        await writer.drain()
+        await asyncio.sleep(3600)
+
+    _, url = await raw(stalls)
+    crm = target(url, retry={"retries": 1, "timeout": "1s"})
+    _, found = await deliver_one(make_config, start_relay, crm)
+    [delivery] = found.event.deliveries
+    assert (delivery.status.value, delivery.attempts) == ("dead", 2)
+    for attempt in found.attempts[delivery.id]:
+        assert (attempt.outcome, attempt.http_status, attempt.response) == ("retry", 503, b"bus")
+    assert delivery.last_error is not None
+    assert delivery.last_error.startswith("HTTP 503")
+
+
+# 34.8: Retry-After: ² (0xB2, a superscript two in Latin-1)
+
+
+async def test_an_unreadable_retry_after_is_ignored_and_the_503_kept(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    raw: Callable[[Handler], Awaitable[tuple[Raw, str]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: "²".isdigit() is True, float("²") a ValueError: every attempt was
+    "internal error: ValueError" with a traceback, the 503 lost."""
+
+    async def busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 503 Busy\r\nRetry-After: \xb2\r\nContent-Length: 4\r\n\r\nbusy")
+            await writer.drain()
+
+    _, url = await raw(busy)
+    _, found = await deliver_one(make_config, start_relay, target(url))
+    [delivery] = found.event.deliveries
+    assert (delivery.status.value, delivery.attempts) == ("dead", 2)
+    first, second = found.attempts[delivery.id]
+    for attempt in (first, second):
+        assert (attempt.outcome, attempt.http_status, attempt.error) == ("retry", 503, "HTTP 503")
+    # The normal backoff: retry 1 two seconds later (jitter 0), not the header's.
+    assert first.next_attempt_at is not None
+    assert first.next_attempt_at - first.started_at == pytest.approx(2.0, abs=0.01)
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+# 34.9: control characters in what a target says
+
+
+async def test_control_characters_in_an_answer_are_escaped_in_errors_and_log_lines(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: the ESC bytes of a CRM's message reached `last_error` and the
+    journal as they were: an operator tailing it got the terminal recoloured,
+    and a line break forged a log line of the target's choosing."""
+    said = "\x1b[2J\x1b[31mpwned\x1b[0m\nINFO relay forged line\r\x07"
+
+    def hostile(request: web.Request, number: int) -> web.Response:
+        return web.json_response({"message": said}, status=400)
+
+    _, url = await start_sink(hostile)
+    caplog.set_level(logging.INFO, logger="relay.attempts")
+    _, found = await deliver_one(make_config, start_relay, target(url))
+    [delivery] = found.event.deliveries
+    assert delivery.status.value == "dead"
+    expected = "HTTP 400: \\x1b[2J\\x1b[31mpwned\\x1b[0m INFO relay forged line \\x07"
+    assert delivery.last_error == expected
+    [attempt] = found.attempts[delivery.id]
+    assert attempt.error == expected
+    formatter = TextFormatter(Masker())
+    lines = [formatter.format(r) for r in caplog.records if r.name == "relay.attempts"]
+    assert lines
+    assert all("\x1b" not in line and "\x07" not in line for line in lines)
+    assert any("\\x1b[31mpwned" in line for line in lines)
+
+
+def test_a_text_log_line_escapes_control_characters_whatever_it_quotes() -> None:
+    quoted = ("a\x1b]0;x\x07",)
+    record = logging.LogRecord("relay", logging.WARNING, "", 0, "target %s", quoted, None)
+    assert TextFormatter(Masker()).format(record).endswith("target a\\x1b]0;x\\x07")
