@@ -17,6 +17,7 @@ from aiohttp import web
 
 from relay.app import Relay
 from relay.clock import FakeClock
+from relay.config import ConfigError
 from relay.logs import TextFormatter
 from relay.secrets import Masker
 from relay.store import EventDetail
@@ -307,3 +308,45 @@ async def test_a_connection_closed_as_the_next_request_arrives_costs_no_attempt(
     # Each key went out once more only where a connection was closed under it.
     assert len(seen) > len(ids)
     assert all(b"Idempotency-Key: " in request for request in seen)
+
+
+# 38.6: header values that are not ASCII
+
+
+def test_a_header_written_with_non_ascii_text_is_refused_at_load(
+    make_config: ConfigFactory,
+) -> None:
+    """Before: sent as raw UTF-8, which a server reads as Latin-1 mojibake or refuses."""
+    crm = target("http://127.0.0.1:9/hook", headers={"X-Source": "Сайт"})
+    with pytest.raises(ConfigError, match=r"targets\.crm\.headers\.X-Source.*non-ASCII"):
+        make_config({"crm": crm}, ROUTES)
+
+
+async def test_a_templated_header_rendering_non_ascii_is_dead_at_once_saying_how_to_send_it(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    sink, url = await start_sink([200])
+    headers = {"X-Customer": "{{ json.name }}", "X-Encoded": "{{ json.name | urlencode }}"}
+    relay = await start_relay(
+        make_config({"crm": target(url, headers=headers)}, ROUTES),
+        background=False,
+        clock=FakeClock(),
+    )
+    cyrillic = await post_order(relay, '{"name": "Анна"}'.encode())
+    await relay.scheduler.drain()
+    [delivery] = (await detail(relay, cyrillic)).event.deliveries
+    assert (delivery.status.value, delivery.attempts) == ("dead", 1)
+    assert delivery.last_error is not None
+    assert "header X-Customer" in delivery.last_error
+    assert "non-ASCII" in delivery.last_error
+    assert "urlencode" in delivery.last_error
+    assert sink.requests == []
+    states = await relay.store.target_states()
+    assert "crm" not in states or states["crm"].consecutive_failures == 0
+    # Encoded in the template, as the reason says: it goes, and decodes back.
+    relay_headers = {"X-Customer": "{{ json.id }}", "X-Encoded": "{{ json.name | urlencode }}"}
+    await relay.reload(make_config({"crm": target(url, headers=relay_headers)}, ROUTES))
+    await post_order(relay, '{"id": "7", "name": "Анна"}'.encode())
+    await relay.scheduler.drain()
+    [request] = sink.requests
+    assert request.headers["X-Encoded"] == "%D0%90%D0%BD%D0%BD%D0%B0"
