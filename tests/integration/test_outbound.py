@@ -7,6 +7,7 @@ certificate, an HTTP proxy. Real servers on 127.0.0.1 each time."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -94,6 +95,9 @@ async def detail(relay: Relay, event_id: int) -> EventDetail:
     return found
 
 
+_databases = itertools.count()
+
+
 def target(url: str, **more: Any) -> dict[str, Any]:
     return {"type": "http", "url": url, "retry": {"retries": 1}, **more}
 
@@ -101,7 +105,9 @@ def target(url: str, **more: Any) -> dict[str, Any]:
 async def deliver_one(
     make_config: ConfigFactory, start_relay: RelayFactory, crm: dict[str, Any], **config: Any
 ) -> tuple[Relay, EventDetail]:
-    """One event through a relay whose one target is `crm`, its retry cycle run out."""
+    """One event through a relay whose one target is `crm`, its retry cycle run
+    out (a database of its own: a test may start several)."""
+    config.setdefault("storage", {"path": f"relay-{next(_databases)}.db"})
     relay = await start_relay(
         make_config({"crm": crm}, ROUTES, **config), background=False, clock=FakeClock()
     )
@@ -350,3 +356,84 @@ async def test_a_templated_header_rendering_non_ascii_is_dead_at_once_saying_how
     await relay.scheduler.drain()
     [request] = sink.requests
     assert request.headers["X-Encoded"] == "%D0%90%D0%BD%D0%BD%D0%B0"
+
+
+# 38.4: redirects
+
+
+def redirecting(status: int, location: Callable[[web.Request], str]) -> Any:
+    """A sink script: `status` to `location` for /hook, 200 elsewhere."""
+
+    def script(request: web.Request, number: int) -> web.Response:
+        if request.path == "/hook":
+            return web.Response(status=status, headers={"Location": location(request)})
+        return web.Response(text="moved in")
+
+    return script
+
+
+async def test_a_redirect_not_followed_says_where_it_pointed_and_what_to_change(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    """Before: "HTTP 301: redirects are not followed", nothing on where to."""
+    moved = "https://crm.example/api/v2/leads"
+    _, url = await start_sink(redirecting(301, lambda request: moved))
+    _, found = await deliver_one(make_config, start_relay, target(url))
+    [delivery] = found.event.deliveries
+    assert (delivery.status.value, delivery.attempts) == ("dead", 1)
+    assert delivery.last_error is not None
+    assert delivery.last_error.startswith(f"HTTP 301 to {moved}: not followed")
+    assert "set its url to this one" in delivery.last_error
+    _, url = await start_sink(redirecting(308, lambda request: "/v2/hook"))
+    _, found = await deliver_one(make_config, start_relay, target(url))
+    [delivery] = found.event.deliveries
+    assert delivery.last_error is not None
+    # A relative Location, shown whole.
+    assert delivery.last_error.startswith(f"HTTP 308 to {url.removesuffix('/hook')}/v2/hook")
+    assert "follow_redirects = true" in delivery.last_error
+
+
+async def test_follow_redirects_takes_307_and_308_with_method_and_body_to_the_same_host(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    for status in (307, 308):
+        sink, url = await start_sink(redirecting(status, lambda request: "/v2/hook?x=1"))
+        crm = target(url, method="PUT", follow_redirects=True)
+        _, found = await deliver_one(make_config, start_relay, crm)
+        [delivery] = found.event.deliveries
+        assert (delivery.status.value, delivery.attempts) == ("delivered", 1)
+        first, second = sink.requests
+        assert (first.method, first.path) == ("PUT", "/hook")
+        assert (second.method, second.path) == ("PUT", "/v2/hook?x=1")
+        assert second.body == first.body == b'{"order": 1}'
+        assert second.headers["Idempotency-Key"] == first.headers["Idempotency-Key"]
+
+
+async def test_followed_redirects_stop_at_other_hosts_301s_and_loops(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    def elsewhere(request: web.Request) -> str:
+        return f"http://localhost:{request.url.port}/v2"
+
+    sink, url = await start_sink(redirecting(308, elsewhere))
+    _, found = await deliver_one(make_config, start_relay, target(url, follow_redirects=True))
+    [delivery] = found.event.deliveries
+    assert delivery.status.value == "dead"
+    assert delivery.last_error is not None
+    assert "another host, not followed unless listed in redirect_hosts" in delivery.last_error
+    assert len(sink.requests) == 1
+    allowed = target(url, follow_redirects=True, redirect_hosts=["localhost"])
+    _, found = await deliver_one(make_config, start_relay, allowed)
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert [r.path for r in sink.requests[1:]] == ["/hook", "/v2"]
+
+    sink, url = await start_sink(redirecting(302, lambda request: "/v2"))
+    _, found = await deliver_one(make_config, start_relay, target(url, follow_redirects=True))
+    assert "302 may turn a POST into a GET" in (found.event.deliveries[0].last_error or "")
+
+    sink, url = await start_sink(redirecting(308, lambda request: "/hook"))
+    _, found = await deliver_one(make_config, start_relay, target(url, follow_redirects=True))
+    [delivery] = found.event.deliveries
+    assert (delivery.status.value, delivery.attempts) == ("dead", 1)
+    assert (delivery.last_error or "").startswith("more than 5 redirects")
+    assert len(sink.requests) == 6
