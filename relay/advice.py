@@ -7,6 +7,7 @@ import tomllib
 
 from relay.config import Config, RouteConfig
 from relay.kinds import source_kind
+from relay.kinds.targets.http import Outbound
 from relay.retry import schedule
 from relay.units import format_duration
 
@@ -27,6 +28,15 @@ def warnings(config: Config) -> list[str]:
         found.append("admin.token: not set: anyone with a shell on this machine can use the API")
     for route in config.routes.values():
         found += _route_warnings(route, config)
+    for target in config.targets.values():
+        outbound = getattr(target.settings, "outbound", None)
+        if isinstance(outbound, Outbound) and not outbound.tls_verify:
+            found.append(
+                f"targets.{target.name}.tls_verify: FALSE: any certificate is taken and its"
+                " name not checked, so whoever sits between relay and the target can read and"
+                " change every delivery and its credentials; trust the target's CA with"
+                " ca_file instead"
+            )
     written = _as_written(config)
     if written is not None:
         found += _readable_secrets(config, written)

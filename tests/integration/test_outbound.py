@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import trustme
 from aiohttp import web
 
+from relay.advice import warnings
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.config import ConfigError
@@ -437,3 +441,179 @@ async def test_followed_redirects_stop_at_other_hosts_301s_and_loops(
     assert (delivery.status.value, delivery.attempts) == ("dead", 1)
     assert (delivery.last_error or "").startswith("more than 5 redirects")
     assert len(sink.requests) == 6
+
+
+# 38.2: a private CA, a client certificate, tls_verify = false
+
+
+class TLSFiles:
+    """A CA of its own (trustme), a server certificate for 127.0.0.1 and a
+    client certificate, each written where a config can name it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.ca = trustme.CA()
+        self.ca_file = folder / "crm-ca.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+        client = self.ca.issue_cert("relay@shop.example")
+        self.client_cert = folder / "relay-client.pem"
+        self.client_key = folder / "relay-client.key"
+        self.client_both = folder / "relay-client-and-key.pem"
+        client.cert_chain_pems[0].write_to_path(str(self.client_cert))
+        client.private_key_pem.write_to_path(str(self.client_key))
+        client.private_key_and_cert_chain_pem.write_to_path(str(self.client_both))
+
+    def server(self, *, client_certificate: bool = False) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ca.issue_cert("127.0.0.1").configure_cert(context)
+        if client_certificate:
+            context.verify_mode = ssl.CERT_REQUIRED
+            self.ca.configure_trust(context)
+        return context
+
+
+async def tls_sink(context: ssl.SSLContext) -> tuple[list[web.Request], str, web.AppRunner]:
+    seen: list[web.Request] = []
+
+    async def crm(request: web.Request) -> web.Response:
+        await request.read()
+        seen.append(request)
+        return web.json_response({"ok": True, "result": {}})
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", crm)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
+    return seen, f"https://127.0.0.1:{runner.addresses[0][1]}", runner
+
+
+TLSSinks = Callable[[ssl.SSLContext], Awaitable[tuple[list[Any], str]]]
+
+
+@pytest.fixture
+async def tls_sinks() -> AsyncIterator[TLSSinks]:
+    runners: list[web.AppRunner] = []
+
+    async def start(context: ssl.SSLContext) -> tuple[list[Any], str]:
+        seen, url, runner = await tls_sink(context)
+        runners.append(runner)
+        return seen, url
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def test_a_crm_behind_a_private_ca_is_reached_with_ca_file(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+) -> None:
+    files = TLSFiles(tmp_path)
+    seen, url = await tls_sinks(files.server())
+    _, found = await deliver_one(make_config, start_relay, target(f"{url}/hook"))
+    [delivery] = found.event.deliveries
+    assert delivery.status.value == "dead"
+    assert "CERTIFICATE_VERIFY_FAILED" in (delivery.last_error or "")
+    assert seen == []
+    crm = target(f"{url}/hook", ca_file=str(files.ca_file))
+    _, found = await deliver_one(make_config, start_relay, crm)
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert len(seen) == 1
+
+
+async def test_a_crm_that_wants_a_client_certificate_gets_relays(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+) -> None:
+    files = TLSFiles(tmp_path)
+    seen, url = await tls_sinks(files.server(client_certificate=True))
+    without = target(f"{url}/hook", ca_file=str(files.ca_file))
+    _, found = await deliver_one(make_config, start_relay, without)
+    assert found.event.deliveries[0].status.value == "dead"
+    assert seen == []
+    for keys in (
+        {"client_cert": str(files.client_cert), "client_key": str(files.client_key)},
+        {"client_cert": str(files.client_both)},  # the key in the same file
+    ):
+        crm = target(f"{url}/hook", ca_file=str(files.ca_file), **keys)
+        _, found = await deliver_one(make_config, start_relay, crm)
+        assert found.event.deliveries[0].status.value == "delivered"
+    assert len(seen) == 2
+    peer = seen[0].transport.get_extra_info("peercert") if seen[0].transport else None
+    assert peer is not None  # the server saw relay's certificate
+
+
+async def test_tls_verify_false_takes_any_certificate_and_relay_check_says_so_loudly(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+) -> None:
+    _, url = await tls_sinks(TLSFiles(tmp_path).server())
+    crm = target(f"{url}/hook", tls_verify=False)
+    relay, found = await deliver_one(make_config, start_relay, crm)
+    assert found.event.deliveries[0].status.value == "delivered"
+    [warning] = [w for w in warnings(relay.config) if "tls_verify" in w]
+    assert warning.startswith("targets.crm.tls_verify: FALSE: any certificate is taken")
+    safe = make_config({"crm": target(f"{url}/hook")}, ROUTES)
+    assert not [w for w in warnings(safe) if "tls_verify" in w]
+
+
+def test_tls_files_that_cannot_be_used_are_refused_at_load(
+    tmp_path: Path, make_config: ConfigFactory
+) -> None:
+    files = TLSFiles(tmp_path)
+    url = "https://crm.example/hook"
+    for keys, expected in (
+        ({"ca_file": str(tmp_path / "nope.pem")}, r"targets\.crm\.ca_file: .*no such file"),
+        ({"ca_file": str(files.client_key)}, r"targets\.crm\.ca_file: .*not a PEM file"),
+        ({"client_key": str(files.client_key)}, r"client_key: is used only with client_cert"),
+        ({"client_cert": str(files.client_cert)}, r"targets\.crm\.client_cert: cannot load"),
+        ({"client_cert": str(tmp_path / "nope.pem")}, r"client_cert: .*no such file"),
+    ):
+        with pytest.raises(ConfigError, match=expected):
+            make_config({"crm": target(url, **keys)}, ROUTES)
+
+
+async def test_a_308_to_https_on_the_same_host_is_followed_to_a_private_ca(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    tls_sinks: TLSSinks,
+) -> None:
+    """A CRM that moved from http:// to https:// (same host, here another port)."""
+    files = TLSFiles(tmp_path)
+    seen, secure = await tls_sinks(files.server())
+    plain, url = await start_sink(redirecting(308, lambda request: f"{secure}/hook"))
+    crm = target(url, follow_redirects=True, ca_file=str(files.ca_file))
+    _, found = await deliver_one(make_config, start_relay, crm)
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert (len(plain.requests), len(seen)) == (1, 1)
+
+
+async def test_a_telegram_target_takes_the_same_tls_options(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+) -> None:
+    """A local Bot API server behind a private CA that wants a client certificate."""
+    files = TLSFiles(tmp_path)
+    seen, url = await tls_sinks(files.server(client_certificate=True))
+    chat = {
+        "type": "telegram",
+        "bot_token": "123456:ABC-DEF",
+        "chat_id": 42,
+        "api_base": url,
+        "ca_file": str(files.ca_file),
+        "client_cert": str(files.client_both),
+        "retry": {"retries": 1},
+    }
+    _, found = await deliver_one(make_config, start_relay, chat)
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert [request.path for request in seen] == ["/bot123456:ABC-DEF/sendMessage"]
