@@ -73,9 +73,15 @@ def _sqlite_keys_beside_a_url(config: Config, data: dict[str, object]) -> list[s
 # ${file:NAME}, they stay out of a file every user may read.
 _SECRET_KEYS = {
     "admin": ("token",),
-    "targets": ("password", "bot_token", "sign"),
+    "targets": ("password", "bot_token", "sign", "proxy"),
     "routes": ("api_key", "password", "secret", "secret_token", "token"),
 }
+
+
+def _proxy_password(url: str) -> bool:
+    """Whether "http://user:password@host" has a password written in it."""
+    userinfo = url.partition("://")[2].partition("@")
+    return bool(userinfo[1]) and ":" in userinfo[0] and not userinfo[0].endswith(":")
 
 
 def _readable_secrets(config: Config, data: dict[str, object]) -> list[str]:
@@ -102,6 +108,8 @@ def _readable_secrets(config: Config, data: dict[str, object]) -> list[str]:
             continue
         for key in _SECRET_KEYS[where.split(".", 1)[0]]:
             value = table.get(key)
+            if key == "proxy":  # a secret only for the password in it
+                value = value if isinstance(value, str) and _proxy_password(value) else None
             values = value if isinstance(value, list) else [value]
             if any(isinstance(v, str) and v and "${" not in v for v in values):
                 found.append(

@@ -7,6 +7,7 @@ certificate, an HTTP proxy. Real servers on 127.0.0.1 each time."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import logging
 import ssl
@@ -23,11 +24,13 @@ from relay.advice import warnings
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.config.load import load_config
 from relay.logs import TextFormatter
 from relay.secrets import Masker
 from relay.store import EventDetail
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import ForwardingProxy
 
 ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
 
@@ -617,3 +620,174 @@ async def test_a_telegram_target_takes_the_same_tls_options(
     _, found = await deliver_one(make_config, start_relay, chat)
     assert found.event.deliveries[0].status.value == "delivered"
     assert [request.path for request in seen] == ["/bot123456:ABC-DEF/sendMessage"]
+
+
+# 38.1: proxies
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[Callable[..., Awaitable[ForwardingProxy]]]:
+    started: list[ForwardingProxy] = []
+
+    async def start(credentials: str | None = None) -> ForwardingProxy:
+        proxy = ForwardingProxy(credentials)
+        started.append(proxy)
+        await proxy.start()
+        return proxy
+
+    yield start
+    for proxy in started:
+        await proxy.close()
+
+
+PROXY_PASSWORD = "pr0xy-s3cret"
+BASIC = "Basic " + base64.b64encode(f"relay:{PROXY_PASSWORD}".encode()).decode()
+
+
+async def test_https_through_a_proxy_is_a_connect_tunnel_with_its_credentials(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+    proxies: Callable[..., Awaitable[ForwardingProxy]],
+) -> None:
+    files = TLSFiles(tmp_path)
+    seen, url = await tls_sinks(files.server())
+    proxy = await proxies(f"relay:{PROXY_PASSWORD}")
+    with_proxy = f"http://relay:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}"
+    crm = target(f"{url}/hook", proxy=with_proxy, ca_file=str(files.ca_file))
+    _, found = await deliver_one(make_config, start_relay, crm)
+    assert found.event.deliveries[0].status.value == "delivered"
+    authority = url.removeprefix("https://")
+    assert proxy.seen == [(f"CONNECT {authority} HTTP/1.1", BASIC)]
+    # TLS end to end through the tunnel: the certificate checked is the CRM's.
+    assert len(seen) == 1
+    assert "Proxy-Authorization" not in seen[0].headers
+
+
+async def test_http_through_a_proxy_goes_in_absolute_form(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    proxies: Callable[..., Awaitable[ForwardingProxy]],
+) -> None:
+    sink, url = await start_sink([200])
+    proxy = await proxies(f"relay:{PROXY_PASSWORD}")
+    crm = target(url, proxy=f"http://relay:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}")
+    _, found = await deliver_one(make_config, start_relay, crm)
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert proxy.seen == [(f"POST {url} HTTP/1.1", BASIC)]
+    [request] = sink.requests
+    assert request.body == b'{"order": 1}'
+
+
+async def test_the_environments_proxy_is_used_unless_no_proxy_or_none_says_otherwise(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+    proxies: Callable[..., Awaitable[ForwardingProxy]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As curl, httpx and aiohttp's trust_env read them: a VPS whose provider
+    requires an egress proxy sets HTTPS_PROXY once, for every program."""
+    files = TLSFiles(tmp_path)
+    seen, url = await tls_sinks(files.server())
+    proxy = await proxies()
+    monkeypatch.setenv("HTTPS_PROXY", f"127.0.0.1:{proxy.port}")  # no scheme: as curl takes it
+    crm = target(f"{url}/hook", ca_file=str(files.ca_file))
+    _, found = await deliver_one(make_config, start_relay, crm)
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert [line for line, _ in proxy.seen] == [f"CONNECT {url.removeprefix('https://')} HTTP/1.1"]
+    # Exempt by NO_PROXY, or by proxy = "none": straight to the CRM.
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    _, found = await deliver_one(make_config, start_relay, crm)
+    assert found.event.deliveries[0].status.value == "delivered"
+    monkeypatch.delenv("NO_PROXY")
+    _, found = await deliver_one(make_config, start_relay, {**crm, "proxy": "none"})
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert len(proxy.seen) == 1
+    assert len(seen) == 3
+
+
+async def test_a_proxys_credentials_are_never_shown(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+    proxies: Callable[..., Awaitable[ForwardingProxy]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    files = TLSFiles(tmp_path)
+    _, url = await tls_sinks(files.server())
+    proxy = await proxies("relay:another-password")
+    with_proxy = f"http://relay:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}"
+    crm = target(f"{url}/hook", proxy=with_proxy, ca_file=str(files.ca_file))
+    caplog.set_level(logging.INFO)
+    relay, found = await deliver_one(make_config, start_relay, crm)
+    [delivery] = found.event.deliveries
+    assert delivery.status.value == "dead"
+    assert delivery.last_error is not None
+    assert delivery.last_error.startswith(f"proxy 127.0.0.1:{proxy.port} refused CONNECT")
+    assert "HTTP 407 (proxy credentials refused)" in delivery.last_error
+    formatter = TextFormatter(relay.config.masker)
+    shown = [delivery.last_error, *(formatter.format(r) for r in caplog.records)]
+    assert not [line for line in shown if PROXY_PASSWORD in line]
+    # The password is one of the config's secrets: masked in any line naming it.
+    assert PROXY_PASSWORD not in relay.config.masker.text(f"said {PROXY_PASSWORD}")
+
+
+@pytest.mark.parametrize("proxy", ["https://proxy.example:3128", "socks5://u:pw@proxy.example"])
+def test_a_proxy_that_is_not_an_http_url_is_refused_without_echoing_it(
+    proxy: str, make_config: ConfigFactory
+) -> None:
+    crm = target("https://crm.example/hook", proxy=proxy)
+    with pytest.raises(ConfigError, match=r"targets\.crm\.proxy: expected") as refused:
+        make_config({"crm": crm}, ROUTES)
+    assert proxy not in str(refused.value)
+
+
+async def test_a_telegram_target_reaches_the_bot_api_through_a_proxy(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    tls_sinks: TLSSinks,
+    proxies: Callable[..., Awaitable[ForwardingProxy]],
+) -> None:
+    files = TLSFiles(tmp_path)
+    seen, url = await tls_sinks(files.server())
+    proxy = await proxies()
+    chat = {
+        "type": "telegram",
+        "bot_token": "123456:ABC-DEF",
+        "chat_id": 42,
+        "api_base": url,
+        "proxy": proxy.url,
+        "ca_file": str(files.ca_file),
+        "retry": {"retries": 1},
+    }
+    _, found = await deliver_one(make_config, start_relay, chat)
+    assert found.event.deliveries[0].status.value == "delivered"
+    assert [line for line, _ in proxy.seen] == [f"CONNECT {url.removeprefix('https://')} HTTP/1.1"]
+    assert len(seen) == 1
+
+
+def test_relay_check_warns_of_a_proxy_password_written_in_a_readable_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.toml"
+    for proxy, warned in (
+        ("http://relay:pr0xy-s3cret@proxy.corp:3128", True),
+        ("http://relay:${PROXY_PASSWORD}@proxy.corp:3128", False),
+        ("http://proxy.corp:3128", False),
+    ):
+        path.write_text(
+            "[storage]\npath = 'relay.db'\n"
+            f'[targets.crm]\ntype = "http"\nurl = "https://crm.example/"\nproxy = "{proxy}"\n'
+            '[routes.orders]\npath = "/hooks/orders"\ntargets = ["crm"]\n',
+            encoding="utf-8",
+        )
+        path.chmod(0o644)
+        config = load_config(path, {"PROXY_PASSWORD": "pw"})
+        found = [w for w in warnings(config) if w.startswith("targets.crm.proxy")]
+        assert bool(found) == warned, (proxy, found)
