@@ -342,8 +342,15 @@ class ForwardingProxy:
             else:
                 where = target.split("://", 1)[1]
                 authority, _, path = where.partition("/")
-                host, _, port = authority.rpartition(":")
-                up_reader, upstream = await asyncio.open_connection(host.strip("[]"), int(port))
+                host, _, port = (
+                    authority.rpartition(":") if ":" in authority else (authority, "", "80")
+                )
+                try:
+                    up_reader, upstream = await asyncio.open_connection(host.strip("[]"), int(port))
+                except OSError:  # a name that does not resolve too: 502, as Squid answers
+                    writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    return
                 kept = [
                     line
                     for line in lines[1:]

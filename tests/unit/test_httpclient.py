@@ -31,6 +31,7 @@ from relay.httpclient import (
     TLSError,
     TransportError,
     _origin,
+    environment_proxy,
 )
 
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -590,3 +591,26 @@ def test_one_error_tree_each_kind_with_its_meaning_for_a_delivery() -> None:
     dns = ConnectError("crm.example", 80, "x", dns=True)
     assert str(dns) == "DNS lookup failed for crm.example"
     assert str(NoAnswer()) == "server closed the connection without answering"
+
+
+def test_the_environments_proxy_as_curl_reads_it() -> None:
+    """HTTPS_PROXY for https URLs, HTTP_PROXY for http ones, lower case first;
+    NO_PROXY a list of hosts and their subdomains, "*" for all (curl's
+    manual, "ENVIRONMENT"; urllib, httpx and aiohttp's trust_env read it alike)."""
+    env = {
+        "https_proxy": "http://u:p@lower.corp:3128",
+        "HTTPS_PROXY": "http://upper.corp:3128",
+        "HTTP_PROXY": "plain.corp:8080",
+        "NO_PROXY": "internal.example, .local",
+    }
+    found = environment_proxy("https://crm.example/x", env)
+    assert found is not None
+    assert (found.host, found.port) == ("lower.corp", 3128)
+    assert found.authorization == "Basic " + base64.b64encode(b"u:p").decode()
+    plain = environment_proxy("http://crm.example/x", env)
+    assert plain is not None
+    assert (plain.host, plain.port, plain.authorization) == ("plain.corp", 8080, None)
+    for exempt in ("https://internal.example/", "https://crm.internal.example/", "http://a.local/"):
+        assert environment_proxy(exempt, env) is None
+    assert environment_proxy("https://crm.example/", {**env, "NO_PROXY": "*"}) is None
+    assert environment_proxy("https://crm.example/", {}) is None
