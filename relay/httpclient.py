@@ -234,7 +234,13 @@ def environment_proxy(url: str, environ: Mapping[str, str] | None = None) -> Pro
         return None
     if "://" not in found:  # "proxy.corp:3128", as curl takes it
         found = "http://" + found
-    return Proxy.parse(found)
+    try:
+        return Proxy.parse(found)
+    except RequestError:
+        # Retried: the deliveries wait while the environment is put right.
+        raise ProxyError(
+            f"{wanted.upper()} in relay's environment is not an http://host:port proxy"
+        ) from None
 
 
 @lru_cache(maxsize=1)
@@ -270,7 +276,7 @@ class Client:
         self._keep = keep
         self._tls = tls
         self._proxy = proxy
-        self._proxies: dict[str, Proxy | None] = {}
+        self._proxies: dict[str, Proxy | bool | None] = {}
         self._idle: dict[_Key, list[_Connection]] = {}
         self._resolver = _Resolver()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -279,11 +285,12 @@ class Client:
     def _proxy_for(self, url: str) -> Proxy | None:
         if self._proxy != ENVIRONMENT:
             return cast(Proxy | None, self._proxy)
-        if url not in self._proxies:
+        found = self._proxies.get(url, False)
+        if found is False:
             if len(self._proxies) > 256:
                 self._proxies.clear()
-            self._proxies[url] = environment_proxy(url)
-        return self._proxies[url]
+            found = self._proxies[url] = environment_proxy(url)
+        return cast(Proxy | None, found)
 
     async def request(
         self,
@@ -415,10 +422,6 @@ def _head(
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
             raise RequestError(f"header {name!r} cannot be sent: it holds a line break or colon")
-        if not value.isascii() or not name.isascii():
-            # RFC 9110 section 5.5: a value is ASCII; other bytes are obs-text,
-            # which many servers refuse, and no encoding of them is agreed on.
-            raise RequestError(f"header {name!r} cannot be sent: it holds a non-ASCII character")
         if name.lower() not in _FRAMING:
             lines.append(f"{name}: {value}")
     if origin.authorization is not None and "authorization" not in given:
@@ -429,7 +432,13 @@ def _head(
     # uploads, and no server left waiting for a body that is not coming.
     lines.append(f"Content-Length: {length}")
     lines.append("\r\n")
-    return "\r\n".join(lines).encode("ascii")
+    head = "\r\n".join(lines)
+    if not head.isascii():
+        # RFC 9110 section 5.5: a value is ASCII; other bytes are obs-text,
+        # which many servers refuse, and no encoding of them is agreed on.
+        name = next(n for n, v in headers.items() if not (n + v).isascii())
+        raise RequestError(f"header {name!r} cannot be sent: it holds a non-ASCII character")
+    return head.encode("ascii")
 
 
 Addresses = list[tuple[Any, Any, int, str, tuple[Any, ...]]]
@@ -596,6 +605,7 @@ class _Connection(asyncio.Protocol):
         self._headers_done = False
         self._complete = False
         self._heard = False
+        self._quiet: select.poll | None = None
         self.open = False
         self.reusable = False
         self.idle_since = 0.0
@@ -623,12 +633,7 @@ class _Connection(asyncio.Protocol):
         nothing was sent on it, so nothing is lost (urllib3 checks so too)."""
         if not self.open or now - self.idle_since >= KEEPALIVE_SECONDS:
             return False
-        sock = self._transport.get_extra_info("socket") if self._transport else None
-        if sock is None:
-            return True
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN)
-        return not poller.poll(0)
+        return self._quiet is None or not self._quiet.poll(0)
 
     def close(self) -> None:
         self.open = False
@@ -655,6 +660,10 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses: no isinstance.
         self._transport = cast(asyncio.Transport, transport)
         self.open = True
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # one poller a connection: asked before each reuse
+            self._quiet = select.poll()
+            self._quiet.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         if self._answer is None or self._answer.done():

@@ -614,3 +614,7 @@ def test_the_environments_proxy_as_curl_reads_it() -> None:
         assert environment_proxy(exempt, env) is None
     assert environment_proxy("https://crm.example/", {**env, "NO_PROXY": "*"}) is None
     assert environment_proxy("https://crm.example/", {}) is None
+    # One that cannot be used is named, its value (a password?) never shown.
+    with pytest.raises(ProxyError, match=r"^HTTPS_PROXY in relay's environment") as refused:
+        environment_proxy("https://crm.example/", {"HTTPS_PROXY": "socks5://u:pw@s.corp"})
+    assert "pw" not in str(refused.value)
