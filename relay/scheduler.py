@@ -444,9 +444,13 @@ class Scheduler:
             number = delivery.attempts + 1
             started_at = self._clock.now()
             began = time.perf_counter()
-            outcome = await self._send(
-                target, _envelope(delivery, number, started_at, state), policy.timeout
-            )
+            limit = asyncio.get_running_loop().time() + policy.timeout
+            # The status in hand, a body still coming is not waited for to the
+            # limit: a tenth of it (at most a second) is left for the target to
+            # return what it has (a 200 whose body stalls was delivered).
+            answer_by = limit - min(policy.timeout / 10, 1.0)
+            envelope = _envelope(delivery, number, started_at, state, answer_by)
+            outcome = await self._send(target, envelope, limit, policy.timeout)
             duration = time.perf_counter() - began
             now = self._clock.now()
             decision, then = self._decide(policy, delivery, outcome, now)
@@ -522,12 +526,10 @@ class Scheduler:
             previous = self._down[target]
             self._down[target] = DownState(previous.since, hold.probe_at, previous.probes + 1)
 
-    async def _send(self, target: Target, envelope: Envelope, time_limit: float) -> Outcome:
-        limit = asyncio.get_running_loop().time() + time_limit
-        # The status in hand, a body still coming is not waited for to the
-        # limit: a tenth of it (at most a second) is left for the target to
-        # return what it has (a 200 whose body stalls was delivered).
-        envelope = replace(envelope, answer_by=limit - min(time_limit / 10, 1.0))
+    async def _send(
+        self, target: Target, envelope: Envelope, limit: float, time_limit: float
+    ) -> Outcome:
+        """`target.send` until `limit` (the loop's time), `time_limit` seconds from now."""
         try:
             async with asyncio.timeout_at(limit):
                 return await target.send(envelope)
@@ -594,7 +596,9 @@ def _max_attempts(policy: RetryPolicy, delivery: ClaimedDelivery) -> int:
     return before_cycle + 1 + (policy.retries if policy.retry_on_error else 0)
 
 
-def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:
+def _envelope(
+    delivery: ClaimedDelivery, number: int, now: float, state: _State, answer_by: float
+) -> Envelope:
     route = state.config.routes.get(delivery.route)
     strip = route.strip_fields if route is not None else ()
     return Envelope(
@@ -607,6 +611,7 @@ def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State)
         received_at=delivery.received_at,
         payload=_forwarded(delivery.payload, strip),
         sent_at=now,
+        answer_by=answer_by,
     )
 
 
