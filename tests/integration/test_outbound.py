@@ -10,6 +10,7 @@ import asyncio
 import base64
 import itertools
 import logging
+import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -791,3 +792,29 @@ def test_relay_check_warns_of_a_proxy_password_written_in_a_readable_file(
         config = load_config(path, {"PROXY_PASSWORD": "pw"})
         found = [w for w in warnings(config) if w.startswith("targets.crm.proxy")]
         assert bool(found) == warned, (proxy, found)
+
+
+async def test_a_client_certificate_renewed_in_place_is_taken_up_by_a_reload(
+    tmp_path: Path, make_config: ConfigFactory, start_relay: RelayFactory, tls_sinks: TLSSinks
+) -> None:
+    """Client certificates are short-lived (renewed by a timer, written over
+    the old file): a SIGHUP reload with the same config must use the new one."""
+    files = TLSFiles(tmp_path)
+    seen, url = await tls_sinks(files.server(client_certificate=True))
+    stranger = trustme.CA().issue_cert("relay@shop.example")  # a CA the CRM does not trust
+    stranger.private_key_and_cert_chain_pem.write_to_path(str(files.client_both))
+    crm = target(f"{url}/hook", ca_file=str(files.ca_file), client_cert=str(files.client_both))
+    relay = await start_relay(
+        make_config({"crm": crm}, ROUTES), background=False, clock=FakeClock()
+    )
+    refused = await post_order(relay)
+    await relay.scheduler.drain()
+    assert (await detail(relay, refused)).event.deliveries[0].status.value == "dead"
+    renewed = files.ca.issue_cert("relay@shop.example")
+    renewed.private_key_and_cert_chain_pem.write_to_path(str(files.client_both))
+    os.utime(files.client_both, ns=(1, 2))  # a different time, however fast this runs
+    await relay.reload(make_config({"crm": crm}, ROUTES))
+    taken = await post_order(relay)
+    await relay.scheduler.drain()
+    assert (await detail(relay, taken)).event.deliveries[0].status.value == "delivered"
+    assert len(seen) == 1

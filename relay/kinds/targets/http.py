@@ -39,6 +39,9 @@ class Outbound:
     client_cert: Path | None = None  # mTLS: the certificate relay presents
     client_key: Path | None = None  # its key, when not in client_cert's file
     tls_verify: bool = True
+    # When those files were last changed, as read: a certificate renewed in
+    # place makes the settings differ, so a reload (SIGHUP) takes it up.
+    files_changed: tuple[int, ...] = ()
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The context https URLs are verified with; None: the system's default."""
@@ -102,13 +105,22 @@ def parse_outbound(section: Section, base: Path) -> Outbound:
                 "cannot load the certificate and its key (PEM, the key unencrypted):"
                 f" {getattr(error, 'reason', None) or error.strerror or error}",
             ) from None
+    files = [path for path in (ca_file, client_cert, client_key) if path is not None]
     return Outbound(
         proxy=proxy,
         ca_file=ca_file,
         client_cert=client_cert,
         client_key=client_key,
         tls_verify=section.boolean("tls_verify", True),
+        files_changed=tuple(_changed(path) for path in files),
     )
+
+
+def _changed(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:  # read a moment ago: gone since, and start will say so
+        return 0
 
 
 @dataclass(frozen=True)
