@@ -7,6 +7,7 @@ import tomllib
 
 from relay.config import Config, RouteConfig
 from relay.kinds import source_kind
+from relay.kinds.targets.http import Outbound
 from relay.retry import schedule
 from relay.units import format_duration
 
@@ -27,6 +28,15 @@ def warnings(config: Config) -> list[str]:
         found.append("admin.token: not set: anyone with a shell on this machine can use the API")
     for route in config.routes.values():
         found += _route_warnings(route, config)
+    for target in config.targets.values():
+        outbound = getattr(target.settings, "outbound", None)
+        if isinstance(outbound, Outbound) and not outbound.tls_verify:
+            found.append(
+                f"targets.{target.name}.tls_verify: FALSE: any certificate is taken and its"
+                " name not checked, so whoever sits between relay and the target can read and"
+                " change every delivery and its credentials; trust the target's CA with"
+                " ca_file instead"
+            )
     written = _as_written(config)
     if written is not None:
         found += _readable_secrets(config, written)
@@ -63,9 +73,15 @@ def _sqlite_keys_beside_a_url(config: Config, data: dict[str, object]) -> list[s
 # ${file:NAME}, they stay out of a file every user may read.
 _SECRET_KEYS = {
     "admin": ("token",),
-    "targets": ("password", "bot_token", "sign"),
+    "targets": ("password", "bot_token", "sign", "proxy"),
     "routes": ("api_key", "password", "secret", "secret_token", "token"),
 }
+
+
+def _proxy_password(url: str) -> bool:
+    """Whether "http://user:password@host" has a password written in it."""
+    userinfo = url.partition("://")[2].partition("@")
+    return bool(userinfo[1]) and ":" in userinfo[0] and not userinfo[0].endswith(":")
 
 
 def _readable_secrets(config: Config, data: dict[str, object]) -> list[str]:
@@ -92,6 +108,8 @@ def _readable_secrets(config: Config, data: dict[str, object]) -> list[str]:
             continue
         for key in _SECRET_KEYS[where.split(".", 1)[0]]:
             value = table.get(key)
+            if key == "proxy":  # a secret only for the password in it
+                value = value if isinstance(value, str) and _proxy_password(value) else None
             values = value if isinstance(value, list) else [value]
             if any(isinstance(v, str) and v and "${" not in v for v in values):
                 found.append(

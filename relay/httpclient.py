@@ -3,14 +3,27 @@
 aiohttp's client cost ~88 us of CPU a request here against ~33 for this one
 (bench/end_to_end.py's sink, 32 at once, one core): its request, response,
 stream, timer and connector objects are built for every use relay has no
-need of: cookies, redirects, proxies, streaming uploads, decompression.
-relay sends one body it holds in memory and keeps at most
-RESPONSE_EXCERPT_BYTES of the answer, so a request is one write and a
-parser fed what arrives. URLs are read by yarl, as aiohttp reads them, and
-TLS is the standard library's verified default.
+need of: cookies, streaming uploads, decompression. relay sends one body it
+holds in memory and keeps at most RESPONSE_EXCERPT_BYTES of the answer, so a
+request is one write and a parser fed what arrives. URLs are read by yarl, as
+aiohttp reads them, and TLS is the standard library's verified default (or a
+target's own CA, client certificate). A proxy is an HTTP one: an https URL is
+tunnelled with CONNECT, an http one sent to the proxy in absolute form.
 
 Time limits are the caller's (the scheduler wraps each attempt in one):
 cancelling a request closes its connection, never returns it to the pool.
+
+Everything `Client.request` raises is a ClientError, each kind with one
+meaning for a delivery (`retryable`):
+
+    ClientError
+    ├── RequestError         the request cannot be made as asked: not retried
+    └── TransportError       the network or the server failed it: retried
+        ├── ConnectError     no connection (refused, unreachable, DNS: `dns`)
+        ├── ProxyError       the proxy refused or failed the tunnel
+        ├── TLSError         the handshake failed (certificate, protocol)
+        ├── NoAnswer         closed before its answer's status
+        └── BadAnswer        what came back is not HTTP/1.x
 """
 
 from __future__ import annotations
@@ -19,10 +32,12 @@ import asyncio
 import base64
 import ipaddress
 import os
+import select
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+import urllib.request
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
@@ -33,9 +48,12 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-# An idle kept-alive connection is closed after this long (aiohttp's default):
-# most servers close theirs sooner, and an old one is likelier to be stale.
-KEEPALIVE_SECONDS = 15.0
+# An idle kept-alive connection is closed after this long: shorter than most
+# servers keep theirs (Node's and uvicorn's 5 s, Apache's 5 s), so relay is
+# the one that hangs up, not a server while a request is on its way. A
+# server quicker than that is met by the check before reuse and the one
+# retry on a fresh connection (Client.request).
+KEEPALIVE_SECONDS = 4.0
 DNS_TTL_SECONDS = 10.0
 # Between two address families' connection attempts (RFC 8305's 250 ms).
 HAPPY_EYEBALLS_DELAY = 0.25
@@ -45,33 +63,74 @@ HAPPY_EYEBALLS_DELAY = 0.25
 # or near them.
 MAX_HEADERS = 128
 MAX_HEAD_BYTES = 64 * 1024
+# A request a server must take as safe to receive twice: an idempotent
+# method (RFC 9110 section 9.2.2), or one carrying an idempotency key, which
+# Go's net/http takes as saying so of a POST (Request.isReplayable). Every
+# http target's request carries one (relay.targets.base.relay_headers).
+_REPLAYABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+_REPLAY_HEADERS = ("idempotency-key", "x-idempotency-key")
 
 
-class RequestError(Exception):
+class ClientError(Exception):
+    """Anything `Client.request` raises; `retryable` is what it means for a delivery."""
+
+    retryable = True
+
+
+class RequestError(ClientError):
     """The request cannot be made as asked (a header with a line break...)."""
 
+    retryable = False
 
-class ConnectError(OSError):
+
+class TransportError(ClientError):
+    """The network or the server failed the request: worth trying again later."""
+
+
+class ConnectError(TransportError):
     """No connection to host:port; `reason` says why, `dns` when the name did not resolve."""
 
     def __init__(self, host: str, port: int, reason: str, *, dns: bool = False) -> None:
-        super().__init__(reason)
+        super().__init__(
+            f"DNS lookup failed for {host}" if dns else f"cannot connect to {host}:{port}: {reason}"
+        )
         self.host = host
         self.port = port
         self.reason = reason
         self.dns = dns
 
 
-class TLSError(Exception):
+class ProxyError(TransportError):
+    """The proxy could not be reached, or refused or failed the tunnel."""
+
+
+class TLSError(TransportError):
     """The TLS handshake failed (certificate, protocol)."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"TLS error: {reason}")
+        self.reason = reason
 
-class NoAnswer(Exception):
-    """The server closed the connection before its answer's headers."""
+
+class NoAnswer(TransportError):
+    """The server closed the connection before its answer's status.
+
+    `written`: whether the request went out at all (a connection found
+    closed when it was taken sent nothing); `heard`: whether any byte of an
+    answer came before the close."""
+
+    def __init__(self, *, written: bool = True, heard: bool = False) -> None:
+        super().__init__("server closed the connection without answering")
+        self.written = written
+        self.heard = heard
 
 
-class BadAnswer(Exception):
+class BadAnswer(TransportError):
     """What came back is not HTTP/1.x."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid HTTP response: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +138,37 @@ class Answer:
     status: int
     headers: CIMultiDictProxy[str]
     excerpt: bytes  # at most the `keep` bytes asked for; the rest never read
+    # False when the body stopped coming after the status and the caller's
+    # `body_by` passed: the status is the answer, the excerpt what came of it.
+    whole: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """An HTTP proxy: where it listens, and its Proxy-Authorization if any."""
+
+    host: str
+    port: int
+    authorization: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> Proxy:
+        """From "http://user:password@host:port" (the port 80 when left out)."""
+        try:
+            parsed = URL(url)
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.scheme != "http" or not parsed.raw_host:
+            # Never the URL itself in the message: it holds the password.
+            raise RequestError("a proxy is an http://[user:password@]host:port URL")
+        return cls(parsed.raw_host, parsed.port or 80, _basic(parsed))
+
+
+def _basic(url: URL) -> str | None:
+    if url.user is None:
+        return None
+    pair = f"{url.user}:{url.password or ''}".encode()
+    return "Basic " + base64.b64encode(pair).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +182,7 @@ class _Origin:
     target: str  # the request line's path and query, percent-encoded
     host_header: str
     authorization: str | None  # Basic, from user:password in the URL
+    absolute: str  # the URL without its user:password, for a proxy's request line
 
 
 @lru_cache(maxsize=256)
@@ -112,19 +203,44 @@ def _origin(url: str) -> _Origin:
         host = unquote(host)
     bracketed = f"[{host.partition('%')[0]}]" if ":" in host else host
     host_header = bracketed if parsed.is_default_port() else f"{bracketed}:{port}"
-    authorization = None
-    if parsed.user is not None:
-        pair = f"{parsed.user}:{parsed.password or ''}".encode()
-        authorization = "Basic " + base64.b64encode(pair).decode()
+    target = parsed.raw_path_qs or "/"
     return _Origin(
         key=(parsed.scheme, host, port),
         host=host,
         port=port,
         tls=parsed.scheme == "https",
-        target=parsed.raw_path_qs or "/",
+        target=target,
         host_header=host_header,
-        authorization=authorization,
+        authorization=_basic(parsed),
+        absolute=f"{parsed.scheme}://{host_header}{target}",
     )
+
+
+def environment_proxy(url: str, environ: Mapping[str, str] | None = None) -> Proxy | None:
+    """The proxy HTTPS_PROXY or HTTP_PROXY names for `url` (lower case first,
+    as curl reads them), None when there is none or NO_PROXY exempts its host."""
+    environ = os.environ if environ is None else environ
+    origin = _origin(url)
+    scheme = "https" if origin.tls else "http"
+    wanted = f"{scheme}_proxy"
+    found = environ.get(wanted) or environ.get(wanted.upper())
+    if not found:
+        return None
+    no_proxy = environ.get("no_proxy") or environ.get("NO_PROXY") or ""
+    # urllib's reading of NO_PROXY: "*", host names and their subdomains,
+    # with or without a port (httpx and aiohttp's trust_env read it alike).
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if no_proxy and bypass(origin.host_header, {"no": no_proxy}):
+        return None
+    if "://" not in found:  # "proxy.corp:3128", as curl takes it
+        found = "http://" + found
+    try:
+        return Proxy.parse(found)
+    except RequestError:
+        # Retried: the deliveries wait while the environment is put right.
+        raise ProxyError(
+            f"{wanted.upper()} in relay's environment is not an http://host:port proxy"
+        ) from None
 
 
 @lru_cache(maxsize=1)
@@ -137,18 +253,44 @@ def _tls_context() -> ssl.SSLContext:
     return shared if isinstance(shared, ssl.SSLContext) else ssl.create_default_context()
 
 
+_Key = tuple[tuple[str, str, int], Proxy | None]
+
+# The proxy taken from the environment, the default: `proxy=ENVIRONMENT`.
+ENVIRONMENT = "environment"
+
+
 class Client:
     """A target's connections: kept alive per origin, at most `keep` idle ones each."""
 
-    def __init__(self, keep: int, *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        keep: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+        proxy: Proxy | str | None = None,
+    ) -> None:
         """`tls`: the context https URLs are verified with (the system's trusted
-        certificates by default)."""
+        certificates by default). `proxy`: every request through that one,
+        ENVIRONMENT for what HTTPS_PROXY, HTTP_PROXY and NO_PROXY say per URL
+        (read once per URL), None for none."""
         self._keep = keep
         self._tls = tls
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._proxy = proxy
+        self._proxies: dict[str, Proxy | bool | None] = {}
+        self._idle: dict[_Key, list[_Connection]] = {}
         self._resolver = _Resolver()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
+
+    def _proxy_for(self, url: str) -> Proxy | None:
+        if self._proxy != ENVIRONMENT:
+            return cast(Proxy | None, self._proxy)
+        found = self._proxies.get(url, False)
+        if found is False:
+            if len(self._proxies) > 256:
+                self._proxies.clear()
+            found = self._proxies[url] = environment_proxy(url)
+        return cast(Proxy | None, found)
 
     async def request(
         self,
@@ -158,43 +300,73 @@ class Client:
         body: bytes,
         *,
         keep: int,
+        body_by: Callable[[], float] | None = None,
         before_write: Callable[[], Awaitable[None]] | None = None,
     ) -> Answer:
         """Send one request; the answer with at most `keep` bytes of its body.
 
-        `before_write` is awaited once the connection is open, right before
-        the request is written (a paced target's turn).
-        Raises RequestError, ConnectError, TLSError, NoAnswer or BadAnswer.
+        `before_write` is awaited once, with the connection open, right before
+        the request is first written (a paced target's turn). `body_by` gives,
+        once it is written, the loop's time until which a body is waited for
+        after the status came; the answer is returned with what came of it
+        (`whole` False): a target that said 200 and stalls its body took the
+        request. Raises a ClientError (see the module's docstring).
         """
+        turn = before_write
+
+        async def written_by(connection: _Connection) -> float | None:
+            nonlocal turn
+            if turn is not None:
+                wait, turn = turn, None
+                try:
+                    await wait()
+                except BaseException:
+                    connection.close()
+                    raise
+            return body_by() if body_by is not None else None
+
         if self._closed:
             raise RequestError("client is closed")
         origin = _origin(url)
-        head = _head(method, origin, headers, len(body))
-        connection = self._idle_connection(origin.key) or await _connect(
-            origin, self._resolver, self._tls
-        )
-        if before_write is not None:
+        proxy = self._proxy_for(url)
+        relayed = proxy is not None and not origin.tls  # the proxy reads the request itself
+        data = _head(method, origin, headers, len(body), proxy if relayed else None)
+        if body:
+            data += body
+        key: _Key = (origin.key, proxy)
+        connection = self._idle_connection(key)
+        if connection is not None:
+            by = await written_by(connection)
             try:
-                await before_write()
-            except BaseException:
-                connection.close()
-                raise
+                return await self._exchange(key, connection, data, keep, by)
+            except NoAnswer as error:
+                # A kept-alive connection the server closed as the request
+                # went out (an idle timeout met half-way): tried once more on a
+                # new connection when no byte of an answer came and the server
+                # cannot have read it, or may read it twice (see _REPLAYABLE).
+                if error.heard or (error.written and not _replayable(method, headers)):
+                    raise
         try:
-            # A kept-alive connection the server closes as this goes out fails
-            # as NoAnswer: a retry at the scheduler's pace, never a second
-            # send here, for a server that read the request and then crashed
-            # looks the same.
-            answer = await connection.exchange(head + body if body else head, keep)
+            connection = await _connect(origin, self._resolver, self._tls, proxy)
+        except OSError as error:  # anything else the system says of a new connection
+            raise ConnectError(origin.host, origin.port, _why(error)) from None
+        return await self._exchange(key, connection, data, keep, await written_by(connection))
+
+    async def _exchange(
+        self, key: _Key, connection: _Connection, data: bytes, keep: int, body_by: float | None
+    ) -> Answer:
+        try:
+            answer = await connection.exchange(data, keep, body_by)
         except BaseException:
             connection.close()  # a cancelled or failed exchange's connection is done
             raise
         if connection.reusable:
-            self._put_back(origin.key, connection)
+            self._put_back(key, connection)
         else:
             connection.close()
         return answer
 
-    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
+    def _idle_connection(self, key: _Key) -> _Connection | None:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -204,7 +376,7 @@ class Client:
             connection.close()
         return None
 
-    def _put_back(self, key: tuple[str, str, int], connection: _Connection) -> None:
+    def _put_back(self, key: _Key, connection: _Connection) -> None:
         idle = self._idle.setdefault(key, [])
         if len(idle) >= self._keep or self._closed:
             connection.close()
@@ -220,7 +392,7 @@ class Client:
         self._sweeper = None
         now = time.monotonic()
         for key, idle in list(self._idle.items()):
-            fresh = [c for c in idle if c.usable(now)]
+            fresh = [c for c in idle if c.open and now - c.idle_since < KEEPALIVE_SECONDS]
             for connection in idle:
                 if connection not in fresh:
                     connection.close()
@@ -242,12 +414,23 @@ class Client:
         self._idle.clear()
 
 
+def _replayable(method: str, headers: Mapping[str, str]) -> bool:
+    if method in _REPLAYABLE_METHODS:
+        return True
+    return any(name.lower() in _REPLAY_HEADERS for name in headers)
+
+
 # Worked out here from the body and the URL, whatever the config's headers say.
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
-def _head(method: str, origin: _Origin, headers: dict[str, str], length: int) -> bytes:
-    lines = [f"{method} {origin.target} HTTP/1.1"]
+def _head(
+    method: str, origin: _Origin, headers: dict[str, str], length: int, proxy: Proxy | None
+) -> bytes:
+    """The request's head; `proxy` when an http URL goes to one, which takes
+    the whole URL in the request line (RFC 9112 section 3.2.2)."""
+    target = origin.target if proxy is None else origin.absolute
+    lines = [f"{method} {target} HTTP/1.1"]
     given = {name.lower() for name in headers}
     if "host" not in given:  # a configured Host (a virtual host behind an IP) wins
         lines.append(f"Host: {origin.host_header}")
@@ -260,11 +443,19 @@ def _head(method: str, origin: _Origin, headers: dict[str, str], length: int) ->
             lines.append(f"{name}: {value}")
     if origin.authorization is not None and "authorization" not in given:
         lines.append(f"Authorization: {origin.authorization}")
+    if proxy is not None and proxy.authorization is not None:
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
     # Every request says its length, GET and DELETE included: no chunked
     # uploads, and no server left waiting for a body that is not coming.
     lines.append(f"Content-Length: {length}")
     lines.append("\r\n")
-    return "\r\n".join(lines).encode("utf-8")
+    head = "\r\n".join(lines)
+    if not head.isascii():
+        # RFC 9110 section 5.5: a value is ASCII; other bytes are obs-text,
+        # which many servers refuse, and no encoding of them is agreed on.
+        name = next(n for n, v in headers.items() if not (n + v).isascii())
+        raise RequestError(f"header {name!r} cannot be sent: it holds a non-ASCII character")
+    return head.encode("ascii")
 
 
 Addresses = list[tuple[Any, Any, int, str, tuple[Any, ...]]]
@@ -319,24 +510,33 @@ def _literal(host: str, port: int) -> Addresses | None:
     return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", where)]
 
 
-async def _connect(origin: _Origin, resolver: _Resolver, tls: ssl.SSLContext | None) -> _Connection:
+async def _connect(
+    origin: _Origin, resolver: _Resolver, tls: ssl.SSLContext | None, proxy: Proxy | None
+) -> _Connection:
     """A new connection: the name resolved, its addresses raced (happy
     eyeballs, as aiohttp does: a VPS whose IPv6 route is broken still reaches
-    a dual-stack CRM over IPv4), then TLS when the URL says https."""
+    a dual-stack CRM over IPv4), then TLS when the URL says https. Through a
+    proxy: the connection is the proxy's, and an https URL's is tunnelled
+    (CONNECT) before TLS is spoken to the target through it."""
     loop = asyncio.get_running_loop()
+    host, port = (origin.host, origin.port) if proxy is None else (proxy.host, proxy.port)
     try:
-        addresses = await resolver.addresses(origin.host, origin.port)
+        addresses = await resolver.addresses(host, port)
     except OSError as error:  # socket.gaierror: the name did not resolve
-        raise ConnectError(
-            origin.host, origin.port, error.strerror or str(error), dns=True
-        ) from None
+        if proxy is not None:
+            raise ProxyError(f"proxy {host}: DNS lookup failed") from None
+        raise ConnectError(host, port, error.strerror or str(error), dns=True) from None
     try:
         sock = await aiohappyeyeballs.start_connection(
             addresses, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY
         )
     except OSError as error:
-        raise ConnectError(origin.host, origin.port, _why(error)) from None
+        if proxy is not None:
+            raise ProxyError(f"cannot connect to proxy {host}:{port}: {_why(error)}") from None
+        raise ConnectError(host, port, _why(error)) from None
     try:
+        if proxy is not None and origin.tls:
+            await _tunnel(sock, origin, proxy)
         _, connection = await loop.create_connection(
             _Connection,
             sock=sock,
@@ -357,6 +557,46 @@ async def _connect(origin: _Origin, resolver: _Resolver, tls: ssl.SSLContext | N
     return connection
 
 
+async def _tunnel(sock: socket.socket, origin: _Origin, proxy: Proxy) -> None:
+    """CONNECT host:port through the proxy on `sock` (RFC 9110 section 9.3.6);
+    returns once the proxy said 2xx, the socket then a pipe to the target."""
+    loop = asyncio.get_running_loop()
+    where = f"proxy {proxy.host}:{proxy.port}"
+    bare = origin.host.partition("%")[0]
+    authority = f"[{bare}]:{origin.port}" if ":" in bare else f"{bare}:{origin.port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+    if proxy.authorization is not None:
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
+    head = b""
+    try:
+        await loop.sock_sendall(sock, ("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
+        while b"\r\n\r\n" not in head:
+            chunk = await loop.sock_recv(sock, 4096)
+            if not chunk:
+                raise ProxyError(f"{where} closed the connection on CONNECT")
+            head += chunk
+            if len(head) > MAX_HEAD_BYTES:
+                raise ProxyError(f"{where}: its answer to CONNECT never ends")
+    except OSError as error:
+        raise ProxyError(f"{where}: {_why(error)}") from None
+    if not head.endswith(b"\r\n\r\n"):
+        # The target speaks only after the TLS hello: bytes past the proxy's
+        # answer are not the target's, and TLS would read them as its own.
+        raise ProxyError(f"{where}: bytes after its answer to CONNECT")
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = status_line.split(" ", 2)
+    if (
+        len(parts) < 2
+        or not parts[0].startswith("HTTP/1.")
+        or not (parts[1].isascii() and parts[1].isdigit())
+    ):
+        raise ProxyError(f"{where}: not an HTTP answer to CONNECT")
+    status = int(parts[1])
+    if not 200 <= status < 300:
+        said = f"HTTP {status}" + (" (proxy credentials refused)" if status == 407 else "")
+        raise ProxyError(f"{where} refused CONNECT {authority}: {said}")
+
+
 def _why(error: OSError) -> str:
     """ "Connection refused", not "Connect call failed ('127.0.0.1', 1)"."""
     if error.errno:
@@ -372,6 +612,8 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._answer: asyncio.Future[Answer] | None = None
         self._keep = 0
+        self._body_by: float | None = None
+        self._stall: asyncio.TimerHandle | None = None
         self._headers: list[tuple[str, str]] = []
         self._body: list[bytes] = []
         self._body_size = 0
@@ -379,34 +621,55 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._headers_done = False
         self._complete = False
+        self._heard = False
+        self._quiet: select.poll | None = None
         self.open = False
         self.reusable = False
         self.idle_since = 0.0
 
     # The request
 
-    def exchange(self, request: bytes, keep: int) -> asyncio.Future[Answer]:
+    def exchange(self, request: bytes, keep: int, body_by: float | None) -> asyncio.Future[Answer]:
         self._answer = asyncio.get_running_loop().create_future()
         if self._transport is None:  # closed by the server since it was taken
-            self._answer.set_exception(NoAnswer())
+            self._answer.set_exception(NoAnswer(written=False))
             return self._answer
         self._keep = keep
+        self._body_by = body_by
         self._headers, self._body, self._body_size, self._head_size = [], [], 0, 0
         self._status, self._headers_done, self._complete = 0, False, False
+        self._heard = False
         self.reusable = False
         self._transport.write(request)
         return self._answer
 
     def usable(self, now: float) -> bool:
-        """Still open, and idle for less than KEEPALIVE_SECONDS (kept in the pool)."""
-        return self.open and now - self.idle_since < KEEPALIVE_SECONDS
+        """Still open, idle for less than KEEPALIVE_SECONDS, and quiet: an idle
+        connection with something to read (the server's close, or bytes no
+        request asked for) that the loop has not dispatched yet is not used:
+        nothing was sent on it, so nothing is lost (urllib3 checks so too)."""
+        if not self.open or now - self.idle_since >= KEEPALIVE_SECONDS:
+            return False
+        return self._quiet is None or not self._quiet.poll(0)
 
     def close(self) -> None:
         self.open = False
         self.reusable = False
+        self._stop_waiting()
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+
+    def _stop_waiting(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        """`body_by` passed with the status in hand: that is the answer."""
+        self._stall = None
+        self._finish(whole=False)
+        self.close()
 
     # asyncio.Protocol
 
@@ -414,11 +677,16 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses: no isinstance.
         self._transport = cast(asyncio.Transport, transport)
         self.open = True
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # one poller a connection: asked before each reuse
+            self._quiet = select.poll()
+            self._quiet.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         if self._answer is None or self._answer.done():
             self.close()  # bytes nobody asked for: this connection cannot be trusted
             return
+        self._heard = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -474,7 +742,7 @@ class _Connection(asyncio.Protocol):
         if isinstance(exc, ssl.SSLError):
             answer.set_exception(TLSError(exc.reason or str(exc)))
         else:
-            answer.set_exception(NoAnswer())
+            answer.set_exception(NoAnswer(heard=self._heard))
 
     # llhttp's callbacks
 
@@ -495,6 +763,9 @@ class _Connection(asyncio.Protocol):
         self._headers_done = self._status >= 200
         if self._keep == 0 and self._headers_done:
             self._finish()
+        elif self._headers_done and self._body_by is not None:
+            loop = asyncio.get_running_loop()
+            self._stall = loop.call_at(self._body_by, self._stalled)
 
     def on_body(self, body: bytes) -> None:
         self._head_size -= len(body)
@@ -516,19 +787,21 @@ class _Connection(asyncio.Protocol):
         self._complete = True
         self._finish()
 
-    def _finish(self) -> None:
+    def _finish(self, *, whole: bool = True) -> None:
+        self._stop_waiting()
         answer = self._answer
         if answer is None or answer.done():
             return
         # Reused only after a whole answer the server means to keep alive.
         self.reusable = self.open and self._complete and self._parser.should_keep_alive()
         headers = CIMultiDictProxy(CIMultiDict(self._headers))
-        answer.set_result(Answer(self._status, headers, b"".join(self._body)))
+        answer.set_result(Answer(self._status, headers, b"".join(self._body), whole))
         self._answer = None
         if not self.reusable and self._transport is not None:
             self._transport.close()
 
     def _fail(self, error: Exception) -> None:
+        self._stop_waiting()
         answer = self._answer
         if answer is not None and not answer.done():
             answer.set_exception(error)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -28,6 +29,14 @@ class Outcome:
     # output cannot be sent): the target's failure streak and alerts ignore it.
     target_at_fault: bool = True
 
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            # The error quotes what a target said (its message, a Location, a
+            # status line): it goes to log lines, `last_error` and alerts, so a
+            # control character in it (ESC: a terminal's escape sequences, a
+            # line break: a forged log line) is written as an escape instead.
+            object.__setattr__(self, "error", printable(self.error))
+
     @classmethod
     def success(cls, status: int | None = None, response: bytes = b"") -> Outcome:
         return cls(Verdict.SUCCESS, status=status, response=response)
@@ -50,3 +59,14 @@ class Outcome:
     def unsendable(cls, error: str) -> Outcome:
         """This event cannot be sent as rendered: dead at once, the target not blamed."""
         return cls(Verdict.FAIL, error=error, target_at_fault=False)
+
+
+# C0 and C1 controls and DEL; \t is kept (harmless, and readable).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape ("\\x1b")."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)

@@ -456,11 +456,9 @@ class Scheduler:
             started_at = self._clock.now()
             began = time.perf_counter()
             lane = state.lanes.get(delivery.target)
+            envelope = _envelope(delivery, number, started_at, state)
             outcome = await self._send(
-                target,
-                _envelope(delivery, number, started_at, state),
-                policy.timeout,
-                lane.pacers if lane is not None else [],
+                target, envelope, policy.timeout, lane.pacers if lane is not None else []
             )
             duration = time.perf_counter() - began
             now = self._clock.now()
@@ -570,6 +568,14 @@ class Scheduler:
     async def _send(
         self, target: Target, envelope: Envelope, time_limit: float, pacers: list[Pacer]
     ) -> Outcome:
+        """`target.send` for at most `time_limit` seconds, not counting a paced
+        target's wait for its turn (Envelope.paced)."""
+        loop = asyncio.get_running_loop()
+        # The status in hand, a body still coming is not waited for to the
+        # limit: a tenth of it (at most a second) is left for the target to
+        # return what it has (a 200 whose body stalls was delivered).
+        grace = min(time_limit / 10, 1.0)
+        answer_by = [loop.time() + time_limit - grace]
         try:
             async with asyncio.timeout(time_limit) as limit:
                 if pacers:
@@ -577,9 +583,11 @@ class Scheduler:
                     async def paced() -> None:
                         await self._turn(pacers)
                         # The time limit is the request's: its turn is not part of it.
-                        limit.reschedule(asyncio.get_running_loop().time() + time_limit)
+                        limit.reschedule(loop.time() + time_limit)
+                        answer_by[0] = loop.time() + time_limit - grace
 
                     envelope = replace(envelope, paced=paced)
+                envelope = replace(envelope, answer_by=lambda: answer_by[0])
                 return await target.send(envelope)
         except TimeoutError:
             return Outcome.retry(f"timeout after {time_limit:g}s")

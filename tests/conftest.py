@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
@@ -23,6 +24,12 @@ from helpers import RelayProcess, Sink
 from pgcluster import Cluster, create_cluster, remove_cluster, run_sql, server_bin
 from store_backends import BACKENDS, Harness
 from store_backends import PARAMS as BACKENDS_PARAMS
+
+# relay's targets honour HTTPS_PROXY / HTTP_PROXY like curl: a proxy in the
+# environment that runs the tests would carry their requests to servers on
+# 127.0.0.1 away. The tests that mean one set it themselves.
+for _name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+    os.environ.pop(_name, None)
 
 PG_TEMPLATE = "relay_template"
 

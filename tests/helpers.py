@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -294,3 +295,104 @@ async def arelay_cli(
 
 async def arelay_json(*args: str, env: Mapping[str, str] | None = None) -> Any:
     return json.loads((await arelay_cli(*args, "--json", env=env)).stdout)
+
+
+class ForwardingProxy:
+    """An HTTP proxy on 127.0.0.1, as Squid or tinyproxy behave for relay:
+    CONNECT host:port opens a tunnel (answered 200, then bytes both ways); a
+    request in absolute form (`POST http://host:port/path`) is sent on in
+    origin form with `Connection: close`. Each request line is recorded with
+    its Proxy-Authorization; with `credentials` ("user:password") any other
+    gets 407 (RFC 9110 section 15.5.8)."""
+
+    def __init__(self, credentials: str | None = None) -> None:
+        self.credentials = credentials
+        self.seen: list[tuple[str, str | None]] = []  # (request line, Proxy-Authorization)
+        self.url = ""
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, target, version = lines[0].split(" ")
+            fields = [line.split(":", 1) for line in lines[1:] if ":" in line]
+            given = {name.strip().lower(): value.strip() for name, value in fields}
+            authorization = given.get("proxy-authorization")
+            self.seen.append((lines[0], authorization))
+            if self.credentials is not None:
+                expected = "Basic " + base64.b64encode(self.credentials.encode()).decode()
+                if authorization != expected:
+                    writer.write(
+                        b"HTTP/1.1 407 Proxy Authentication Required\r\n"
+                        b'Proxy-Authenticate: Basic realm="proxy"\r\n'
+                        b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                    await writer.drain()
+                    return
+            if method == "CONNECT":
+                host, _, port = target.rpartition(":")
+                try:
+                    up_reader, upstream = await asyncio.open_connection(host.strip("[]"), int(port))
+                except OSError:
+                    writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    return
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+            else:
+                where = target.split("://", 1)[1]
+                authority, _, path = where.partition("/")
+                host, _, port = (
+                    authority.rpartition(":") if ":" in authority else (authority, "", "80")
+                )
+                try:
+                    up_reader, upstream = await asyncio.open_connection(host.strip("[]"), int(port))
+                except OSError:  # a name that does not resolve too: 502, as Squid answers
+                    writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    return
+                kept = [
+                    line
+                    for line in lines[1:]
+                    if line and not line.lower().startswith(("proxy-authorization:", "connection:"))
+                ]
+                rewritten = [f"{method} /{path} {version}", *kept, "Connection: close", "", ""]
+                upstream.write("\r\n".join(rewritten).encode("latin-1"))
+            await asyncio.gather(_pipe(reader, upstream), _pipe(up_reader, writer))
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ValueError):
+            pass
+        finally:
+            if upstream is not None:
+                upstream.close()
+            writer.close()
+            self._tasks.discard(task)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.write_eof()

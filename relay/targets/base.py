@@ -43,6 +43,10 @@ class Envelope:
     # the target's pace, spaced from when the previous request really went
     # out (relay.ratelimit). None: the target is not paced.
     paced: Callable[[], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
+    # The event loop's time by which an answer whose status came is taken as
+    # it is, its body no longer waited for (before the attempt's time limit),
+    # asked when the request has been written (a paced turn moves it).
+    answer_by: Callable[[], float] | None = field(default=None, compare=False, repr=False)
 
 
 class Target(Protocol):

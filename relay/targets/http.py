@@ -6,24 +6,18 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
 from multidict import CIMultiDictProxy
+from yarl import URL
 
 from relay import __version__
 from relay.budget import TemplateError
-from relay.httpclient import (
-    BadAnswer,
-    Client,
-    ConnectError,
-    NoAnswer,
-    RequestError,
-    TLSError,
-)
-from relay.kinds.targets.http import HttpSettings, breaks_header
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
+from relay.httpclient import ENVIRONMENT, Client, ClientError, Proxy
+from relay.kinds.targets.http import HttpSettings, Outbound, breaks_header
+from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
 from relay.secrets import Masker
 from relay.signing import signature_headers, webhook_id
 from relay.targets.base import (
@@ -65,13 +59,20 @@ class Request:
 class SessionOwner:
     """A target that sends over its own kept-alive connections, opened by `start`."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, outbound: Outbound | None = None) -> None:
         self._concurrency = concurrency
+        self._outbound = outbound or Outbound()
         self._client: Client | None = None
 
     async def start(self) -> None:
+        outbound = self._outbound
+        proxy: Proxy | str | None = ENVIRONMENT
+        if outbound.proxy == "none":
+            proxy = None
+        elif outbound.proxy is not None:
+            proxy = Proxy.parse(outbound.proxy)
         # As many idle connections kept as attempts may run at once.
-        self._client = Client(keep=self._concurrency)
+        self._client = Client(keep=self._concurrency, tls=outbound.tls_context(), proxy=proxy)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -86,7 +87,7 @@ class SessionOwner:
 
 class HttpTarget(SessionOwner):
     def __init__(self, name: str, settings: HttpSettings, *, concurrency: int) -> None:
-        super().__init__(concurrency)
+        super().__init__(concurrency, settings.outbound)
         self.name = name
         self._settings = settings
         self._wanted = variables(
@@ -131,26 +132,51 @@ class HttpTarget(SessionOwner):
             prepared = await rendered(self.prepare, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
-        return await request(session, prepared, envelope.paced)
+        settings = self._settings
+        return await exchange(
+            session,
+            prepared,
+            classify,
+            envelope.paced,
+            body_by=envelope.answer_by,
+            follow=Follow(settings.redirect_hosts) if settings.follow_redirects else None,
+        )
 
 
 def header_values(rendered: dict[str, str]) -> dict[str, str]:
     """Rendered header values, refused when one cannot be a header (a line
-    break from the payload), with the name of the header and the reason."""
+    break from the payload, a non-ASCII character), with the name of the
+    header and the reason."""
     for name, value in rendered.items():
         if breaks_header(value):
             raise TemplateError(
                 f"header {name}: the template's output contains a line break or NUL,"
                 " which a header value cannot hold"
             )
+        if not value.isascii():
+            # RFC 9110 section 5.5: field values are ASCII; anything else is
+            # obs-text, refused by many servers and read as Latin-1 by others
+            # (httpx refuses it too). Not guessed at: the person chooses.
+            raise TemplateError(
+                f"header {name}: the template's output holds non-ASCII text, which a header"
+                " cannot carry as such: encode it in the template (| urlencode) or send it"
+                " in the body"
+            )
     return rendered
 
 
-async def request(
-    session: Client, prepared: Request, paced: Callable[[], Awaitable[None]] | None = None
-) -> Outcome:
-    """One HTTP request, classified by its status."""
-    return await exchange(session, prepared, classify, paced)
+# A 307 or 308 repeats the request as it was, method and body (RFC 9110
+# sections 15.4.8-9); 301, 302 and 303 let clients turn a POST into a GET
+# (15.4.2-4), which would deliver nothing: never followed.
+_KEEPS_THE_REQUEST = (307, 308)
+MAX_REDIRECTS = 5
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Redirects followed: 307 and 308, to the same host or these."""
+
+    hosts: tuple[str, ...] = ()
 
 
 async def exchange(
@@ -158,42 +184,89 @@ async def exchange(
     prepared: Request,
     judge: Callable[[int, CIMultiDictProxy[str], bytes], Outcome],
     paced: Callable[[], Awaitable[None]] | None = None,
+    *,
+    body_by: Callable[[], float] | None = None,
+    follow: Follow | None = None,
 ) -> Outcome:
-    """Send a request; network trouble is a retry, the answer goes to `judge`.
-    Redirects are not followed, compressed answers not asked for. `paced`
-    (Envelope.paced) is awaited with the connection open, right before the
-    request is written."""
+    """Send a request; network trouble is a retry (ClientError says which),
+    the answer goes to `judge`. A redirect is followed only as `follow`
+    allows; compressed answers are not asked for. `paced` (Envelope.paced)
+    is awaited with the connection open, right before the first request is
+    written; the hops of a redirect are one request, one turn."""
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            answer = await session.request(
+                prepared.method,
+                prepared.url,
+                prepared.headers,
+                prepared.body,
+                keep=RESPONSE_EXCERPT_BYTES,
+                body_by=body_by,
+                before_write=paced,
+            )
+            paced = None
+        except ClientError as error:
+            return Outcome.retry(str(error)) if error.retryable else Outcome.fail(str(error))
+        status = answer.status
+        if 300 <= status < 400:
+            where = answer.headers.get("Location")
+            moved = _redirect(prepared.url, where, status, follow)
+            if isinstance(moved, str):
+                return Outcome.fail(moved, status, answer.excerpt)
+            prepared = replace(prepared, url=str(moved))
+            continue
+        outcome = judge(status, answer.headers, answer.excerpt)
+        if not answer.whole and outcome.verdict is Verdict.SUCCESS:
+            # The status came: the target took the request. Waiting out the
+            # body would make the attempt a timeout, and a retry deliver it again.
+            return replace(outcome, error=f"HTTP {status}; its body stopped coming, kept as sent")
+        return outcome
+    return Outcome.fail(f"more than {MAX_REDIRECTS} redirects, the last to {prepared.url}")
+
+
+def _redirect(url: str, location: str | None, status: int, follow: Follow | None) -> URL | str:
+    """The URL a redirect is followed to, or why it is not: where it pointed
+    and what to change in the config (the delivery is dead: a person decides)."""
+    if not location or not location.strip():
+        return f"HTTP {status} without a Location: a redirect to nowhere"
     try:
-        answer = await session.request(
-            prepared.method,
-            prepared.url,
-            prepared.headers,
-            prepared.body,
-            keep=RESPONSE_EXCERPT_BYTES,
-            before_write=paced,
+        current = URL(url)
+        moved = current.join(URL(location.strip()))
+    except (ValueError, TypeError):
+        return f"HTTP {status} to a Location that is not a URL"
+    shown = str(moved.with_user(None))  # never a password, were one in it
+    if len(shown) > _SHOWN_LIMIT:
+        shown = shown[: _SHOWN_LIMIT - 1] + "…"
+    said = f"HTTP {status} to {shown}"
+    if moved.scheme not in ("http", "https") or not moved.host:
+        return f"{said}: not an http(s) URL"
+    if status in (301, 302, 303):
+        return (
+            f"{said}: not followed ({status} may turn a POST into a GET);"
+            " if the target moved, set its url to this one"
         )
-    except RequestError as error:
-        return Outcome.fail(str(error))
-    except ConnectError as error:
-        if error.dns:
-            return Outcome.retry(f"DNS lookup failed for {error.host}")
-        return Outcome.retry(f"cannot connect to {error.host}:{error.port}: {error.reason}")
-    except TLSError as error:
-        return Outcome.retry(f"TLS error: {error}")
-    except NoAnswer:
-        return Outcome.retry("server closed the connection without answering")
-    except BadAnswer as error:
-        return Outcome.retry(f"invalid HTTP response: {error}")
-    except OSError as error:
-        return Outcome.retry(f"connection error: {error.strerror or error}")
-    return judge(answer.status, answer.headers, answer.excerpt)
+    if follow is None or status not in _KEEPS_THE_REQUEST:
+        return (
+            f"{said}: redirects are not followed; if the target moved, set its url to"
+            " this one, or set follow_redirects = true"
+        )
+    host = (moved.host or "").lower()
+    if host != (current.host or "").lower() and host not in follow.hosts:
+        return f"{said}: another host, not followed unless listed in redirect_hosts"
+    if current.scheme == "https" and moved.scheme == "http":
+        return f"{said}: from https to http, never followed"
+    if current.user is not None and moved.user is None and moved.host == current.host:
+        # Basic credentials written in the url go on to the same host.
+        moved = moved.with_user(current.user).with_password(current.password)
+    return moved
+
+
+_SHOWN_LIMIT = 300
 
 
 def classify(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:
     if 200 <= status < 300:
         return Outcome.success(status, excerpt)
-    if 300 <= status < 400:
-        return Outcome.fail(f"HTTP {status}: redirects are not followed", status, excerpt)
     reason = f"HTTP {status}"
     said = answer_says(excerpt)
     if said:
@@ -231,14 +304,17 @@ def answer_says(excerpt: bytes) -> str:
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds from a Retry-After header: a number of seconds or an HTTP date."""
+    """Seconds from a Retry-After header: a number of seconds or an HTTP date
+    (RFC 9110 section 10.2.3); None for anything else, which leaves the
+    normal backoff (a header that cannot be read is no reason to lose the
+    answer's status)."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # not "²": str.isdigit takes it, float() not
         return float(value)
     try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError, OSError):
         return None
-    return max(0.0, when.timestamp() - (now if now is not None else time.time()))
+    return max(0.0, when - (now if now is not None else time.time()))

@@ -30,7 +30,7 @@ _TAG = re.compile(r"<(/?)([a-zA-Z-]+)[^>]*>")
 
 class TelegramTarget(SessionOwner):
     def __init__(self, name: str, settings: TelegramSettings, *, concurrency: int) -> None:
-        super().__init__(concurrency)
+        super().__init__(concurrency, settings.outbound)
         self.name = name
         self._settings = settings
         self._wanted = variables([settings.text])
@@ -88,7 +88,7 @@ class TelegramTarget(SessionOwner):
             {"Content-Type": "application/json", "User-Agent": USER_AGENT},
             orjson.dumps(payload),
         )
-        return await exchange(session, prepared, judge, envelope.paced)
+        return await exchange(session, prepared, judge, envelope.paced, body_by=envelope.answer_by)
 
 
 def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:

@@ -23,11 +23,15 @@ from relay.httpclient import (
     Answer,
     BadAnswer,
     Client,
+    ClientError,
     ConnectError,
     NoAnswer,
+    ProxyError,
     RequestError,
     TLSError,
+    TransportError,
     _origin,
+    environment_proxy,
 )
 
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -467,3 +471,150 @@ async def test_an_address_in_the_url_is_connected_to_as_it_is() -> None:
     finally:
         await client.close()
         await runner.cleanup()
+
+
+@on_both_loops
+async def test_a_close_the_loop_has_not_read_yet_is_seen_before_reuse() -> None:
+    """The server answers keep-alive and closes at once (an idle timeout met
+    just then): its FIN is in the socket before the loop has dispatched it.
+    The connection is looked at before it is reused, and nothing is sent on
+    it: a POST without an idempotency key, which is never sent twice."""
+    once = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    client = Client(keep=4)
+    async with RawServer(once) as server:
+        for _ in range(3):
+            answer = await client.request("POST", server.url, {}, b"x", keep=2048)
+            assert answer.status == 200
+        assert server.connections == 3
+    await client.close()
+
+
+class ClosesOnSecond:
+    """Answers a connection's first request, then reads the second and closes
+    without a word: a server whose idle timeout fired as the request arrived
+    (or that read it and died: from the client, the two look the same)."""
+
+    def __init__(self, second: bytes = b"") -> None:
+        self.second = second  # written before the close
+        self.requests: list[bytes] = []
+        self.url = ""
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> ClosesOnSecond:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                for number in range(2):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    self.requests.append(head.split(b"\r\n")[0])
+                    length = 0
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            length = int(line.split(b":")[1])
+                    await reader.readexactly(length)
+                    if number == 0:
+                        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    else:
+                        writer.write(self.second)
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+@on_both_loops
+async def test_a_stale_kept_alive_connection_is_retried_once_if_a_second_copy_is_harmless() -> None:
+    """Before: the second request failed as NoAnswer, an attempt lost to the
+    pool. Now it goes once more on a new connection, when nothing of an answer
+    came and the request says a second copy is harmless: an Idempotency-Key
+    (every http target's request has one; Go's net/http reads it so) or an
+    idempotent method. A POST without one is not repeated."""
+    keyed = {"Idempotency-Key": "order-1"}
+    async with ClosesOnSecond() as server:
+        client = Client(keep=4)
+        assert (await client.request("POST", server.url, keyed, b"1", keep=99)).status == 200
+        assert (await client.request("POST", server.url, keyed, b"2", keep=99)).status == 200
+        # The second request twice: on the stale connection, then on a new one.
+        assert server.requests == [b"POST / HTTP/1.1"] * 3
+        assert (await client.request("GET", server.url, {}, b"", keep=99)).status == 200
+        await client.close()
+    async with ClosesOnSecond() as server:
+        client = Client(keep=4)
+        assert (await client.request("POST", server.url, {}, b"1", keep=99)).status == 200
+        with pytest.raises(NoAnswer):
+            await client.request("POST", server.url, {}, b"2", keep=99)
+        assert len(server.requests) == 2  # sent once, never twice
+        await client.close()
+
+
+@on_both_loops
+async def test_no_second_send_once_an_answer_began_or_on_a_new_connection() -> None:
+    keyed = {"Idempotency-Key": "order-1"}
+    # A byte of an answer came: the server had the request in hand.
+    async with ClosesOnSecond(second=b"HTTP/1.1 50") as server:
+        client = Client(keep=4)
+        await client.request("POST", server.url, keyed, b"1", keep=99)
+        with pytest.raises(NoAnswer):
+            await client.request("POST", server.url, keyed, b"2", keep=99)
+        assert len(server.requests) == 2
+        await client.close()
+    # A new connection closed without an answer: not a stale one, no retry.
+    async with RawServer(b"") as raw:
+        client = Client(keep=4)
+        with pytest.raises(NoAnswer):
+            await client.request("POST", raw.url, keyed, b"x", keep=99)
+        assert raw.connections == 1
+        await client.close()
+
+
+def test_one_error_tree_each_kind_with_its_meaning_for_a_delivery() -> None:
+    """What Client.request raises: one base, each kind retried or not."""
+    assert not RequestError("x").retryable
+    for transport in (
+        ConnectError("crm.example", 443, "Connection refused"),
+        ProxyError("proxy refused CONNECT"),
+        TLSError("CERTIFICATE_VERIFY_FAILED"),
+        NoAnswer(),
+        BadAnswer("not HTTP"),
+    ):
+        assert isinstance(transport, TransportError)
+        assert isinstance(transport, ClientError)
+        assert transport.retryable
+    dns = ConnectError("crm.example", 80, "x", dns=True)
+    assert str(dns) == "DNS lookup failed for crm.example"
+    assert str(NoAnswer()) == "server closed the connection without answering"
+
+
+def test_the_environments_proxy_as_curl_reads_it() -> None:
+    """HTTPS_PROXY for https URLs, HTTP_PROXY for http ones, lower case first;
+    NO_PROXY a list of hosts and their subdomains, "*" for all (curl's
+    manual, "ENVIRONMENT"; urllib, httpx and aiohttp's trust_env read it alike)."""
+    env = {
+        "https_proxy": "http://u:p@lower.corp:3128",
+        "HTTPS_PROXY": "http://upper.corp:3128",
+        "HTTP_PROXY": "plain.corp:8080",
+        "NO_PROXY": "internal.example, .local",
+    }
+    found = environment_proxy("https://crm.example/x", env)
+    assert found is not None
+    assert (found.host, found.port) == ("lower.corp", 3128)
+    assert found.authorization == "Basic " + base64.b64encode(b"u:p").decode()
+    plain = environment_proxy("http://crm.example/x", env)
+    assert plain is not None
+    assert (plain.host, plain.port, plain.authorization) == ("plain.corp", 8080, None)
+    for exempt in ("https://internal.example/", "https://crm.internal.example/", "http://a.local/"):
+        assert environment_proxy(exempt, env) is None
+    assert environment_proxy("https://crm.example/", {**env, "NO_PROXY": "*"}) is None
+    assert environment_proxy("https://crm.example/", {}) is None
+    # One that cannot be used is named, its value (a password?) never shown.
+    with pytest.raises(ProxyError, match=r"^HTTPS_PROXY in relay's environment") as refused:
+        environment_proxy("https://crm.example/", {"HTTPS_PROXY": "socks5://u:pw@s.corp"})
+    assert "pw" not in str(refused.value)

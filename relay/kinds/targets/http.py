@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yarl
 
+from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
 from relay.kinds.base import AlertTemplates, TargetKind
@@ -27,6 +29,101 @@ HttpFormat = Literal["raw", "json", "form"]
 
 
 @dataclass(frozen=True)
+class Outbound:
+    """How an http or telegram target's connections are made: proxy and TLS."""
+
+    # "http://[user:password@]host:port"; "none" for no proxy; None: what
+    # HTTPS_PROXY / HTTP_PROXY / NO_PROXY in relay's environment say.
+    proxy: str | None = None
+    ca_file: Path | None = None  # trusted instead of the system's certificates
+    client_cert: Path | None = None  # mTLS: the certificate relay presents
+    client_key: Path | None = None  # its key, when not in client_cert's file
+    tls_verify: bool = True
+    # When those files were last changed, as read: a certificate renewed in
+    # place makes the settings differ, so a reload (SIGHUP) takes it up.
+    files_changed: tuple[int, ...] = ()
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The context https URLs are verified with; None: the system's default."""
+        if self.ca_file is None and self.client_cert is None and self.tls_verify:
+            return None
+        context = ssl.create_default_context(
+            cafile=str(self.ca_file) if self.ca_file is not None else None
+        )
+        if self.client_cert is not None:
+            key = str(self.client_key) if self.client_key is not None else None
+            context.load_cert_chain(str(self.client_cert), key)
+        if not self.tls_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def secrets(self) -> list[str]:
+        """The proxy's password, masked wherever it could show."""
+        if self.proxy is None or "@" not in self.proxy:
+            return []
+        password = yarl.URL(self.proxy).password
+        return [password] if password else []
+
+
+def parse_outbound(section: Section, base: Path) -> Outbound:
+    """`proxy`, `ca_file`, `client_cert`, `client_key`, `tls_verify`: the files
+    are loaded now, so a wrong one is one line from `relay check`, not a
+    failure at the first delivery."""
+    proxy = section.string("proxy", None)
+    if proxy is not None and proxy != "none":
+        try:
+            parsed = yarl.URL(proxy)
+        except (ValueError, TypeError):
+            parsed = None
+        if parsed is None or parsed.scheme != "http" or not parsed.host or parsed.path not in "/":
+            # Never the value in the message: it may hold a password.
+            raise ConfigError(
+                section.key("proxy"),
+                'expected "http://[user:password@]host:port" (an HTTP proxy; an https'
+                ' URL is tunnelled through it) or "none"',
+            )
+    ca_file = section.path("ca_file", base, None)
+    if ca_file is not None and (problem := ca_file_problem(ca_file)):
+        raise ConfigError(section.key("ca_file"), problem)
+    client_cert = section.path("client_cert", base, None)
+    client_key = section.path("client_key", base, None)
+    if client_key is not None and client_cert is None:
+        raise ConfigError(section.key("client_key"), "is used only with client_cert")
+    if client_cert is not None:
+        try:
+            ssl.create_default_context().load_cert_chain(
+                str(client_cert), str(client_key) if client_key is not None else None
+            )
+        except FileNotFoundError as error:
+            raise ConfigError(
+                section.key("client_cert"), f"{error.filename or client_cert}: no such file"
+            ) from None
+        except (ssl.SSLError, OSError) as error:
+            raise ConfigError(
+                section.key("client_cert"),
+                "cannot load the certificate and its key (PEM, the key unencrypted):"
+                f" {getattr(error, 'reason', None) or error.strerror or error}",
+            ) from None
+    files = [path for path in (ca_file, client_cert, client_key) if path is not None]
+    return Outbound(
+        proxy=proxy,
+        ca_file=ca_file,
+        client_cert=client_cert,
+        client_key=client_key,
+        tls_verify=section.boolean("tls_verify", True),
+        files_changed=tuple(_changed(path) for path in files),
+    )
+
+
+def _changed(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:  # read a moment ago: gone since, and start will say so
+        return 0
+
+
+@dataclass(frozen=True)
 class HttpSettings:
     url: str
     method: str = "POST"
@@ -38,6 +135,10 @@ class HttpSettings:
     # Standard Webhooks signing keys (decoded from "whsec_<base64>"): one
     # signature each, so a receiver rotating its secret accepts old or new.
     sign: tuple[bytes, ...] = ()
+    outbound: Outbound = field(default_factory=Outbound)
+    # 307 and 308 followed (method and body kept), to the same host or these.
+    follow_redirects: bool = False
+    redirect_hosts: tuple[str, ...] = ()
 
 
 HTTP_METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
@@ -89,6 +190,13 @@ def _check_header(section: Section, name: str, source: str) -> None:
         raise ConfigError(key, "is not a header name: letters, digits and !#$%&'*+-.^_`|~ only")
     if "{" not in source and breaks_header(source):
         raise ConfigError(key, "holds a line break or NUL, which a header value cannot hold")
+    if "{" not in source and not source.isascii():
+        # RFC 9110 section 5.5: field values are ASCII (other bytes are
+        # obs-text, which many servers refuse). A templated value is checked
+        # as rendered (relay.targets.http.header_values).
+        raise ConfigError(
+            key, "holds non-ASCII text, which a header cannot carry: percent-encode it"
+        )
 
 
 def parse(section: Section, base: Path) -> HttpSettings:
@@ -113,6 +221,14 @@ def parse(section: Section, base: Path) -> HttpSettings:
     sign = tuple(
         whsec(section, "sign", value) for value in secret_list(section, "sign", required=False)
     )
+    follow_redirects = section.boolean("follow_redirects", False)
+    redirect_hosts = tuple(
+        host.strip().lower().rstrip(".") for host in section.string_list("redirect_hosts", ())
+    )
+    if redirect_hosts and not follow_redirects:
+        raise ConfigError(
+            section.key("redirect_hosts"), "is used only with follow_redirects = true"
+        )
     return HttpSettings(
         url=url,
         method=method,
@@ -121,6 +237,9 @@ def parse(section: Section, base: Path) -> HttpSettings:
         body=body,
         form=MappingProxyType(form),
         sign=sign,
+        outbound=parse_outbound(section, base),
+        follow_redirects=follow_redirects,
+        redirect_hosts=redirect_hosts,
     )
 
 
@@ -147,7 +266,7 @@ def view(settings: HttpSettings, masker: Masker) -> dict[str, Any]:
 
 def secrets(settings: HttpSettings) -> Iterable[str]:
     # The base64 part of "whsec_...": masked whether or not the prefix shows.
-    return [base64.b64encode(key).decode() for key in settings.sign]
+    return [base64.b64encode(key).decode() for key in settings.sign] + settings.outbound.secrets()
 
 
 def alert_settings(settings: HttpSettings, alert: AlertTemplates) -> HttpSettings | None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from relay.config.model import Rate
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.kinds.targets.http import parse_url
+from relay.kinds.targets.http import Outbound, parse_outbound, parse_url
 from relay.payload import EVENT_VARIABLES
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class TelegramSettings:
     parse_mode: TelegramParseMode = "HTML"
     disable_notification: bool = False
     api_base: str = "https://api.telegram.org"
+    outbound: Outbound = field(default_factory=Outbound)  # proxy and TLS, as http's
 
 
 # Telegram's limits (Bot API FAQ, "My bot is hitting limits"): about one
@@ -70,6 +71,7 @@ def parse(section: Section, base: Path) -> TelegramSettings:
         parse_mode=parse_mode,
         disable_notification=section.boolean("disable_notification", False),
         api_base=parse_url(section, "api_base", "https://api.telegram.org").rstrip("/"),
+        outbound=parse_outbound(section, base),
     )
 
 
@@ -108,7 +110,7 @@ def view(settings: TelegramSettings, masker: Masker) -> dict[str, Any]:
 
 
 def secrets(settings: TelegramSettings) -> Iterable[str]:
-    return [settings.bot_token]
+    return [settings.bot_token, *settings.outbound.secrets()]
 
 
 def alert_settings(settings: TelegramSettings, alert: AlertTemplates) -> TelegramSettings:
