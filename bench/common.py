@@ -36,12 +36,19 @@ def relay_command() -> list[str]:
 
 WRK_SCRIPT = r"""
 counter = 0
+tid = 0
+made = 0
+-- Each wrk thread has a Lua state of its own: its number keeps the keys apart.
+setup = function(thread)
+  made = made + 1
+  thread:set("tid", made)
+end
 wrk.method = "POST"
 wrk.body = BODY
 wrk.headers["Content-Type"] = "application/json"
 request = function()
   counter = counter + 1
-  wrk.headers["Idempotency-Key"] = string.format("k-%d-%d", PREFIX, counter)
+  wrk.headers["Idempotency-Key"] = string.format("k-%d-%d-%d", PREFIX, tid, counter)
   return wrk.format()
 end
 DELAY
@@ -77,6 +84,12 @@ class WrkResult:
     p50: float  # milliseconds
     p99: float
     p999: float
+    threads: int = 1
+    # wrk's own CPU over the run, in cores (1.0: one core busy all along).
+    generator_cores: float = 0.0
+    # The cores wrk may use (1 when pinned to one): at ~90 % of them the
+    # generator, not the server, sets the rate.
+    generator_limit: float = 1.0
 
     @property
     def rate(self) -> float:
@@ -85,6 +98,12 @@ class WrkResult:
     @property
     def acked(self) -> int:
         return self.requests - self.non2xx
+
+    @property
+    def saturated(self) -> bool:
+        """The load generator was busy nearly all the time: the rate it
+        measured may be its own limit, not the server's."""
+        return self.generator_cores >= 0.9 * self.generator_limit
 
 
 def percentile(ordered: list[float], share: float) -> float:
@@ -150,9 +169,11 @@ def run_wrk(
     prefix: int,
     cpu: int | None,
     rate: float | None = None,
+    threads: int = 1,
 ) -> WrkResult:
     """wrk with ~1 KiB JSON POSTs and unique idempotency keys; `rate` (requests a
-    second, all connections together) paces it instead of going flat out."""
+    second, all connections together) paces it instead of going flat out. Its
+    own CPU is measured (WrkResult.saturated)."""
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
     pacing = ""
@@ -166,12 +187,15 @@ def run_wrk(
     )
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
+    # wrk's CPU: what this process's waited-for children used while it ran
+    # (the servers are waited for only when they stop, after it).
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         output = subprocess.run(
             [
                 *cpu_prefix(cpu),
                 "wrk",
-                "-t1",
+                f"-t{threads}",
                 f"-c{connections}",
                 f"-d{int(seconds)}s",
                 "-s",
@@ -184,14 +208,25 @@ def run_wrk(
         ).stdout
     finally:
         os.unlink(handle.name)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     match = re.search(r"RESULT (\{.*\})", output)
     if match is None:
         raise RuntimeError(f"wrk printed no result:\n{output}")
-    return WrkResult(**json.loads(match.group(1)))
+    result = WrkResult(**json.loads(match.group(1)), threads=threads)
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    result.generator_cores = used / max(result.seconds, 1e-9)
+    result.generator_limit = 1.0 if cpu_prefix(cpu) else float(os.cpu_count() or 1)
+    return result
 
 
 def load_webhooks(
-    server: Server, *, connections: int, seconds: float, prefix: int, cpu: int | None
+    server: Server,
+    *,
+    connections: int,
+    seconds: float,
+    prefix: int,
+    cpu: int | None,
+    threads: int = 1,
 ) -> tuple[WrkResult, float]:
     """wrk flat out at the server's /hooks/orders: its result, and the CPU
     seconds the server used meanwhile."""
@@ -202,6 +237,7 @@ def load_webhooks(
         seconds=seconds,
         prefix=prefix,
         cpu=cpu,
+        threads=threads,
     )
     return result, server.cpu_seconds() - before
 
