@@ -48,7 +48,9 @@ def delivered_so_far(admin_port: int) -> int:
     return crm_counts(admin_port, timeout=10).get("delivered", 0)
 
 
-def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> dict[str, float]:
+def run_at(
+    rate: float, seconds: float, concurrency: int, round_number: int, threads: int = 2
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="relay-e2e-") as tmp:
         folder = Path(tmp)
         port, admin_port, sink_port = free_port(), free_port(), free_port()
@@ -68,6 +70,7 @@ def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> 
                 prefix=round_number,
                 cpu=0,
                 rate=rate,
+                threads=threads,
             )
             delivered_in_window = delivered_so_far(admin_port)
             deadline = time.monotonic() + 60
@@ -96,10 +99,14 @@ def run_at(rate: float, seconds: float, concurrency: int, round_number: int) -> 
         "latency_p99_ms": _percentile(latencies, 99) * 1000,
         "ack_p99_ms": result.p99,
         "lost": float(max(0, result.acked - len(received))),
+        "generator_cores": result.generator_cores,
+        "generator_saturated": float(result.saturated),
     }
 
 
-def forwarder_rate(seconds: float, concurrency: int, client: str) -> dict[str, float]:
+def forwarder_rate(
+    seconds: float, concurrency: int, client: str, threads: int = 2
+) -> dict[str, float]:
     """The minimal forwarder flat out: what reached the sink per second."""
     with tempfile.TemporaryDirectory(prefix="relay-e2e-") as tmp:
         arrivals = Path(tmp) / "arrivals.txt"
@@ -128,6 +135,7 @@ def forwarder_rate(seconds: float, concurrency: int, client: str) -> dict[str, f
                 seconds=seconds,
                 prefix=0,
                 cpu=0,
+                threads=threads,
             )
         finally:
             forwarder.stop()
@@ -138,6 +146,8 @@ def forwarder_rate(seconds: float, concurrency: int, client: str) -> dict[str, f
         "delivered_per_s": min(delivered, result.acked) / result.seconds,
         "ack_p50_ms": result.p50,
         "ack_p99_ms": result.p99,
+        "generator_cores": result.generator_cores,
+        "generator_saturated": float(result.saturated),
     }
 
 
@@ -153,20 +163,25 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--rates", default="1000,2000,2500,3000,4000")
     parser.add_argument("--concurrency", type=int, default=32, help="the target's concurrency")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="wrk threads (its CPU is reported and checked)"
+    )
     args = parser.parse_args()
-    baseline = forwarder_rate(min(args.seconds, 20), args.concurrency, "aiohttp")
-    lean = forwarder_rate(min(args.seconds, 20), args.concurrency, "relay")
+    baseline = forwarder_rate(min(args.seconds, 20), args.concurrency, "aiohttp", args.threads)
+    lean = forwarder_rate(min(args.seconds, 20), args.concurrency, "relay", args.threads)
     for name, rates in (("aiohttp's client", baseline), ("relay's client", lean)):
         print(
             f"baseline, a minimal forwarder with {name} flat out:"
-            f" {rates['delivered_per_s']:.0f}/s delivered, ack p99 {rates['ack_p99_ms']:.1f} ms",
+            f" {rates['delivered_per_s']:.0f}/s delivered, ack p99 {rates['ack_p99_ms']:.1f} ms,"
+            f" wrk CPU {rates['generator_cores']:.2f} cores"
+            + ("  GENERATOR SATURATED: not a result" if rates["generator_saturated"] else ""),
             flush=True,
         )
     rows = []
     runs = []
     best = None
     for number, rate in enumerate(float(r) for r in args.rates.split(",")):
-        run = run_at(rate, args.seconds, args.concurrency, number)
+        run = run_at(rate, args.seconds, args.concurrency, number, args.threads)
         runs.append(run)
         print(
             f"target {rate:.0f}/s: received {run['received_per_s']:.0f}/s, delivered"
@@ -178,7 +193,7 @@ def main() -> int:
             best = run
     half = None
     if best is not None:
-        half = run_at(best["received_per_s"] / 2, args.seconds, args.concurrency, 99)
+        half = run_at(best["received_per_s"] / 2, args.seconds, args.concurrency, 99, args.threads)
         runs.append(half)
     for run in runs:
         rows.append(

@@ -39,6 +39,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument(
+        "--threads", type=int, default=2, help="wrk threads (its CPU is reported and checked)"
+    )
     args = parser.parse_args()
     redis_server = shutil.which("redis-server")
     if redis_server is None:
@@ -91,6 +94,7 @@ def main() -> int:
                         seconds=args.seconds,
                         prefix=round_number,
                         cpu=0,
+                        threads=args.threads,
                     )
                 finally:
                     for server in reversed(servers):
@@ -98,7 +102,9 @@ def main() -> int:
                 results[name].append(result)
                 print(
                     f"round {round_number + 1} {name:5}: {result.rate:8.0f} req/s"
-                    f"  p99 {result.p99:6.1f} ms  errors {result.errors + result.non2xx}",
+                    f"  p99 {result.p99:6.1f} ms  errors {result.errors + result.non2xx}"
+                    f"  wrk CPU {result.generator_cores:.2f} cores"
+                    + ("  GENERATOR SATURATED: not a result" if result.saturated else ""),
                     flush=True,
                 )
     peer_rate = statistics.median(r.rate for r in results["peer"])
