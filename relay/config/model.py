@@ -180,7 +180,7 @@ class RouteConfig:
     name: str
     path: str
     targets: tuple[RouteTarget, ...]
-    # The settings its source kind read (relay.kinds.sources: GenericSource,
+    # The settings its source kind read (relay.sources: GenericSource,
     # TbankSource... or a kind registered later), and the kind's name.
     source: object
     source_kind: str

@@ -74,15 +74,19 @@ def _inline_credentials(tree: dict[str, object]) -> set[str]:
     admin = tree.get("admin")
     if isinstance(admin, dict) and isinstance(admin.get("token"), str):
         found.add(admin["token"])
-    for group, keys in (
-        ("targets", tuple(k for kind in kinds.TARGET_KINDS.values() for k in kind.secret_keys)),
-        ("routes", tuple(k for kind in kinds.SOURCE_KINDS.values() for k in kind.secret_keys)),
+    # Each table's credential keys are its own kind's (a target's `type`, a
+    # route's `source`): a key that is a secret for one kind (ntfy's `topic`)
+    # is plain text for another.
+    for group, registry, field, default in (
+        ("targets", kinds.TARGET_KINDS, "type", None),
+        ("routes", kinds.SOURCE_KINDS, "source", "generic"),
     ):
         tables = tree.get(group)
         for table in tables.values() if isinstance(tables, dict) else ():
             if not isinstance(table, dict):
                 continue
-            for key in keys:
+            kind = registry.get(str(table.get(field, default)))
+            for key in kind.secret_keys if kind is not None else ():
                 value = table.get(key)
                 values = value if isinstance(value, list) else [value]
                 found.update(v for v in values if isinstance(v, str))

@@ -1,4 +1,4 @@
-"""What the source kinds (relay.kinds.sources) and a route table share: secrets
+"""What the source kinds (relay/sources/<name>.py) and a route table share: secrets
 given as one or a list, Standard Webhooks keys, networks, a fixed answer.
 
 [routes.payments]

@@ -2,19 +2,21 @@
 
 Adding a target type is writing `relay/kinds/targets/<type>.py` with its
 `KIND` (a `TargetKind`: how its settings are read, how it is built and shown,
-which settings are credentials) and adding it to `TARGET_KINDS`; a source
-profile is `relay/kinds/sources/<name>.py` with a `SourceKind` (its settings,
-its profile, its credentials, its sender's own retry window) added to
+which settings are credentials) and adding it to `TARGET_KINDS`; a source is
+one module, `relay/sources/<name>.py`: its settings and how they are read,
+the profile that checks and names its requests, and its `KIND` (a
+`SourceKind`: its credentials, its sender's own retry window), added to
 `SOURCE_KINDS`. Nothing else in relay names a kind. `register_target` and
 `register_source` add one at run time (tests do).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay.kinds.base import AlertTemplates, SenderRetry, SourceKind, TargetKind
-from relay.kinds.sources import (
+from relay.kinds.targets import file, http, smtp, telegram
+from relay.sources import (
     cdek,
     generic,
     hmac,
@@ -23,8 +25,11 @@ from relay.kinds.sources import (
     tilda,
     woocommerce,
 )
-from relay.kinds.sources import telegram as telegram_source
-from relay.kinds.targets import file, http, smtp, telegram
+from relay.sources import telegram as telegram_source
+
+if TYPE_CHECKING:
+    from relay.config.model import RouteConfig
+    from relay.sources.base import Source
 
 TARGET_KINDS: dict[str, TargetKind[Any]] = {
     kind.name: kind for kind in (http.KIND, file.KIND, smtp.KIND, telegram.KIND)
@@ -94,6 +99,11 @@ def source_kind(name: str) -> SourceKind[Any]:
     return SOURCE_KINDS[name]
 
 
+def build_source(route: RouteConfig) -> Source:
+    """The profile of the route's source kind."""
+    return source_kind(route.source_kind).build(route.source)
+
+
 __all__ = [
     "SECRET_HEADERS",
     "SOURCE_KINDS",
@@ -102,6 +112,7 @@ __all__ = [
     "SenderRetry",
     "SourceKind",
     "TargetKind",
+    "build_source",
     "register_source",
     "register_target",
     "source_kind",

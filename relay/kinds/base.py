@@ -89,14 +89,19 @@ def _no_advice(settings: Any, route: RouteConfig) -> list[str]:
     return []
 
 
+def _no_settings(section: Section) -> Any:
+    return None
+
+
 @dataclass(frozen=True)
 class SourceKind(Generic[S]):
     # The `source` of a [routes.NAME] table.
     name: str
-    # Reads this source's own keys of the route table (a ConfigError names the key).
-    parse: Callable[[Section], S]
     # The profile that checks and answers its requests.
     build: Callable[[S], Source]
+    # Reads this source's own keys of the route table (a ConfigError names
+    # the key); a source without settings of its own has none to read.
+    parse: Callable[[Section], S] = _no_settings
     # The credential values in its settings, masked wherever they show.
     secrets: Callable[[S], Iterable[str]] = _no_secrets
     # The route keys holding credentials as written in the file (see TargetKind).

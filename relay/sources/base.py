@@ -11,10 +11,12 @@ import base64
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from relay.config import Answer
-from relay.incoming import Incoming
+from relay.config.model import Answer
+
+if TYPE_CHECKING:
+    from relay.incoming import Incoming
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,12 @@ def joined_key(*parts: object) -> str | None:
     if any(part is None or part == "" for part in parts):
         return None
     return ":".join(str(part) for part in parts)
+
+
+def json_field(data: Any, *path: str) -> Any:
+    """The value at `path` in a parsed JSON body, or None where it stops."""
+    for name in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(name)
+    return data

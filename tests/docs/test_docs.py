@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from relay.cli import parser
+from relay.kinds import SOURCE_KINDS, TARGET_KINDS
 
-from kitchen_sink import every_key
+from kitchen_sink import TARGETS, every_key
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
@@ -25,6 +26,14 @@ def test_every_config_key_is_in_the_reference() -> None:
     assert len(keys) > 60  # the kitchen sink really covers the loader
     missing = sorted(key for key in keys if f"`{key}`" not in REFERENCE)
     assert missing == []
+
+
+def test_every_kind_is_in_the_kitchen_sink_and_the_reference() -> None:
+    # Derived from the registries: a kind registered without its docs (or
+    # without a table here, so that its keys are never asked for) fails.
+    assert {table["type"] for table in TARGETS.values()} == set(TARGET_KINDS)
+    assert [name for name in TARGET_KINDS if f'### `type = "{name}"`' not in REFERENCE] == []
+    assert [name for name in SOURCE_KINDS if f"| `{name}` |" not in REFERENCE] == []
 
 
 def test_every_config_key_is_in_the_example_config() -> None:

@@ -6,13 +6,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.config.model import RouteConfig
+from relay.config.model import Answer, RouteConfig
 from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
+from relay.sources.base import (
+    Accept,
+    Check,
+    Reject,
+    Source,
+    matches_any,
+)
 
 if TYPE_CHECKING:
-    from relay.sources.base import Source
+    from relay.incoming import Incoming
 
 
 @dataclass(frozen=True)
@@ -31,8 +38,6 @@ def parse(section: Section) -> GenericSource:
 
 
 def build(settings: GenericSource) -> Source:
-    from relay.sources.profiles import Generic
-
     return Generic(settings)
 
 
@@ -47,6 +52,33 @@ def advice(settings: GenericSource, route: RouteConfig) -> list[str]:
         "anyone can post to it (no token, no signature, no allow_ips);"
         " set a source profile or a token"
     ]
+
+
+class Generic:
+    """Any sender; optionally a shared token in a header or the query string."""
+
+    answer: Answer | None = None
+
+    def __init__(self, settings: GenericSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        settings = self.settings
+        if settings.tokens:
+            given = incoming.headers.get(settings.token_header)
+            if given is None:
+                given = incoming.query_fields.get(settings.token_query)
+            if given is None:
+                return Reject(
+                    "missing_token",
+                    f"no {settings.token_header} header or ?{settings.token_query}=",
+                )
+            if not matches_any(given, settings.tokens):
+                return Reject("bad_token")
+        return Accept()
+
+    def key(self, incoming: Incoming) -> str | None:
+        return None
 
 
 KIND = SourceKind(

@@ -6,12 +6,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from relay.config.model import Answer
 from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
+from relay.sources.base import (
+    Accept,
+    Check,
+    Reject,
+    Source,
+    json_field,
+    matches_any,
+    text_answer,
+)
 
 if TYPE_CHECKING:
-    from relay.sources.base import Source
+    from relay.incoming import Incoming
 
 
 # The secret_token given to setWebhook comes back in this header
@@ -29,13 +39,32 @@ def parse(section: Section) -> TelegramSource:
 
 
 def build(settings: TelegramSource) -> Source:
-    from relay.sources.profiles import Telegram
-
     return Telegram(settings)
 
 
 def secrets(settings: TelegramSource) -> Iterable[str]:
     return settings.secret_tokens
+
+
+class Telegram:
+    """Telegram bot updates: the secret token set with setWebhook, in a header."""
+
+    answer: Answer | None = text_answer("")  # a JSON body could be read as a Bot API call
+
+    def __init__(self, settings: TelegramSource) -> None:
+        self.settings = settings
+
+    def check(self, incoming: Incoming, now: float) -> Check:
+        given = incoming.headers.get(SECRET_TOKEN_HEADER)
+        if given is None:
+            return Reject("missing_token", f"no {SECRET_TOKEN_HEADER} header")
+        if not matches_any(given, self.settings.secret_tokens):
+            return Reject("bad_token")
+        return Accept(self.key(incoming))
+
+    def key(self, incoming: Incoming) -> str | None:
+        update_id = json_field(incoming.json, "update_id")
+        return str(update_id) if update_id is not None else None
 
 
 KIND = SourceKind(

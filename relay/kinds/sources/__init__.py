@@ -1,1 +1,0 @@
-"""Source kinds, one module each (registered in relay.kinds)."""
