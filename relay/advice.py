@@ -7,8 +7,8 @@ import tomllib
 
 from relay.config import Config, RouteConfig
 from relay.kinds import source_kind
-from relay.kinds.targets.http import Outbound
 from relay.retry import schedule
+from relay.targets.http import Outbound
 from relay.units import format_duration
 
 NO_ROUTES = "routes: none: every webhook gets 404 (a running relay refuses to reload to this)"

@@ -28,6 +28,7 @@ from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
 from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
+from relay.kinds import build_target
 from relay.leadership import CHECK_EVERY, Leadership
 from relay.logs import log_attempt
 from relay.memory import QUIET_SECONDS, MemoryRelease
@@ -39,7 +40,7 @@ from relay.secrets import Masker
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
 from relay.systemd import Notifier, watchdog
-from relay.targets import Target, build_target
+from relay.targets import Target
 from relay.units import format_instant
 
 log = logging.getLogger("relay")

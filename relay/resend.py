@@ -29,6 +29,7 @@ import orjson
 from relay.budget import TemplateError
 from relay.canonical import payload_digest
 from relay.config import Config, RouteConfig
+from relay.kinds import build_target
 from relay.payload import media_type, parse_form
 from relay.secrets import (
     MASK,
@@ -41,7 +42,7 @@ from relay.secrets import (
     shown_body,
 )
 from relay.store import EventDetail, Header, Resend, Status
-from relay.targets import Envelope, build_target
+from relay.targets import Envelope
 
 # Headers that describe the original body, not the edited one.
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})

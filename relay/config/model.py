@@ -138,7 +138,7 @@ class Rate:
 class TargetConfig:
     name: str
     retry: RetryPolicy
-    # The settings its kind read (relay.kinds.targets: HttpSettings,
+    # The settings its kind read (relay/targets/<type>.py: HttpSettings,
     # SmtpSettings... or a kind registered later), and the kind's name: the table's `type`.
     settings: object
     type: str

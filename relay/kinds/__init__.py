@@ -1,13 +1,14 @@
 """The kinds of target and source relay knows: each is one module, registered here.
 
-Adding a target type is writing `relay/kinds/targets/<type>.py` with its
-`KIND` (a `TargetKind`: how its settings are read, how it is built and shown,
-which settings are credentials) and adding it to `TARGET_KINDS`; a source is
-one module, `relay/sources/<name>.py`: its settings and how they are read,
-the profile that checks and names its requests, and its `KIND` (a
-`SourceKind`: its credentials, its sender's own retry window), added to
-`SOURCE_KINDS`. Nothing else in relay names a kind. `register_target` and
-`register_source` add one at run time (tests do).
+A kind is one module. A target type is `relay/targets/<type>.py`: its
+settings and how they are read, the target that sends (its client imported
+when it starts, not when a config is read), and its `KIND` (a `TargetKind`:
+how it is built and shown, which settings are credentials), added to
+`TARGET_KINDS`. A source is `relay/sources/<name>.py`: its settings, the
+profile that checks and names its requests, and its `KIND` (a `SourceKind`:
+its credentials, its sender's own retry window), added to `SOURCE_KINDS`.
+Nothing else in relay names a kind. `register_target` and `register_source`
+add one at run time (tests do).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from relay.kinds.base import AlertTemplates, SenderRetry, SourceKind, TargetKind
-from relay.kinds.targets import file, http, smtp, telegram
 from relay.sources import (
     cdek,
     generic,
@@ -26,10 +26,13 @@ from relay.sources import (
     woocommerce,
 )
 from relay.sources import telegram as telegram_source
+from relay.targets import file, http, smtp, telegram
+from relay.targets.alerting import AlertAware, alert_settings
 
 if TYPE_CHECKING:
-    from relay.config.model import RouteConfig
+    from relay.config.model import RouteConfig, TargetConfig
     from relay.sources.base import Source
+    from relay.targets.base import Target
 
 TARGET_KINDS: dict[str, TargetKind[Any]] = {
     kind.name: kind for kind in (http.KIND, file.KIND, smtp.KIND, telegram.KIND)
@@ -99,6 +102,17 @@ def source_kind(name: str) -> SourceKind[Any]:
     return SOURCE_KINDS[name]
 
 
+def build_target(config: TargetConfig) -> Target:
+    """The target, sending alert deliveries with the alert's own subject and
+    text when its kind declares how (relay.targets.alerting)."""
+    kind = target_kind(config.type)
+    target = kind.build(config.name, config.settings, config.concurrency)
+    twin = alert_settings(config, kind)
+    if twin is None:
+        return target
+    return AlertAware(target, kind.build(twin.name, twin.settings, twin.concurrency))
+
+
 def build_source(route: RouteConfig) -> Source:
     """The profile of the route's source kind."""
     return source_kind(route.source_kind).build(route.source)
@@ -113,6 +127,7 @@ __all__ = [
     "SourceKind",
     "TargetKind",
     "build_source",
+    "build_target",
     "register_source",
     "register_target",
     "source_kind",

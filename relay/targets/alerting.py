@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from relay.config import TargetConfig
-from relay.kinds import AlertTemplates, target_kind
+from relay.kinds.base import AlertTemplates, TargetKind
 from relay.outcome import Outcome
 from relay.targets.base import Envelope, Target
 
 if TYPE_CHECKING:
+    from relay.config.model import TargetConfig
     from relay.templates import Template
 
 ALERTS_ROUTE = "_alerts"
@@ -52,9 +52,9 @@ def _compiled(source: str) -> Template:
 ALERT: AlertTemplates = _AlertTemplates()
 
 
-def alert_settings(config: TargetConfig) -> TargetConfig | None:
+def alert_settings(config: TargetConfig, kind: TargetKind[Any]) -> TargetConfig | None:
     """The target's settings with the alert's templates; None when it has none to replace."""
-    replaced = target_kind(config.type).alert_settings(config.settings, ALERT)
+    replaced = kind.alert_settings(config.settings, ALERT)
     return None if replaced is None else dataclasses.replace(config, settings=replaced)
 
 

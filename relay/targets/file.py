@@ -5,14 +5,45 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from relay.config.files import folder_problem
+from relay.config.reader import ConfigError, Section
+from relay.kinds.base import TargetKind
 from relay.outcome import Outcome
-from relay.targets.base import Envelope
+from relay.targets.base import Envelope, Target
+
+if TYPE_CHECKING:
+    from relay.secrets import Masker
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    path: Path
+
+
+def parse(section: Section, base: Path) -> FileSettings:
+    settings = FileSettings(path=section.path("path", base))
+    if problem := folder_problem(settings.path):
+        raise ConfigError(section.key("path"), problem)
+    return settings
+
+
+def build(name: str, settings: FileSettings, concurrency: int) -> Target:
+    return FileTarget(name, settings.path)
+
+
+def describe(settings: FileSettings, masker: Masker) -> str:
+    return str(settings.path)
+
+
+def view(settings: FileSettings, masker: Masker) -> dict[str, Any]:
+    return {"path": str(settings.path)}
 
 
 class FileTarget:
@@ -66,3 +97,6 @@ def _record(envelope: Envelope) -> dict[str, Any]:
     except UnicodeDecodeError:
         record["body_base64"] = base64.b64encode(envelope.payload.body).decode("ascii")
     return record
+
+
+KIND = TargetKind(name="file", parse=parse, build=build, describe=describe, view=view)

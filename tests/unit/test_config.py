@@ -10,8 +10,8 @@ import pytest
 
 from relay.cli.check import describe, durability_warnings
 from relay.config import ConfigError, load_config, load_operator_config, parse_config
-from relay.kinds.targets.file import FileSettings
-from relay.kinds.targets.http import HttpSettings
+from relay.targets.file import FileSettings
+from relay.targets.http import HttpSettings
 
 from helpers import RELAY
 

@@ -1,1 +1,0 @@
-"""Target kinds, one module each (registered in relay.kinds)."""
