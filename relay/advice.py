@@ -6,7 +6,7 @@ import stat
 import tomllib
 
 from relay.config import Config, RouteConfig
-from relay.kinds import source_kind
+from relay.kinds.registry import source_kind
 from relay.retry import schedule
 from relay.targets.http import Outbound
 from relay.units import format_duration

@@ -28,7 +28,7 @@ from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
 from relay.indexer import SearchIndexer
 from relay.ingress import Ingress
-from relay.kinds import build_target
+from relay.kinds.registry import build_target
 from relay.leadership import CHECK_EVERY, Leadership
 from relay.logs import log_attempt
 from relay.memory import QUIET_SECONDS, MemoryRelease

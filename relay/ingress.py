@@ -27,7 +27,7 @@ from relay.config import Answer, Config, RouteConfig
 from relay.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
 from relay.http1 import Head, Http1Server, Response
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
-from relay.kinds import build_source
+from relay.kinds.registry import build_source
 from relay.metrics import Metrics
 from relay.netaddr import Network, client_address, within
 from relay.payload import Payload

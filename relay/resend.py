@@ -29,7 +29,7 @@ import orjson
 from relay.budget import TemplateError
 from relay.canonical import payload_digest
 from relay.config import Config, RouteConfig
-from relay.kinds import build_target
+from relay.kinds.registry import build_target
 from relay.payload import media_type, parse_form
 from relay.secrets import (
     MASK,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
-from relay.kinds import target_kind
+from relay.kinds.registry import target_kind
 from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,

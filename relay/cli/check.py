@@ -10,7 +10,7 @@ from pathlib import Path
 from relay.cli.common import add_config_option, add_service_environment_options, read_config
 from relay.config import Config, TargetConfig
 from relay.envfile import parse_env_file
-from relay.kinds import target_kind
+from relay.kinds.registry import target_kind
 from relay.retry import describe_schedule
 from relay.secrets import Masker
 from relay.units import format_size

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import relay.kinds as kinds  # the module: see relay.config.targets
+import relay.kinds.registry as kinds
 from relay.config.files import folder_problem, read_token_file
 from relay.config.model import (
     AdminConfig,

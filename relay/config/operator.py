@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 
-import relay.kinds as kinds  # the module: see relay.config.targets
+import relay.kinds.registry as kinds
 from relay.config.load import masked_error, parse_storage, read_toml
 from relay.config.model import StorageConfig
 from relay.config.reader import ConfigError, Section, substitute

@@ -8,7 +8,7 @@ from pathlib import Path
 
 # The module, not its names: relay.kinds' modules read the config's own
 # (reader, model), so either package may be imported first.
-import relay.kinds as kinds
+import relay.kinds.registry as kinds
 from relay.config.model import Rate, RetryPolicy, TargetConfig
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section

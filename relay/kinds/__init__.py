@@ -13,119 +13,19 @@ add one at run time (tests do).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import Any
 
 from relay.kinds.base import AlertTemplates, SenderRetry, SourceKind, TargetKind
-from relay.sources import (
-    cdek,
-    generic,
-    hmac,
-    standard_webhooks,
-    tbank,
-    tilda,
-    woocommerce,
-)
-from relay.sources import telegram as telegram_source
-from relay.targets import file, http, smtp, telegram
-from relay.targets.alerting import AlertAware, alert_settings
 
-if TYPE_CHECKING:
-    from relay.config.model import RouteConfig, TargetConfig
-    from relay.sources.base import Source
-    from relay.targets.base import Target
-
-TARGET_KINDS: dict[str, TargetKind[Any]] = {
-    kind.name: kind for kind in (http.KIND, file.KIND, smtp.KIND, telegram.KIND)
-}
-
-# In the order `relay check` and the docs list them; "generic" is the default.
-SOURCE_KINDS: dict[str, SourceKind[Any]] = {
-    kind.name: kind
-    for kind in (
-        generic.KIND,
-        tilda.KIND,
-        tbank.KIND,
-        woocommerce.KIND,
-        telegram_source.KIND,
-        cdek.KIND,
-        standard_webhooks.KIND,
-        hmac.KIND,
-    )
-}
-
-
-def register_target(kind: TargetKind[Any]) -> None:
-    if kind.name in TARGET_KINDS:
-        raise ValueError(f"a target type {kind.name!r} is already registered")
-    TARGET_KINDS[kind.name] = kind
-
-
-def unregister_target(name: str) -> None:
-    del TARGET_KINDS[name]
-
-
-def target_kind(name: str) -> TargetKind[Any]:
-    return TARGET_KINDS[name]
-
-
-def register_source(kind: SourceKind[Any]) -> None:
-    if kind.name in SOURCE_KINDS:
-        raise ValueError(f"a source {kind.name!r} is already registered")
-    SOURCE_KINDS[kind.name] = kind
-    _sources_changed()
-
-
-def unregister_source(name: str) -> None:
-    del SOURCE_KINDS[name]
-    _sources_changed()
-
-
-def _secret_headers() -> frozenset[str]:
-    return frozenset(
-        header.lower() for kind in SOURCE_KINDS.values() for header in kind.secret_headers
-    )
-
-
-# Every header a known sender puts a credential in (lower case): relay.secrets
-# masks them and the search index leaves them out. Worked out when a source
-# registers, not when asked: it is asked for each header of each request shown
-# or indexed.
-SECRET_HEADERS = _secret_headers()
-
-
-def _sources_changed() -> None:
-    global SECRET_HEADERS
-    SECRET_HEADERS = _secret_headers()
-
-
-def source_kind(name: str) -> SourceKind[Any]:
-    return SOURCE_KINDS[name]
-
-
-def build_target(config: TargetConfig) -> Target:
-    """The target, sending alert deliveries with the alert's own subject and
-    text when its kind declares how (relay.targets.alerting)."""
-    kind = target_kind(config.type)
-    target = kind.build(config.name, config.settings, config.concurrency)
-    twin = alert_settings(config, kind)
-    if twin is None:
-        return target
-    return AlertAware(target, kind.build(twin.name, twin.settings, twin.concurrency))
-
-
-def build_source(route: RouteConfig) -> Source:
-    """The profile of the route's source kind."""
-    return source_kind(route.source_kind).build(route.source)
-
-
-__all__ = [
+# The registry (relay.kinds.registry) imports every kind's module, and each of
+# those imports the declarations above: it is loaded on first use of one of
+# its names, so that a kind's module importing relay.kinds.base never runs the
+# registry that imports it (no import runs in a circle).
+_REGISTRY = (
     "SECRET_HEADERS",
     "SOURCE_KINDS",
     "TARGET_KINDS",
-    "AlertTemplates",
-    "SenderRetry",
-    "SourceKind",
-    "TargetKind",
     "build_source",
     "build_target",
     "register_source",
@@ -134,4 +34,13 @@ __all__ = [
     "target_kind",
     "unregister_source",
     "unregister_target",
-]
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _REGISTRY:
+        raise AttributeError(f"module 'relay.kinds' has no attribute {name!r}")
+    return getattr(importlib.import_module("relay.kinds.registry"), name)
+
+
+__all__ = ["AlertTemplates", "SenderRetry", "SourceKind", "TargetKind", *_REGISTRY]

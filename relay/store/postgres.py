@@ -38,9 +38,9 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
+import relay.store.rows as rows
 from relay.config import Config
 from relay.pgurl import masked_url
-from relay.store import rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
