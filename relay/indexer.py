@@ -31,17 +31,11 @@ log = logging.getLogger("relay.indexer")
 BATCH = 40
 # The unit of work: the search text of CHUNK events, made on a worker thread,
 # then written in one job on the writer. Each piece holds up a webhook that
-# arrives meanwhile by its whole length: the worker thread holds the GIL,
-# which the event loop gets back only in 5 ms turns, and the writer commits
-# one job after another. A piece of 4 ~1 KiB JSON bodies was 0.7 ms of text
-# and 0.65 ms of writing beside a commit: under a millisecond each way,
-# whatever the indexer is doing (catching up after a restart or a flood, or
-# keeping pace amid one). A batch of 200 in one piece was 60-120 ms, and
-# stalled the first webhooks after every restart with a backlog by as much;
-# amid a flood, slices of 20 every 0.5 s stalled a lone sender by ~7 ms twice
-# a second (timestamped by a socket client as bench/lone_stalls.py's). Smaller
-# pieces cost more an event to catch up: ~0.6 ms of the indexer's time for 2,
-# ~0.45 for 4, ~0.33 for 200.
+# arrives meanwhile by its whole length (the worker thread holds the GIL, and
+# the writer commits one job after another), so a piece is kept under a
+# millisecond each way, whatever the indexer is doing: catching up after a
+# restart or a flood, or keeping pace amid one. Smaller pieces would cost
+# more an event to catch up.
 CHUNK = 4
 # With nothing to do, look again this often (the CLI's resends, a restore).
 IDLE_INTERVAL = 5.0
@@ -56,11 +50,10 @@ QUIET = 0.05
 MAX_DEFER = 0.1
 # Amid faster ones it cannot keep pace (catching up waits for the quiet after
 # them, when it runs without pauses), and each piece holds up the webhook it
-# meets by ~2 ms (the read, the text, the write; timestamped on tmpfs, a lone
-# sender met one every ~107 ms: 0.8 % of its answers, near its p99). So the
-# wait grows with their rate: twice the rate it can follow, twice
-# MAX_DEFER, and so on up to this (from ~200 a second): the index still
-# moves on amid a flood that never ends, and meets a sender twice a second.
+# meets (the read, the text, the write): often enough to set a lone sender's
+# p99. So the wait grows with their rate: twice the rate it can follow, twice
+# MAX_DEFER, and so on up to this: the index still moves on amid a flood that
+# never ends, and meets a sender twice a second.
 FLOOD_DEFER = 0.5
 RETRY_AFTER_ERROR = 5.0
 

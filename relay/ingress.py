@@ -50,8 +50,8 @@ RETRY_AFTER_SECONDS = 5
 # of forged requests is counted in the metrics but cannot flood the disk.
 REJECTIONS_LOGGED_PER_SECOND = 10
 # Body bytes all requests together may hold while they are received and
-# stored (at least four of the largest route's bodies): 300 stalled 1 MiB
-# uploads held 357 MiB before; past this the sender gets 503 and Retry-After.
+# stored (at least four of the largest route's bodies): stalled uploads must
+# not hold memory without bound; past this the sender gets 503 and Retry-After.
 BODIES_IN_FLIGHT = 64 * 1024 * 1024
 
 # Compressed bodies are inflated on this one thread, never on the loop:

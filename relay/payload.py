@@ -48,8 +48,8 @@ def parse_json(body: bytes) -> Any:
 
 
 # Fields a urlencoded body may have to be read as a form, as many as a
-# multipart one may have parts (relay.multipart.MAX_PARTS): a 1 MiB body of
-# 256,000 tiny fields held the event loop 130-170 ms while it was parsed.
+# multipart one may have parts (relay.multipart.MAX_PARTS): parsing a body of
+# hundreds of thousands of tiny fields would hold the event loop.
 MAX_FORM_FIELDS = MAX_PARTS
 
 

@@ -260,7 +260,7 @@ def _insert_rows(connection: sqlite3.Connection, head: str, rows: list[tuple[Any
 
 # Every batch size seen keeps its statement text here, and its prepared
 # statement in the writer connection's cache (STATEMENTS_CACHED): preparing a
-# 32-row INSERT costs ~150 µs, about as much as storing its 32 events.
+# many-row INSERT costs about as much as storing its events.
 @functools.lru_cache(maxsize=512)
 def _statement(head: str, columns: int, count: int) -> str:
     row = "(" + ",".join("?" * columns) + ")"

@@ -45,8 +45,8 @@ NAME_LOCK = 0x72656C61
 # connection opened), and two instances' delays differ. N sends spaced by
 # 1.1/rate span 1.1 s of claims, so a receiver counting any window of
 # `per` seconds stays within its limit while those delays differ by up to
-# 10 % of the window (100 ms for "5/s"). Measured at the sink with three
-# instances on a loaded 2-core machine, 3 % was not enough.
+# 10 % of the window (100 ms for "5/s"): a smaller margin let three
+# instances on a loaded machine through.
 CLUSTER_PACE_MARGIN = 1.1
 SERVER_NOW = "extract(epoch from clock_timestamp())"
 

@@ -258,11 +258,10 @@ class GroupCommitWriter:
             #   requests to read meanwhile, and the wait costs nobody time.
             #   With the core idle between commits (senders on their own
             #   schedules, a disk slower than the CPU) it would only be added
-            #   to every commit: 64 senders pausing up to 1 ms between
-            #   requests got half as many commits a second;
+            #   to every commit (senders that pause between requests would
+            #   get far fewer commits a second);
             # - the scheduler's claims and attempts never wait, and one queued
-            #   ends the wait: each commit they wait for holds a delivery slot
-            #   (end to end fell from 4,229 to 3,520 webhooks a second);
+            #   ends the wait: each commit they wait for holds a delivery slot;
             # - a lone sender's batches are of one: it never waits.
             self._awaited = min(len(self._queue) + senders, self._max_batch)
             if len(self._queue) < self._awaited and all(p.sender for p in self._queue):
