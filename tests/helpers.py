@@ -69,6 +69,20 @@ def write_config(path: Path, data: Mapping[str, Any]) -> Path:
     return path
 
 
+def orders_config(path: Path, **sections: Mapping[str, Any]) -> Path:
+    """A relay whose one route, /orders, stores into a file target: what a
+    test of the listeners or the store needs and no more."""
+    return write_config(
+        path,
+        {
+            "storage": {"path": "relay.db"},
+            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
+            "routes": {"orders": {"path": "/orders", "targets": ["audit"]}},
+            **sections,
+        },
+    )
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from figures import record_figures
-from helpers import RelayProcess, write_config
+from helpers import RelayProcess, orders_config
 
 pytestmark = pytest.mark.chaos
 
@@ -38,14 +38,7 @@ def open_idle(url: str, count: int) -> list[socket.socket]:
 
 
 async def test_idle_sockets_do_not_starve_webhooks_or_healthz(tmp_path: Path) -> None:
-    config = write_config(
-        tmp_path / "relay.toml",
-        {
-            "storage": {"path": "relay.db"},
-            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
-            "routes": {"orders": {"path": "/orders", "targets": ["audit"]}},
-        },
-    )
+    config = orders_config(tmp_path / "relay.toml")
     relay = RelayProcess(config, tmp_path / "relay.log", max_open_files=256).start()
     idle: list[socket.socket] = []
     try:

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from figures import record_figures
-from helpers import RelayProcess, write_config
+from helpers import RelayProcess, orders_config
 
 pytestmark = pytest.mark.chaos
 
@@ -52,14 +52,7 @@ async def trickle(url: str, head: bytes, stop: asyncio.Event, opened: list[int])
 
 
 async def test_trickled_heads_do_not_lock_out_senders_or_health_probes(tmp_path: Path) -> None:
-    config = write_config(
-        tmp_path / "relay.toml",
-        {
-            "storage": {"path": "relay.db"},
-            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
-            "routes": {"orders": {"path": "/orders", "targets": ["audit"]}},
-        },
-    )
+    config = orders_config(tmp_path / "relay.toml")
     relay = RelayProcess(config, tmp_path / "relay.log", max_open_files=256).start()
     stop = asyncio.Event()
     opened = [0]

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from figures import record_figures
-from helpers import RelayProcess, write_config
+from helpers import RelayProcess, orders_config
 
 pytestmark = pytest.mark.chaos
 
@@ -32,15 +32,7 @@ def rss_mib(pid: int) -> float:
 async def test_stalled_uploads_memory_comes_back_while_webhooks_keep_coming(
     tmp_path: Path,
 ) -> None:
-    config = write_config(
-        tmp_path / "relay.toml",
-        {
-            "server": {"read_timeout": "1s"},
-            "storage": {"path": "relay.db"},
-            "targets": {"audit": {"type": "file", "path": "audit.jsonl"}},
-            "routes": {"orders": {"path": "/orders", "targets": ["audit"]}},
-        },
-    )
+    config = orders_config(tmp_path / "relay.toml", server={"read_timeout": "1s"})
     relay = RelayProcess(config, tmp_path / "relay.log").start()
     assert relay.process is not None
     pid = relay.process.pid
