@@ -90,17 +90,19 @@ def variables(templates: Iterable[Template | None]) -> frozenset[str]:
     return frozenset(names)
 
 
+def event_fields(envelope: Envelope) -> dict[str, Any]:
+    """The event as every target shows it (templates' `event`, the file
+    target's record): one shape, times as every view writes them."""
+    return {
+        "id": str(envelope.event_id),
+        "route": envelope.route,
+        "received_at": format_instant(envelope.received_at),
+        "idempotency_key": envelope.idempotency_key,
+    }
+
+
 def context(envelope: Envelope, wanted: Iterable[str]) -> dict[str, Any]:
-    return template_context(
-        wanted,
-        envelope.payload,
-        event={
-            "id": str(envelope.event_id),
-            "route": envelope.route,
-            "received_at": format_instant(envelope.received_at),
-            "idempotency_key": envelope.idempotency_key,
-        },
-    )
+    return template_context(wanted, envelope.payload, event=event_fields(envelope))
 
 
 def render_map(templates: Mapping[str, Template], values: Mapping[str, Any]) -> dict[str, str]:

@@ -6,7 +6,6 @@ import asyncio
 import base64
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ from relay.config.files import folder_problem
 from relay.config.reader import ConfigError, Section
 from relay.kinds.base import TargetKind
 from relay.outcome import Outcome
-from relay.targets.base import Envelope, Target
+from relay.targets.base import Envelope, Target, event_fields
 
 if TYPE_CHECKING:
     from relay.secrets import Masker
@@ -83,13 +82,12 @@ class FileTarget:
 
 
 def _record(envelope: Envelope) -> dict[str, Any]:
+    event = event_fields(envelope)
     record: dict[str, Any] = {
-        "event_id": str(envelope.event_id),
+        "event_id": event.pop("id"),
         "delivery_id": str(envelope.delivery_id),
-        "route": envelope.route,
         "attempt": envelope.attempt,
-        "idempotency_key": envelope.idempotency_key,
-        "received_at": datetime.fromtimestamp(envelope.received_at, UTC).isoformat(),
+        **event,
         "content_type": envelope.payload.content_type,
     }
     try:

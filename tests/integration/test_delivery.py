@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from typing import Any
 
 import aiohttp
@@ -12,7 +13,9 @@ from aiohttp import web
 
 from relay.app import Relay
 from relay.clock import FakeClock
+from relay.secrets import Masker
 from relay.store import EventDetail, Status
+from relay.views import event_summary
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import free_port, post_accepted
@@ -191,6 +194,12 @@ async def test_fan_out_retries_each_target_on_its_own(
     lines = (tmp_path / "audit.jsonl").read_text().splitlines()
     assert len(lines) == 1
     assert '"idempotency_key":"order-7"' in lines[0]
+    # One shape for an event everywhere: the file target's time is written as
+    # the API, the CLI and templates write it (it was "...123456+00:00").
+    record = json.loads(lines[0])
+    shown = event_summary((await detail(relay, event_id)).event, Masker())
+    assert record["received_at"] == shown["received_at"]
+    assert record["received_at"].endswith("Z")
 
 
 async def test_outgoing_request_carries_body_and_dedup_headers(
