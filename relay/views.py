@@ -24,6 +24,7 @@ from relay.store import (
     TextSearch,
 )
 from relay.units import format_instant
+from relay.wording import count
 
 if TYPE_CHECKING:
     from relay.resend import Preview  # the resend planner needs the targets
@@ -206,6 +207,15 @@ def rejection_view(rejection: Rejection, masker: Masker) -> dict[str, Any]:
     }
 
 
+def not_indexed(progress: SearchProgress) -> str:
+    """The events a search could not see, by their ids: a count would read as
+    an id next to them ("after #10915 (up to 2628)")."""
+    return (
+        f"events after #{progress.indexed_through}, up to #{progress.newest}"
+        f" (at most {count(progress.behind, 'event')})"
+    )
+
+
 def search_view(search: TextSearch, progress: SearchProgress) -> dict[str, Any]:
     """What a search looked for, and how much of the store it could see."""
     behind = progress.behind
@@ -216,8 +226,8 @@ def search_view(search: TextSearch, progress: SearchProgress) -> dict[str, Any]:
         "newest_event": str(progress.newest),
         "not_indexed": behind,
         "note": (
-            f"events after #{progress.indexed_through} (up to {behind}) are not indexed yet"
-            " and not searched: the index catches up in the background"
+            f"{not_indexed(progress)} are not indexed yet and not searched"
+            ": the index catches up in the background"
             if behind
             else "every stored event is indexed"
         ),

@@ -46,6 +46,7 @@ from relay.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    not_indexed,
     preview_view,
     rejection_view,
     stats_view,
@@ -444,8 +445,7 @@ async def _search(
     note = f"Searched for {describe(terms)} in bodies, queries and headers"
     if progress.behind:
         note += (
-            f"; the newest events (after #{progress.indexed_through}, up to {progress.behind})"
-            " are not indexed yet and were not searched."
+            f"; the newest {not_indexed(progress)} are not indexed yet and were not searched."
         )
     else:
         note += "; every stored event is indexed."

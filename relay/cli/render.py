@@ -47,7 +47,7 @@ def render(args: argparse.Namespace) -> int:
     from relay.targets import Envelope, build_target
     from relay.templates import TemplateError, marking_defaults
 
-    config = read_config(args)
+    config = read_config(args, command=True)
     route = config.routes.get(args.route)
     if route is None:
         known = ", ".join(sorted(config.routes)) or "none"

@@ -36,10 +36,30 @@ from relay.pgurl import masked_url, url_problem
 from relay.secrets import Masker
 
 
-def load_config(path: Path, environ: Mapping[str, str]) -> Config:
-    """Read and check the file at `path`; `environ` resolves ${VAR} references."""
+def load_config(path: Path, environ: Mapping[str, str], *, command: bool = False) -> Config:
+    """Read and check the file at `path`; `environ` resolves ${VAR} references.
+
+    A `command` (`relay resend`, `render`) neither listens nor leases: the
+    listeners' addresses and the instance's name are serve's alone, and one
+    relay.toml on several hosts takes them from each host's environment
+    (`${RELAY_LISTEN}`, `${RELAY_INSTANCE}`), which a shell need not have."""
     data = read_toml(path)
+    if command:
+        data = _without_serve_only(data)
     return parse_config(data, environ, base=path.resolve().parent, source=path.resolve())
+
+
+# The keys only `relay serve` uses: where it listens, its name in the cluster.
+SERVE_ONLY = (("server", "listen"), ("admin", "listen"), ("storage", "instance_id"))
+
+
+def _without_serve_only(data: dict[str, Any]) -> dict[str, Any]:
+    data = dict(data)
+    for section, key in SERVE_ONLY:
+        table = data.get(section)
+        if isinstance(table, dict) and key in table:
+            data[section] = {k: v for k, v in table.items() if k != key}
+    return data
 
 
 # Far deeper than any relay config (routes.x.targets[0].retry is four levels), far
