@@ -444,9 +444,7 @@ async def _search(
     progress = await operator.store.search_progress()
     note = f"Searched for {describe(terms)} in bodies, queries and headers"
     if progress.behind:
-        note += (
-            f"; the newest {not_indexed(progress)} are not indexed yet and were not searched."
-        )
+        note += f"; the newest {not_indexed(progress)} are not indexed yet and were not searched."
     else:
         note += "; every stored event is indexed."
     return events, note, ""

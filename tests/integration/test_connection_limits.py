@@ -263,6 +263,7 @@ async def test_one_address_holds_at_most_half_of_a_large_cap() -> None:
         for _, writer in held:
             writer.write(b"GET / HTTP/1.1\r\nX-A")
         await asyncio.sleep(0.1)
+
         # 20 admitted; the 5 past the address's share were refused (their
         # heads too young to make room): the other 20 slots stay free.
         async def answer(reader: asyncio.StreamReader) -> bytes:
