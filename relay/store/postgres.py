@@ -152,9 +152,14 @@ WHERE id IN (
 """
 # Leases that may be taken over (pg_cluster.lapsed: its own expired by its
 # clock; another's when that instance is gone, or by the server's clock).
+# A lease taken over is an attempt interrupted, counted as on SQLite
+# (rows.CLAIM_EXPIRED); not one of this instance's claims whose answer was
+# lost: nothing was sent for those.
 CLAIM_EXPIRED = f"""
 UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
-    lease_expires = {lease_expires("$3", "$1")}
+    lease_expires = {lease_expires("$3", "$1")},
+    attempts = attempts + CASE WHEN (id, updated_at) IN
+        (SELECT * FROM unnest($8::bigint[], $9::float8[])) THEN 0 ELSE 1 END
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
@@ -777,8 +782,10 @@ class PostgresStore:
         self._beat()  # `relay serve` starts here: it is one of the cluster now
         async with self._connection() as connection:
             result = await connection.execute(
+                # Each was an attempt interrupted: counted (CLAIM_EXPIRED).
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
-                " lease_owner = NULL, lease_expires = NULL, updated_at = $1"
+                " lease_owner = NULL, lease_expires = NULL, updated_at = $1,"
+                " attempts = attempts + 1"
                 " WHERE status = 'in_flight' AND (lease_owner = $2"
                 f" OR {lapsed('$2', '$1', '$3')})",
                 now,

@@ -171,18 +171,23 @@ async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_o
     await a.release([slow.id], T0 + 61.5)  # a stopping gives back what it thinks it holds
     view = await b.get_delivery(slow.id)
     assert view is not None
-    assert (view.status, view.attempts) == (Status.IN_FLIGHT, 0)  # still b's
+    # Still b's; a's attempt counted when b took it over: b's is number 2.
+    assert (view.status, view.attempts) == (Status.IN_FLIGHT, 1)
+    assert taken.attempts == 1
     assert await a.claim_due(T0 + 63, T0 + 123, {"crm": 1}) == []  # nobody sends it beside b
     await b.record_attempt(
-        taken, AttemptRecord(1, T0 + 61, 0.1, "success", 200), Delivered(), T0 + 62
+        taken, AttemptRecord(2, T0 + 61, 0.1, "success", 200), Delivered(), T0 + 62
     )
     view = await b.get_delivery(slow.id)
     assert view is not None
-    assert (view.status, view.attempts, view.last_error) == (Status.DELIVERED, 1, None)
+    assert (view.status, view.attempts, view.last_error) == (Status.DELIVERED, 2, None)
     detail = await b.get_event(slow.event_id)
     assert detail is not None
-    # Both requests went out, and the history says so.
-    assert sorted(a.outcome for a in detail.attempts[slow.id]) == ["retry", "success"]
+    # Both requests went out, and the history says so, each with its number.
+    assert sorted((a.number, a.outcome) for a in detail.attempts[slow.id]) == [
+        (1, "retry"),
+        (2, "success"),
+    ]
 
 
 async def test_a_clock_minutes_ahead_takes_no_live_instances_lease(
@@ -313,6 +318,7 @@ async def test_a_claim_committed_whose_answer_was_lost_is_taken_back_at_the_next
             assert cutter.cut == 1
             assert await b.claim_due(T0 + 1, T0 + 3601, {"crm": 1}) == []  # a's, a is alive
             [again] = await a.claim_due(T0 + 1, T0 + 3601, {"crm": 1})
+            assert again.attempts == 0  # nothing was sent for a claim never answered
             # Now under way: neither a's next claim nor b's takes it.
             assert await a.claim_due(T0 + 2, T0 + 3602, {"crm": 1}, exclude=[again.id]) == []
             assert await b.claim_due(T0 + 2, T0 + 3602, {"crm": 1}) == []
@@ -713,6 +719,9 @@ async def test_a_dead_instances_leases_are_taken_over_before_they_expire(
         await connection.close()
     [taken] = await b.claim_due(T0 + 1, T0 + 61, {"crm": 1})
     assert taken.id == held.id
+    # a's attempt was interrupted: b's is the second (X-Relay-Attempt: 2),
+    # its retry budget untouched.
+    assert (taken.attempts, taken.attempts_in_cycle) == (1, 0)
 
 
 async def test_concurrency_is_a_total_across_instances(
