@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
@@ -14,6 +14,7 @@ from relay.store import (
     DeliveryView,
     EventDetail,
     EventView,
+    InstanceState,
     LogEntry,
     Rejection,
     ResendLink,
@@ -151,9 +152,32 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
     }
 
 
-def stats_view(stats: Stats, now: float, paused: frozenset[str], masker: Masker) -> dict[str, Any]:
+def instance_view(instance: InstanceState) -> dict[str, Any]:
+    age = instance.heartbeat_age
+    return {
+        "id": instance.id,
+        "host": instance.host,
+        "state": instance.state,
+        "leader": instance.leader,
+        "started_at": iso(instance.started_at),
+        "last_heartbeat": iso(instance.last_heartbeat),
+        "heartbeat_age_seconds": None if age is None else round(age, 3),
+        "leases": instance.leases,
+    }
+
+
+def stats_view(
+    stats: Stats,
+    now: float,
+    paused: frozenset[str],
+    masker: Masker,
+    instances: Sequence[InstanceState] | None = None,
+) -> dict[str, Any]:
+    """`instances`: a cluster's (PostgreSQL), listed under "instances"; a
+    single process (SQLite) has no such key."""
     oldest = stats.oldest_pending_received_at
     targets = sorted(set(stats.counts_by_target) | set(stats.targets))
+    cluster = {} if instances is None else {"instances": [instance_view(i) for i in instances]}
     return {
         "routes": {route: _counts(c) for route, c in sorted(stats.counts_by_route.items())},
         "targets": {
@@ -167,6 +191,7 @@ def stats_view(stats: Stats, now: float, paused: frozenset[str], masker: Masker)
         "oldest_pending_age_seconds": round(now - oldest, 3) if oldest is not None else None,
         "pending_after_first_attempt": stats.pending_after_first_attempt,
         "dead": stats.dead,
+        **cluster,
     }
 
 

@@ -41,6 +41,7 @@ from relay.store import (
     Status,
     StoreError,
 )
+from relay.store.base import Shared
 from relay.units import format_instant
 from relay.views import (
     delivery_summary,
@@ -322,8 +323,10 @@ def _operator(request: web.Request) -> Operator:
 async def overview(request: web.Request) -> web.Response:
     operator = _operator(request)
     now = operator.clock.now()
+    store = operator.store
+    instances = await store.instances() if isinstance(store, Shared) else None
     stats = stats_view(
-        await operator.store.stats(), now, operator.scheduler.paused, operator.masker
+        await store.stats(), now, operator.scheduler.paused, operator.masker, instances
     )
     activity = await operator.store.activity(now - 23 * 3600, now)
     pending = sum(info["pending"] for info in stats["targets"].values())

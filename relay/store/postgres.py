@@ -61,6 +61,7 @@ from relay.store.base import (
     Hold,
     HourlyActivity,
     IndexSource,
+    InstanceState,
     NewDelivery,
     NewEvent,
     NotFound,
@@ -83,6 +84,10 @@ from relay.store.health import HEALTH_COLUMNS, health_after
 from relay.store.pg_cluster import (
     ALIVE,
     DEAD_AFTER,
+    INSTANCES,
+    LEADER_LOCK,
+    NAME_LOCK,
+    STARTED,
     STOPPED,
     Leadership,
     TargetLimits,
@@ -92,6 +97,7 @@ from relay.store.pg_cluster import (
     lapsed,
     lease_expires,
     listen_forever,
+    named,
     took,
 )
 from relay.store.pg_errors import DRIVER_ERRORS, Connection, at, unavailable
@@ -135,6 +141,9 @@ log = logging.getLogger("relay.store")
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 # The channel instances wake each other on: new events and operator actions.
 CHANNEL = "relay_wake"
+# An instance gone this long without leases is left out of the list (rows of
+# instances named by default, one per start, are not worth an operator's eye).
+SHOWN_FOR = 86400.0
 
 CLAIM_RETURNING = (
     "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
@@ -245,6 +254,8 @@ class PostgresStore:
         # Seen silent this long, an instance is dead: its leases are taken over.
         self.dead_after = dead_after
         self._leadership = Leadership(url, command_timeout, dead_after, self.instance_id)
+        # Every connection says whose it is (pg_stat_activity): relay/<instance>.
+        self._named = named(url, self.instance_id)
 
     @property
     def path(self) -> str:
@@ -255,7 +266,9 @@ class PostgresStore:
 
     async def open(self) -> None:
         try:
-            connection = await asyncpg.connect(self.url, timeout=self._command_timeout)
+            connection = await asyncpg.connect(
+                self.url, timeout=self._command_timeout, server_settings=self._named
+            )
             try:
                 await migrate(connection)
                 version = await connection.fetchval("SELECT MAX(version) FROM schema_migrations")
@@ -276,6 +289,7 @@ class PostgresStore:
                 command_timeout=self._command_timeout,
                 timeout=self._command_timeout,
                 connect=self._connect_synchronously,
+                server_settings=self._named,
             )
         except (*DRIVER_ERRORS, StoreError) as error:
             await self.close()
@@ -379,7 +393,7 @@ class PostgresStore:
 
     async def listen(self, callback: Callable[[str], None]) -> None:
         """Call `callback` with every wake-up any instance sends, until cancelled."""
-        await listen_forever(self.url, CHANNEL, callback)
+        await listen_forever(self.url, CHANNEL, callback, self.instance_id)
 
     async def close(self) -> None:
         if self._heartbeats is not None:
@@ -781,6 +795,7 @@ class PostgresStore:
         (by the server's clock)."""
         self._beat()  # `relay serve` starts here: it is one of the cluster now
         async with self._connection() as connection:
+            await connection.execute(STARTED, self.instance_id, socket.gethostname())
             result = await connection.execute(
                 # Each was an attempt interrupted: counted (CLAIM_EXPIRED).
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
@@ -1259,6 +1274,29 @@ class PostgresStore:
                 self._started_at,
                 now,
             )
+
+    async def instances(self) -> list[InstanceState]:
+        rows = await self._read(
+            INSTANCES,
+            LEADER_LOCK >> 32,
+            LEADER_LOCK & 0xFFFFFFFF,
+            NAME_LOCK,
+            self.dead_after,
+            SHOWN_FOR,
+        )
+        return [
+            InstanceState(
+                id=row["id"],
+                host=row["host"],
+                started_at=row["started_at"],
+                last_heartbeat=row["beat"],
+                heartbeat_age=None if row["beat"] is None else max(0.0, row["now"] - row["beat"]),
+                state=row["state"],
+                leases=row["leases"],
+                leader=row["leader"],
+            )
+            for row in rows
+        ]
 
     async def reclaim_space(self) -> int:
         return 0  # autovacuum gives freed space back to the table
