@@ -50,6 +50,13 @@ def unavailable(error: BaseException) -> StoreError:
     """A driver error as the store's own; the message says what the server said."""
     if isinstance(error, StoreError):
         return error
+    if isinstance(error, asyncpg.exceptions.InternalClientError):
+        # The driver's own state machine ("cannot switch to state 15"), seen
+        # when a connection breaks mid-operation: what an operator needs is
+        # the break, not asyncpg's internals.
+        return StoreUnavailable(
+            "database cannot be reached or written: the connection broke during an operation"
+        )
     if is_environmental(error):
         return StoreUnavailable(f"database cannot be reached or written: {_describe(error)}")
     return StoreError(f"database error: {_describe(error)}")
@@ -74,9 +81,18 @@ DRIVER_ERRORS = (
 
 class OneLine(logging.Filter):
     """asyncpg's pool logs a whole traceback each time it cannot reconnect
-    (the database is away): one line is what an operator needs."""
+    (the database is away): one line is what an operator needs, and only at
+    debug level."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            # "Failed to restore the pool connection floor; retrying", a
+            # warning a second while the database is away: relay's own lines
+            # say when it went and when it is back (ingress, scheduler). Kept
+            # at debug level.
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            if not logging.getLogger("relay").isEnabledFor(logging.DEBUG):
+                return False
         if record.exc_info and record.exc_info[1] is not None:
             record.msg = f"{record.getMessage()}: {_describe(record.exc_info[1])}"
             record.args = ()
