@@ -222,6 +222,8 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
         url=section.string("url", None),
         instance_id=section.string("instance_id", None),
         dead_after=section.duration("dead_after", defaults.dead_after),
+        # Two at least: a commit in progress holds one while a claim needs another.
+        pool_size=section.integer("pool_size", defaults.pool_size, minimum=2, maximum=1000),
     )
     if storage.url is not None and not storage.url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(
@@ -236,7 +238,7 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
 
 
 def _cluster_keys(section: Section, storage: StorageConfig, defaults: StorageConfig) -> None:
-    """instance_id and dead_after: what instances sharing PostgreSQL need."""
+    """instance_id, dead_after, pool_size: what instances sharing PostgreSQL need."""
     instance_id = storage.instance_id
     if instance_id is not None and not re.fullmatch(r"[\w.:@-]{1,100}", instance_id):
         raise ConfigError(
@@ -254,6 +256,7 @@ def _cluster_keys(section: Section, storage: StorageConfig, defaults: StorageCon
         for name, value, default in (
             ("instance_id", instance_id, None),
             ("dead_after", storage.dead_after, defaults.dead_after),
+            ("pool_size", storage.pool_size, defaults.pool_size),
         ):
             if value != default:
                 raise ConfigError(

@@ -31,11 +31,15 @@ import asyncpg
 
 from relay.config import Config
 from relay.store.base import StoreError
-from relay.store.pg_errors import DRIVER_ERRORS, Connection
+from relay.store.pg_errors import DRIVER_ERRORS, POOLER, Connection
 
 log = logging.getLogger("relay.store")
 
 DEAD_AFTER = 10.0
+# Connections an instance opens besides its pool's ([storage] pool_size):
+# its heartbeats, its lead (which holds its name), its wake-ups (LISTEN).
+CONNECTIONS_BESIDES_POOL = 3
+SESSION_POOLING_NEEDED = "two of relay's connections reach one server session: " + POOLER
 LEADER_LOCK = 0x72656C6179_02
 # With hashtext(instance id): held by the running instance of that name (the
 # two-key form: apart from the one-key locks above).
@@ -246,6 +250,15 @@ def named(url: str, instance_id: str) -> dict[str, str]:
         return {}
     name = APPLICATION_NAME.format(instance=instance_id).encode()[:63]
     return {"application_name": name.decode(errors="ignore")}
+
+
+async def sessions_shared(first: Connection, second: Connection) -> bool:
+    """Whether two open connections reach one server session: a pooler that
+    hands sessions out per transaction (PgBouncer's transaction or statement
+    mode) lets a lock taken on one be held by both, and by any other client.
+    Two connections of their own (or through session pooling) never do."""
+    mine = await first.fetchval("SELECT pg_backend_pid()")
+    return bool(mine == await second.fetchval("SELECT pg_backend_pid()"))
 
 
 async def heartbeats(url: str, instance_id: str, command_timeout: float, every: float) -> None:

@@ -46,10 +46,27 @@ def is_environmental(error: BaseException) -> bool:
     return False
 
 
+POOLER = (
+    "a pooler in transaction or statement mode is in between (PgBouncer's pool_mode ="
+    " transaction). relay needs session pooling: the lead and each instance's name are"
+    " session advisory locks, and wake-ups LISTEN on a session. Give relay's database"
+    " pool_mode = session, or connect to PostgreSQL directly (docs/postgres.md, PgBouncer)"
+)
+# What a session's prepared statements vanishing or colliding between two
+# statements looks like: another client's session, handed out per transaction.
+_POOLED = (
+    asyncpg.exceptions.DuplicatePreparedStatementError,
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+)
+
+
 def unavailable(error: BaseException) -> StoreError:
     """A driver error as the store's own; the message says what the server said."""
     if isinstance(error, StoreError):
         return error
+    if isinstance(error, _POOLED):
+        said = _describe(error).splitlines()[0]
+        return StoreError(f"the session changed between two statements ({said}): {POOLER}")
     if isinstance(error, asyncpg.exceptions.InternalClientError):
         # The driver's own state machine ("cannot switch to state 15"), seen
         # when a connection breaks mid-operation: what an operator needs is

@@ -87,6 +87,7 @@ from relay.store.pg_cluster import (
     INSTANCES,
     LEADER_LOCK,
     NAME_LOCK,
+    SESSION_POOLING_NEEDED,
     STARTED,
     STOPPED,
     Leadership,
@@ -98,6 +99,7 @@ from relay.store.pg_cluster import (
     lease_expires,
     listen_forever,
     named,
+    sessions_shared,
     took,
 )
 from relay.store.pg_errors import DRIVER_ERRORS, Connection, at, unavailable
@@ -291,6 +293,9 @@ class PostgresStore:
                 connect=self._connect_synchronously,
                 server_settings=self._named,
             )
+            async with self._pool.acquire() as first, self._pool.acquire() as second:
+                if await sessions_shared(first, second):
+                    raise StoreError(SESSION_POOLING_NEEDED)
         except (*DRIVER_ERRORS, StoreError) as error:
             await self.close()
             raise at(f"{self.path} (storage.url)", error) from None
