@@ -599,13 +599,16 @@ async def _run(relay: Relay, notifier: Notifier, loop: asyncio.AbstractEventLoop
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
     admin = f", admin on {relay.admin_url}" if config.admin.enabled else ""
+    # In a cluster, which instance this is (its leases, its connections' name).
+    instance = f" as instance {relay.store.instance_id}" if isinstance(relay.store, Shared) else ""
     log.info(
-        "relay ready: ingress on %s%s, %d routes, %d targets, database %s",
+        "relay ready: ingress on %s%s, %d routes, %d targets, database %s%s",
         relay.ingress_url,
         admin,
         len(config.routes),
         len(config.targets),
         config.storage.describe(),
+        instance,
     )
     notifier.ready(await relay.status_line())
     pinger = asyncio.create_task(

@@ -34,8 +34,11 @@ from relay.payload import Payload
 from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source
 from relay.store import Accepted, Intake, NewEvent, Rejection, StoreError
+from relay.units import format_duration
 
 log = logging.getLogger("relay.ingress")
+# While events cannot be stored, ingress says so again this often (seconds).
+NOT_STORING_REMINDER = 60.0
 
 
 class IngressStore(Intake, Protocol):
@@ -94,6 +97,9 @@ class Ingress:
         self._on_accepted = on_accepted
         self._rejections_logged: dict[str, tuple[int, int]] = {}
         self._unlogged: dict[str, int] = {}  # refused since the route's last line
+        # Since when events cannot be stored, when that was last said, and how
+        # many were answered 503 since (None: they are stored).
+        self._not_storing: tuple[float, float, int] | None = None
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.bodies_in_flight = 0
@@ -204,10 +210,49 @@ class Ingress:
 
     def stored(self, route: RouteConfig, event: NewEvent, accepted: Accepted) -> None:
         """An event's transaction is done: conflicts said, arrivals told."""
+        if self._not_storing is not None:
+            since, _, refused = self._not_storing
+            self._not_storing = None
+            log.warning(
+                "events are stored again, after %s: %d answered 503 meanwhile (their senders"
+                " send them again)",
+                format_duration(max(0.0, self._clock.now() - since)),
+                refused,
+            )
         if accepted.conflict_of is not None:
             self._key_conflict(route, event, accepted)
         if not accepted.duplicate and not accepted.refused:
             self._on_accepted()
+
+    def not_stored(self, route: str, error: StoreError) -> None:
+        """An event its store did not take: answered 503. One line when events
+        stop being stored, one a minute while they are not, one when they are
+        again (stored): a database restart answered hundreds of webhooks 503,
+        and a line each buried what happened in the journal."""
+        now = self._clock.now()
+        if self._not_storing is None:
+            log.error(
+                "events cannot be stored, answering 503 with Retry-After until they can:"
+                " route %s: %s",
+                route,
+                error,
+            )
+            self._not_storing = (now, now, 1)
+            return
+        since, said, refused = self._not_storing
+        refused += 1
+        if now - said >= NOT_STORING_REMINDER or now < said:
+            log.error(
+                "events still cannot be stored, for %s (%d answered 503): route %s: %s",
+                format_duration(max(0.0, now - since)),
+                refused,
+                route,
+                error,
+            )
+            said = now
+        else:
+            log.debug("route %s: event not stored, answering 503: %s", route, error)
+        self._not_storing = (since, said, refused)
 
     def observe_ack(self, seconds: float) -> None:
         self._counters.observe_ack(seconds)
@@ -449,7 +494,7 @@ class Webhook:
 
     def _not_stored(self, error: StoreError) -> Response:
         route = self._bundle.config
-        log.error("route %s: event not stored, answering 503: %s", route.name, error)
+        self._ingress.not_stored(route.name, error)
         self._ingress.count(route.name, "unavailable")
         return _unavailable()
 

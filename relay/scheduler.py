@@ -651,6 +651,7 @@ class Scheduler:
         # The attempt happened; losing its record would resend it after the
         # lease expires. Keep trying while the store is unavailable.
         delay = 0.05
+        said = False  # once per attempt: the store's outage has its own lines
         while True:
             try:
                 return await self._store.record_attempt(delivery, attempt, then, now, hold)
@@ -658,7 +659,9 @@ class Scheduler:
                 if self._stopping:
                     log.warning("attempt of delivery %d not recorded: %s", delivery.id, error)
                     return None
-                log.warning("cannot record attempt of delivery %d yet: %s", delivery.id, error)
+                level = logging.DEBUG if said else logging.WARNING
+                log.log(level, "cannot record attempt of delivery %d yet: %s", delivery.id, error)
+                said = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
@@ -14,6 +14,7 @@ from relay.store import (
     DeliveryView,
     EventDetail,
     EventView,
+    InstanceState,
     LogEntry,
     Rejection,
     ResendLink,
@@ -24,6 +25,7 @@ from relay.store import (
     TextSearch,
 )
 from relay.units import format_instant
+from relay.wording import count
 
 if TYPE_CHECKING:
     from relay.resend import Preview  # the resend planner needs the targets
@@ -150,9 +152,32 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
     }
 
 
-def stats_view(stats: Stats, now: float, paused: frozenset[str], masker: Masker) -> dict[str, Any]:
+def instance_view(instance: InstanceState) -> dict[str, Any]:
+    age = instance.heartbeat_age
+    return {
+        "id": instance.id,
+        "host": instance.host,
+        "state": instance.state,
+        "leader": instance.leader,
+        "started_at": iso(instance.started_at),
+        "last_heartbeat": iso(instance.last_heartbeat),
+        "heartbeat_age_seconds": None if age is None else round(age, 3),
+        "leases": instance.leases,
+    }
+
+
+def stats_view(
+    stats: Stats,
+    now: float,
+    paused: frozenset[str],
+    masker: Masker,
+    instances: Sequence[InstanceState] | None = None,
+) -> dict[str, Any]:
+    """`instances`: a cluster's (PostgreSQL), listed under "instances"; a
+    single process (SQLite) has no such key."""
     oldest = stats.oldest_pending_received_at
     targets = sorted(set(stats.counts_by_target) | set(stats.targets))
+    cluster = {} if instances is None else {"instances": [instance_view(i) for i in instances]}
     return {
         "routes": {route: _counts(c) for route, c in sorted(stats.counts_by_route.items())},
         "targets": {
@@ -166,6 +191,7 @@ def stats_view(stats: Stats, now: float, paused: frozenset[str], masker: Masker)
         "oldest_pending_age_seconds": round(now - oldest, 3) if oldest is not None else None,
         "pending_after_first_attempt": stats.pending_after_first_attempt,
         "dead": stats.dead,
+        **cluster,
     }
 
 
@@ -206,6 +232,15 @@ def rejection_view(rejection: Rejection, masker: Masker) -> dict[str, Any]:
     }
 
 
+def not_indexed(progress: SearchProgress) -> str:
+    """The events a search could not see, by their ids: a count would read as
+    an id next to them ("after #10915 (up to 2628)")."""
+    return (
+        f"events after #{progress.indexed_through}, up to #{progress.newest}"
+        f" (at most {count(progress.behind, 'event')})"
+    )
+
+
 def search_view(search: TextSearch, progress: SearchProgress) -> dict[str, Any]:
     """What a search looked for, and how much of the store it could see."""
     behind = progress.behind
@@ -216,8 +251,8 @@ def search_view(search: TextSearch, progress: SearchProgress) -> dict[str, Any]:
         "newest_event": str(progress.newest),
         "not_indexed": behind,
         "note": (
-            f"events after #{progress.indexed_through} (up to {behind}) are not indexed yet"
-            " and not searched: the index catches up in the background"
+            f"{not_indexed(progress)} are not indexed yet and not searched"
+            ": the index catches up in the background"
             if behind
             else "every stored event is indexed"
         ),

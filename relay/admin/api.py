@@ -28,6 +28,7 @@ from relay.store import (
     Status,
     StoreError,
 )
+from relay.store.base import Shared
 from relay.views import (
     delivery_summary,
     event_detail,
@@ -302,9 +303,13 @@ async def resume_target(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     operator = _operator(request)
-    result = await operator.store.stats()
+    store = operator.store
+    result = await store.stats()
+    instances = await store.instances() if isinstance(store, Shared) else None
     return json_response(
-        stats_view(result, operator.clock.now(), operator.scheduler.paused, operator.masker)
+        stats_view(
+            result, operator.clock.now(), operator.scheduler.paused, operator.masker, instances
+        )
     )
 
 

@@ -41,11 +41,13 @@ from relay.store import (
     Status,
     StoreError,
 )
+from relay.store.base import Shared
 from relay.units import format_instant
 from relay.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    not_indexed,
     preview_view,
     rejection_view,
     stats_view,
@@ -321,8 +323,10 @@ def _operator(request: web.Request) -> Operator:
 async def overview(request: web.Request) -> web.Response:
     operator = _operator(request)
     now = operator.clock.now()
+    store = operator.store
+    instances = await store.instances() if isinstance(store, Shared) else None
     stats = stats_view(
-        await operator.store.stats(), now, operator.scheduler.paused, operator.masker
+        await store.stats(), now, operator.scheduler.paused, operator.masker, instances
     )
     activity = await operator.store.activity(now - 23 * 3600, now)
     pending = sum(info["pending"] for info in stats["targets"].values())
@@ -443,10 +447,7 @@ async def _search(
     progress = await operator.store.search_progress()
     note = f"Searched for {describe(terms)} in bodies, queries and headers"
     if progress.behind:
-        note += (
-            f"; the newest events (after #{progress.indexed_through}, up to {progress.behind})"
-            " are not indexed yet and were not searched."
-        )
+        note += f"; the newest {not_indexed(progress)} are not indexed yet and were not searched."
     else:
         note += "; every stored event is indexed."
     return events, note, ""

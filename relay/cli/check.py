@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from relay.cli.common import add_config_option, add_service_environment_options, read_config
 from relay.config import Config, TargetConfig
@@ -53,15 +55,59 @@ def env_file_warnings(path: Path | None) -> list[str]:
 
 def database_warnings(config: Config) -> list[str]:
     """What the PostgreSQL server says that breaks relay's promise (or that it
-    cannot be reached); nothing for SQLite, whose settings relay sets itself."""
+    cannot be reached); nothing for SQLite, whose settings relay sets itself.
+    Prints how many connections the cluster needs of what the server allows."""
     if config.storage.url is None:
         return []
     masker = config.masker
     try:
-        settings = asyncio.run(_server_settings(config.storage.url))
+        settings, connections, pooled = asyncio.run(_server_facts(config))
     except Exception as error:
         return [masker.text(f"cannot reach {config.storage.describe()}: {error}")]
-    return durability_warnings(settings)
+    said, found = connection_budget(config.storage.pool_size, connections)
+    print(said)
+    if pooled:
+        from relay.store.pg_cluster import SESSION_POOLING_NEEDED
+
+        found.append(f"relay serve will refuse this database: {SESSION_POOLING_NEEDED}")
+    return [*durability_warnings(settings), *found]
+
+
+@dataclass(frozen=True)
+class ServerConnections:
+    """What bounds a cluster's connections, as the server says it now."""
+
+    max_connections: int
+    reserved: int  # kept for superusers (and, from PostgreSQL 16, reserved roles)
+    others: int  # open now, not relay instances' (other applications, psql, this check)
+    running: int  # relay instances alive now, besides the one this config names
+
+
+def connection_budget(pool_size: int, server: ServerConnections) -> tuple[str, list[str]]:
+    """The cluster's connection need (each instance up to pool_size plus its
+    own few) against what the server has for it: a line, and warnings."""
+    from relay.store.pg_cluster import CONNECTIONS_BESIDES_POOL
+
+    each = pool_size + CONNECTIONS_BESIDES_POOL
+    instances = server.running + 1
+    need = instances * each
+    room = server.max_connections - server.reserved - server.others
+    said = (
+        f"database connections: up to {each} an instance (pool_size {pool_size}"
+        f" + {CONNECTIONS_BESIDES_POOL}); {instances} instance(s) with this one"
+        f" ({server.running} running) need up to {need} of the {room} the server has for"
+        f" them (max_connections {server.max_connections}, {server.reserved} reserved,"
+        f" {server.others} open by other clients): room for {max(room, 0) // each} instances"
+    )
+    found = []
+    if need > room:
+        found.append(
+            f"the cluster may need {need} database connections, more than the {room} the"
+            " server has for it: an instance that cannot connect answers webhooks 503."
+            " Raise the server's max_connections, or lower [storage] pool_size"
+            " (docs/postgres.md, Sizing the database)"
+        )
+    return said, found
 
 
 def durability_warnings(settings: dict[str, str]) -> list[str]:
@@ -80,17 +126,50 @@ def durability_warnings(settings: dict[str, str]) -> list[str]:
     return found
 
 
-async def _server_settings(url: str) -> dict[str, str]:
+async def _server_facts(config: Config) -> tuple[dict[str, str], ServerConnections, bool]:
+    """The server's durability settings, its connections, and whether a pooler
+    in transaction mode is in between (two connections, one session)."""
     import asyncpg  # only a PostgreSQL config needs the driver
 
-    connection = await asyncpg.connect(url, timeout=5)
+    from relay.store.pg_cluster import SERVER_NOW, sessions_shared
+
+    storage = config.storage
+    assert storage.url is not None
+    connection = await asyncpg.connect(storage.url, timeout=5)
     try:
         rows = await connection.fetch(
-            "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')"
+            "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit',"
+            " 'max_connections', 'superuser_reserved_connections', 'reserved_connections')"
         )
-        return {row[0]: row[1] for row in rows}
+        settings = {row[0]: row[1] for row in rows}
+        others = await connection.fetchval(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            " AND coalesce(application_name, '') NOT LIKE 'relay/%' AND pid <> pg_backend_pid()"
+        )
+        running = 0
+        if await connection.fetchval("SELECT to_regclass('instances') IS NOT NULL"):
+            running = await connection.fetchval(
+                f"SELECT COUNT(*) FROM instances WHERE alive_at >= {SERVER_NOW} - $1"
+                " AND id IS DISTINCT FROM $2",
+                storage.dead_after,
+                storage.instance_id,
+            )
+        second = await asyncpg.connect(storage.url, timeout=5)
+        try:
+            pooled = await sessions_shared(connection, second)
+        finally:
+            await second.close()
     finally:
         await connection.close()
+    return settings, _connections(settings, others, running), pooled
+
+
+def _connections(settings: dict[str, Any], others: int, running: int) -> ServerConnections:
+    reserved = sum(
+        int(settings.get(name) or 0)
+        for name in ("superuser_reserved_connections", "reserved_connections")
+    )
+    return ServerConnections(int(settings["max_connections"]), reserved, others, running)
 
 
 def where(target: TargetConfig, masker: Masker) -> str:

@@ -95,10 +95,12 @@ def service_environ(args: argparse.Namespace) -> dict[str, str]:
     return environ
 
 
-def read_config(args: argparse.Namespace) -> Config:
+def read_config(args: argparse.Namespace, *, command: bool = False) -> Config:
+    """The whole config; a `command` (resend, render) leaves out what only
+    `relay serve` uses (its listeners, its instance name: config.load)."""
     environ = service_environ(args)
     try:
-        return load_config(config_path(args, environ), environ)
+        return load_config(config_path(args, environ), environ, command=command)
     except ConfigError as error:
         hint = ""
         # `relay check`/`render` in a shell on the server: the variables are in

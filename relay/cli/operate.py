@@ -27,6 +27,7 @@ from relay.cli.common import (
 )
 from relay.inputs import instant
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
+from relay.store.base import Shared
 from relay.units import format_duration
 from relay.views import delivery_summary, stats_view
 
@@ -185,7 +186,8 @@ def show_stats(args: argparse.Namespace) -> int:
         async with opened_store(config) as store:
             stats = await store.stats()
             paused = await store.paused_targets()
-        return stats_view(stats, time.time(), paused, config.masker)
+            instances = await store.instances() if isinstance(store, Shared) else None
+        return stats_view(stats, time.time(), paused, config.masker, instances)
 
     emit(args, run(fetch()), _stats_text)
     return 0
@@ -234,7 +236,33 @@ def _stats_text(data: dict[str, Any]) -> str:
     lines.append(f"oldest pending: {format_duration(age) if age is not None else 'none'}")
     lines.append(f"pending after their first attempt: {data['pending_after_first_attempt']}")
     lines.append(f"dead: {data['dead']}")
+    if "instances" in data:
+        lines.append("\ninstances:")
+        lines.append(
+            table(
+                [
+                    [
+                        instance["id"],
+                        instance["host"] or "-",
+                        instance["state"],
+                        "yes" if instance["leader"] else "",
+                        instance["started_at"],
+                        _heartbeat_text(instance),
+                        str(instance["leases"]),
+                    ]
+                    for instance in data["instances"]
+                ],
+                ["INSTANCE", "HOST", "STATE", "LEADER", "STARTED", "LAST HEARTBEAT", "LEASES"],
+            )
+        )
     return "\n".join(lines)
+
+
+def _heartbeat_text(instance: dict[str, Any]) -> str:
+    age = instance["heartbeat_age_seconds"]
+    if age is None:
+        return "-"
+    return f"{format_duration(age)} ago"
 
 
 def purge_events(args: argparse.Namespace) -> int:

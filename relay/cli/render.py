@@ -48,7 +48,7 @@ def render(args: argparse.Namespace) -> int:
     from relay.targets import Envelope
     from relay.templates import TemplateError, marking_defaults
 
-    config = read_config(args)
+    config = read_config(args, command=True)
     route = config.routes.get(args.route)
     if route is None:
         known = ", ".join(sorted(config.routes)) or "none"

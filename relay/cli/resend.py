@@ -69,7 +69,7 @@ def resend(args: argparse.Namespace) -> int:
     # by the command that sends, not by every `relay` command.
     from relay.resend import EditRejected, editable_body, plan_resend
 
-    config = read_config(args)
+    config = read_config(args, command=True)
     event_id = row_id(args.event_id, "event id")
     masker = config.masker
 

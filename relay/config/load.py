@@ -36,10 +36,30 @@ from relay.pgurl import masked_url, url_problem
 from relay.secrets import Masker
 
 
-def load_config(path: Path, environ: Mapping[str, str]) -> Config:
-    """Read and check the file at `path`; `environ` resolves ${VAR} references."""
+def load_config(path: Path, environ: Mapping[str, str], *, command: bool = False) -> Config:
+    """Read and check the file at `path`; `environ` resolves ${VAR} references.
+
+    A `command` (`relay resend`, `render`) neither listens nor leases: the
+    listeners' addresses and the instance's name are serve's alone, and one
+    relay.toml on several hosts takes them from each host's environment
+    (`${RELAY_LISTEN}`, `${RELAY_INSTANCE}`), which a shell need not have."""
     data = read_toml(path)
+    if command:
+        data = _without_serve_only(data)
     return parse_config(data, environ, base=path.resolve().parent, source=path.resolve())
+
+
+# The keys only `relay serve` uses: where it listens, its name in the cluster.
+SERVE_ONLY = (("server", "listen"), ("admin", "listen"), ("storage", "instance_id"))
+
+
+def _without_serve_only(data: dict[str, Any]) -> dict[str, Any]:
+    data = dict(data)
+    for section, key in SERVE_ONLY:
+        table = data.get(section)
+        if isinstance(table, dict) and key in table:
+            data[section] = {k: v for k, v in table.items() if k != key}
+    return data
 
 
 # Far deeper than any relay config (routes.x.targets[0].retry is four levels), far
@@ -202,6 +222,8 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
         url=section.string("url", None),
         instance_id=section.string("instance_id", None),
         dead_after=section.duration("dead_after", defaults.dead_after),
+        # Two at least: a commit in progress holds one while a claim needs another.
+        pool_size=section.integer("pool_size", defaults.pool_size, minimum=2, maximum=1000),
     )
     if storage.url is not None and not storage.url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(
@@ -216,7 +238,7 @@ def parse_storage(section: Section, base: Path) -> StorageConfig:
 
 
 def _cluster_keys(section: Section, storage: StorageConfig, defaults: StorageConfig) -> None:
-    """instance_id and dead_after: what instances sharing PostgreSQL need."""
+    """instance_id, dead_after, pool_size: what instances sharing PostgreSQL need."""
     instance_id = storage.instance_id
     if instance_id is not None and not re.fullmatch(r"[\w.:@-]{1,100}", instance_id):
         raise ConfigError(
@@ -234,6 +256,7 @@ def _cluster_keys(section: Section, storage: StorageConfig, defaults: StorageCon
         for name, value, default in (
             ("instance_id", instance_id, None),
             ("dead_after", storage.dead_after, defaults.dead_after),
+            ("pool_size", storage.pool_size, defaults.pool_size),
         ):
             if value != default:
                 raise ConfigError(

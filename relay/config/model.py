@@ -67,6 +67,9 @@ class StorageConfig:
     # PostgreSQL: an instance silent this long is dead: its leases are taken
     # over, and, if it led, its session (and the lead) is ended by the server.
     dead_after: float = 10.0
+    # PostgreSQL: the most connections an instance's pool opens; it opens
+    # CONNECTIONS_BESIDES_POOL (relay.store.pg_cluster) more of its own.
+    pool_size: int = 10
 
     def describe(self) -> str:
         """Where the data is, for logs and messages (a URL without its password)."""

@@ -429,7 +429,9 @@ PLAIN_SETTINGS = frozenset(
 
 
 def plain_setting(where: str) -> bool:
-    if where == "storage.path":
+    if where in ("storage.path", "storage.instance_id"):
+        # An instance's name (instance_id = "${RELAY_INSTANCE}", one per host)
+        # is shown in its log, its connections and the cluster's instance list.
         return True
     name = re.sub(r"(\[\d+\])+$", "", where).rsplit(".", 1)[-1]
     return name in PLAIN_SETTINGS or name in ("trusted_proxies", "allow_ips")

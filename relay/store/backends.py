@@ -69,6 +69,7 @@ def _postgres_store(storage: StorageConfig) -> Store:
         command_timeout=storage.busy_timeout + 5.0,
         instance_id=storage.instance_id,
         dead_after=storage.dead_after,
+        max_connections=storage.pool_size,
     )
 
 

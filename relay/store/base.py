@@ -400,6 +400,23 @@ class AlertNote:
 
 
 @dataclass(frozen=True)
+class InstanceState:
+    """One relay instance of a cluster, as the database sees it (times by the
+    database's clock, comparable across hosts)."""
+
+    id: str
+    host: str | None  # None: started before relay recorded hosts
+    started_at: float
+    last_heartbeat: float | None
+    heartbeat_age: float | None  # seconds since, at the moment of asking
+    # "alive"; "silent" (unseen for dead_after: its leases are taken over);
+    # "stopped" (it said so: its leases were free at once).
+    state: str
+    leases: int  # deliveries it has leased now
+    leader: bool  # it runs retention, alerts and the gauges
+
+
+@dataclass(frozen=True)
 class Stats:
     counts_by_route: Mapping[str, Mapping[Status, int]]
     counts_by_target: Mapping[str, Mapping[Status, int]]
@@ -766,6 +783,9 @@ class Shared(AlertNotes, Protocol):
     a store does. The app asks `isinstance(store, Shared)` instead of naming a
     backend, so a single-process store needs none of it (nor its driver)."""
 
+    # This instance's name in the cluster: the owner of its leases.
+    instance_id: str
+
     def reconfigure(self, config: Config) -> None:
         """Targets' concurrency and rates of this config, as cluster totals."""
         ...
@@ -779,4 +799,8 @@ class Shared(AlertNotes, Protocol):
 
     async def listen(self, callback: Callable[[str], None]) -> None:
         """Call `callback` with every wake-up any instance sends, until cancelled."""
+        ...
+
+    async def instances(self) -> list[InstanceState]:
+        """The instances alive, holding leases, or seen within the last day, by id."""
         ...

@@ -31,11 +31,15 @@ import asyncpg
 
 from relay.config import Config
 from relay.store.base import StoreError
-from relay.store.pg_errors import DRIVER_ERRORS, Connection
+from relay.store.pg_errors import DRIVER_ERRORS, POOLER, Connection
 
 log = logging.getLogger("relay.store")
 
 DEAD_AFTER = 10.0
+# Connections an instance opens besides its pool's ([storage] pool_size):
+# its heartbeats, its lead (which holds its name), its wake-ups (LISTEN).
+CONNECTIONS_BESIDES_POOL = 3
+SESSION_POOLING_NEEDED = "two of relay's connections reach one server session: " + POOLER
 LEADER_LOCK = 0x72656C6179_02
 # With hashtext(instance id): held by the running instance of that name (the
 # two-key form: apart from the one-key locks above).
@@ -192,19 +196,78 @@ async def took(
 
 # This instance is alive now (by the server's clock).
 ALIVE = (
-    f"INSERT INTO instances (id, started_at, seen_at, alive_at)"
-    f" VALUES ($1, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
-    f" ON CONFLICT (id) DO UPDATE SET alive_at = {SERVER_NOW}"
+    f"INSERT INTO instances (id, started_at, seen_at, alive_at, beat_at)"
+    f" VALUES ($1, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
+    f" ON CONFLICT (id) DO UPDATE SET alive_at = {SERVER_NOW}, beat_at = {SERVER_NOW}"
 )
+# `relay serve` starts as this instance on this host ($2): a name used
+# before (a fixed one, a restart) starts anew.
+STARTED = (
+    f"INSERT INTO instances (id, host, started_at, seen_at, alive_at, beat_at)"
+    f" VALUES ($1, $2, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
+    f" ON CONFLICT (id) DO UPDATE SET host = $2, started_at = {SERVER_NOW},"
+    f" alive_at = {SERVER_NOW}, beat_at = {SERVER_NOW}"
+)
+# The instances (relay stats): $1, $2 the leader lock's two halves as
+# pg_locks shows a bigint key, $3 NAME_LOCK; the leader is the instance whose
+# name lock (hashtext of its id) is held by the session holding the lead.
+# $4 dead_after, $5 how long a gone instance without leases stays listed.
+INSTANCES = f"""
+WITH leases AS (
+    SELECT lease_owner, COUNT(*) AS n FROM deliveries
+    WHERE status = 'in_flight' AND lease_owner IS NOT NULL GROUP BY lease_owner),
+leader AS (
+    SELECT name.objid FROM pg_locks lead
+    JOIN pg_locks name ON name.pid = lead.pid AND name.database = lead.database
+    WHERE lead.locktype = 'advisory' AND lead.granted AND lead.objsubid = 1
+    AND lead.classid = $1::bigint::oid AND lead.objid = $2::bigint::oid
+    AND name.locktype = 'advisory' AND name.granted AND name.objsubid = 2
+    AND name.classid = $3::bigint::oid
+    AND lead.database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+listed AS (
+    SELECT i.*, coalesce(i.beat_at, i.alive_at, i.seen_at) AS beat, ({SERVER_NOW})::float8 AS now,
+        coalesce(leases.n, 0)::int AS leases
+    FROM instances i LEFT JOIN leases ON leases.lease_owner = i.id)
+SELECT id, host, started_at, beat, now, leases,
+    CASE WHEN alive_at IS NULL THEN 'stopped' WHEN alive_at >= now - $4 THEN 'alive'
+    ELSE 'silent' END AS state,
+    hashtext(id)::bigint & 4294967295 IN (SELECT objid::text::bigint FROM leader) AS leader
+FROM listed WHERE beat >= now - $5 OR leases > 0 OR alive_at >= now - $4
+ORDER BY id
+"""
 # It stopped: what it still leases may be taken at once.
 STOPPED = "UPDATE instances SET alive_at = NULL WHERE id = $1"
+
+
+APPLICATION_NAME = "relay/{instance}"
+
+
+def named(url: str, instance_id: str) -> dict[str, str]:
+    """The server settings of each of this instance's connections: its name
+    as `application_name` (pg_stat_activity, the server's log), unless the
+    URL sets one. The server keeps 63 bytes of it."""
+    if "application_name=" in url.partition("?")[2]:
+        return {}
+    name = APPLICATION_NAME.format(instance=instance_id).encode()[:63]
+    return {"application_name": name.decode(errors="ignore")}
+
+
+async def sessions_shared(first: Connection, second: Connection) -> bool:
+    """Whether two open connections reach one server session: a pooler that
+    hands sessions out per transaction (PgBouncer's transaction or statement
+    mode) lets a lock taken on one be held by both, and by any other client.
+    Two connections of their own (or through session pooling) never do."""
+    mine = await first.fetchval("SELECT pg_backend_pid()")
+    return bool(mine == await second.fetchval("SELECT pg_backend_pid()"))
 
 
 async def heartbeats(url: str, instance_id: str, command_timeout: float, every: float) -> None:
     """Touch this instance's row until cancelled; errors are retried."""
     while True:
         try:
-            connection = await asyncpg.connect(url, timeout=command_timeout)
+            connection = await asyncpg.connect(
+                url, timeout=command_timeout, server_settings=named(url, instance_id)
+            )
             try:
                 while True:
                     await connection.execute(ALIVE, instance_id, timeout=command_timeout)
@@ -243,7 +306,11 @@ class Leadership:
         try:
             if self._connection is None or self._connection.is_closed():
                 self._held = False
-                self._connection = await asyncpg.connect(self._url, timeout=self._timeout)
+                self._connection = await asyncpg.connect(
+                    self._url,
+                    timeout=self._timeout,
+                    server_settings=named(self._url, self._instance_id),
+                )
                 if self._connection.get_server_version().major >= 14:
                     # A leader that hangs (a frozen VM, a lost network) loses its
                     # session, and so the lead, once silent for dead_after: it
@@ -301,12 +368,16 @@ class Leadership:
             self._connection = None
 
 
-async def listen_forever(url: str, channel: str, callback: Callable[[str], None]) -> None:
+async def listen_forever(
+    url: str, channel: str, callback: Callable[[str], None], instance_id: str
+) -> None:
     """Call `callback` with each notification on `channel` until cancelled,
     connecting again when the connection breaks."""
     while True:
         try:
-            connection = await asyncpg.connect(url, timeout=10)
+            connection = await asyncpg.connect(
+                url, timeout=10, server_settings=named(url, instance_id)
+            )
         except DRIVER_ERRORS:
             await asyncio.sleep(1.0)
             continue

@@ -46,10 +46,34 @@ def is_environmental(error: BaseException) -> bool:
     return False
 
 
+POOLER = (
+    "a pooler in transaction or statement mode is in between (PgBouncer's pool_mode ="
+    " transaction). relay needs session pooling: the lead and each instance's name are"
+    " session advisory locks, and wake-ups LISTEN on a session. Give relay's database"
+    " pool_mode = session, or connect to PostgreSQL directly (docs/postgres.md, PgBouncer)"
+)
+# What a session's prepared statements vanishing or colliding between two
+# statements looks like: another client's session, handed out per transaction.
+_POOLED = (
+    asyncpg.exceptions.DuplicatePreparedStatementError,
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+)
+
+
 def unavailable(error: BaseException) -> StoreError:
     """A driver error as the store's own; the message says what the server said."""
     if isinstance(error, StoreError):
         return error
+    if isinstance(error, _POOLED):
+        said = _describe(error).splitlines()[0]
+        return StoreError(f"the session changed between two statements ({said}): {POOLER}")
+    if isinstance(error, asyncpg.exceptions.InternalClientError):
+        # The driver's own state machine ("cannot switch to state 15"), seen
+        # when a connection breaks mid-operation: what an operator needs is
+        # the break, not asyncpg's internals.
+        return StoreUnavailable(
+            "database cannot be reached or written: the connection broke during an operation"
+        )
     if is_environmental(error):
         return StoreUnavailable(f"database cannot be reached or written: {_describe(error)}")
     return StoreError(f"database error: {_describe(error)}")
@@ -74,9 +98,18 @@ DRIVER_ERRORS = (
 
 class OneLine(logging.Filter):
     """asyncpg's pool logs a whole traceback each time it cannot reconnect
-    (the database is away): one line is what an operator needs."""
+    (the database is away): one line is what an operator needs, and only at
+    debug level."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            # "Failed to restore the pool connection floor; retrying", a
+            # warning a second while the database is away: relay's own lines
+            # say when it went and when it is back (ingress, scheduler). Kept
+            # at debug level.
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            if not logging.getLogger("relay").isEnabledFor(logging.DEBUG):
+                return False
         if record.exc_info and record.exc_info[1] is not None:
             record.msg = f"{record.getMessage()}: {_describe(record.exc_info[1])}"
             record.args = ()

@@ -248,6 +248,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # earlier attempts carried (msg_relay_<id>).
         ["ALTER TABLE deliveries ADD COLUMN message_tag TEXT"],
     ),
+    (
+        7,
+        "each instance's host and last heartbeat, kept when it stops (relay stats lists them)",
+        # beat_at: alive_at's moment, not cleared at a stop (alive_at is: a
+        # stopped instance's leases are free at once).
+        ["ALTER TABLE instances ADD COLUMN host TEXT, ADD COLUMN beat_at DOUBLE PRECISION"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

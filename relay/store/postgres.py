@@ -61,6 +61,7 @@ from relay.store.base import (
     Hold,
     HourlyActivity,
     IndexSource,
+    InstanceState,
     NewDelivery,
     NewEvent,
     NotFound,
@@ -83,6 +84,11 @@ from relay.store.health import HEALTH_COLUMNS, health_after
 from relay.store.pg_cluster import (
     ALIVE,
     DEAD_AFTER,
+    INSTANCES,
+    LEADER_LOCK,
+    NAME_LOCK,
+    SESSION_POOLING_NEEDED,
+    STARTED,
     STOPPED,
     Leadership,
     TargetLimits,
@@ -92,6 +98,8 @@ from relay.store.pg_cluster import (
     lapsed,
     lease_expires,
     listen_forever,
+    named,
+    sessions_shared,
     took,
 )
 from relay.store.pg_errors import DRIVER_ERRORS, Connection, at, unavailable
@@ -135,6 +143,9 @@ log = logging.getLogger("relay.store")
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 # The channel instances wake each other on: new events and operator actions.
 CHANNEL = "relay_wake"
+# An instance gone this long without leases is left out of the list (rows of
+# instances named by default, one per start, are not worth an operator's eye).
+SHOWN_FOR = 86400.0
 
 CLAIM_RETURNING = (
     "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
@@ -152,9 +163,14 @@ WHERE id IN (
 """
 # Leases that may be taken over (pg_cluster.lapsed: its own expired by its
 # clock; another's when that instance is gone, or by the server's clock).
+# A lease taken over is an attempt interrupted, counted as on SQLite
+# (rows.CLAIM_EXPIRED); not one of this instance's claims whose answer was
+# lost: nothing was sent for those.
 CLAIM_EXPIRED = f"""
 UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
-    lease_expires = {lease_expires("$3", "$1")}
+    lease_expires = {lease_expires("$3", "$1")},
+    attempts = attempts + CASE WHEN (id, updated_at) IN
+        (SELECT * FROM unnest($8::bigint[], $9::float8[])) THEN 0 ELSE 1 END
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
@@ -240,6 +256,8 @@ class PostgresStore:
         # Seen silent this long, an instance is dead: its leases are taken over.
         self.dead_after = dead_after
         self._leadership = Leadership(url, command_timeout, dead_after, self.instance_id)
+        # Every connection says whose it is (pg_stat_activity): relay/<instance>.
+        self._named = named(url, self.instance_id)
 
     @property
     def path(self) -> str:
@@ -250,7 +268,9 @@ class PostgresStore:
 
     async def open(self) -> None:
         try:
-            connection = await asyncpg.connect(self.url, timeout=self._command_timeout)
+            connection = await asyncpg.connect(
+                self.url, timeout=self._command_timeout, server_settings=self._named
+            )
             try:
                 await migrate(connection)
                 version = await connection.fetchval("SELECT MAX(version) FROM schema_migrations")
@@ -271,7 +291,11 @@ class PostgresStore:
                 command_timeout=self._command_timeout,
                 timeout=self._command_timeout,
                 connect=self._connect_synchronously,
+                server_settings=self._named,
             )
+            async with self._pool.acquire() as first, self._pool.acquire() as second:
+                if await sessions_shared(first, second):
+                    raise StoreError(SESSION_POOLING_NEEDED)
         except (*DRIVER_ERRORS, StoreError) as error:
             await self.close()
             raise at(f"{self.path} (storage.url)", error) from None
@@ -374,7 +398,7 @@ class PostgresStore:
 
     async def listen(self, callback: Callable[[str], None]) -> None:
         """Call `callback` with every wake-up any instance sends, until cancelled."""
-        await listen_forever(self.url, CHANNEL, callback)
+        await listen_forever(self.url, CHANNEL, callback, self.instance_id)
 
     async def close(self) -> None:
         if self._heartbeats is not None:
@@ -776,9 +800,12 @@ class PostgresStore:
         (by the server's clock)."""
         self._beat()  # `relay serve` starts here: it is one of the cluster now
         async with self._connection() as connection:
+            await connection.execute(STARTED, self.instance_id, socket.gethostname())
             result = await connection.execute(
+                # Each was an attempt interrupted: counted (CLAIM_EXPIRED).
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
-                " lease_owner = NULL, lease_expires = NULL, updated_at = $1"
+                " lease_owner = NULL, lease_expires = NULL, updated_at = $1,"
+                " attempts = attempts + 1"
                 " WHERE status = 'in_flight' AND (lease_owner = $2"
                 f" OR {lapsed('$2', '$1', '$3')})",
                 now,
@@ -1252,6 +1279,29 @@ class PostgresStore:
                 self._started_at,
                 now,
             )
+
+    async def instances(self) -> list[InstanceState]:
+        rows = await self._read(
+            INSTANCES,
+            LEADER_LOCK >> 32,
+            LEADER_LOCK & 0xFFFFFFFF,
+            NAME_LOCK,
+            self.dead_after,
+            SHOWN_FOR,
+        )
+        return [
+            InstanceState(
+                id=row["id"],
+                host=row["host"],
+                started_at=row["started_at"],
+                last_heartbeat=row["beat"],
+                heartbeat_age=None if row["beat"] is None else max(0.0, row["now"] - row["beat"]),
+                state=row["state"],
+                leases=row["leases"],
+                leader=row["leader"],
+            )
+            for row in rows
+        ]
 
     async def reclaim_space(self) -> int:
         return 0  # autovacuum gives freed space back to the table

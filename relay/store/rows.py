@@ -74,8 +74,11 @@ WHERE id IN (
     ORDER BY next_attempt_at, id LIMIT ?)
 {CLAIM_RETURNING}
 """
+# A lease taken over is an attempt interrupted (it may have reached the
+# receiver): the next one carries the next number (X-Relay-Attempt), while
+# the cycle's count, the retry budget, is not spent by relay's own crash.
 CLAIM_EXPIRED = f"""
-UPDATE deliveries SET lease_until = ?, updated_at = ?
+UPDATE deliveries SET lease_until = ?, updated_at = ?, attempts = attempts + 1
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {{exclude}}

@@ -424,8 +424,9 @@ class SqliteStore:
     async def recover_orphans(self, now: float) -> int:
         def job(connection: sqlite3.Connection) -> int:
             return connection.execute(
-                "UPDATE deliveries SET status = 'pending', lease_until = NULL, updated_at = ?"
-                " WHERE status = 'in_flight'",
+                # Each was an attempt interrupted: counted (rows.CLAIM_EXPIRED).
+                "UPDATE deliveries SET status = 'pending', lease_until = NULL, updated_at = ?,"
+                " attempts = attempts + 1 WHERE status = 'in_flight'",
                 (now,),
             ).rowcount
 

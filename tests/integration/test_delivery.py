@@ -272,3 +272,27 @@ async def test_stop_gives_back_leases_of_unfinished_attempts(
     relay2 = await start_relay(config, background=False)
     [delivery] = (await detail(relay2, event_id)).event.deliveries
     assert (delivery.status, delivery.attempts) == (Status.PENDING, 0)
+
+
+async def test_a_redelivery_after_a_crash_counts_the_interrupted_attempt(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # Before: the delivery after a crash said X-Relay-Attempt: 1 again,
+    # though the receiver may have seen the first one (issue 40).
+    # Counted, not spent: relay's own crash takes no retry from the receiver.
+    sink, url = await start_sink([503])
+    config = make_config(one_target(url), ROUTES, retry={"retries": 1})
+    clock = FakeClock()
+    relay = await start_relay(config, background=False, clock=clock)
+    event_id = await post(relay, http)
+    # The attempt is under way when the process dies: its lease stays as it was.
+    [claimed] = await relay.store.claim_due(clock.now(), clock.now() + 3600, {"crm": 1})
+    await relay.stop()
+    relay2 = await start_relay(config, background=False, clock=clock)
+    await relay2.scheduler.drain()
+    assert [r.headers["X-Relay-Attempt"] for r in sink.requests] == ["2", "3"]
+    [delivery] = (await detail(relay2, event_id)).event.deliveries
+    assert (delivery.id, delivery.status, delivery.attempts) == (claimed.id, Status.DEAD, 3)

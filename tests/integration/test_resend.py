@@ -206,6 +206,10 @@ async def test_cli_resend_from_a_file_and_from_the_editor(
     config = write_config(
         tmp_path / "cli.toml",
         {
+            # Each host's own listeners, from the service's environment: a
+            # shell has none of it, and a resend does not listen.
+            "server": {"listen": "${RELAY_LISTEN}"},
+            "admin": {"listen": "${RELAY_ADMIN_LISTEN}"},
             "storage": {"path": str(relay.config.storage.path)},
             "targets": {
                 "crm": {

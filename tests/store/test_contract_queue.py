@@ -285,7 +285,9 @@ async def test_after_a_crash_the_next_process_takes_orphaned_leases_back_at_once
     assert await store.recover_orphans(later) == 2
     again = await store.claim_due(later, later + 60, {"crm": 5, "audit": 5})
     assert sorted(c.id for c in again) == sorted(c.id for c in claimed[1:])
-    assert all(c.attempts == 0 for c in again)  # a lost attempt is not counted
+    # An interrupted attempt is counted (the next says X-Relay-Attempt: 2),
+    # not spent: the cycle's count, the retry budget, is as it was.
+    assert [(c.attempts, c.attempts_in_cycle) for c in again] == [(1, 0), (1, 0)]
     view = await store.get_delivery(claimed[0].id)
     assert view is not None
     assert (view.status, view.attempts) == (Status.PENDING, 1)  # recorded: not an orphan

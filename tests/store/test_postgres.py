@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -171,18 +172,23 @@ async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_o
     await a.release([slow.id], T0 + 61.5)  # a stopping gives back what it thinks it holds
     view = await b.get_delivery(slow.id)
     assert view is not None
-    assert (view.status, view.attempts) == (Status.IN_FLIGHT, 0)  # still b's
+    # Still b's; a's attempt counted when b took it over: b's is number 2.
+    assert (view.status, view.attempts) == (Status.IN_FLIGHT, 1)
+    assert taken.attempts == 1
     assert await a.claim_due(T0 + 63, T0 + 123, {"crm": 1}) == []  # nobody sends it beside b
     await b.record_attempt(
-        taken, AttemptRecord(1, T0 + 61, 0.1, "success", 200), Delivered(), T0 + 62
+        taken, AttemptRecord(2, T0 + 61, 0.1, "success", 200), Delivered(), T0 + 62
     )
     view = await b.get_delivery(slow.id)
     assert view is not None
-    assert (view.status, view.attempts, view.last_error) == (Status.DELIVERED, 1, None)
+    assert (view.status, view.attempts, view.last_error) == (Status.DELIVERED, 2, None)
     detail = await b.get_event(slow.event_id)
     assert detail is not None
-    # Both requests went out, and the history says so.
-    assert sorted(a.outcome for a in detail.attempts[slow.id]) == ["retry", "success"]
+    # Both requests went out, and the history says so, each with its number.
+    assert sorted((a.number, a.outcome) for a in detail.attempts[slow.id]) == [
+        (1, "retry"),
+        (2, "success"),
+    ]
 
 
 async def test_a_clock_minutes_ahead_takes_no_live_instances_lease(
@@ -313,6 +319,7 @@ async def test_a_claim_committed_whose_answer_was_lost_is_taken_back_at_the_next
             assert cutter.cut == 1
             assert await b.claim_due(T0 + 1, T0 + 3601, {"crm": 1}) == []  # a's, a is alive
             [again] = await a.claim_due(T0 + 1, T0 + 3601, {"crm": 1})
+            assert again.attempts == 0  # nothing was sent for a claim never answered
             # Now under way: neither a's next claim nor b's takes it.
             assert await a.claim_due(T0 + 2, T0 + 3602, {"crm": 1}, exclude=[again.id]) == []
             assert await b.claim_due(T0 + 2, T0 + 3602, {"crm": 1}) == []
@@ -713,6 +720,9 @@ async def test_a_dead_instances_leases_are_taken_over_before_they_expire(
         await connection.close()
     [taken] = await b.claim_due(T0 + 1, T0 + 61, {"crm": 1})
     assert taken.id == held.id
+    # a's attempt was interrupted: b's is the second (X-Relay-Attempt: 2),
+    # its retry budget untouched.
+    assert (taken.attempts, taken.attempts_in_cycle) == (1, 0)
 
 
 async def test_concurrency_is_a_total_across_instances(
@@ -890,3 +900,77 @@ async def test_a_store_that_never_leases_leaves_no_instance_behind(pg_url: str) 
         assert ids == {"worker"}  # the one that leased, and only it
     finally:
         await worker.close()
+
+
+async def test_the_instances_each_with_host_heartbeat_leases_and_the_leader(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    # An operator of three instances saw no list, no leader, no heartbeat
+    # ages (issue 40): `relay stats`, the API and the dashboard read this.
+    a, b = two
+    assert await b.instances() == []  # opened only: not serving yet
+    for store in (a, b):
+        await store.recover_orphans(T0)  # `relay serve` starts
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    await a.claim_due(T0, T0 + 60, {"crm": 1})
+    assert await b.lead()
+    listed = await a.instances()
+    assert [(i.id, i.state, i.leader, i.leases) for i in listed] == [
+        ("a", "alive", False, 1),
+        ("b", "alive", True, 0),
+    ]
+    assert all(i.host == socket.gethostname() for i in listed)
+    assert all(i.heartbeat_age is not None and i.heartbeat_age < 5 for i in listed)
+    first_start = listed[0].started_at
+    await a.close()
+    [gone, _] = await b.instances()
+    assert (gone.id, gone.state, gone.leases) == ("a", "stopped", 1)
+    assert gone.last_heartbeat is not None  # kept: when it was last heard of
+    # Started again under its name: the row says when this start was.
+    again = PostgresStore(pg_url, instance_id="a")
+    await again.open()
+    try:
+        await again.recover_orphans(T0 + 1)
+        [restarted, _] = await b.instances()
+        assert restarted.state == "alive"
+        assert restarted.started_at > first_start
+        assert restarted.leases == 0  # its own lease, given back at its start
+    finally:
+        await again.close()
+
+
+async def test_every_connection_of_an_instance_carries_its_name(pg_url: str) -> None:
+    # 39 connections for 3 instances, none named (issue 40): the pool, the
+    # heartbeats, the lead and the wake-ups each say relay/<instance>.
+    store = PostgresStore(pg_url, instance_id="vps1")
+    await store.open()
+    heard: list[str] = []
+    listening = asyncio.create_task(store.listen(heard.append))
+    try:
+        await store.recover_orphans(T0)  # starts the heartbeats
+        assert await store.lead()
+        await eventually(lambda: "listening" in heard)
+        connection = await asyncpg.connect(pg_url)
+        try:
+
+            async def names() -> list[str]:
+                return [
+                    row[0]
+                    for row in await connection.fetch(
+                        "SELECT application_name FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ]
+
+            deadline = asyncio.get_running_loop().time() + 5
+            while len(await names()) < 4:  # pool, heartbeat, lead, listener
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            assert set(await names()) == {"relay/vps1"}
+        finally:
+            await connection.close()
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
+        await store.close()

@@ -230,6 +230,26 @@ def test_a_cluster_instance_takes_its_name_and_dead_after() -> None:
     assert (defaults.instance_id, defaults.dead_after) == (None, 10.0)
 
 
+def test_a_command_needs_none_of_the_hosts_own_variables(tmp_path: Path) -> None:
+    # docs/postgres.md: one relay.toml on every host, each host's name and
+    # listeners from its own environment; `relay resend` and `render` in a
+    # shell need neither (they do not listen, and lease nothing).
+    path = tmp_path / "relay.toml"
+    path.write_text(
+        '[server]\nlisten = "${RELAY_LISTEN}"\n'
+        '[admin]\nlisten = "${RELAY_ADMIN_LISTEN}"\n'
+        '[storage]\nurl = "postgresql://relay@db/relay"\ninstance_id = "${RELAY_INSTANCE}"\n'
+        '[targets.crm]\ntype = "file"\npath = "crm.jsonl"\n'
+        '[routes.leads]\npath = "/hooks/leads"\ntargets = ["crm"]\n'
+    )
+    config = load_config(path, {}, command=True)
+    assert config.storage.instance_id is None
+    assert list(config.targets) == ["crm"]
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, {})  # relay serve and check need them all
+    assert "RELAY_LISTEN" in str(raised.value)
+
+
 def test_environment_references_are_substituted_and_remembered_as_secrets() -> None:
     data = merged(targets={"crm": {"headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}})
     config = parse(data, {"CRM_TOKEN": "s3cret-token"})
