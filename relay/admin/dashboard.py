@@ -25,7 +25,8 @@ from aiohttp import web
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
-from relay.inputs import BadRequest, instant, row_id
+from relay.inputs import BadRequest, instant, known_name, row_id
+from relay.localtime import Zone, format_iso_local, format_local
 from relay.payload import parse_form
 from relay.resend import EditRejected, default_targets, editable_body, plan_resend
 from relay.search import SearchError, describe, parse_search
@@ -41,7 +42,6 @@ from relay.store import (
     Status,
     StoreError,
 )
-from relay.units import format_instant
 from relay.views import (
     delivery_summary,
     event_detail,
@@ -91,13 +91,21 @@ def _templates() -> jinja2.Environment:
     # looks, and Jinja2 is ~2 MiB of a relay's memory (relay/budget.py).
     import jinja2
 
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+    @jinja2.pass_context
+    def local(context: jinja2.runtime.Context, text: str | None) -> str:
+        """A view's UTC time in the config's zone, with its offset ("—" for none)."""
+        return format_iso_local(text, context["zone"]) if text else "—"
+
+    environment.filters["local"] = local
+    return environment
 
 
 def _load_static() -> dict[str, tuple[bytes, str]]:
@@ -227,9 +235,11 @@ def _render(request: web.Request, name: str, **context: Any) -> web.Response:
         "dead_total": context.pop("dead_total", None),
         "done": message,
         "problem": context.pop("problem", ""),
+        "zone": operator.config.zone,
     }
+    http_status = context.pop("http_status", None)
     html = _templates().get_template(name).render(**{**base, **context})
-    status = context.get("status", 200)
+    status = http_status or context.get("status", 200)
     return web.Response(
         text=html, content_type="text/html", status=status, headers=SECURITY_HEADERS
     )
@@ -333,12 +343,12 @@ async def overview(request: web.Request) -> web.Response:
         page="overview",
         stats=stats,
         pending_total=pending,
-        chart=_chart(activity),
+        chart=_chart(activity, operator.config.zone),
         dead_total=stats["dead"],
     )
 
 
-def _chart(activity: list[Any]) -> dict[str, Any]:
+def _chart(activity: list[Any], zone: Zone) -> dict[str, Any]:
     width, height, gap = 960, 120, 4
     bar_width = width / max(len(activity), 1) - gap
     peak = max((hour.attempts for hour in activity), default=0) or 1
@@ -353,7 +363,7 @@ def _chart(activity: list[Any]) -> dict[str, Any]:
                 "attempts": hour.attempts,
                 "failed": hour.failed,
                 "dead": hour.dead,
-                "label": format_instant(hour.hour)[11:16] + " UTC",
+                "label": format_local(hour.hour, zone)[11:16],
             }
         )
     return {
@@ -379,22 +389,19 @@ async def _listing(
 ) -> web.Response:
     operator = _operator(request)
     filters = _filters(request)
-    now = operator.clock.now()
-    if status is None and filters["status"] in {s.value for s in Status}:
-        status = Status(filters["status"])
     search = filters["q"]
     cursor = request.query.get("cursor", "")
     before_id = row_id(cursor, "cursor") if cursor else None
-    query = EventQuery(
-        status=status,
-        route=filters["route"] or None,
-        target=filters["target"] or None,
-        since=instant(filters["since"], "since", now),
-        until=instant(filters["until"], "until", now),
-        limit=PAGE_SIZE,
-        before_id=before_id,
-    )
-    events, search_note, problem = await _search(operator, query, search)
+    try:
+        query = await _event_filters(operator, filters, status, before_id)
+    except BadRequest as bad:
+        # Said beside the form, which keeps what was typed: never a bare text page.
+        query, problem = None, _sentence(str(bad))
+        extra["http_status"] = 400
+    if query is not None:
+        events, search_note, problem = await _search(operator, query, search)
+    else:
+        events, search_note = [], ""
     event_id = search.removeprefix("#")
     if not events and _is_id(event_id) and await operator.store.get_event(int(event_id)):
         raise web.HTTPFound(f"/events/{int(event_id)}")  # the search was an event id
@@ -417,6 +424,28 @@ async def _listing(
         problem=problem,
         **extra,
     )
+
+
+async def _event_filters(
+    operator: Operator, filters: Mapping[str, str], status: Status | None, before_id: int | None
+) -> EventQuery:
+    """The listing's filters, each checked: an unknown route, target or status
+    or a time that does not parse is a BadRequest naming the field."""
+    now, zone = operator.clock.now(), operator.config.zone
+    named = known_name(filters["status"], "status", "status", [s.value for s in Status])
+    if status is None and named:
+        status = Status(named)
+    query = EventQuery(
+        status=status,
+        route=filters["route"] or None,
+        target=filters["target"] or None,
+        since=instant(filters["since"], "since", now, zone),
+        until=instant(filters["until"], "until", now, zone),
+        limit=PAGE_SIZE,
+        before_id=before_id,
+    )
+    await operator.check_names(query.route, query.target)
+    return query
 
 
 async def _search(
@@ -466,20 +495,24 @@ async def deliveries(request: web.Request) -> web.Response:
     )
 
 
-def _selection(fields: Mapping[str, str], now: float) -> Selection:
+def _selection(fields: Mapping[str, str], now: float, operator: Operator) -> Selection:
+    zone = operator.config.zone
     return Selection(
         status=Status.DEAD,
         route=fields.get("route") or None,
         target=fields.get("target") or None,
-        since=instant(fields.get("since", ""), "since", now),
-        until=instant(fields.get("until", ""), "until", now),
+        since=instant(fields.get("since", ""), "since", now, zone),
+        until=instant(fields.get("until", ""), "until", now, zone),
     )
 
 
 async def dead_letter(request: web.Request) -> web.Response:
     operator = _operator(request)
     filters = _filters(request)
-    total = await operator.store.count(_selection(filters, operator.clock.now()))
+    try:
+        total = await operator.store.count(_selection(filters, operator.clock.now(), operator))
+    except BadRequest:
+        total = 0  # the listing says what is wrong, beside its form
     fields = [
         (k, v) for k, v in filters.items() if v and k in ("route", "target", "since", "until")
     ]
@@ -503,7 +536,8 @@ async def requeue_dead(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     form = await request.post()
     fields = {k: str(form.get(k, "")).strip() for k in ("route", "target", "since", "until")}
-    selection = _selection(fields, operator.clock.now())
+    selection = _selection(fields, operator.clock.now(), operator)
+    await operator.check_names(selection.route, selection.target)
     kept = [(k, v) for k, v in fields.items() if v]
     if form.get("confirm") != "yes":
         count = await operator.store.count(selection)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import errno
 import os
+import re
 import select
 import shlex
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import orjson
 
@@ -20,7 +23,7 @@ from relay.actions import Actions
 from relay.clock import SystemClock
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.envfile import parse_env_file
-from relay.inputs import row_id
+from relay.inputs import BadRequest, instant, row_id, whole_number
 from relay.loops import loop_factory
 from relay.store import Store, open_store
 
@@ -31,6 +34,68 @@ DEFAULT_CONFIG_PATHS = (Path("relay.toml"), Path("/etc/relay/relay.toml"))
 
 class CommandError(Exception):
     """A one-line message for the user; the command exits non-zero."""
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<names>.*)\)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, and a typo gets a suggestion: "did you mean --route?", "did
+    you mean dead?" — under the usage of the subcommand it was typed for."""
+
+    def error(self, message: str) -> NoReturn:
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            names = [name.strip(" '") for name in match["names"].split(",")]
+            close = difflib.get_close_matches(match["given"], names, n=1)
+            if close:
+                message += f"; did you mean {close[0]}?"
+        super().error(message)
+
+    def unrecognized(self, extras: list[str]) -> NoReturn:
+        """What argparse left over, said by the parser of the subcommand."""
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        hints = []
+        for extra in extras:
+            if extra.startswith("-"):
+                close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1)
+                if close:
+                    hints.append(f"did you mean {close[0]}?")
+        self.error("; ".join([f"unrecognized arguments: {' '.join(extras)}", *hints]))
+
+
+def count_type(maximum: int = 100_000) -> Callable[[str], int]:
+    """`--limit` and such: a whole number from 1 ("0" or "-5" is an error, not one row)."""
+
+    def parse(text: str) -> int:
+        try:
+            return whole_number(text, "value", maximum=maximum)
+        except BadRequest:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {maximum}, not {text!r}"
+            ) from None
+
+    return parse
+
+
+def add_time_options(parser: argparse.ArgumentParser, what: str = "events received") -> None:
+    forms = (
+        "a date (2026-12-02), a local time (2026-12-02T15:00), an ISO time with an"
+        ' offset, an age ("2h", "3d") or "today"/"yesterday"; local times are in admin.timezone'
+    )
+    parser.add_argument("--since", metavar="TIME", help=f"only {what} at or after TIME: {forms}")
+    parser.add_argument("--until", metavar="TIME", help=f"only {what} before TIME (same forms)")
+
+
+def time_window(
+    args: argparse.Namespace, config: Config | OperatorConfig
+) -> tuple[float | None, float | None]:
+    """--since and --until as Unix times, read in the config's time zone."""
+    now = time.time()
+    return (
+        instant(getattr(args, "since", None), "--since", now, config.zone),
+        instant(getattr(args, "until", None), "--until", now, config.zone),
+    )
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +126,9 @@ def add_service_environment_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of text (times in UTC)"
+    )
 
 
 def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:

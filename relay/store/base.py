@@ -657,7 +657,16 @@ class Queries(Protocol):
         """Per hour from `since`: attempts made, failed, and deliveries gone dead."""
         ...
 
-    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]: ...
+    async def list_rejections(
+        self,
+        route: str | None,
+        limit: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Rejection]:
+        """The newest refused requests first; `since` inclusive, `until` exclusive."""
+        ...
 
     async def search_progress(self) -> SearchProgress: ...
 

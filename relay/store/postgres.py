@@ -1222,12 +1222,23 @@ class PostgresStore:
 
         await self._write(job)
 
-    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]:
+    async def list_rejections(
+        self,
+        route: str | None,
+        limit: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Rejection]:
         rows = await self._read(
             "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
-            " WHERE $1::text IS NULL OR route = $1 ORDER BY id DESC LIMIT $2",
+            " WHERE ($1::text IS NULL OR route = $1)"
+            " AND ($3::double precision IS NULL OR at >= $3)"
+            " AND ($4::double precision IS NULL OR at < $4) ORDER BY id DESC LIMIT $2",
             route,
             limit,
+            since,
+            until,
         )
         return [
             Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))

@@ -934,12 +934,23 @@ class SqliteStore:
 
         await self._write(job)
 
-    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]:
+    async def list_rejections(
+        self,
+        route: str | None,
+        limit: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Rejection]:
         sql = "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
+        where: list[str] = []
         params: list[Any] = []
-        if route is not None:
-            sql += " WHERE route = ?"
-            params.append(route)
+        for clause, value in (("route = ?", route), ("at >= ?", since), ("at < ?", until)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(limit)
         return [

@@ -101,12 +101,15 @@ async def test_events_listing_filters_and_cursor(
     assert [e["id"] for e in page2["events"]] == [ids[2], ids[1]]
     found = await api(http, relay, "GET", "/api/v1/events?key=k3")
     assert [e["id"] for e in found["events"]] == [ids[3]]
-    assert (await api(http, relay, "GET", "/api/v1/events?route=nope"))["events"] == []
+    # A typo is no empty page: it names the valid routes.
+    typo = await api(http, relay, "GET", "/api/v1/events?route=nope", status=400)
+    assert typo["error"].startswith("route: no route nope; the routes are: ")
     pending = await api(http, relay, "GET", "/api/v1/events?status=pending&target=crm")
     assert len(pending["events"]) == 5
     await api(http, relay, "GET", "/api/v1/events?status=weird", status=400)
     await api(http, relay, "GET", "/api/v1/events?limit=0", status=400)
-    await api(http, relay, "GET", "/api/v1/events?since=yesterday", status=400)
+    await api(http, relay, "GET", "/api/v1/events?since=next+tuesday", status=400)
+    assert len((await api(http, relay, "GET", "/api/v1/events?since=yesterday"))["events"]) == 5
     detail = await api(http, relay, "GET", f"/api/v1/events/{ids[0]}")
     assert detail["idempotency_key"] == "k0"
     assert detail["deliveries"][0]["attempts_log"] == []

@@ -135,6 +135,10 @@ async def test_rejections_keep_the_newest_per_route(store: Store) -> None:
     assert [r.route for r in await store.list_rejections("leads", 10)] == ["leads"]
     assert len(await store.list_rejections(None, 3)) == 3
     assert {r.route for r in await store.list_rejections(None, 1000)} == {"orders", "leads"}
+    # A time window: since inclusive, until exclusive (`relay rejections --since`).
+    window = await store.list_rejections("orders", 1000, since=T0 + 10, until=T0 + 12)
+    assert [r.detail for r in window] == ["try 11", "try 10"]
+    assert await store.list_rejections(None, 1000, since=T0 + 1000) == []
 
 
 async def test_stats_gauges_and_target_states_agree(store: Store) -> None:
