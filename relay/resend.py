@@ -42,6 +42,7 @@ from relay.secrets import (
 )
 from relay.store import EventDetail, Header, Resend, Status
 from relay.targets import Envelope, build_target
+from relay.targets.base import unstored_event_id
 
 # Headers that describe the original body, not the edited one.
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
@@ -337,5 +338,6 @@ def _preview(config: Config, detail: EventDetail, resend: Resend, masker: Masker
         except TemplateError as error:
             previews.append(Preview(name, target.type, None, masker.text(str(error))))
             continue
-        previews.append(Preview(name, target.type, masker.text(text)))
+        shown = unstored_event_id(text, "(the copy's own event id)")
+        previews.append(Preview(name, target.type, masker.text(shown)))
     return previews

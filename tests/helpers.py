@@ -276,3 +276,11 @@ async def arelay_cli(
 
 async def arelay_json(*args: str, env: Mapping[str, str] | None = None) -> Any:
     return json.loads((await arelay_cli(*args, "--json", env=env)).stdout)
+
+
+def admin_credentials(folder: Path, token: str = "0123456789abcdef0123") -> dict[str, str]:
+    """What systemd's LoadCredential= gives the starter config's admin token
+    (`${file:relay_admin_token}`): a folder with the file, in the environment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "relay_admin_token").write_text(token + "\n")
+    return {"CREDENTIALS_DIRECTORY": str(folder)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import difflib
 import errno
 import os
@@ -142,10 +143,48 @@ def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
     raise CommandError("no config file: pass --config PATH or set RELAY_CONFIG")
 
 
-def service_environ(args: argparse.Namespace) -> dict[str, str]:
-    """This process's environment, plus --env-file's variables and --credentials."""
-    environ = dict(os.environ)
+# Where deploy.md puts what the unit hands the service, beside its config:
+# EnvironmentFile=/etc/relay/relay.env, LoadCredential=...:/etc/relay/credentials/NAME.
+SERVICE_ENV_FILE = "relay.env"
+SERVICE_CREDENTIALS = "credentials"
+
+
+def service_sources(
+    args: argparse.Namespace, config: Path, environ: Mapping[str, str]
+) -> tuple[Path | None, Path | None]:
+    """The env file and credentials folder to read: --env-file and --credentials
+    when given, else the service's own beside the config (relay.env,
+    credentials/) when they are there — so that `sudo relay check`, `render`
+    and `resend` see what the service sees, with no flag to remember. A
+    credentials folder the environment already names ($CREDENTIALS_DIRECTORY,
+    inside the unit) is kept."""
     env_file: Path | None = getattr(args, "env_file", None)
+    credentials: Path | None = getattr(args, "credentials", None)
+    folder = config.parent
+    if not hasattr(args, "env_file"):
+        # `relay serve`: systemd hands it its environment and credentials. Run
+        # by hand beside a config `relay init` wrote, it finds the admin token
+        # there (when it may read it; else the credential's error says how).
+        beside = folder / SERVICE_CREDENTIALS
+        if not environ.get("CREDENTIALS_DIRECTORY") and os.access(beside, os.R_OK | os.X_OK):
+            return None, beside
+        return None, None
+    if env_file is None and (folder / SERVICE_ENV_FILE).is_file():
+        env_file = folder / SERVICE_ENV_FILE
+    if (
+        credentials is None
+        and not environ.get("CREDENTIALS_DIRECTORY")
+        and (folder / SERVICE_CREDENTIALS).is_dir()
+    ):
+        credentials = folder / SERVICE_CREDENTIALS
+    return env_file, credentials
+
+
+def service_environ(
+    args: argparse.Namespace, env_file: Path | None, credentials: Path | None
+) -> dict[str, str]:
+    """This process's environment, plus the env file's variables and credentials."""
+    environ = dict(os.environ)
     if env_file is not None:
         try:
             text = env_file.read_text(encoding="utf-8")
@@ -154,18 +193,26 @@ def service_environ(args: argparse.Namespace) -> dict[str, str]:
         except UnicodeDecodeError:
             raise CommandError(f"{env_file}: not UTF-8 (systemd ignores such lines)") from None
         environ.update(parse_env_file(text))
-    credentials: Path | None = getattr(args, "credentials", None)
     if credentials is not None:
         if not credentials.is_dir():
             raise CommandError(f"--credentials {credentials}: not a directory")
+        if not os.access(credentials, os.R_OK | os.X_OK):
+            raise CommandError(
+                _cannot(credentials, PermissionError(errno.EACCES, "denied"), "read")
+            )
         environ["CREDENTIALS_DIRECTORY"] = str(credentials.resolve())
     return environ
 
 
 def read_config(args: argparse.Namespace) -> Config:
-    environ = service_environ(args)
+    path = config_path(args, os.environ)
+    env_file, credentials = service_sources(args, path, os.environ)
+    if hasattr(args, "env_file"):
+        # What was read, for `relay check` to say (and to check the env file).
+        args.env_file, args.credentials = env_file, credentials
+    environ = service_environ(args, env_file, credentials)
     try:
-        return load_config(config_path(args, environ), environ)
+        return load_config(path, environ)
     except ConfigError as error:
         hint = ""
         # `relay check`/`render` in a shell on the server: the variables are in
@@ -173,15 +220,25 @@ def read_config(args: argparse.Namespace) -> Config:
         unset = error.problem.startswith("environment variable ") and error.problem.endswith(
             " is not set"
         )
-        if unset and hasattr(args, "env_file") and args.env_file is None:
+        if unset and hasattr(args, "env_file") and env_file is None:
             hint = " (outside the service: --env-file FILE, e.g. /etc/relay/relay.env)"
         raise CommandError(f"config error: {error}{hint}") from None
 
 
 def read_operator_config(args: argparse.Namespace) -> OperatorConfig:
-    """For commands that work on the database: secrets of targets are not needed."""
+    """For commands that work on the database: secrets of targets are not needed.
+    [storage] may name some (a PostgreSQL password): the service's env file and
+    credentials beside the config are read when this user may read them."""
+    path = config_path(args, os.environ)
+    environ = dict(os.environ)
+    env_file, credentials = path.parent / SERVICE_ENV_FILE, path.parent / SERVICE_CREDENTIALS
+    # Not there, or not ours to read: [storage] rarely needs it.
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        environ.update(parse_env_file(env_file.read_text(encoding="utf-8")))
+    if not environ.get("CREDENTIALS_DIRECTORY") and os.access(credentials, os.R_OK | os.X_OK):
+        environ["CREDENTIALS_DIRECTORY"] = str(credentials.resolve())
     try:
-        return load_operator_config(config_path(args, os.environ), os.environ)
+        return load_operator_config(path, environ)
     except ConfigError as error:
         raise CommandError(f"config error: {error}") from None
 

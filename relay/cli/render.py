@@ -45,6 +45,7 @@ def render(args: argparse.Namespace) -> int:
     from relay.incoming import Incoming, idempotency_key, plan_deliveries
     from relay.sources import Ping, Reject, build_source
     from relay.targets import Envelope, build_target
+    from relay.targets.base import unstored_event_id
     from relay.templates import TemplateError, marking_defaults
 
     config = read_config(args)
@@ -66,6 +67,11 @@ def render(args: argparse.Namespace) -> int:
     incoming = Incoming(payload)
     masker = config.masker
     print(f"route {route.name}: POST {masker.text(route.path)}")
+    if not args.wire:
+        print(
+            "(bodies decoded for reading: form fields one a line, JSON indented;"
+            " --wire shows the exact bytes)"
+        )
     # The same steps as ingress: the route's source profile, then its key.
     source = build_source(route)
     check = source.check(incoming, time.time())
@@ -118,7 +124,7 @@ def render(args: argparse.Namespace) -> int:
             print(f"would be dead: {error}")
             failed = True
             continue
-        print(masker.text(preview))
+        print(masker.text(unstored_event_id(preview, "(the event's id once stored)")))
         if fell_back:
             # A missing field is easy to miss in a filled-in template: say it.
             print(f"NOTE: fell back to a default ({', '.join(dict.fromkeys(fell_back))}):")

@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 
 from relay.cli.common import (
+    SERVICE_CREDENTIALS,
+    SERVICE_ENV_FILE,
     CommandError,
     add_config_option,
     opened_store,
@@ -79,12 +81,37 @@ def write_starter(args: argparse.Namespace) -> int:
         os.fchmod(descriptor, CONFIG_MODE)  # an existing file (--force) keeps no other mode
         handle.write(starter_config(args.database))
     print(f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets, they come from ${{VARS}})")
-    print("next: set the variables it names (see the top of the file), then:")
-    print(f"  relay check --config {path}")
-    # Drawn here so that nobody has to invent one (or leave the admin API open).
-    print("a fresh admin token for the environment (shown once, not written anywhere):")
-    print(f"  RELAY_ADMIN_TOKEN={secrets.token_urlsafe(32)}")
+    token_path, fresh = _admin_token(path.parent / SERVICE_CREDENTIALS)
+    print(
+        f"{'wrote' if fresh else 'kept'} the admin token in {token_path} (mode 600; the"
+        f" dashboard's password, the API's bearer token): sudo cat {token_path}"
+    )
+    env_file = path.parent / SERVICE_ENV_FILE
+    print(f"next: set the variables it names (see the top of the file) in {env_file}, then:")
+    found_alone = path.resolve() == Path("/etc/relay/relay.toml")
+    print(f"  sudo relay check{'' if found_alone else f' --config {path}'}")
     return 0
+
+
+ADMIN_TOKEN = "relay_admin_token"
+
+
+def _admin_token(folder: Path) -> tuple[Path, bool]:
+    """The starter's admin token, one file (`${file:relay_admin_token}`), drawn
+    here so that nobody has to invent one or leave the admin API open. An
+    existing one is kept (`init --force` rewrites the config, not the
+    password people sign in with)."""
+    path = folder / ADMIN_TOKEN
+    if not folder.exists():
+        folder.mkdir(mode=0o700)
+        folder.chmod(0o700)  # whatever the umask: root's alone, systemd copies from it
+    if path.exists():
+        return path, False
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        os.fchmod(descriptor, 0o600)
+        handle.write(secrets.token_urlsafe(32) + "\n")
+    return path, True
 
 
 def _make_folders(folder: Path) -> None:

@@ -7,7 +7,9 @@ import contextlib
 import gc
 import math
 import os
+import pwd
 import sqlite3
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -149,6 +151,9 @@ class SqliteStore:
             await self._search_reader.set_progress_handler(self._search_expired, 10_000)
         except sqlite3.Error as error:
             await self.close()
+            problem = ownership_problem(self.path)
+            if problem is not None:
+                raise StoreUnavailable(problem) from None
             raise unavailable(error) from None
         opened = os.stat(self.path)
         self._identity = (opened.st_dev, opened.st_ino)
@@ -1060,6 +1065,31 @@ def _forget_prepared(connection: sqlite3.Connection) -> None:
     for referent in gc.get_referents(connection):
         if callable(getattr(referent, "cache_clear", None)):
             referent.cache_clear()
+
+
+def ownership_problem(database: Path) -> str | None:
+    """Why this process may not write the database or its -wal/-shm files: the
+    owner and the fix. A backup restored as root (`cp` into a fresh
+    /var/lib/relay) leaves a root-owned file the service's user cannot write,
+    and SQLite says only "attempt to write a readonly database"."""
+    for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if os.access(path, os.R_OK | os.W_OK):
+            continue
+        try:
+            owner = f"{pwd.getpwuid(info.st_uid).pw_name} (uid {info.st_uid})"
+        except KeyError:
+            owner = f"uid {info.st_uid}"
+        return (
+            f"database cannot be written: {path} is owned by {owner}, mode"
+            f" {stat.S_IMODE(info.st_mode):o}, and relay runs as uid {os.geteuid()}; give it"
+            f" to relay's user, e.g. after a restore as root: sudo chown --reference="
+            f"{path.parent} {path} (docs/operate.md, Backups)"
+        )
+    return None
 
 
 def _open_copy(path: Path) -> str:

@@ -113,6 +113,10 @@ async def test_a_rejected_lead_is_corrected_resent_and_arrives_original_untouche
     assert preview["targets"] == ["crm"]  # the dead one, by default
     [crm_preview] = preview["previews"]
     assert "+79991234567" in crm_preview["request"]
+    assert '"name": "Иван"' in crm_preview["request"]  # text as text, not \u escapes
+    # The copy's id is drawn when it is stored; no CLI hint in a page or API answer.
+    assert "X-Relay-Event-Id: (the copy's own event id)" in crm_preview["request"]
+    assert "--wire" not in crm_preview["request"]
     assert CRM_KEY not in json.dumps(preview)
     assert (await relay.store.search_progress()).newest == int(original)
 
