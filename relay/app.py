@@ -105,6 +105,7 @@ class Relay:
         self.store = open_store(config.storage)
         shared = self.store if isinstance(self.store, Shared) else None
         self.metrics = Metrics(cluster=shared is not None)
+        self.metrics.configure(config)
         # On PostgreSQL one instance of the cluster runs retention, alert
         # grouping and the queue gauges: the one leading. On SQLite, this one.
         self.leadership = Leadership(
@@ -233,7 +234,7 @@ class Relay:
 
     def _observe_attempt(self, report: AttemptReport) -> None:
         target = report.delivery.target
-        self.metrics.count_attempt(target, report.outcome.verdict.value, report.duration)
+        self.metrics.count_attempt(report.delivery.route, target, report.said, report.duration)
         if report.decision.next is Next.DEAD:
             self.metrics.dead.labels(report.delivery.route, target).inc()
         if self._log_attempts:
@@ -436,6 +437,7 @@ class Relay:
         retired = [t for name, t in self.targets.items() if targets.get(name) is not t]
         self.config = config
         self.targets = targets
+        self.metrics.configure(config)
         self.scheduler.reconfigure(config, targets)
         if isinstance(self.store, Shared):
             self.store.reconfigure(config)

@@ -386,6 +386,8 @@ class Gauges:
 
     counts: Mapping[tuple[str, Status], int]  # (target, status) for pending/in_flight/dead
     oldest_pending_received_at: float | None
+    # Per target: pending deliveries behind a dead one of their ordering key.
+    held: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1097,7 +1097,10 @@ class PostgresStore:
                 " WHERE status IN ('pending', 'in_flight', 'dead') GROUP BY target, status"
             ):
                 counts[(target, Status(status))] = count
-            return Gauges(counts=counts, oldest_pending_received_at=await _oldest(connection))
+            held = {t: n for t, n in await connection.fetch(rows.HELD_BEHIND_DEAD)}
+            return Gauges(
+                counts=counts, oldest_pending_received_at=await _oldest(connection), held=held
+            )
 
     async def stats(self) -> Stats:
         async with self._snapshot() as connection:

@@ -66,6 +66,7 @@ from relay.store.rows import (
     EVENT_COLUMNS,
     EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
+    HELD_BEHIND_DEAD,
     HELD_TARGETS,
     LOG_COLUMNS,
     NEXT_IN_LINE,
@@ -797,7 +798,10 @@ class SqliteStore:
                 slow=True,
             ):
                 counts[(target, status)] = count
-        return Gauges(counts=counts, oldest_pending_received_at=await self._oldest_pending())
+        held = {target: count for target, count in await self._read(HELD_BEHIND_DEAD, slow=True)}
+        return Gauges(
+            counts=counts, oldest_pending_received_at=await self._oldest_pending(), held=held
+        )
 
     async def _oldest_pending(self) -> float | None:
         # Delivery ids grow with arrival, and the partial due index holds
