@@ -9,8 +9,15 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
-from relay.cli.common import add_config_option, add_service_environment_options, read_config
+from relay.cli.common import (
+    add_config_option,
+    add_json_option,
+    add_service_environment_options,
+    emit,
+    read_config,
+)
 from relay.config import Config, TargetConfig
 from relay.envfile import parse_env_file
 from relay.kinds import target_kind
@@ -24,6 +31,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser("check", help="check the config and print what it sets up")
     add_config_option(parser)
     add_service_environment_options(parser)
+    add_json_option(parser)
     parser.set_defaults(handler=run)
 
 
@@ -33,10 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from relay.advice import warnings
 
     config = read_config(args)
-    print(describe(config))
     sources = [str(p) for p in (args.env_file, args.credentials) if p is not None]
-    if sources:
-        print(f"secrets read from: {', '.join(sources)} (as the unit hands them to the service)")
     found = [
         *warnings(config),
         *database_warnings(config),
@@ -44,9 +49,47 @@ def run(args: argparse.Namespace) -> int:
         *readable_warnings(config.source),
         *restart_warnings(config, [p for p in (args.env_file, args.credentials) if p]),
     ]
+    if args.json:
+        emit(args, {**summary(config), "secrets_from": sources, "warnings": found}, str)
+        return 0
+    print(describe(config))
+    if sources:
+        print(f"secrets read from: {', '.join(sources)} (as the unit hands them to the service)")
     for warning in found:
         print(f"warning: {warning}")
     return 0
+
+
+def summary(config: Config) -> dict[str, Any]:
+    """What `describe` says, as data (`relay check --json`)."""
+    masker = config.masker
+    routes = []
+    for route in config.routes.values():
+        targets = []
+        for route_target in route.targets:
+            target = config.targets[route_target.target]
+            targets.append(
+                {
+                    "target": target.name,
+                    "type": target.type,
+                    "where": where(target, masker),
+                    "concurrency": target.concurrency,
+                    "rate": str(target.rate) if target.rate is not None else None,
+                    "when": route_target.when.source if route_target.when else None,
+                    "schedule": describe_schedule(route_target.retry),
+                }
+            )
+        routes.append({"name": route.name, "path": masker.text(route.path), "targets": targets})
+    used = {t.target for r in config.routes.values() for t in r.targets}
+    storage = config.storage
+    return {
+        "config": str(config.source),
+        "ok": True,
+        "ingress": str(config.server.listen),
+        "storage": str(storage.path) if storage.url is None else masker.text(storage.describe()),
+        "routes": routes,
+        "unused_targets": sorted(set(config.targets) - used),
+    }
 
 
 def readable_warnings(path: Path | None) -> list[str]:

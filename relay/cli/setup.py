@@ -16,6 +16,8 @@ from relay.cli.common import (
     SERVICE_ENV_FILE,
     CommandError,
     add_config_option,
+    add_json_option,
+    emit,
     opened_store,
     read_operator_config,
     run,
@@ -36,6 +38,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="where to write it (default: ./relay.toml; for the service: /etc/relay/relay.toml)",
     )
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_json_option(init)
     init.add_argument(
         "--database",
         metavar="DB",
@@ -48,6 +51,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "backup", help="a consistent copy of the database, safe while relay runs"
     )
     add_config_option(backup)
+    add_json_option(backup)
     backup.add_argument("destination", metavar="DEST", type=Path)
     backup.add_argument("--force", action="store_true", help="overwrite an existing file")
     backup.set_defaults(handler=make_backup)
@@ -80,16 +84,30 @@ def write_starter(args: argparse.Namespace) -> int:
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         os.fchmod(descriptor, CONFIG_MODE)  # an existing file (--force) keeps no other mode
         handle.write(starter_config(args.database))
-    print(f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets, they come from ${{VARS}})")
     token_path, fresh = _admin_token(path.parent / SERVICE_CREDENTIALS)
-    print(
-        f"{'wrote' if fresh else 'kept'} the admin token in {token_path} (mode 600; the"
-        f" dashboard's password, the API's bearer token): sudo cat {token_path}"
-    )
     env_file = path.parent / SERVICE_ENV_FILE
-    print(f"next: set the variables it names (see the top of the file) in {env_file}, then:")
     found_alone = path.resolve() == Path("/etc/relay/relay.toml")
-    print(f"  sudo relay check{'' if found_alone else f' --config {path}'}")
+    check = f"sudo relay check{'' if found_alone else f' --config {path}'}"
+    emit(
+        args,
+        {
+            "config": str(path),
+            "admin_token_file": str(token_path),
+            "admin_token_written": fresh,
+            "env_file": str(env_file),
+            "next": check,
+        },
+        lambda _: "\n".join(
+            [
+                f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets,"
+                " they come from ${VARS})",
+                f"{'wrote' if fresh else 'kept'} the admin token in {token_path} (mode 600;"
+                f" the dashboard's password, the API's bearer token): sudo cat {token_path}",
+                f"next: set the variables it names (see the top of the file) in {env_file}, then:",
+                f"  {check}",
+            ]
+        ),
+    )
     return 0
 
 
@@ -140,9 +158,20 @@ def make_backup(args: argparse.Namespace) -> int:
 
     events = run(act())
     size = destination.stat().st_size
-    print(
-        f"backed up {config.storage.path} to {destination}: {events} events,"
-        f" {format_size(size) if size % 1024 == 0 else f'{size} bytes'},"
-        f" mode {stat.S_IMODE(destination.stat().st_mode):o} (it holds what senders sent)"
+    mode = stat.S_IMODE(destination.stat().st_mode)
+    emit(
+        args,
+        {
+            "database": str(config.storage.path),
+            "destination": str(destination),
+            "events": events,
+            "bytes": size,
+            "mode": f"{mode:o}",
+        },
+        lambda _: (
+            f"backed up {config.storage.path} to {destination}: {events} events,"
+            f" {format_size(size) if size % 1024 == 0 else f'{size} bytes'},"
+            f" mode {mode:o} (it holds what senders sent)"
+        ),
     )
     return 0
