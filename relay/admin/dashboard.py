@@ -27,8 +27,16 @@ from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, S
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.inputs import BadRequest, instant, known_name, row_id
 from relay.localtime import Zone, format_iso_local, format_local
-from relay.payload import parse_form
-from relay.resend import EditRejected, default_targets, editable_body, plan_resend
+from relay.payload import media_type, parse_form
+from relay.resend import (
+    FORM,
+    EditRejected,
+    default_targets,
+    editable_body,
+    editable_fields,
+    fields_body,
+    plan_resend,
+)
 from relay.search import SearchError, describe, parse_search
 from relay.secrets import MASK, Masker
 from relay.store import (
@@ -599,12 +607,26 @@ async def resend_page(request: web.Request) -> web.Response:
     """The edit form: the body as shown (secrets masked), the event's targets."""
     operator = _operator(request)
     detail = await _detail(request)
+    fields: str | None = None
+    if request.query.get("wire") != "1":  # the form's fields decoded, unless asked
+        fields = await asyncio.to_thread(editable_fields, detail, operator.masker)
     try:
-        body = await asyncio.to_thread(editable_body, detail, operator.masker)
+        body: str = (
+            fields
+            if fields is not None
+            else await asyncio.to_thread(editable_body, detail, operator.masker)
+        )
     except EditRejected as problem:
         return _plain(problem.status, str(problem))
     chosen = default_targets(detail)
-    return _resend_form(request, detail, body, detail.payload.content_type or "", chosen)
+    return _resend_form(
+        request,
+        detail,
+        body,
+        detail.payload.content_type or "",
+        chosen,
+        as_fields=fields is not None,
+    )
 
 
 async def resend_post(request: web.Request) -> web.StreamResponse:
@@ -619,14 +641,19 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     wanted = [str(name) for name in form.getall("target", [])]
     session = request.get(SESSION, "")
     by = f"dashboard session {session[:8]} from {request.remote or 'unknown address'}"
+    as_fields = form.get("format") == "fields"
     try:
         if not wanted:  # an empty choice is not "the default targets" here
             raise EditRejected(400, "choose at least one target")
+        if as_fields:
+            edited = await asyncio.to_thread(fields_body, text, detail, operator.masker)
+        else:
+            edited = text.encode("utf-8")
         plan = await asyncio.to_thread(
             plan_resend,
             operator.config,
             detail,
-            text.encode("utf-8"),
+            edited,
             content_type or None,
             wanted,
             by,
@@ -639,10 +666,13 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
             text,
             content_type,
             wanted,
+            as_fields=as_fields,
             problem=_sentence(str(rejected)),
             status=rejected.status,
         )
-    digest = _previewed(text, plan.resend.content_type, plan.resend.targets)
+    digest = _previewed(
+        text, plan.resend.content_type, plan.resend.targets, "fields" if as_fields else "wire"
+    )
     confirmed = form.get("action") == "send" and form.get("previewed") == digest
     if confirmed and not plan.failures:
         copy_id = await operator.resend(plan.resend)
@@ -656,6 +686,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
         text,
         plan.resend.content_type,
         list(plan.resend.targets),
+        as_fields=as_fields,
         previews=[preview_view(p) for p in plan.previews],
         failed=bool(plan.failures),
         previewed=digest,
@@ -663,9 +694,9 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _previewed(text: str, content_type: str, targets: Sequence[str]) -> str:
+def _previewed(text: str, content_type: str, targets: Sequence[str], form: str) -> str:
     """A fingerprint of what a preview showed (the masked text: no secret is hashed)."""
-    material = "\0".join([text, content_type, *targets]).encode("utf-8", "surrogatepass")
+    material = "\0".join([text, content_type, form, *targets]).encode("utf-8", "surrogatepass")
     return hashlib.sha256(material).hexdigest()
 
 
@@ -679,6 +710,9 @@ def _resend_form(
 ) -> web.Response:
     own = list(dict.fromkeys(d.target for d in detail.event.deliveries))
     masked = MASK in body
+    as_fields: bool = context.pop("as_fields", False)
+    # The other form of the same body is one click away (a link, not re-parsed here).
+    can_decode = as_fields or media_type(detail.payload.content_type) == FORM
     return _render(
         request,
         "resend.html",
@@ -690,6 +724,8 @@ def _resend_form(
         targets=[(name, name in chosen) for name in own],
         chosen=list(chosen),
         masked=masked,
+        as_fields=as_fields,
+        can_decode=can_decode,
         previews=context.pop("previews", None),
         failed=context.pop("failed", False),
         previewed=context.pop("previewed", ""),
