@@ -14,6 +14,7 @@ from aiohttp import web
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
+from relay.glance import glances, with_glance
 from relay.inputs import BadRequest, instant, known_name, optional_text, row_id, whole_number
 from relay.localtime import Zone
 from relay.payload import media_type
@@ -141,8 +142,9 @@ async def list_events(request: web.Request) -> web.Response:
         raise BadRequest(f"q: {problem}") from None
     masker = operator.masker
     next_cursor = str(events[-1].id) if len(events) == query.limit else None
+    found = await glances(operator.store, events, masker, query.search)
     page: dict[str, Any] = {
-        "events": [event_summary(e, masker) for e in events],
+        "events": [with_glance(event_summary(e, masker), found.get(e.id)) for e in events],
         "next_cursor": next_cursor,
     }
     if query.search is not None:

@@ -9,6 +9,7 @@ one small script ship in the package.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -25,6 +26,7 @@ from aiohttp import web
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
+from relay.glance import glances, with_glance
 from relay.inputs import BadRequest, instant, known_name, row_id
 from relay.localtime import Zone, format_iso_local, format_local
 from relay.payload import media_type, parse_form
@@ -410,6 +412,11 @@ async def _listing(
         events, search_note, problem = await _search(operator, query, search)
     else:
         events, search_note = [], ""
+    terms = None
+    if search and search_note:  # a content search: its words around each match
+        with contextlib.suppress(SearchError):
+            terms = parse_search(search)
+    found = await glances(operator.store, events, operator.masker, terms)
     event_id = search.removeprefix("#")
     if not events and _is_id(event_id) and await operator.store.get_event(int(event_id)):
         raise web.HTTPFound(f"/events/{int(event_id)}")  # the search was an event id
@@ -422,7 +429,7 @@ async def _listing(
     return _render(
         request,
         template,
-        events=[event_summary(event, masker) for event in events],
+        events=[with_glance(event_summary(e, masker), found.get(e.id)) for e in events],
         filters=filters,
         next_page=next_page,
         statuses=[s.value for s in Status],

@@ -21,6 +21,7 @@ from relay.cli.common import (
     table,
     time_window,
 )
+from relay.glance import glances, who_text, with_glance
 from relay.inputs import row_id
 from relay.localtime import Zone, format_iso_local
 from relay.payload import media_type, parse_form, parse_json
@@ -97,8 +98,10 @@ def list_events(args: argparse.Namespace) -> int:
             store = actions.store
             events = await store.list_events(query)
             progress = await store.search_progress() if search is not None else None
-        masker = config.masker
-        return [event_summary(event, masker) for event in events], progress
+            masker = config.masker
+            found = await glances(store, events, masker, search)
+        views = [with_glance(event_summary(e, masker), found.get(e.id)) for e in events]
+        return views, progress
 
     found, progress = run(fetch())
     if search is not None and progress is not None:
@@ -153,19 +156,47 @@ def show_event(args: argparse.Namespace) -> int:
     return 0
 
 
+# A column's text, this long at most: one event a line, whatever a sender put
+# in a key (T-Bank's are ~100 characters). --json and `relay show` have it whole.
+KEY_CHARS = 24
+WHO_CHARS = 48
+ERROR_CHARS = 40
+
+
+def _cut(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _deliveries_text(event: dict[str, Any]) -> str:
+    said = []
+    for d in event["deliveries"]:
+        error = (
+            f" {_cut(d['last_error'], ERROR_CHARS)}"
+            if d["status"] == "dead" and d["last_error"]
+            else ""
+        )
+        said.append(f"{d['target']}:{d['status']}({d['attempts']}){error}")
+    return " ".join(said)
+
+
 def _events_text(events: list[dict[str, Any]], zone: Zone) -> str:
+    searched = any(event.get("snippet") for event in events)
     rows = [
         [
             event["id"],
             format_iso_local(event["received_at"], zone),
             event["route"],
             event["status"],
-            _key_text(event),
-            " ".join(f"{d['target']}:{d['status']}({d['attempts']})" for d in event["deliveries"]),
+            _cut(_key_text(event), KEY_CHARS),
+            _cut(who_text(event), WHO_CHARS) or "-",
+            _deliveries_text(event),
+            *([_cut(event.get("snippet") or "-", 2 * WHO_CHARS)] if searched else []),
         ]
         for event in events
     ]
-    return table(rows, ["ID", "RECEIVED", "ROUTE", "STATUS", "KEY", "DELIVERIES"])
+    headers = ["ID", "RECEIVED", "ROUTE", "STATUS", "KEY", "WHO", "DELIVERIES"]
+    return table(rows, [*headers, *(["MATCH"] if searched else [])])
 
 
 # An answer is shown on one line, this long at most (--json has it whole).

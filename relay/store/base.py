@@ -447,6 +447,16 @@ class TextSearch:
 
 
 @dataclass(frozen=True)
+class BodyHead:
+    """The start of an event's body, for the glance a listing shows (relay.glance)."""
+
+    content_type: str | None
+    query: str
+    head: bytes  # the first bytes asked for
+    size: int  # the whole body's length
+
+
+@dataclass(frozen=True)
 class SearchDocument:
     """What the search index holds for one event: folded text, its numbers as digits."""
 
@@ -671,6 +681,11 @@ class Queries(Protocol):
         ...
 
     async def search_progress(self) -> SearchProgress: ...
+
+    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
+        """The first `size` bytes of these events' bodies (bounded work for a
+        listing, whatever was sent); ids that are gone are left out."""
+        ...
 
 
 class Indexing(Protocol):

@@ -48,6 +48,7 @@ from relay.store.base import (
     Accepted,
     AlertNote,
     AttemptRecord,
+    BodyHead,
     ClaimedDelivery,
     DeliveryView,
     DownState,
@@ -843,6 +844,17 @@ class PostgresStore:
             " coalesce((SELECT MAX(id) FROM events), 0)"
         )
         return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
+
+    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
+        if not event_ids:
+            return {}
+        rows = await self._read(
+            "SELECT id, content_type, query, substr(body, 1, $1), length(body) FROM events"
+            " WHERE id = ANY($2::bigint[])",
+            size,
+            list(event_ids),
+        )
+        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
 
     async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
         rows = await self._read(

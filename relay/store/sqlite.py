@@ -26,6 +26,7 @@ from relay.store.base import (
     SEARCH_SECONDS,
     Accepted,
     AttemptRecord,
+    BodyHead,
     ClaimedDelivery,
     DeliveryView,
     DownState,
@@ -500,6 +501,17 @@ class SqliteStore:
             " coalesce((SELECT MAX(id) FROM events), 0)"
         )
         return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
+
+    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
+        if not event_ids:
+            return {}
+        rows = await self._read(
+            "SELECT id, content_type, query, substr(body, 1, ?), length(body) FROM events"
+            f" WHERE id IN ({placeholders(len(event_ids))})",
+            [size, *event_ids],
+            slow=True,
+        )
+        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
 
     async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
         # Only the body's first bytes leave the database: a batch of huge
