@@ -8,12 +8,23 @@ import sys
 from collections.abc import Sequence
 
 from relay import __version__, compiled
-from relay.cli import check, events, export, movestore, operate, render, resend, serve, setup
+from relay.cli import (
+    check,
+    completion,
+    events,
+    export,
+    movestore,
+    operate,
+    render,
+    resend,
+    serve,
+    setup,
+)
 from relay.cli.common import CommandError, Parser, as_root_hint
 from relay.inputs import BadRequest
 from relay.store import AlreadyRunning, Conflict, NotFound, StoreError
 
-COMMANDS = (serve, check, events, export, operate, render, resend, setup, movestore)
+COMMANDS = (serve, check, events, export, operate, render, resend, setup, movestore, completion)
 
 
 def parser() -> Parser:
@@ -28,6 +39,8 @@ def parser() -> Parser:
     )
     for module in COMMANDS:
         module.register(commands)
+    for name, sub in commands.choices.items():
+        completion.with_examples(sub, name)
     return root
 
 
