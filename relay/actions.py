@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from relay.clock import Clock
+from relay.inputs import known_name, unknown_name
 from relay.store import (
     DeliveryView,
     EventDetail,
@@ -34,10 +35,13 @@ class ActionStore(Operations, Queries, Protocol):
 
 class KnowsTargets(Protocol):
     """A config as far as acting needs it: the daemon's `Config` or the CLI's
-    `OperatorConfig` (target names only)."""
+    `OperatorConfig` (route and target names only)."""
 
     @property
     def targets(self) -> Collection[str]: ...
+
+    @property
+    def routes(self) -> Collection[str]: ...
 
 
 @dataclass
@@ -83,9 +87,31 @@ class Actions:
         self.changed()
         return copy_id
 
+    async def check_names(self, route: str | None, target: str | None, *, prefix: str = "") -> None:
+        """A route or target filter must name one that exists: a typo is an
+        error naming the valid ones ("did you mean tilda?"), never a listing of
+        "(none)" or "requeued 0". Names the config no longer has but the
+        database still holds (a route removed last week) are valid too."""
+        config = self.current_config()
+        wanted = [
+            (name, kind, config_names)
+            for name, kind, config_names in (
+                (route, "route", config.routes),
+                (target, "target", config.targets),
+            )
+            if name is not None and name not in config_names
+        ]
+        if not wanted:
+            return
+        stats = await self.store.stats()
+        stored = {"route": stats.counts_by_route, "target": stats.counts_by_target}
+        for name, kind, config_names in wanted:
+            known_name(name, prefix + kind, kind, {*config_names, *stored[kind]})
+
     async def set_paused(self, target: str, paused: bool) -> None:
         """Only a target of the config: a typo would pause nothing, silently."""
-        if target not in self.current_config().targets:
-            raise NotFound(f"no target {target}")
+        targets = self.current_config().targets
+        if target not in targets:
+            raise NotFound(unknown_name("target", target, targets))
         await self.store.set_paused(target, paused, self.clock.now())
         self.changed()

@@ -100,10 +100,13 @@ class Relay:
         config = with_admin_token(config)
         logs.reconfigure(config)  # a token just written is masked from the first line
         self.config = config
+        # Why the last reload was refused; None once one succeeds (status_line).
+        self.reload_problem: str | None = None
         self.clock = clock or SystemClock()
         self.store = open_store(config.storage)
         shared = self.store if isinstance(self.store, Shared) else None
         self.metrics = Metrics(cluster=shared is not None)
+        self.metrics.configure(config)
         # On PostgreSQL one instance of the cluster runs retention, alert
         # grouping and the queue gauges: the one leading. On SQLite, this one.
         self.leadership = Leadership(
@@ -232,7 +235,7 @@ class Relay:
 
     def _observe_attempt(self, report: AttemptReport) -> None:
         target = report.delivery.target
-        self.metrics.count_attempt(target, report.outcome.verdict.value, report.duration)
+        self.metrics.count_attempt(report.delivery.route, target, report.said, report.duration)
         if report.decision.next is Next.DEAD:
             self.metrics.dead.labels(report.delivery.route, target).inc()
         if self._log_attempts:
@@ -435,6 +438,7 @@ class Relay:
         retired = [t for name, t in self.targets.items() if targets.get(name) is not t]
         self.config = config
         self.targets = targets
+        self.metrics.configure(config)
         self.scheduler.reconfigure(config, targets)
         if isinstance(self.store, Shared):
             self.store.reconfigure(config)
@@ -462,7 +466,16 @@ class Relay:
         """One line for systemd's STATUS: pending, dead, last delivery.
 
         On a cluster only the leading instance counts the queue (as only it
-        exports the gauges); the others say that they follow."""
+        exports the gauges); the others say that they follow. A failed reload
+        leads it until the next one succeeds: `systemctl status` keeps showing
+        it, not only for the seconds until the next refresh."""
+        if self.reload_problem is not None:
+            return f"reload failed (previous config kept): {self.reload_problem}; " + (
+                await self._queue_line()
+            )
+        return await self._queue_line()
+
+    async def _queue_line(self) -> str:
         states = await self.store.target_states()
         last = max((s.last_success_at or 0.0 for s in states.values()), default=0.0)
         when = format_instant(last) if last else "none yet"
@@ -650,16 +663,24 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
         problem = str(error) if isinstance(error, ConfigError) else _describe(error)
         relay.metrics.reloads.labels("failed").inc()
         log.error("reload failed, still running the previous config: %s", problem)
-        notifier.send("READY=1", f"STATUS=reload failed (previous config kept): {problem}")
+        relay.reload_problem = problem
+        notifier.send("READY=1", f"STATUS={await _status_or_trouble(relay)}")
         return
+    relay.reload_problem = None
     relay.metrics.reloads.labels("ok").inc()
     log.info("reloaded %s: %d routes, %d targets", source, len(config.routes), len(config.targets))
     for key in needs_restart:
         log.warning("%s changed: it takes effect at the next restart", key)
+    notifier.send("READY=1", f"STATUS={await _status_or_trouble(relay)}")
+
+
+async def _status_or_trouble(relay: Relay) -> str:
     try:
-        notifier.ready(await relay.status_line())
+        return await relay.status_line()
     except StoreError as error:
-        notifier.send("READY=1", f"STATUS=store unavailable: {error}")
+        failed = relay.reload_problem
+        kept = f"reload failed (previous config kept): {failed}; " if failed else ""
+        return f"{kept}store unavailable: {error}"
 
 
 def _describe(error: BaseException) -> str:

@@ -6,9 +6,11 @@ a 500 or a traceback (`"²".isdigit()` is true, `int("²")` fails) nor a 503 or 
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
-from relay.units import parse_instant
+from relay.localtime import Zone, parse_local_instant
 
 # SQLite's INTEGER is a signed 64-bit number: no row has an id above this.
 MAX_ID = 2**63 - 1
@@ -44,16 +46,39 @@ def optional_text(value: Any, field: str) -> str | None:
     return value
 
 
-def instant(value: Any, field: str, now: float) -> float | None:
-    """A time as a person writes it (ISO 8601, a Unix time, an age like "2h"), or absent.
+def instant(value: Any, field: str, now: float, zone: Zone = None) -> float | None:
+    """A time as a person writes it (relay.localtime: a date, a local or ISO
+    time, an age like "2h", "yesterday"), or absent.
 
     Never ignored when it does not parse: a requeue "since" that is dropped
     would requeue everything."""
     if value is None or value == "":
         return None
     try:
-        return parse_instant(str(value), now)
-    except ValueError:
-        raise BadRequest(
-            f'{field}: expected an ISO 8601 time, a Unix time or an age like "2h"'
-        ) from None
+        return parse_local_instant(str(value), now, zone)
+    except ValueError as problem:
+        raise BadRequest(f"{field}: {problem}") from None
+
+
+def unknown_name(kind: str, value: str, known: Iterable[str]) -> str:
+    """ "no route tidla (did you mean tilda?); the routes are: shop, tilda" """
+    names = sorted(set(known))
+    close = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    listed = f"the {kind}es are" if kind.endswith("s") else f"the {kind}s are"
+    listing = f"{listed}: {', '.join(names)}" if names else f"no {kind} is configured"
+    return f"no {kind} {value[:100]}{hint}; {listing}"
+
+
+def known_name(value: Any, field: str, kind: str, known: Iterable[str]) -> str | None:
+    """A route, target or status name that exists, or absent (None, "").
+
+    A typo is an error naming the valid ones, never a filter that silently
+    matches nothing ("(none)", "requeued 0")."""
+    text = optional_text(value, field)
+    if text is None:
+        return None
+    names = set(known)
+    if text not in names:
+        raise BadRequest(f"{field}: {unknown_name(kind, text, names)}")
+    return text

@@ -143,7 +143,7 @@ def attempt_fields(report: AttemptReport) -> dict[str, Any]:
         "delivery": delivery.id,
         "attempt": f"{report.number}/{report.max_attempts}",
         # The attempt that ends a delivery says so, not "retry ... next=dead".
-        "outcome": "dead" if decision.next is Next.DEAD else report.outcome.verdict.value,
+        "outcome": report.said,
         "status": report.outcome.status,
         "duration_ms": round(report.duration * 1000, 1),
         "next": iso(decision.at) if decision.next is Next.RETRY else decision.next.value,

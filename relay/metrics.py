@@ -8,11 +8,17 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relay.config import Config
 from relay.exposition import Counter, Gauge, Histogram, family, histogram_samples, render, sample
+from relay.outcome import ATTEMPT_OUTCOMES
 from relay.store import Gauges, Status, TargetState
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# relay_events_received_total's results shown at 0 for every route from the
+# start: what the alerting rules (prometheus/relay-alerts.yml) read.
+INGRESS_RESULTS = ("queued", "duplicate", "rejected", "unavailable")
+ALERT_KINDS = ("dead", "failing", "recovered", "down", "up")
 
 
 @dataclass
@@ -22,6 +28,10 @@ class StoreSnapshot:
     paused: frozenset[str]
     configured: tuple[str, ...]
     now: float
+    # Events the search index has not reached yet (SearchProgress.behind).
+    index_behind: int = 0
+    # Bytes free where the SQLite database lives (None: PostgreSQL's own).
+    free_bytes: int | None = None
 
 
 class Metrics:
@@ -41,8 +51,9 @@ class Metrics:
         )
         self.attempts = Counter(
             "relay_attempts",
-            "Delivery attempts, by target and outcome (success, retry, fail).",
-            ["target", "outcome"],
+            "Delivery attempts, by route, target and outcome (success; retry: it will be"
+            " tried again; dead: the attempt that ended it, as in the attempt log).",
+            ["route", "target", "outcome"],
         )
         self.attempt_seconds = Histogram(
             "relay_attempt_duration_seconds",
@@ -79,9 +90,30 @@ class Metrics:
         )
         self._snapshot: StoreSnapshot | None = None
 
-    def count_attempt(self, target: str, outcome: str, seconds: float) -> None:
+    def configure(self, config: Config) -> None:
+        """Every labelled series this config implies, at 0 until it moves: an
+        alert rule's `increase(relay_deliveries_dead_total[10m]) > 0` then
+        sees the first dead delivery (from an absent series it sees nothing),
+        and no rule needs `or vector(0)`. Called at start and on each reload;
+        series of what a reload removed stay (a counter never goes back)."""
+        for route in config.routes.values():
+            for result in INGRESS_RESULTS:
+                self.ingress.received.setdefault((route.name, result), 0)
+            self.key_conflicts.labels(route.name)
+            for route_target in route.targets:
+                self.dead.labels(route.name, route_target.target)
+                for outcome in ATTEMPT_OUTCOMES:
+                    self.attempts.labels(route.name, route_target.target, outcome)
+        for target in config.targets:
+            self.attempt_seconds.labels(target)
+        for kind in ALERT_KINDS:
+            self.alerts.labels(kind)
+        for result in ("ok", "failed"):
+            self.reloads.labels(result)
+
+    def count_attempt(self, route: str, target: str, outcome: str, seconds: float) -> None:
         """One attempt, in relay_attempts_total and its duration's histogram."""
-        self.attempts.labels(target, outcome).inc()
+        self.attempts.labels(route, target, outcome).inc()
         self.attempt_seconds.labels(target).observe(seconds)
 
     def activity(self) -> float:
@@ -174,6 +206,28 @@ def _expose_store(lines: list[str], snapshot: StoreSnapshot) -> None:
         for status in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD):
             count = snapshot.gauges.counts.get((target, status), 0)
             sample(lines, name, (("target", target), ("status", status.value)), count)
+    name = "relay_deliveries_held"
+    family(
+        lines,
+        name,
+        "Pending deliveries held behind a dead one of their ordering key (order_by),"
+        " by target: they wait until a person retries, requeues or skips it.",
+        "gauge",
+    )
+    for target in targets:
+        sample(lines, name, (("target", target),), snapshot.gauges.held.get(target, 0))
+    name = "relay_search_index_behind_events"
+    family(
+        lines,
+        name,
+        "Stored events the search index has not reached yet (a search does not find them).",
+        "gauge",
+    )
+    sample(lines, name, (), snapshot.index_behind)
+    if snapshot.free_bytes is not None:
+        name = "relay_storage_free_bytes"
+        family(lines, name, "Bytes free on the file system of the SQLite database.", "gauge")
+        sample(lines, name, (), snapshot.free_bytes)
     name = "relay_oldest_pending_seconds"
     family(lines, name, "Age of the oldest event with a pending delivery (0 when none).", "gauge")
     oldest = snapshot.gauges.oldest_pending_received_at

@@ -11,6 +11,11 @@ from enum import StrEnum
 RESPONSE_EXCERPT_BYTES = 2048
 
 
+# What an attempt came to, in logs (outcome=) and metrics (relay_attempts_total):
+# success, retry (it will be tried again), dead (the attempt that ended it).
+ATTEMPT_OUTCOMES = ("success", "retry", "dead")
+
+
 class Verdict(StrEnum):
     SUCCESS = "success"
     RETRY = "retry"  # worth trying again later: 5xx, 429, network trouble

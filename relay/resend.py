@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -43,6 +44,7 @@ from relay.secrets import (
 )
 from relay.store import EventDetail, Header, Resend, Status
 from relay.targets import Envelope
+from relay.targets.base import unstored_event_id
 
 # Headers that describe the original body, not the edited one.
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
@@ -81,6 +83,93 @@ def editable_body(detail: EventDetail, masker: Masker) -> str:
     JSON comes indented, its letters as letters (not \\u escapes): the same
     content, and what is sent is what the person leaves in the box."""
     return _shown(detail, _edit_source(detail), masker)
+
+
+# A form body is edited as its fields, decoded, one a line ("Name = Анна",
+# "Email = anna@example.com"), and encoded back when it is sent: a Cyrillic
+# name cannot be read or fixed as %D0%90%D0%BD..., nor an e-mail typed as %40.
+FORM = "application/x-www-form-urlencoded"
+FIELD_SEPARATOR = " = "
+FIELDS_NOTE = (
+    "# The form's fields, decoded: one `Name = value` a line. relay encodes them back"
+    " when it sends;\n# a field left as it is goes out byte for byte as it came."
+    " Leave each *** where it is.\n"
+)
+
+
+def editable_fields(detail: EventDetail, masker: Masker) -> str | None:
+    """A urlencoded form's fields as `Name = value` lines (masked as the body
+    is), or None when the body is no such form or its fields cannot be shown one
+    a line and read back (a field without "=", a value with a line break...)."""
+    if media_type(detail.payload.content_type) != FORM:
+        return None
+    try:
+        return _fields_view(editable_body(detail, masker))
+    except EditRejected:
+        return None
+
+
+def _decoded_pair(pair: str) -> tuple[str, str] | None:
+    name, sep, value = pair.partition("=")
+    if not sep:
+        return None
+    try:
+        return (
+            urllib.parse.unquote_plus(name, errors="strict"),
+            urllib.parse.unquote_plus(value, errors="strict"),
+        )
+    except UnicodeDecodeError:
+        return None
+
+
+def _fields_view(wire: str) -> str | None:
+    lines = []
+    for pair in wire.split("&"):
+        decoded = _decoded_pair(pair)
+        if decoded is None:
+            return None
+        name, value = decoded
+        unreadable = any(c in name + value for c in "\r\n") or FIELD_SEPARATOR in name
+        if unreadable or name != name.strip() or name.startswith("#"):
+            return None
+        lines.append(f"{name}{FIELD_SEPARATOR}{value}")
+    return "\n".join(lines) + "\n"
+
+
+def fields_body(edited: str, detail: EventDetail, masker: Masker) -> bytes:
+    """The edited `Name = value` lines as the urlencoded body to check and send.
+
+    The text the wire form would have shown (masked) is the reference: a line
+    equal to one of its fields becomes that field's bytes exactly as they came
+    (a "***" included, which restore_secrets then puts the secret back into);
+    any other line is encoded anew. So an unchanged field is never re-encoded
+    (`%20` stays `%20`, not `+`), and a secret goes back only where it was."""
+    wire = editable_body(detail, masker)
+    originals = [(_decoded_pair(pair), pair) for pair in wire.split("&")]
+    used = [False] * len(originals)
+    pairs = []
+    for number, line in enumerate(edited.replace("\r\n", "\n").split("\n"), start=1):
+        if not line.strip() or (line.startswith("# ") and line + "\n" in FIELDS_NOTE):
+            continue
+        name, sep, value = line.partition(FIELD_SEPARATOR)
+        if not sep:
+            name, sep, value = line.partition("=")
+            name, value = name.strip(), value.strip()
+        if not sep:
+            raise EditRejected(400, f"line {number}: expected `Name = value`, got {line[:80]!r}")
+        for index, (decoded, pair) in enumerate(originals):
+            if not used[index] and decoded == (name, value):
+                used[index] = True
+                pairs.append(pair)
+                break
+        else:
+            # "*" kept as it is: a "***" typed here stays a mark restore_secrets sees.
+            pairs.append(
+                urllib.parse.quote_plus(name, safe="*")
+                + "="
+                + urllib.parse.quote_plus(value, safe="*")
+            )
+    return "&".join(pairs).encode("utf-8")
 
 
 def _edit_source(detail: EventDetail) -> str:
@@ -338,5 +427,6 @@ def _preview(config: Config, detail: EventDetail, resend: Resend, masker: Masker
         except TemplateError as error:
             previews.append(Preview(name, target.type, None, masker.text(str(error))))
             continue
-        previews.append(Preview(name, target.type, masker.text(text)))
+        shown = unstored_event_id(text, "(the copy's own event id)")
+        previews.append(Preview(name, target.type, masker.text(shown)))
     return previews

@@ -102,6 +102,17 @@ class AttemptReport:
     duration: float
     streak: FailureStreak  # the target's failed attempts in a row, before and after
 
+    @property
+    def said(self) -> str:
+        """The attempt's outcome in the one vocabulary of logs and metrics
+        (ATTEMPT_OUTCOMES): the attempt that ends a delivery is "dead" — a
+        permanent failure or the last retry — never "fail" in one place and
+        "dead" in another. The stored attempt keeps the target's verdict
+        (`fail`: no retry could help), which `relay show` prints."""
+        if self.outcome.verdict is Verdict.SUCCESS:
+            return "success"
+        return "dead" if self.decision.next is Next.DEAD else "retry"
+
 
 @dataclass
 class _State:

@@ -77,27 +77,6 @@ def format_size(size: int) -> str:
     return f"{size}B"
 
 
-def parse_instant(text: str, now: float) -> float:
-    """A point in time: ISO 8601 ("2026-12-01T10:00:00Z"), Unix seconds, or an age
-    ("2h" = two hours before `now`)."""
-    value = text.strip()
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return now - parse_duration(value)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"not a time: {text!r}") from None
-    if moment.tzinfo is None:
-        raise ValueError(f"time without a zone: {text!r} (add Z or +03:00)")
-    return moment.timestamp()
-
-
 def format_instant(timestamp: float) -> str:
     """UTC ISO 8601 with milliseconds: "2026-12-01T10:00:00.000Z"."""
     moment = datetime.fromtimestamp(timestamp, UTC)

@@ -410,3 +410,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     finally:
         with contextlib.suppress(Exception):
             writer.write_eof()
+
+
+def admin_credentials(folder: Path, token: str = "0123456789abcdef0123") -> dict[str, str]:
+    """What systemd's LoadCredential= gives the starter config's admin token
+    (`${file:relay_admin_token}`): a folder with the file, in the environment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "relay_admin_token").write_text(token + "\n")
+    return {"CREDENTIALS_DIRECTORY": str(folder)}

@@ -14,7 +14,9 @@ from aiohttp import web
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
-from relay.inputs import BadRequest, instant, optional_text, row_id, whole_number
+from relay.glance import glances, with_glance
+from relay.inputs import BadRequest, instant, known_name, optional_text, row_id, whole_number
+from relay.localtime import Zone
 from relay.payload import media_type
 from relay.resend import EditRejected, plan_resend
 from relay.search import SearchError, parse_search
@@ -106,14 +108,11 @@ def _operator(request: web.Request) -> Operator:
 def _status(value: Any, name: str = "status") -> Status | None:
     if value in (None, ""):
         return None
-    try:
-        return Status(value)
-    except ValueError:
-        options = ", ".join(s.value for s in Status)
-        raise BadRequest(f"{name}: expected one of {options}") from None
+    known = known_name(value, name, "status", (s.value for s in Status))
+    return Status(known) if known else None
 
 
-def event_query(params: Mapping[str, str], now: float) -> EventQuery:
+def event_query(params: Mapping[str, str], now: float, zone: Zone = None) -> EventQuery:
     limit = whole_number(params.get("limit") or "50", "limit", maximum=MAX_PAGE)
     cursor = row_id(params["cursor"], "cursor") if params.get("cursor") else None
     text = (params.get("q") or "").strip()
@@ -125,8 +124,8 @@ def event_query(params: Mapping[str, str], now: float) -> EventQuery:
         status=_status(params.get("status")),
         route=params.get("route") or None,
         target=params.get("target") or None,
-        since=instant(params.get("since"), "since", now),
-        until=instant(params.get("until"), "until", now),
+        since=instant(params.get("since"), "since", now, zone),
+        until=instant(params.get("until"), "until", now, zone),
         key=params.get("key") or None,
         search=search,
         limit=limit,
@@ -136,15 +135,17 @@ def event_query(params: Mapping[str, str], now: float) -> EventQuery:
 
 async def list_events(request: web.Request) -> web.Response:
     operator = _operator(request)
-    query = event_query(request.query, operator.clock.now())
+    query = event_query(request.query, operator.clock.now(), operator.config.zone)
+    await operator.check_names(query.route, query.target)
     try:
         events = await operator.store.list_events(query)
     except SearchTooSlow as problem:
         raise BadRequest(f"q: {problem}") from None
     masker = operator.masker
     next_cursor = str(events[-1].id) if len(events) == query.limit else None
+    found = await glances(operator.store, events, masker, query.search)
     page: dict[str, Any] = {
-        "events": [event_summary(e, masker) for e in events],
+        "events": [with_glance(event_summary(e, masker), found.get(e.id)) for e in events],
         "next_cursor": next_cursor,
     }
     if query.search is not None:
@@ -216,10 +217,11 @@ async def requeue(request: web.Request) -> web.Response:
         status=_status(body.get("status")) or Status.DEAD,
         route=optional_text(body.get("route"), "route"),
         target=optional_text(body.get("target"), "target"),
-        since=instant(body.get("since"), "since", now),
-        until=instant(body.get("until"), "until", now),
+        since=instant(body.get("since"), "since", now, operator.config.zone),
+        until=instant(body.get("until"), "until", now, operator.config.zone),
         ids=tuple(row_id(i, f"ids[{n}]") for n, i in enumerate(ids)),
     )
+    await operator.check_names(selection.route, selection.target)
     requeued = await operator.requeue(selection)
     return json_response({"requeued": len(requeued), "ids": [str(i) for i in requeued]})
 
@@ -316,7 +318,15 @@ async def stats(request: web.Request) -> web.Response:
 async def list_rejections(request: web.Request) -> web.Response:
     operator = _operator(request)
     limit = whole_number(request.query.get("limit") or "100", "limit", maximum=MAX_PAGE)
-    found = await operator.store.list_rejections(request.query.get("route") or None, limit)
+    route = optional_text(request.query.get("route"), "route")
+    await operator.check_names(route, None)
+    now, zone = operator.clock.now(), operator.config.zone
+    found = await operator.store.list_rejections(
+        route,
+        limit,
+        since=instant(request.query.get("since"), "since", now, zone),
+        until=instant(request.query.get("until"), "until", now, zone),
+    )
     masker = operator.masker
     return json_response({"rejections": [rejection_view(r, masker) for r in found]})
 

@@ -9,6 +9,7 @@ one small script ship in the package.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -25,9 +26,19 @@ from aiohttp import web
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
-from relay.inputs import BadRequest, instant, row_id
-from relay.payload import parse_form
-from relay.resend import EditRejected, default_targets, editable_body, plan_resend
+from relay.glance import glances, with_glance
+from relay.inputs import BadRequest, instant, known_name, row_id
+from relay.localtime import Zone, format_iso_local, format_local
+from relay.payload import media_type, parse_form
+from relay.resend import (
+    FORM,
+    EditRejected,
+    default_targets,
+    editable_body,
+    editable_fields,
+    fields_body,
+    plan_resend,
+)
 from relay.search import SearchError, describe, parse_search
 from relay.secrets import MASK, Masker
 from relay.store import (
@@ -42,7 +53,6 @@ from relay.store import (
     StoreError,
 )
 from relay.store.base import Shared
-from relay.units import format_instant
 from relay.views import (
     delivery_summary,
     event_detail,
@@ -93,13 +103,21 @@ def _templates() -> jinja2.Environment:
     # looks, and Jinja2 is ~2 MiB of a relay's memory (relay/budget.py).
     import jinja2
 
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+    @jinja2.pass_context
+    def local(context: jinja2.runtime.Context, text: str | None) -> str:
+        """A view's UTC time in the config's zone, with its offset ("—" for none)."""
+        return format_iso_local(text, context["zone"]) if text else "—"
+
+    environment.filters["local"] = local
+    return environment
 
 
 def _load_static() -> dict[str, tuple[bytes, str]]:
@@ -229,9 +247,11 @@ def _render(request: web.Request, name: str, **context: Any) -> web.Response:
         "dead_total": context.pop("dead_total", None),
         "done": message,
         "problem": context.pop("problem", ""),
+        "zone": operator.config.zone,
     }
+    http_status = context.pop("http_status", None)
     html = _templates().get_template(name).render(**{**base, **context})
-    status = context.get("status", 200)
+    status = http_status or context.get("status", 200)
     return web.Response(
         text=html, content_type="text/html", status=status, headers=SECURITY_HEADERS
     )
@@ -337,12 +357,12 @@ async def overview(request: web.Request) -> web.Response:
         page="overview",
         stats=stats,
         pending_total=pending,
-        chart=_chart(activity),
+        chart=_chart(activity, operator.config.zone),
         dead_total=stats["dead"],
     )
 
 
-def _chart(activity: list[Any]) -> dict[str, Any]:
+def _chart(activity: list[Any], zone: Zone) -> dict[str, Any]:
     width, height, gap = 960, 120, 4
     bar_width = width / max(len(activity), 1) - gap
     peak = max((hour.attempts for hour in activity), default=0) or 1
@@ -357,7 +377,7 @@ def _chart(activity: list[Any]) -> dict[str, Any]:
                 "attempts": hour.attempts,
                 "failed": hour.failed,
                 "dead": hour.dead,
-                "label": format_instant(hour.hour)[11:16] + " UTC",
+                "label": format_local(hour.hour, zone)[11:16],
             }
         )
     return {
@@ -383,22 +403,24 @@ async def _listing(
 ) -> web.Response:
     operator = _operator(request)
     filters = _filters(request)
-    now = operator.clock.now()
-    if status is None and filters["status"] in {s.value for s in Status}:
-        status = Status(filters["status"])
     search = filters["q"]
     cursor = request.query.get("cursor", "")
     before_id = row_id(cursor, "cursor") if cursor else None
-    query = EventQuery(
-        status=status,
-        route=filters["route"] or None,
-        target=filters["target"] or None,
-        since=instant(filters["since"], "since", now),
-        until=instant(filters["until"], "until", now),
-        limit=PAGE_SIZE,
-        before_id=before_id,
-    )
-    events, search_note, problem = await _search(operator, query, search)
+    try:
+        query = await _event_filters(operator, filters, status, before_id)
+    except BadRequest as bad:
+        # Said beside the form, which keeps what was typed: never a bare text page.
+        query, problem = None, _sentence(str(bad))
+        extra["http_status"] = 400
+    if query is not None:
+        events, search_note, problem = await _search(operator, query, search)
+    else:
+        events, search_note = [], ""
+    terms = None
+    if search and search_note:  # a content search: its words around each match
+        with contextlib.suppress(SearchError):
+            terms = parse_search(search)
+    found = await glances(operator.store, events, operator.masker, terms)
     event_id = search.removeprefix("#")
     if not events and _is_id(event_id) and await operator.store.get_event(int(event_id)):
         raise web.HTTPFound(f"/events/{int(event_id)}")  # the search was an event id
@@ -411,7 +433,7 @@ async def _listing(
     return _render(
         request,
         template,
-        events=[event_summary(event, masker) for event in events],
+        events=[with_glance(event_summary(e, masker), found.get(e.id)) for e in events],
         filters=filters,
         next_page=next_page,
         statuses=[s.value for s in Status],
@@ -421,6 +443,28 @@ async def _listing(
         problem=problem,
         **extra,
     )
+
+
+async def _event_filters(
+    operator: Operator, filters: Mapping[str, str], status: Status | None, before_id: int | None
+) -> EventQuery:
+    """The listing's filters, each checked: an unknown route, target or status
+    or a time that does not parse is a BadRequest naming the field."""
+    now, zone = operator.clock.now(), operator.config.zone
+    named = known_name(filters["status"], "status", "status", [s.value for s in Status])
+    if status is None and named:
+        status = Status(named)
+    query = EventQuery(
+        status=status,
+        route=filters["route"] or None,
+        target=filters["target"] or None,
+        since=instant(filters["since"], "since", now, zone),
+        until=instant(filters["until"], "until", now, zone),
+        limit=PAGE_SIZE,
+        before_id=before_id,
+    )
+    await operator.check_names(query.route, query.target)
+    return query
 
 
 async def _search(
@@ -467,20 +511,24 @@ async def deliveries(request: web.Request) -> web.Response:
     )
 
 
-def _selection(fields: Mapping[str, str], now: float) -> Selection:
+def _selection(fields: Mapping[str, str], now: float, operator: Operator) -> Selection:
+    zone = operator.config.zone
     return Selection(
         status=Status.DEAD,
         route=fields.get("route") or None,
         target=fields.get("target") or None,
-        since=instant(fields.get("since", ""), "since", now),
-        until=instant(fields.get("until", ""), "until", now),
+        since=instant(fields.get("since", ""), "since", now, zone),
+        until=instant(fields.get("until", ""), "until", now, zone),
     )
 
 
 async def dead_letter(request: web.Request) -> web.Response:
     operator = _operator(request)
     filters = _filters(request)
-    total = await operator.store.count(_selection(filters, operator.clock.now()))
+    try:
+        total = await operator.store.count(_selection(filters, operator.clock.now(), operator))
+    except BadRequest:
+        total = 0  # the listing says what is wrong, beside its form
     fields = [
         (k, v) for k, v in filters.items() if v and k in ("route", "target", "since", "until")
     ]
@@ -504,7 +552,8 @@ async def requeue_dead(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     form = await request.post()
     fields = {k: str(form.get(k, "")).strip() for k in ("route", "target", "since", "until")}
-    selection = _selection(fields, operator.clock.now())
+    selection = _selection(fields, operator.clock.now(), operator)
+    await operator.check_names(selection.route, selection.target)
     kept = [(k, v) for k, v in fields.items() if v]
     if form.get("confirm") != "yes":
         count = await operator.store.count(selection)
@@ -566,12 +615,26 @@ async def resend_page(request: web.Request) -> web.Response:
     """The edit form: the body as shown (secrets masked), the event's targets."""
     operator = _operator(request)
     detail = await _detail(request)
+    fields: str | None = None
+    if request.query.get("wire") != "1":  # the form's fields decoded, unless asked
+        fields = await asyncio.to_thread(editable_fields, detail, operator.masker)
     try:
-        body = await asyncio.to_thread(editable_body, detail, operator.masker)
+        body: str = (
+            fields
+            if fields is not None
+            else await asyncio.to_thread(editable_body, detail, operator.masker)
+        )
     except EditRejected as problem:
         return _plain(problem.status, str(problem))
     chosen = default_targets(detail)
-    return _resend_form(request, detail, body, detail.payload.content_type or "", chosen)
+    return _resend_form(
+        request,
+        detail,
+        body,
+        detail.payload.content_type or "",
+        chosen,
+        as_fields=fields is not None,
+    )
 
 
 async def resend_post(request: web.Request) -> web.StreamResponse:
@@ -586,14 +649,19 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     wanted = [str(name) for name in form.getall("target", [])]
     session = request.get(SESSION, "")
     by = f"dashboard session {session[:8]} from {request.remote or 'unknown address'}"
+    as_fields = form.get("format") == "fields"
     try:
         if not wanted:  # an empty choice is not "the default targets" here
             raise EditRejected(400, "choose at least one target")
+        if as_fields:
+            edited = await asyncio.to_thread(fields_body, text, detail, operator.masker)
+        else:
+            edited = text.encode("utf-8")
         plan = await asyncio.to_thread(
             plan_resend,
             operator.config,
             detail,
-            text.encode("utf-8"),
+            edited,
             content_type or None,
             wanted,
             by,
@@ -606,10 +674,13 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
             text,
             content_type,
             wanted,
+            as_fields=as_fields,
             problem=_sentence(str(rejected)),
             status=rejected.status,
         )
-    digest = _previewed(text, plan.resend.content_type, plan.resend.targets)
+    digest = _previewed(
+        text, plan.resend.content_type, plan.resend.targets, "fields" if as_fields else "wire"
+    )
     confirmed = form.get("action") == "send" and form.get("previewed") == digest
     if confirmed and not plan.failures:
         copy_id = await operator.resend(plan.resend)
@@ -623,6 +694,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
         text,
         plan.resend.content_type,
         list(plan.resend.targets),
+        as_fields=as_fields,
         previews=[preview_view(p) for p in plan.previews],
         failed=bool(plan.failures),
         previewed=digest,
@@ -630,9 +702,9 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _previewed(text: str, content_type: str, targets: Sequence[str]) -> str:
+def _previewed(text: str, content_type: str, targets: Sequence[str], form: str) -> str:
     """A fingerprint of what a preview showed (the masked text: no secret is hashed)."""
-    material = "\0".join([text, content_type, *targets]).encode("utf-8", "surrogatepass")
+    material = "\0".join([text, content_type, form, *targets]).encode("utf-8", "surrogatepass")
     return hashlib.sha256(material).hexdigest()
 
 
@@ -646,6 +718,9 @@ def _resend_form(
 ) -> web.Response:
     own = list(dict.fromkeys(d.target for d in detail.event.deliveries))
     masked = MASK in body
+    as_fields: bool = context.pop("as_fields", False)
+    # The other form of the same body is one click away (a link, not re-parsed here).
+    can_decode = as_fields or media_type(detail.payload.content_type) == FORM
     return _render(
         request,
         "resend.html",
@@ -657,6 +732,8 @@ def _resend_form(
         targets=[(name, name in chosen) for name in own],
         chosen=list(chosen),
         masked=masked,
+        as_fields=as_fields,
+        can_decode=can_decode,
         previews=context.pop("previews", None),
         failed=context.pop("failed", False),
         previewed=context.pop("previewed", ""),

@@ -4,6 +4,7 @@ running daemon's side of them (the scheduler acts at once, metrics re-read)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from relay.actions import Actions
-from relay.config import Config
+from relay.config import Config, StorageConfig
 from relay.metrics import Metrics, StoreSnapshot
 from relay.retry import describe_schedule
 from relay.scheduler import Scheduler
@@ -32,6 +33,18 @@ SNAPSHOT_TTL = 5.0
 class ConsoleStore(Operations, Queries, Health, Protocol):
     """What the API and the dashboard use: they read, act on deliveries and
     targets, and /readyz proves the store writable."""
+
+
+def _free_bytes(storage: StorageConfig) -> int | None:
+    """Room left for the SQLite database (and its -wal) to grow; a full disk
+    turns every webhook into a 503."""
+    if storage.url is not None:
+        return None
+    try:
+        found = os.statvfs(storage.path.resolve().parent)
+    except OSError:
+        return None
+    return found.f_bavail * found.f_frsize
 
 
 @dataclass
@@ -70,6 +83,7 @@ class Operator(Actions):
             return
         gauges = await self.store.gauges()
         targets = await self.store.target_states()
+        progress = await self.store.search_progress()
         self.metrics.set_snapshot(
             StoreSnapshot(
                 gauges=gauges,
@@ -77,6 +91,8 @@ class Operator(Actions):
                 paused=self.scheduler.paused,
                 configured=tuple(self.config.targets),
                 now=self.clock.now(),
+                index_behind=progress.behind,
+                free_bytes=_free_bytes(self.config.storage),
             )
         )
         self._snapshot_at = time.monotonic()

@@ -8,29 +8,57 @@ import sys
 from collections.abc import Sequence
 
 from relay import __version__, compiled
-from relay.cli import check, events, movestore, operate, render, resend, serve, setup
-from relay.cli.common import CommandError, as_root_hint
+from relay.cli import (
+    check,
+    completion,
+    events,
+    export,
+    movestore,
+    operate,
+    render,
+    resend,
+    serve,
+    setup,
+)
+from relay.cli.common import CommandError, Parser, as_root_hint
 from relay.inputs import BadRequest
 from relay.store import AlreadyRunning, Conflict, NotFound, StoreError
 
-COMMANDS = (serve, check, events, operate, render, resend, setup, movestore)
+COMMANDS = (serve, check, events, export, operate, render, resend, setup, movestore, completion)
 
 
-def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(
+def parser() -> Parser:
+    root = Parser(
         prog="relay", description="A webhook relay: accept, keep on disk, deliver with retries."
     )
     root.add_argument(
         "--version", action="version", version=f"relay {__version__}, {compiled.describe()}"
     )
-    commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = root.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=Parser
+    )
     for module in COMMANDS:
         module.register(commands)
+    for name, sub in commands.choices.items():
+        completion.with_examples(sub, name)
     return root
 
 
+def _subcommand(root: Parser, name: str) -> Parser | None:
+    for action in root._subparsers._group_actions if root._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(name)
+            return found if isinstance(found, Parser) else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    root = parser()
+    args, extras = root.parse_known_args(argv)
+    if extras:
+        # Said under the subcommand's own usage, with the option it resembles.
+        chosen = _subcommand(root, args.command)
+        (chosen or root).unrecognized(extras)
     try:
         code: int = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is still ours to answer

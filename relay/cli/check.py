@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.cli.common import add_config_option, add_service_environment_options, read_config
+from relay.cli.common import (
+    add_config_option,
+    add_json_option,
+    add_service_environment_options,
+    emit,
+    read_config,
+)
 from relay.config import Config, TargetConfig
 from relay.envfile import parse_env_file
 from relay.kinds.registry import target_kind
 from relay.retry import describe_schedule
 from relay.secrets import Masker
+from relay.store.lock import lock_path
 from relay.units import format_size
 
 
@@ -22,6 +32,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser("check", help="check the config and print what it sets up")
     add_config_option(parser)
     add_service_environment_options(parser)
+    add_json_option(parser)
     parser.set_defaults(handler=run)
 
 
@@ -31,11 +42,112 @@ def run(args: argparse.Namespace) -> int:
     from relay.advice import warnings
 
     config = read_config(args)
+    sources = [str(p) for p in (args.env_file, args.credentials) if p is not None]
+    found = [
+        *warnings(config),
+        *database_warnings(config),
+        *env_file_warnings(args.env_file),
+        *readable_warnings(config.source),
+        *restart_warnings(config, [p for p in (args.env_file, args.credentials) if p]),
+    ]
+    if args.json:
+        emit(args, {**summary(config), "secrets_from": sources, "warnings": found}, str)
+        return 0
     print(describe(config))
-    found = [*warnings(config), *database_warnings(config), *env_file_warnings(args.env_file)]
+    if sources:
+        print(f"secrets read from: {', '.join(sources)} (as the unit hands them to the service)")
     for warning in found:
         print(f"warning: {warning}")
     return 0
+
+
+def summary(config: Config) -> dict[str, Any]:
+    """What `describe` says, as data (`relay check --json`)."""
+    masker = config.masker
+    routes = []
+    for route in config.routes.values():
+        targets = []
+        for route_target in route.targets:
+            target = config.targets[route_target.target]
+            targets.append(
+                {
+                    "target": target.name,
+                    "type": target.type,
+                    "where": where(target, masker),
+                    "concurrency": target.concurrency,
+                    "rate": str(target.rate) if target.rate is not None else None,
+                    "when": route_target.when.source if route_target.when else None,
+                    "schedule": describe_schedule(route_target.retry),
+                }
+            )
+        routes.append({"name": route.name, "path": masker.text(route.path), "targets": targets})
+    used = {t.target for r in config.routes.values() for t in r.targets}
+    storage = config.storage
+    return {
+        "config": str(config.source),
+        "ok": True,
+        "ingress": str(config.server.listen),
+        "storage": str(storage.path) if storage.url is None else masker.text(storage.describe()),
+        "routes": routes,
+        "unused_targets": sorted(set(config.targets) - used),
+    }
+
+
+def readable_warnings(path: Path | None) -> list[str]:
+    """The service runs as a user of its own (systemd's DynamicUser=): a
+    relay.toml only root may read stops it at start ("permission denied")
+    while `sudo relay check` reads it fine. Said for a file root owns that
+    others may not read."""
+    if path is None:
+        return []
+    found = []
+    try:
+        info = path.stat()
+        if info.st_uid == 0 and not info.st_mode & stat.S_IROTH:
+            found.append(
+                f"{path} is mode {stat.S_IMODE(info.st_mode):o}, owned by root: the service's"
+                f" user cannot read it and relay will not start; it holds no secret:"
+                f" sudo chmod 644 {path}"
+            )
+    except OSError:
+        return found
+    return found
+
+
+def restart_warnings(config: Config, sources: list[Path]) -> list[str]:
+    """systemd reads EnvironmentFile= and LoadCredential= only when the service
+    starts, not on reload: an env file or credential changed since the running
+    service started is not what it uses. The running `relay serve` is the one
+    holding the database's lock (relay.store.lock), which it wrote at start."""
+    if config.storage.url is not None or not sources:
+        return []
+    lock = lock_path(config.storage.path)
+    try:
+        descriptor = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            started = os.fstat(descriptor).st_mtime
+            pid = os.read(descriptor, 32).decode(errors="replace").strip()
+        else:
+            return []  # no relay serve runs on this database
+    finally:
+        os.close(descriptor)
+    changed = []
+    for source in sources:
+        files = [source] if source.is_file() else sorted(source.iterdir())
+        changed += [f for f in files if f.stat().st_mtime > started]
+    if not changed:
+        return []
+    names = ", ".join(str(f) for f in changed)
+    return [
+        f"{names} changed after the running relay serve (PID {pid or '?'}) started:"
+        " systemd hands the service these only at start, so it still uses the old values"
+        " (a reload re-reads relay.toml, not these): sudo systemctl restart relay"
+    ]
 
 
 def env_file_warnings(path: Path | None) -> list[str]:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import difflib
 import errno
 import os
+import re
 import select
 import shlex
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import orjson
 
@@ -20,7 +24,7 @@ from relay.actions import Actions
 from relay.clock import SystemClock
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.envfile import parse_env_file
-from relay.inputs import row_id
+from relay.inputs import BadRequest, instant, row_id, whole_number
 from relay.loops import loop_factory
 from relay.store import Store, open_store
 
@@ -31,6 +35,68 @@ DEFAULT_CONFIG_PATHS = (Path("relay.toml"), Path("/etc/relay/relay.toml"))
 
 class CommandError(Exception):
     """A one-line message for the user; the command exits non-zero."""
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<names>.*)\)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, and a typo gets a suggestion: "did you mean --route?", "did
+    you mean dead?" — under the usage of the subcommand it was typed for."""
+
+    def error(self, message: str) -> NoReturn:
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            names = [name.strip(" '") for name in match["names"].split(",")]
+            close = difflib.get_close_matches(match["given"], names, n=1)
+            if close:
+                message += f"; did you mean {close[0]}?"
+        super().error(message)
+
+    def unrecognized(self, extras: list[str]) -> NoReturn:
+        """What argparse left over, said by the parser of the subcommand."""
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        hints = []
+        for extra in extras:
+            if extra.startswith("-"):
+                close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1)
+                if close:
+                    hints.append(f"did you mean {close[0]}?")
+        self.error("; ".join([f"unrecognized arguments: {' '.join(extras)}", *hints]))
+
+
+def count_type(maximum: int = 100_000) -> Callable[[str], int]:
+    """`--limit` and such: a whole number from 1 ("0" or "-5" is an error, not one row)."""
+
+    def parse(text: str) -> int:
+        try:
+            return whole_number(text, "value", maximum=maximum)
+        except BadRequest:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {maximum}, not {text!r}"
+            ) from None
+
+    return parse
+
+
+def add_time_options(parser: argparse.ArgumentParser, what: str = "events received") -> None:
+    forms = (
+        "a date (2026-12-02), a local time (2026-12-02T15:00), an ISO time with an"
+        ' offset, an age ("2h", "3d") or "today"/"yesterday"; local times are in admin.timezone'
+    )
+    parser.add_argument("--since", metavar="TIME", help=f"only {what} at or after TIME: {forms}")
+    parser.add_argument("--until", metavar="TIME", help=f"only {what} before TIME (same forms)")
+
+
+def time_window(
+    args: argparse.Namespace, config: Config | OperatorConfig
+) -> tuple[float | None, float | None]:
+    """--since and --until as Unix times, read in the config's time zone."""
+    now = time.time()
+    return (
+        instant(getattr(args, "since", None), "--since", now, config.zone),
+        instant(getattr(args, "until", None), "--until", now, config.zone),
+    )
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +127,9 @@ def add_service_environment_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of text (times in UTC)"
+    )
 
 
 def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
@@ -75,10 +143,48 @@ def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
     raise CommandError("no config file: pass --config PATH or set RELAY_CONFIG")
 
 
-def service_environ(args: argparse.Namespace) -> dict[str, str]:
-    """This process's environment, plus --env-file's variables and --credentials."""
-    environ = dict(os.environ)
+# Where deploy.md puts what the unit hands the service, beside its config:
+# EnvironmentFile=/etc/relay/relay.env, LoadCredential=...:/etc/relay/credentials/NAME.
+SERVICE_ENV_FILE = "relay.env"
+SERVICE_CREDENTIALS = "credentials"
+
+
+def service_sources(
+    args: argparse.Namespace, config: Path, environ: Mapping[str, str]
+) -> tuple[Path | None, Path | None]:
+    """The env file and credentials folder to read: --env-file and --credentials
+    when given, else the service's own beside the config (relay.env,
+    credentials/) when they are there — so that `sudo relay check`, `render`
+    and `resend` see what the service sees, with no flag to remember. A
+    credentials folder the environment already names ($CREDENTIALS_DIRECTORY,
+    inside the unit) is kept."""
     env_file: Path | None = getattr(args, "env_file", None)
+    credentials: Path | None = getattr(args, "credentials", None)
+    folder = config.parent
+    if not hasattr(args, "env_file"):
+        # `relay serve`: systemd hands it its environment and credentials. Run
+        # by hand beside a config `relay init` wrote, it finds the admin token
+        # there (when it may read it; else the credential's error says how).
+        beside = folder / SERVICE_CREDENTIALS
+        if not environ.get("CREDENTIALS_DIRECTORY") and os.access(beside, os.R_OK | os.X_OK):
+            return None, beside
+        return None, None
+    if env_file is None and (folder / SERVICE_ENV_FILE).is_file():
+        env_file = folder / SERVICE_ENV_FILE
+    if (
+        credentials is None
+        and not environ.get("CREDENTIALS_DIRECTORY")
+        and (folder / SERVICE_CREDENTIALS).is_dir()
+    ):
+        credentials = folder / SERVICE_CREDENTIALS
+    return env_file, credentials
+
+
+def service_environ(
+    args: argparse.Namespace, env_file: Path | None, credentials: Path | None
+) -> dict[str, str]:
+    """This process's environment, plus the env file's variables and credentials."""
+    environ = dict(os.environ)
     if env_file is not None:
         try:
             text = env_file.read_text(encoding="utf-8")
@@ -87,10 +193,13 @@ def service_environ(args: argparse.Namespace) -> dict[str, str]:
         except UnicodeDecodeError:
             raise CommandError(f"{env_file}: not UTF-8 (systemd ignores such lines)") from None
         environ.update(parse_env_file(text))
-    credentials: Path | None = getattr(args, "credentials", None)
     if credentials is not None:
         if not credentials.is_dir():
             raise CommandError(f"--credentials {credentials}: not a directory")
+        if not os.access(credentials, os.R_OK | os.X_OK):
+            raise CommandError(
+                _cannot(credentials, PermissionError(errno.EACCES, "denied"), "read")
+            )
         environ["CREDENTIALS_DIRECTORY"] = str(credentials.resolve())
     return environ
 
@@ -98,9 +207,14 @@ def service_environ(args: argparse.Namespace) -> dict[str, str]:
 def read_config(args: argparse.Namespace, *, command: bool = False) -> Config:
     """The whole config; a `command` (resend, render) leaves out what only
     `relay serve` uses (its listeners, its instance name: config.load)."""
-    environ = service_environ(args)
+    path = config_path(args, os.environ)
+    env_file, credentials = service_sources(args, path, os.environ)
+    if hasattr(args, "env_file"):
+        # What was read, for `relay check` to say (and to check the env file).
+        args.env_file, args.credentials = env_file, credentials
+    environ = service_environ(args, env_file, credentials)
     try:
-        return load_config(config_path(args, environ), environ, command=command)
+        return load_config(path, environ, command=command)
     except ConfigError as error:
         hint = ""
         # `relay check`/`render` in a shell on the server: the variables are in
@@ -108,15 +222,25 @@ def read_config(args: argparse.Namespace, *, command: bool = False) -> Config:
         unset = error.problem.startswith("environment variable ") and error.problem.endswith(
             " is not set"
         )
-        if unset and hasattr(args, "env_file") and args.env_file is None:
+        if unset and hasattr(args, "env_file") and env_file is None:
             hint = " (outside the service: --env-file FILE, e.g. /etc/relay/relay.env)"
         raise CommandError(f"config error: {error}{hint}") from None
 
 
 def read_operator_config(args: argparse.Namespace) -> OperatorConfig:
-    """For commands that work on the database: secrets of targets are not needed."""
+    """For commands that work on the database: secrets of targets are not needed.
+    [storage] may name some (a PostgreSQL password): the service's env file and
+    credentials beside the config are read when this user may read them."""
+    path = config_path(args, os.environ)
+    environ = dict(os.environ)
+    env_file, credentials = path.parent / SERVICE_ENV_FILE, path.parent / SERVICE_CREDENTIALS
+    # Not there, or not ours to read: [storage] rarely needs it.
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        environ.update(parse_env_file(env_file.read_text(encoding="utf-8")))
+    if not environ.get("CREDENTIALS_DIRECTORY") and os.access(credentials, os.R_OK | os.X_OK):
+        environ["CREDENTIALS_DIRECTORY"] = str(credentials.resolve())
     try:
-        return load_operator_config(config_path(args, os.environ), os.environ)
+        return load_operator_config(path, environ)
     except ConfigError as error:
         raise CommandError(f"config error: {error}") from None
 

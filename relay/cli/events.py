@@ -13,13 +13,17 @@ from relay.cli.common import (
     acting,
     add_config_option,
     add_json_option,
+    add_time_options,
+    count_type,
     emit,
-    opened_store,
     read_operator_config,
     run,
     table,
+    time_window,
 )
+from relay.glance import glances, who_text, with_glance
 from relay.inputs import row_id
+from relay.localtime import Zone, format_iso_local
 from relay.payload import media_type, parse_form, parse_json
 from relay.search import SearchError, parse_search
 from relay.store import EventQuery, SearchProgress, Status
@@ -45,7 +49,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="only events whose body, query or header values contain TEXT"
         " (any case; a phone number in any spelling)",
     )
-    events.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    add_time_options(events)
+    events.add_argument(
+        "--limit", type=count_type(), default=50, help="at most this many (default 50)"
+    )
     events.set_defaults(handler=list_events)
 
     rejections = commands.add_parser(
@@ -54,7 +61,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_config_option(rejections)
     add_json_option(rejections)
     rejections.add_argument("--route", help="only this route")
-    rejections.add_argument("--limit", type=int, default=100, help="at most this many")
+    add_time_options(rejections, "requests refused")
+    rejections.add_argument(
+        "--limit", type=count_type(), default=100, help="at most this many (default 100)"
+    )
     rejections.set_defaults(handler=list_rejections)
 
     show = commands.add_parser("show", help="one event: headers, body, deliveries, attempts")
@@ -70,21 +80,28 @@ def list_events(args: argparse.Namespace) -> int:
         search = parse_search(args.search) if args.search is not None else None
     except SearchError as problem:
         raise CommandError(f"--search: {problem}") from None
+    since, until = time_window(args, config)
     query = EventQuery(
         status=Status(args.status) if args.status else None,
         route=args.route,
         target=args.target,
+        since=since,
+        until=until,
         key=args.key,
         search=search,
-        limit=max(1, args.limit),
+        limit=args.limit,
     )
 
     async def fetch() -> tuple[list[dict[str, Any]], SearchProgress | None]:
-        async with opened_store(config) as store:
+        async with acting(config) as actions:
+            await actions.check_names(args.route, args.target, prefix="--")
+            store = actions.store
             events = await store.list_events(query)
             progress = await store.search_progress() if search is not None else None
-        masker = config.masker
-        return [event_summary(event, masker) for event in events], progress
+            masker = config.masker
+            found = await glances(store, events, masker, search)
+        views = [with_glance(event_summary(e, masker), found.get(e.id)) for e in events]
+        return views, progress
 
     found, progress = run(fetch())
     if search is not None and progress is not None:
@@ -92,29 +109,34 @@ def list_events(args: argparse.Namespace) -> int:
         if progress.behind:
             # On stderr: the listing itself (text or --json) stays what it was.
             print(f"relay: note: {view['note']}", file=sys.stderr)
-    emit(args, found, _events_text)
+    emit(args, found, lambda events: _events_text(events, config.zone))
     return 0
 
 
 def list_rejections(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
+    since, until = time_window(args, config)
 
     async def fetch() -> list[dict[str, Any]]:
-        async with opened_store(config) as store:
-            found = await store.list_rejections(args.route, max(1, args.limit))
+        async with acting(config) as actions:
+            await actions.check_names(args.route, None, prefix="--")
+            found = await actions.store.list_rejections(
+                args.route, args.limit, since=since, until=until
+            )
         masker = config.masker
         return [rejection_view(r, masker) for r in found]
 
-    emit(args, run(fetch()), _rejections_text)
+    emit(args, run(fetch()), lambda found: _rejections_text(found, config.zone))
     return 0
 
 
-def _rejections_text(rejections: list[dict[str, Any]]) -> str:
+def _rejections_text(rejections: list[dict[str, Any]], zone: Zone) -> str:
     lines = []
     for item in rejections:
         detail = f" ({item['detail']})" if item["detail"] else ""
         lines.append(
-            f"{item['at']}  {item['route']}  from {item['remote_addr'] or '-'}:"
+            f"{format_iso_local(item['at'], zone)}  {item['route']}"
+            f"  from {item['remote_addr'] or '-'}:"
             f" {item['reason']}{detail}"
         )
         lines += [f"    {name}: {value}" for name, value in item["headers"]]
@@ -130,23 +152,51 @@ def show_event(args: argparse.Namespace) -> int:
             detail = await actions.event(event_id)
         return event_detail(detail, config.masker)
 
-    emit(args, run(fetch()), _event_text)
+    emit(args, run(fetch()), lambda event: _event_text(event, config.zone))
     return 0
 
 
-def _events_text(events: list[dict[str, Any]]) -> str:
+# A column's text, this long at most: one event a line, whatever a sender put
+# in a key (T-Bank's are ~100 characters). --json and `relay show` have it whole.
+KEY_CHARS = 24
+WHO_CHARS = 48
+ERROR_CHARS = 40
+
+
+def _cut(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _deliveries_text(event: dict[str, Any]) -> str:
+    said = []
+    for d in event["deliveries"]:
+        error = (
+            f" {_cut(d['last_error'], ERROR_CHARS)}"
+            if d["status"] == "dead" and d["last_error"]
+            else ""
+        )
+        said.append(f"{d['target']}:{d['status']}({d['attempts']}){error}")
+    return " ".join(said)
+
+
+def _events_text(events: list[dict[str, Any]], zone: Zone) -> str:
+    searched = any(event.get("snippet") for event in events)
     rows = [
         [
             event["id"],
-            event["received_at"],
+            format_iso_local(event["received_at"], zone),
             event["route"],
             event["status"],
-            _key_text(event),
-            " ".join(f"{d['target']}:{d['status']}({d['attempts']})" for d in event["deliveries"]),
+            _cut(_key_text(event), KEY_CHARS),
+            _cut(who_text(event), WHO_CHARS) or "-",
+            _deliveries_text(event),
+            *([_cut(event.get("snippet") or "-", 2 * WHO_CHARS)] if searched else []),
         ]
         for event in events
     ]
-    return table(rows, ["ID", "RECEIVED", "ROUTE", "STATUS", "KEY", "DELIVERIES"])
+    headers = ["ID", "RECEIVED", "ROUTE", "STATUS", "KEY", "WHO", "DELIVERIES"]
+    return table(rows, [*headers, *(["MATCH"] if searched else [])])
 
 
 # An answer is shown on one line, this long at most (--json has it whole).
@@ -184,22 +234,25 @@ def _key_text(event: dict[str, Any]) -> str:
     return f"{key} (KEY CONFLICT: differs from event {conflict})" if conflict else key
 
 
-def _event_text(event: dict[str, Any]) -> str:
+def _event_text(event: dict[str, Any], zone: Zone) -> str:
+    def at(text: str | None) -> str:
+        return format_iso_local(text, zone)
+
     lines = [
         f"event {event['id']}  route {event['route']}  {event['status']}",
-        f"received {event['received_at']} from {event['remote_addr'] or '-'}",
+        f"received {at(event['received_at'])} from {event['remote_addr'] or '-'}",
         f"idempotency key: {_key_text(event)}",
         f"{event['method']} {event['path']}{'?' + event['query'] if event['query'] else ''}",
     ]
     if event.get("resent_from"):
         link = event["resent_from"]
         lines.append(
-            f"corrected copy of event {link['event_id']}, sent by {link['by']} at {link['at']}"
+            f"corrected copy of event {link['event_id']}, sent by {link['by']} at {at(link['at'])}"
         )
     for link in event.get("resent_as", ()):
         lines.append(
             f"resent as event {link['event_id']} (a corrected copy),"
-            f" by {link['by']} at {link['at']}"
+            f" by {link['by']} at {at(link['at'])}"
         )
     lines += [f"  {name}: {value}" for name, value in event["headers"]]
     lines += ["", *_body_lines(event), ""]
@@ -207,7 +260,11 @@ def _event_text(event: dict[str, Any]) -> str:
         lines.append(
             f"delivery {delivery['id']} → {delivery['target']}: {delivery['status']},"
             f" {count(delivery['attempts'], 'attempt')}"
-            + (f", next at {delivery['next_attempt_at']}" if delivery["next_attempt_at"] else "")
+            + (
+                f", next at {at(delivery['next_attempt_at'])}"
+                if delivery["next_attempt_at"]
+                else ""
+            )
         )
         if delivery["last_error"]:
             lines.append(f"  last error: {delivery['last_error']}")
@@ -217,7 +274,7 @@ def _event_text(event: dict[str, Any]) -> str:
         happened: list[tuple[str, int, list[str]]] = []
         for attempt in delivery["attempts_log"]:
             said = [
-                f"  #{attempt['number']} {attempt['started_at']} {attempt['outcome']}"
+                f"  #{attempt['number']} {at(attempt['started_at'])} {attempt['outcome']}"
                 f" {attempt['http_status'] or '-'} {attempt['duration_ms']}ms"
                 + (f" {attempt['error']}" if attempt["error"] else "")
             ]
@@ -228,7 +285,9 @@ def _event_text(event: dict[str, Any]) -> str:
         for entry in delivery.get("history", ()):
             detail = f": {entry['detail']}" if entry.get("detail") else ""
             # At the same instant, what a person did comes before the attempt it caused.
-            happened.append((entry["at"] or "", 0, [f"  {entry['at']} {entry['kind']}{detail}"]))
+            happened.append(
+                (entry["at"] or "", 0, [f"  {at(entry['at'])} {entry['kind']}{detail}"])
+            )
         for _, _, said in sorted(happened, key=lambda item: item[:2]):
             lines += said
     return "\n".join(lines)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from relay.cli.common import CommandError, add_config_option, read_operator_config, run
+from relay.cli.common import (
+    CommandError,
+    add_config_option,
+    add_json_option,
+    emit,
+    read_operator_config,
+    run,
+)
 from relay.pgurl import masked_url, url_problem, url_to_write
 from relay.store.backends import lock_path
 from relay.store.lock import AlreadyRunning, ProcessLock
@@ -16,6 +23,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="copy the SQLite database into an empty PostgreSQL one (relay serve stopped)",
     )
     add_config_option(parser)
+    add_json_option(parser)
     parser.add_argument(
         "--to",
         metavar="URL",
@@ -59,10 +67,14 @@ def migrate_store(args: argparse.Namespace) -> int:
     finally:
         lock.release()
     counts = ", ".join(f"{count} {table}" for table, count in copied.counts.items())
-    print(f"copied {path} into PostgreSQL, counts verified: {counts}")
-    print(
-        f'next: in the config, [storage] url = "{url_to_write(url)}" (the password from'
-        " relay's environment, or ${file:NAME}), without path and synchronous;"
-        " then start relay serve"
+    emit(
+        args,
+        {"copied": str(path), "counts": dict(copied.counts), "url": url_to_write(url)},
+        lambda _: (
+            f"copied {path} into PostgreSQL, counts verified: {counts}\n"
+            f'next: in the config, [storage] url = "{url_to_write(url)}" (the password from'
+            " relay's environment, or ${file:NAME}), without path and synchronous;"
+            " then start relay serve"
+        ),
     )
     return 0

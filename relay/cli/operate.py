@@ -18,14 +18,16 @@ from relay.cli.common import (
     acting,
     add_config_option,
     add_json_option,
+    add_time_options,
     emit,
     opened_store,
     read_operator_config,
     row_ids,
     run,
     table,
+    time_window,
 )
-from relay.inputs import instant
+from relay.localtime import Zone, format_iso_local
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.store.base import Shared
 from relay.units import format_duration
@@ -57,8 +59,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_json_option(requeue)
     requeue.add_argument("--route", help="only deliveries of this route")
     requeue.add_argument("--target", help="only deliveries to this target")
-    requeue.add_argument("--since", help='events received since (ISO time, or an age like "2h")')
-    requeue.add_argument("--until", help="events received before (ISO time, or an age)")
+    add_time_options(requeue, "deliveries of events received")
     requeue.add_argument(
         "--status",
         default="dead",
@@ -76,6 +77,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             else "let a paused target's deliveries flow again",
         )
         add_config_option(parser)
+        add_json_option(parser)
         parser.add_argument("target")
         parser.set_defaults(handler=pause_target, paused=paused)
 
@@ -86,6 +88,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     purge = commands.add_parser("purge", help="remove finished events older than the retention now")
     add_config_option(purge)
+    add_json_option(purge)
     purge.add_argument("--dry-run", action="store_true", help="only count what would go")
     purge.set_defaults(handler=purge_events)
 
@@ -141,18 +144,19 @@ def _each_delivery(
 
 def requeue_deliveries(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
-    now = time.time()
+    since, until = time_window(args, config)
     selection = Selection(
         status=Status(args.status),
         route=args.route,
         target=args.target,
-        since=instant(args.since, "--since", now),
-        until=instant(args.until, "--until", now),
+        since=since,
+        until=until,
         ids=tuple(row_ids(args.delivery_ids, "delivery id")),
     )
 
     async def act() -> list[int]:
         async with acting(config) as actions:
+            await actions.check_names(args.route, args.target, prefix="--")
             return await actions.requeue(selection)
 
     requeued = run(act())
@@ -175,7 +179,11 @@ def pause_target(args: argparse.Namespace) -> int:
             await actions.set_paused(args.target, args.paused)
 
     run(act())
-    print(f"target {args.target} {'paused' if args.paused else 'resumed'}")
+    emit(
+        args,
+        {"target": args.target, "paused": args.paused},
+        lambda data: f"target {data['target']} {'paused' if data['paused'] else 'resumed'}",
+    )
     return 0
 
 
@@ -189,11 +197,11 @@ def show_stats(args: argparse.Namespace) -> int:
             instances = await store.instances() if isinstance(store, Shared) else None
         return stats_view(stats, time.time(), paused, config.masker, instances)
 
-    emit(args, run(fetch()), _stats_text)
+    emit(args, run(fetch()), lambda data: _stats_text(data, config.zone))
     return 0
 
 
-def _stats_text(data: dict[str, Any]) -> str:
+def _stats_text(data: dict[str, Any], zone: Zone) -> str:
     statuses = [s.value for s in Status]
     lines = ["by route:"]
     lines.append(
@@ -213,8 +221,8 @@ def _stats_text(data: dict[str, Any]) -> str:
                     name,
                     *(str(info[s]) for s in statuses),
                     "yes" if info["paused"] else "",
-                    f"since {info['down_since']}" if info["down"] else "",
-                    info["last_success_at"] or "-",
+                    f"since {format_iso_local(info['down_since'], zone)}" if info["down"] else "",
+                    format_iso_local(info["last_success_at"], zone),
                     str(info["consecutive_failures"]),
                     info["last_error"] or "-",
                 ]
@@ -280,8 +288,13 @@ def purge_events(args: argparse.Namespace) -> int:
 
     count = run(act())
     keep = format_duration(config.storage.retention)
-    if args.dry_run:
-        print(f"would remove {count} finished events older than {keep}")
-    else:
-        print(f"removed {count} finished events older than {keep}")
+    emit(
+        args,
+        {"removed": 0 if args.dry_run else count, "would_remove": count, "dry_run": args.dry_run},
+        lambda _: (
+            f"would remove {count} finished events older than {keep}"
+            if args.dry_run
+            else f"removed {count} finished events older than {keep}"
+        ),
+    )
     return 0

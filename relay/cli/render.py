@@ -7,13 +7,17 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from relay.cli.common import (
     CommandError,
     add_config_option,
+    add_json_option,
     add_service_environment_options,
+    emit,
     read_config,
 )
+from relay.inputs import unknown_name
 from relay.payload import Payload, strip_form_fields
 from relay.store import Status
 
@@ -25,6 +29,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_config_option(parser)
     add_service_environment_options(parser)
+    add_json_option(parser)
     parser.add_argument("route", metavar="ROUTE")
     parser.add_argument("--body", metavar="FILE", required=True, help="the body ('-': stdin)")
     parser.add_argument("--content-type", help="default: guessed (JSON, else form)")
@@ -46,13 +51,13 @@ def render(args: argparse.Namespace) -> int:
     from relay.kinds.registry import build_source, build_target
     from relay.sources import Ping, Reject
     from relay.targets import Envelope
+    from relay.targets.base import unstored_event_id
     from relay.templates import TemplateError, marking_defaults
 
     config = read_config(args, command=True)
     route = config.routes.get(args.route)
     if route is None:
-        known = ", ".join(sorted(config.routes)) or "none"
-        raise CommandError(f"no route {args.route} (configured: {known})")
+        raise CommandError(unknown_name("route", args.route, config.routes))
     body = sys.stdin.buffer.read() if args.body == "-" else _read(Path(args.body))
     headers = []
     for item in args.header:
@@ -66,26 +71,39 @@ def render(args: argparse.Namespace) -> int:
     payload = Payload.received("POST", route.path, "", headers, body)
     incoming = Incoming(payload)
     masker = config.masker
-    print(f"route {route.name}: POST {masker.text(route.path)}")
+    lines: list[str] = []  # the text; `report` the same as data (--json)
+    report: dict[str, Any] = {"route": route.name, "path": masker.text(route.path)}
+    lines.append(f"route {route.name}: POST {masker.text(route.path)}")
+    if not args.wire:
+        lines.append(
+            "(bodies decoded for reading: form fields one a line, JSON indented;"
+            " --wire shows the exact bytes)"
+        )
     # The same steps as ingress: the route's source profile, then its key.
     source = build_source(route)
     check = source.check(incoming, time.time())
     if isinstance(check, Ping):
         answer = check.answer.body.decode("utf-8", "replace")
-        print(f"a test request: ingress answers {check.answer.status} {answer!r}, stores nothing")
+        lines.append(
+            f"a test request: ingress answers {check.answer.status} {answer!r}, stores nothing"
+        )
+        report["ping"] = {"status": check.answer.status, "answer": answer}
+        emit(args, report, lambda _: "\n".join(lines))
         return 0
     if isinstance(check, Reject):
         detail = f" ({masker.text(check.detail)})" if check.detail else ""
-        print(
+        lines.append(
             f"verification: ingress would refuse this request with 401: {check.reason}{detail};"
             " shown below as if it were signed"
         )
+        report["refused"] = {"status": 401, "reason": check.reason, "detail": detail.strip(" ()")}
         source_key = source.key(incoming)
     else:
         source_key = check.key
     key = idempotency_key(route, incoming, source_key)
     shown_key = masker.text(key) if key is not None else "(none: the event id is sent instead)"
-    print(f"idempotency key: {shown_key}")
+    lines.append(f"idempotency key: {shown_key}")
+    report["idempotency_key"] = masker.text(key) if key is not None else None
     envelope = Envelope(
         event_id=0,
         delivery_id=0,
@@ -102,28 +120,39 @@ def render(args: argparse.Namespace) -> int:
         ),
     )
     failed = False
+    report["targets"] = []
     for planned in plan_deliveries(route, incoming):
         target = config.targets[planned.target]
-        print(f"\n=== {target.name} ({target.type})")
+        said: dict[str, Any] = {"target": target.name, "type": target.type}
+        report["targets"].append(said)
+        lines.append(f"\n=== {target.name} ({target.type})")
         if planned.status is Status.SKIPPED:
-            print(f"skipped: {planned.reason}")
+            lines.append(f"skipped: {planned.reason}")
+            said.update(outcome="skipped", reason=planned.reason)
             continue
         if planned.status is Status.DEAD:
-            print(f"would be dead: {planned.reason}")
+            lines.append(f"would be dead: {planned.reason}")
+            said.update(outcome="dead", reason=planned.reason)
             failed = True
             continue
         try:
             with marking_defaults() as fell_back:
                 preview = build_target(target).preview(envelope, wire=args.wire)
         except TemplateError as error:
-            print(f"would be dead: {error}")
+            lines.append(f"would be dead: {error}")
+            said.update(outcome="dead", reason=str(error))
             failed = True
             continue
-        print(masker.text(preview))
+        shown = masker.text(unstored_event_id(preview, "(the event's id once stored)"))
+        lines.append(shown)
+        said.update(outcome="sent", request=shown, defaults=list(dict.fromkeys(fell_back)))
         if fell_back:
             # A missing field is easy to miss in a filled-in template: say it.
-            print(f"NOTE: fell back to a default ({', '.join(dict.fromkeys(fell_back))}):")
-            print("      the sample has no such field; check the field names the sender uses")
+            lines.append(f"NOTE: fell back to a default ({', '.join(dict.fromkeys(fell_back))}):")
+            lines.append(
+                "      the sample has no such field; check the field names the sender uses"
+            )
+    emit(args, report, lambda _: "\n".join(lines))
     return 1 if failed else 0
 
 

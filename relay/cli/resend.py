@@ -53,6 +53,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="send to this target of the event (repeatable; default: the dead ones,"
         " or all when none is dead)",
     )
+    parser.add_argument(
+        "--wire",
+        action="store_true",
+        help="--edit a form as it is encoded (Name=%%D0%%90...), not as its fields decoded",
+    )
     parser.add_argument("--content-type", help="the copy's content type (default: the original's)")
     parser.add_argument("--yes", action="store_true", help="send without asking to confirm")
     parser.set_defaults(handler=resend)
@@ -67,7 +72,14 @@ def who() -> str:
 def resend(args: argparse.Namespace) -> int:
     # Planning renders the targets' templates (aiohttp's client, Jinja2): imported
     # by the command that sends, not by every `relay` command.
-    from relay.resend import EditRejected, editable_body, plan_resend
+    from relay.resend import (
+        FIELDS_NOTE,
+        EditRejected,
+        editable_body,
+        editable_fields,
+        fields_body,
+        plan_resend,
+    )
 
     config = read_config(args, command=True)
     event_id = row_id(args.event_id, "event id")
@@ -79,8 +91,15 @@ def resend(args: argparse.Namespace) -> int:
 
     detail = run(load())
     try:
-        shown = editable_body(detail, masker)
-        edited = _edit(shown, detail) if args.edit else _read(args.body)
+        fields = editable_fields(detail, masker) if args.edit and not args.wire else None
+        if fields is not None:
+            # A form as its fields, decoded; encoded back (unchanged ones byte for byte).
+            text = _edit(FIELDS_NOTE + fields, detail).decode("utf-8", "replace")
+            edited = fields_body(text, detail, masker)
+        elif args.edit:
+            edited = _edit(editable_body(detail, masker), detail)
+        else:
+            edited = _read(args.body)
         plan = plan_resend(config, detail, edited, args.content_type, args.target, who(), masker)
     except EditRejected as problem:
         raise CommandError(str(problem)) from None

@@ -12,8 +12,12 @@ from importlib import resources
 from pathlib import Path
 
 from relay.cli.common import (
+    SERVICE_CREDENTIALS,
+    SERVICE_ENV_FILE,
     CommandError,
     add_config_option,
+    add_json_option,
+    emit,
     opened_store,
     read_operator_config,
     run,
@@ -34,6 +38,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="where to write it (default: ./relay.toml; for the service: /etc/relay/relay.toml)",
     )
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_json_option(init)
     init.add_argument(
         "--database",
         metavar="DB",
@@ -46,6 +51,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "backup", help="a consistent copy of the database, safe while relay runs"
     )
     add_config_option(backup)
+    add_json_option(backup)
     backup.add_argument("destination", metavar="DEST", type=Path)
     backup.add_argument("--force", action="store_true", help="overwrite an existing file")
     backup.set_defaults(handler=make_backup)
@@ -78,13 +84,52 @@ def write_starter(args: argparse.Namespace) -> int:
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         os.fchmod(descriptor, CONFIG_MODE)  # an existing file (--force) keeps no other mode
         handle.write(starter_config(args.database))
-    print(f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets, they come from ${{VARS}})")
-    print("next: set the variables it names (see the top of the file), then:")
-    print(f"  relay check --config {path}")
-    # Drawn here so that nobody has to invent one (or leave the admin API open).
-    print("a fresh admin token for the environment (shown once, not written anywhere):")
-    print(f"  RELAY_ADMIN_TOKEN={secrets.token_urlsafe(32)}")
+    token_path, fresh = _admin_token(path.parent / SERVICE_CREDENTIALS)
+    env_file = path.parent / SERVICE_ENV_FILE
+    found_alone = path.resolve() == Path("/etc/relay/relay.toml")
+    check = f"sudo relay check{'' if found_alone else f' --config {path}'}"
+    emit(
+        args,
+        {
+            "config": str(path),
+            "admin_token_file": str(token_path),
+            "admin_token_written": fresh,
+            "env_file": str(env_file),
+            "next": check,
+        },
+        lambda _: "\n".join(
+            [
+                f"wrote {path} (mode {CONFIG_MODE:o}: it holds no secrets,"
+                " they come from ${VARS})",
+                f"{'wrote' if fresh else 'kept'} the admin token in {token_path} (mode 600;"
+                f" the dashboard's password, the API's bearer token): sudo cat {token_path}",
+                f"next: set the variables it names (see the top of the file) in {env_file}, then:",
+                f"  {check}",
+            ]
+        ),
+    )
     return 0
+
+
+ADMIN_TOKEN = "relay_admin_token"
+
+
+def _admin_token(folder: Path) -> tuple[Path, bool]:
+    """The starter's admin token, one file (`${file:relay_admin_token}`), drawn
+    here so that nobody has to invent one or leave the admin API open. An
+    existing one is kept (`init --force` rewrites the config, not the
+    password people sign in with)."""
+    path = folder / ADMIN_TOKEN
+    if not folder.exists():
+        folder.mkdir(mode=0o700)
+        folder.chmod(0o700)  # whatever the umask: root's alone, systemd copies from it
+    if path.exists():
+        return path, False
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        os.fchmod(descriptor, 0o600)
+        handle.write(secrets.token_urlsafe(32) + "\n")
+    return path, True
 
 
 def _make_folders(folder: Path) -> None:
@@ -113,9 +158,20 @@ def make_backup(args: argparse.Namespace) -> int:
 
     events = run(act())
     size = destination.stat().st_size
-    print(
-        f"backed up {config.storage.path} to {destination}: {events} events,"
-        f" {format_size(size) if size % 1024 == 0 else f'{size} bytes'},"
-        f" mode {stat.S_IMODE(destination.stat().st_mode):o} (it holds what senders sent)"
+    mode = stat.S_IMODE(destination.stat().st_mode)
+    emit(
+        args,
+        {
+            "database": str(config.storage.path),
+            "destination": str(destination),
+            "events": events,
+            "bytes": size,
+            "mode": f"{mode:o}",
+        },
+        lambda _: (
+            f"backed up {config.storage.path} to {destination}: {events} events,"
+            f" {format_size(size) if size % 1024 == 0 else f'{size} bytes'},"
+            f" mode {mode:o} (it holds what senders sent)"
+        ),
     )
     return 0

@@ -31,6 +31,7 @@ from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section, substitute
 from relay.config.sources import parse_answer, parse_networks
 from relay.config.targets import NAME, parse_target
+from relay.localtime import UnknownZone, zone_named
 from relay.payload import REQUEST_VARIABLES
 from relay.pgurl import masked_url, url_problem
 from relay.secrets import Masker
@@ -305,6 +306,7 @@ def _admin(section: Section, base: Path) -> AdminConfig:
     allowed_hosts = frozenset(
         name.strip().lower().rstrip(".") for name in section.string_list("allowed_hosts", ())
     )
+    timezone = parse_timezone(section)
     section.done()
     return AdminConfig(
         enabled=enabled,
@@ -312,7 +314,18 @@ def _admin(section: Section, base: Path) -> AdminConfig:
         token=token,
         allowed_hosts=allowed_hosts,
         token_file=token_file,
+        timezone=timezone,
     )
+
+
+def parse_timezone(section: Section) -> str | None:
+    """admin.timezone: an IANA name the tz database knows, or absent (the system's)."""
+    name = section.string("timezone", None, nonempty=False) or None
+    try:
+        zone_named(name)
+    except UnknownZone as problem:
+        raise ConfigError(section.key("timezone"), str(problem)) from None
+    return name
 
 
 # Length is not entropy: "aaaaaaaaaaaaaaaa" is 16 characters and 0 bits. A

@@ -9,6 +9,7 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from relay.localtime import Zone, zone_named
 from relay.pgurl import masked_url
 from relay.secrets import Masker
 
@@ -87,6 +88,8 @@ class AdminConfig:
     allowed_hosts: frozenset[str] = frozenset()
     # Where the token is kept; relay writes a random one there at start if missing.
     token_file: Path | None = None
+    # The IANA zone times are shown and typed in (CLI, dashboard); None: the system's.
+    timezone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,3 +238,8 @@ class Config:
         """The masker of these secrets: built once per config, shared by every
         component that shows or logs what a request or a target said."""
         return Masker(self.secrets)
+
+    @cached_property
+    def zone(self) -> Zone:
+        """The zone people read and type times in (admin.timezone; checked on load)."""
+        return zone_named(self.admin.timezone)

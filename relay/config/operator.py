@@ -15,9 +15,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 import relay.kinds.registry as kinds
-from relay.config.load import masked_error, parse_storage, read_toml
+from relay.config.load import masked_error, parse_storage, parse_timezone, read_toml
 from relay.config.model import StorageConfig
 from relay.config.reader import ConfigError, Section, substitute
+from relay.localtime import Zone, zone_named
 from relay.secrets import Masker
 
 
@@ -29,6 +30,15 @@ class OperatorConfig:
     dedup_windows: Mapping[str, float | None]
     secrets: frozenset[str]
     source: Path
+    timezone: str | None = None
+
+    @property
+    def routes(self) -> frozenset[str]:
+        return frozenset(self.dedup_windows)
+
+    @cached_property
+    def zone(self) -> Zone:
+        return zone_named(self.timezone)
 
     @cached_property
     def masker(self) -> Masker:
@@ -56,6 +66,12 @@ def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConf
         for name, table in routes.items():
             if isinstance(table, dict):
                 windows[name] = Section(table, f"routes.{name}").duration("dedup_window", None)
+        admin = rest.get("admin")
+        timezone = (
+            parse_timezone(Section({"timezone": admin.get("timezone")}, "admin"))
+            if isinstance(admin, dict) and admin.get("timezone") is not None
+            else None
+        )
     except ConfigError as error:
         raise masked_error(error, secrets) from None
     targets = rest.get("targets", {})
@@ -65,6 +81,7 @@ def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConf
         dedup_windows=MappingProxyType(windows),
         secrets=frozenset(secrets | _inline_credentials(rest)),
         source=path.resolve(),
+        timezone=timezone,
     )
 
 

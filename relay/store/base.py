@@ -386,6 +386,8 @@ class Gauges:
 
     counts: Mapping[tuple[str, Status], int]  # (target, status) for pending/in_flight/dead
     oldest_pending_received_at: float | None
+    # Per target: pending deliveries behind a dead one of their ordering key.
+    held: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -459,6 +461,16 @@ class TextSearch:
 
     words: tuple[str, ...] = ()
     digits: str | None = None
+
+
+@dataclass(frozen=True)
+class BodyHead:
+    """The start of an event's body, for the glance a listing shows (relay.glance)."""
+
+    content_type: str | None
+    query: str
+    head: bytes  # the first bytes asked for
+    size: int  # the whole body's length
 
 
 @dataclass(frozen=True)
@@ -674,9 +686,23 @@ class Queries(Protocol):
         """Per hour from `since`: attempts made, failed, and deliveries gone dead."""
         ...
 
-    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]: ...
+    async def list_rejections(
+        self,
+        route: str | None,
+        limit: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Rejection]:
+        """The newest refused requests first; `since` inclusive, `until` exclusive."""
+        ...
 
     async def search_progress(self) -> SearchProgress: ...
+
+    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
+        """The first `size` bytes of these events' bodies (bounded work for a
+        listing, whatever was sent); ids that are gone are left out."""
+        ...
 
 
 class Indexing(Protocol):

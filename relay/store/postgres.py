@@ -48,6 +48,7 @@ from relay.store.base import (
     Accepted,
     AlertNote,
     AttemptRecord,
+    BodyHead,
     ClaimedDelivery,
     DeliveryView,
     DownState,
@@ -871,6 +872,17 @@ class PostgresStore:
         )
         return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
 
+    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
+        if not event_ids:
+            return {}
+        rows = await self._read(
+            "SELECT id, content_type, query, substr(body, 1, $1), length(body) FROM events"
+            " WHERE id = ANY($2::bigint[])",
+            size,
+            list(event_ids),
+        )
+        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
+
     async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
         rows = await self._read(
             "SELECT id, headers, query, content_type, substr(body, 1, $1) FROM events"
@@ -1124,7 +1136,10 @@ class PostgresStore:
                 " WHERE status IN ('pending', 'in_flight', 'dead') GROUP BY target, status"
             ):
                 counts[(target, Status(status))] = count
-            return Gauges(counts=counts, oldest_pending_received_at=await _oldest(connection))
+            held = {t: n for t, n in await connection.fetch(rows.HELD_BEHIND_DEAD)}
+            return Gauges(
+                counts=counts, oldest_pending_received_at=await _oldest(connection), held=held
+            )
 
     async def stats(self) -> Stats:
         async with self._snapshot() as connection:
@@ -1249,12 +1264,23 @@ class PostgresStore:
 
         await self._write(job)
 
-    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]:
+    async def list_rejections(
+        self,
+        route: str | None,
+        limit: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Rejection]:
         rows = await self._read(
             "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
-            " WHERE $1::text IS NULL OR route = $1 ORDER BY id DESC LIMIT $2",
+            " WHERE ($1::text IS NULL OR route = $1)"
+            " AND ($3::double precision IS NULL OR at >= $3)"
+            " AND ($4::double precision IS NULL OR at < $4) ORDER BY id DESC LIMIT $2",
             route,
             limit,
+            since,
+            until,
         )
         return [
             Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))

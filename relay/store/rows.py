@@ -45,6 +45,17 @@ DELIVERY_COLUMNS = (
     "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
     " updated_at, order_key"
 )
+# Per target, pending deliveries waiting behind a dead one of their ordering key
+# (the relay_deliveries_held gauge); read through the ordering lines' index.
+HELD_BEHIND_DEAD = """
+SELECT p.target, COUNT(*) FROM deliveries p
+WHERE p.order_key IS NOT NULL AND p.status = 'pending' AND EXISTS (
+    SELECT 1 FROM deliveries d
+    WHERE d.target = p.target AND d.order_key = p.order_key
+    AND d.status = 'dead' AND d.id < p.id
+)
+GROUP BY p.target
+"""
 # The first unfinished delivery of a key: the only one of its line that may go.
 HEAD_OF_LINE = """
 SELECT id, status, event_id FROM deliveries

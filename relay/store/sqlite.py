@@ -7,7 +7,9 @@ import contextlib
 import gc
 import math
 import os
+import pwd
 import sqlite3
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -24,6 +26,7 @@ from relay.store.base import (
     SEARCH_SECONDS,
     Accepted,
     AttemptRecord,
+    BodyHead,
     ClaimedDelivery,
     DeliveryView,
     DownState,
@@ -64,6 +67,7 @@ from relay.store.rows import (
     EVENT_COLUMNS,
     EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
+    HELD_BEHIND_DEAD,
     HELD_TARGETS,
     LOG_COLUMNS,
     NEXT_IN_LINE,
@@ -149,6 +153,9 @@ class SqliteStore:
             await self._search_reader.set_progress_handler(self._search_expired, 10_000)
         except sqlite3.Error as error:
             await self.close()
+            problem = ownership_problem(self.path)
+            if problem is not None:
+                raise StoreUnavailable(problem) from None
             raise unavailable(error) from None
         opened = os.stat(self.path)
         self._identity = (opened.st_dev, opened.st_ino)
@@ -496,6 +503,17 @@ class SqliteStore:
         )
         return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
 
+    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
+        if not event_ids:
+            return {}
+        rows = await self._read(
+            "SELECT id, content_type, query, substr(body, 1, ?), length(body) FROM events"
+            f" WHERE id IN ({placeholders(len(event_ids))})",
+            [size, *event_ids],
+            slow=True,
+        )
+        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
+
     async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
         # Only the body's first bytes leave the database: a batch of huge
         # bodies costs bounded memory.
@@ -793,7 +811,10 @@ class SqliteStore:
                 slow=True,
             ):
                 counts[(target, status)] = count
-        return Gauges(counts=counts, oldest_pending_received_at=await self._oldest_pending())
+        held = {target: count for target, count in await self._read(HELD_BEHIND_DEAD, slow=True)}
+        return Gauges(
+            counts=counts, oldest_pending_received_at=await self._oldest_pending(), held=held
+        )
 
     async def _oldest_pending(self) -> float | None:
         # Delivery ids grow with arrival, and the partial due index holds
@@ -935,12 +956,23 @@ class SqliteStore:
 
         await self._write(job)
 
-    async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]:
+    async def list_rejections(
+        self,
+        route: str | None,
+        limit: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Rejection]:
         sql = "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
+        where: list[str] = []
         params: list[Any] = []
-        if route is not None:
-            sql += " WHERE route = ?"
-            params.append(route)
+        for clause, value in (("route = ?", route), ("at >= ?", since), ("at < ?", until)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(limit)
         return [
@@ -1050,6 +1082,31 @@ def _forget_prepared(connection: sqlite3.Connection) -> None:
     for referent in gc.get_referents(connection):
         if callable(getattr(referent, "cache_clear", None)):
             referent.cache_clear()
+
+
+def ownership_problem(database: Path) -> str | None:
+    """Why this process may not write the database or its -wal/-shm files: the
+    owner and the fix. A backup restored as root (`cp` into a fresh
+    /var/lib/relay) leaves a root-owned file the service's user cannot write,
+    and SQLite says only "attempt to write a readonly database"."""
+    for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if os.access(path, os.R_OK | os.W_OK):
+            continue
+        try:
+            owner = f"{pwd.getpwuid(info.st_uid).pw_name} (uid {info.st_uid})"
+        except KeyError:
+            owner = f"uid {info.st_uid}"
+        return (
+            f"database cannot be written: {path} is owned by {owner}, mode"
+            f" {stat.S_IMODE(info.st_mode):o}, and relay runs as uid {os.geteuid()}; give it"
+            f" to relay's user, e.g. after a restore as root: sudo chown --reference="
+            f"{path.parent} {path} (docs/operate.md, Backups)"
+        )
+    return None
 
 
 def _open_copy(path: Path) -> str:

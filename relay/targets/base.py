@@ -9,6 +9,7 @@ permanent failure: retrying would render the same thing).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,6 +80,16 @@ def relay_headers(envelope: Envelope) -> dict[str, str]:
         "X-Relay-Event-Id": str(envelope.event_id),
         "X-Relay-Attempt": str(envelope.attempt),
     }
+
+
+# A preview renders an event not stored yet (`relay render`, the resend
+# preview) with the placeholder id 0, which no receiver ever sees.
+_UNSTORED_EVENT_ID = re.compile(r"^(X-Relay-Event-Id:) 0$", re.MULTILINE | re.IGNORECASE)
+
+
+def unstored_event_id(preview: str, said: str) -> str:
+    """A preview's `X-Relay-Event-Id: 0` said as what it will be."""
+    return _UNSTORED_EVENT_ID.sub(lambda match: f"{match.group(1)} {said}", preview)
 
 
 def variables(templates: Iterable[Template | None]) -> frozenset[str]:

@@ -4,6 +4,7 @@ builds a JSON or form body from templates; classifies the answer."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import email.utils
 import re
 import ssl
@@ -27,7 +28,7 @@ from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
 from relay.kinds.base import AlertTemplates, TargetKind
 from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
-from relay.payload import EVENT_VARIABLES
+from relay.payload import EVENT_VARIABLES, media_type
 from relay.secrets import Masker
 from relay.signing import signature_headers, webhook_id
 from relay.targets.base import (
@@ -305,19 +306,26 @@ class Request:
     body: bytes
 
     def describe(self, *, wire: bool = False) -> str:
-        """For display (`relay render`): credential headers are masked. A form
-        body shows its fields decoded, one a line, unless `wire` asks for the
+        """For display (`relay render`, the resend preview): credential headers
+        are masked. A form body shows its fields decoded, one a line; a JSON
+        body indented, its text as text (a template's `tojson` writes Cyrillic
+        as \\u escapes: valid, and unreadable) — unless `wire` asks for the
         bytes that go out."""
         masker = Masker()
         lines = [f"{self.method} {masker.text(self.url)}"]
         lines += [f"{name}: {masker.header(name, value)}" for name, value in self.headers.items()]
-        form = self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
-        if form and not wire:
+        kind = media_type(self.headers.get("Content-Type", ""))
+        if not wire and kind == "application/x-www-form-urlencoded":
             fields = parse_qsl(self.body.decode("utf-8", "replace"), keep_blank_values=True)
-            lines += ["", "form fields (decoded; --wire shows the encoded body):"]
+            lines += ["", "form fields (decoded):"]
             lines += [f"  {name} = {value}" for name, value in fields]
-        else:
-            lines += ["", self.body.decode("utf-8", errors="replace")]
+            return "\n".join(lines)
+        if not wire and (kind == "application/json" or kind.endswith("+json")):
+            # Numbers orjson cannot hold (past 64 bits): the bytes as they are.
+            with contextlib.suppress(orjson.JSONDecodeError, orjson.JSONEncodeError):
+                pretty = orjson.dumps(orjson.loads(self.body), option=orjson.OPT_INDENT_2)
+                return "\n".join([*lines, "", pretty.decode()])
+        lines += ["", self.body.decode("utf-8", errors="replace")]
         return "\n".join(lines)
 
 

@@ -14,12 +14,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from helpers import relay_cli, to_toml
+from helpers import admin_credentials, relay_cli, to_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 ENV = {
-    "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",
     "TILDA_API_KEY": "tilda-key-1",
     "BITRIX_WEBHOOK_URL": "https://example.bitrix24.ru/rest/1/abc123",
     "TELEGRAM_BOT_TOKEN": "123456:AAbot",
@@ -57,6 +56,7 @@ def test_the_tilda_and_tbank_examples_check_and_tbank_has_a_message_of_its_own(
     config = merged(merged(starter, guide_toml("tilda")), guide_toml("tbank"))
     path = tmp_path / "relay.toml"
     path.write_text(to_toml(config), encoding="utf-8")
+    admin_credentials(tmp_path / "credentials")  # beside the config, as relay init leaves it
     checked = relay_cli("check", "--config", str(path), env=ENV)
     assert "route tbank" in checked.stdout
 

@@ -4,7 +4,6 @@ hands out a fresh one for the starter config."""
 
 from __future__ import annotations
 
-import re
 import stat
 from pathlib import Path
 
@@ -77,13 +76,36 @@ def test_a_weak_token_in_the_file_is_refused_naming_the_file_key(tmp_path: Path)
         load_config(path, {})
 
 
-def test_init_hands_out_a_fresh_strong_token(tmp_path: Path) -> None:
+def test_init_writes_one_fresh_strong_token_where_the_config_reads_it(tmp_path: Path) -> None:
+    """One token, one place: the credential file the starter reads
+    (`${file:relay_admin_token}`) and deploy.md hands over with LoadCredential=.
+    It was printed as RELAY_ADMIN_TOKEN=…, and deploy.md drew a second one."""
     tokens = []
-    for name in ("one.toml", "two.toml"):
-        output = relay_cli("init", str(tmp_path / name)).stdout
-        found = re.search(r"^\s*RELAY_ADMIN_TOKEN=(\S+)$", output, re.MULTILINE)
-        assert found is not None, output
-        tokens.append(found.group(1))
+    for name in ("one", "two"):
+        output = relay_cli("init", str(tmp_path / name / "relay.toml")).stdout
+        token_path = tmp_path / name / "credentials" / "relay_admin_token"
+        assert f"admin token in {token_path}" in output, output
+        assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_path.parent.stat().st_mode) == 0o700
+        token = token_path.read_text().strip()
+        assert token not in output  # shown by `sudo cat`, not in a terminal's scrollback
+        tokens.append(token)
+        # relay check finds it beside the config, as the unit would hand it over.
+        config = load_config(tmp_path / name / "relay.toml", _starter_env(token_path.parent))
+        assert config.admin.token == token
     assert tokens[0] != tokens[1]
     assert all(token_bits(token) >= 2 * MIN_TOKEN_BITS for token in tokens)
-    assert all(token not in (tmp_path / "one.toml").read_text() for token in tokens)
+    assert all(token not in (tmp_path / "one" / "relay.toml").read_text() for token in tokens)
+    # init --force rewrites the config, not the password people sign in with.
+    relay_cli("init", "--force", str(tmp_path / "one" / "relay.toml"))
+    assert (tmp_path / "one/credentials/relay_admin_token").read_text().strip() == tokens[0]
+
+
+def _starter_env(credentials: Path) -> dict[str, str]:
+    names = ["TILDA_API_KEY", "BITRIX_WEBHOOK_URL", "TELEGRAM_BOT_TOKEN", "TELEGRAM_CHAT_ID"]
+    names += ["SMTP_HOST", "SMTP_USER", "SMTP_PASSWORD", "MAIL_FROM", "MAIL_TO"]
+    env = {name: "x" for name in names}
+    env["BITRIX_WEBHOOK_URL"] = "https://example.bitrix24.ru/rest/1/abc"
+    env["TELEGRAM_BOT_TOKEN"] = "123456:AAbot"
+    env["MAIL_FROM"] = env["MAIL_TO"] = env["SMTP_USER"] = "relay@example.com"
+    return {**env, "CREDENTIALS_DIRECTORY": str(credentials)}

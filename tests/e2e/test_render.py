@@ -45,6 +45,14 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
                     "text": "Телефон: {{ form.phone }}",
                 },
                 "vip": {"type": "http", "url": "https://vip.example/hook"},
+                # A CRM's JSON made with Jinja's tojson, which writes Cyrillic as
+                # \u escapes (json.dumps' ensure_ascii): valid, and unreadable.
+                "amo": {
+                    "type": "http",
+                    "url": "https://amo.example/api/v4/leads",
+                    "format": "json",
+                    "body": '[{"name": {{ form.name | tojson }}, "price": 0}]',
+                },
             },
             "routes": {
                 "lead": {
@@ -54,6 +62,7 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
                         "crm",
                         "sales",
                         "manager",
+                        "amo",
                         {"target": "vip", "when": "form.vip == 'yes'"},
                     ],
                 }
@@ -77,6 +86,12 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
     assert "\nТелефон: +7999" in out
     assert "=?utf-8?" not in out
     assert "=== vip (http)\nskipped: when: form.vip == 'yes' is false" in out
+    # JSON as text (it showed "\u0410\u043d\u043d\u0430"), and the event id a
+    # preview cannot know said as such, not "0".
+    assert '\n[\n  {\n    "name": "Анна",\n    "price": 0\n  }\n]' in out
+    assert "\\u0410" not in out
+    assert "X-Relay-Event-Id: (the event's id once stored)" in out
+    assert "X-Relay-Event-Id: 0" not in out
     for secret in ENV.values():
         assert secret not in out
     assert not (tmp_path / "relay.db").exists()  # nothing stored
@@ -89,6 +104,7 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
     assert "Subject: =?utf-8?" in wire
     assert "Заявка" not in wire
     assert '"text": "Lead: Анна (+7999)"' in wire
+    assert '[{"name": "\\u0410\\u043d\\u043d\\u0430", "price": 0}]' in wire
     for secret in ENV.values():
         assert secret not in wire
 

@@ -15,7 +15,6 @@ from pytest_aiohttp import AiohttpServer
 from helpers import RELAY, RelayProcess, Sink, arelay_cli, relay_cli, write_config
 
 STARTER_ENV = {
-    "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",
     "TILDA_API_KEY": "tilda-key",
     "BITRIX_WEBHOOK_URL": "https://example.bitrix24.ru/rest/1/abc123",
     "TELEGRAM_BOT_TOKEN": "123456:AAbot",
@@ -33,7 +32,7 @@ def test_init_writes_a_config_that_checks_once_its_variables_are_set(tmp_path: P
     assert "wrote" in relay_cli("init", str(path)).stdout
     unset = relay_cli("check", "--config", str(path), check=False)
     assert unset.returncode == 2
-    assert "environment variable RELAY_ADMIN_TOKEN is not set" in unset.stderr
+    assert "environment variable BITRIX_WEBHOOK_URL is not set" in unset.stderr
     checked = relay_cli("check", "--config", str(path), env=STARTER_ENV)
     assert "route tilda: POST /hooks/tilda" in checked.stdout
     assert "→ crm" in checked.stdout
@@ -174,10 +173,10 @@ def test_check_reads_the_env_file_as_systemd_and_the_credential_files(tmp_path: 
             "routes": {"leads": {"path": "/hooks/leads", "targets": ["chat"]}},
         },
     )
-    credentials = tmp_path / "credentials"
-    credentials.mkdir()
+    credentials = tmp_path / "elsewhere" / "credentials"  # not beside the config
+    credentials.mkdir(parents=True)
     (credentials / "relay_admin_token").write_text("0123456789abcdef0123456789abcdef\n")
-    env_file = tmp_path / "relay.env"
+    env_file = tmp_path / "elsewhere" / "relay.env"
     # What systemd gives the service: the comment is part of the value.
     env_file.write_text("# the bot\nBOT_TOKEN=123:AAsecret\nCHAT_ID=-100123 # sales chat\n")
 
@@ -242,3 +241,81 @@ def test_check_warns_of_a_secret_written_into_a_world_readable_config(tmp_path: 
     config.chmod(0o600)
     private = relay_cli("check", "--config", str(config), env=env).stdout
     assert "a secret written in" not in private
+
+
+def _service_layout(tmp_path: Path) -> Path:
+    """deploy.md's /etc/relay: relay.toml, relay.env and credentials/ side by side."""
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "storage": {"path": str(tmp_path / "relay.db")},
+            "admin": {"listen": "127.0.0.1:0", "token": "${file:relay_admin_token}"},
+            "targets": {
+                "chat": {"type": "telegram", "bot_token": "${BOT_TOKEN}", "chat_id": "-100123"}
+            },
+            "routes": {"leads": {"path": "/hooks/leads", "targets": ["chat"]}},
+        },
+    )
+    (tmp_path / "credentials").mkdir(mode=0o700)
+    (tmp_path / "credentials" / "relay_admin_token").write_text("0123456789abcdef0123456789ab\n")
+    (tmp_path / "relay.env").write_text("BOT_TOKEN=123:AAsecret\n")
+    return config
+
+
+def test_check_reads_the_services_env_file_and_credentials_beside_the_config(
+    tmp_path: Path,
+) -> None:
+    """One way to run operator commands against the service's config: `sudo
+    relay check` with no flag (it failed: "credential relay_admin_token needs
+    $CREDENTIALS_DIRECTORY", and operate.md's `sh -c 'set -a; . relay.env'`
+    could not give it one)."""
+    config = _service_layout(tmp_path)
+    checked = relay_cli("check", "--config", str(config))
+    assert "config OK" in checked.stdout
+    assert f"secrets read from: {tmp_path / 'relay.env'}, {tmp_path / 'credentials'}" in (
+        checked.stdout
+    )
+    assert "123:AAsecret" not in checked.stdout
+    (tmp_path / "lead.json").write_text('{"name": "Anna"}')
+    rendered = relay_cli(
+        "render", "leads", "--body", str(tmp_path / "lead.json"), "--config", str(config)
+    )
+    assert "=== chat (telegram)" in rendered.stdout
+
+
+def test_check_warns_of_a_config_the_services_user_cannot_read(tmp_path: Path) -> None:
+    config = _service_layout(tmp_path)
+    os.chown(config, 0, 0)
+    config.chmod(0o600)
+    checked = relay_cli("check", "--config", str(config))
+    assert "config OK" in checked.stdout  # root reads it fine...
+    assert (  # ...the service's dynamic user would not
+        f"warning: {config} is mode 600, owned by root: the service's user cannot read it"
+        f" and relay will not start; it holds no secret: sudo chmod 644 {config}"
+    ) in checked.stdout
+    config.chmod(0o644)
+    assert "cannot read it" not in relay_cli("check", "--config", str(config)).stdout
+
+
+async def test_check_says_when_the_running_service_has_older_secrets(tmp_path: Path) -> None:
+    """systemd reads relay.env only at start: a chat_id changed there and then
+    `systemctl reload` kept the old chat. relay check says a restart is due."""
+    config = _service_layout(tmp_path)
+    # systemd's environment; the admin token it finds beside the config itself.
+    relay = RelayProcess(config, tmp_path / "relay.log", env={"BOT_TOKEN": "123:AAsecret"})
+    relay.start()
+    try:
+        quiet = await arelay_cli("check", "--config", str(config))
+        assert "changed after the running relay serve" not in quiet.stdout
+        started = (tmp_path / "relay.db.lock").stat().st_mtime
+        os.utime(tmp_path / "relay.env", (started + 5, started + 5))
+        told = await arelay_cli("check", "--config", str(config))
+        assert (
+            f"warning: {tmp_path / 'relay.env'} changed after the running relay serve"
+            f" (PID {relay.process.pid}) started" in told.stdout
+        ), told.stdout
+        assert "sudo systemctl restart relay" in told.stdout
+    finally:
+        assert await relay.astop() == 0
+    stopped = await arelay_cli("check", "--config", str(config))
+    assert "changed after the running relay serve" not in stopped.stdout

@@ -27,11 +27,10 @@ from relay.clock import FakeClock
 from relay.config import parse_config
 
 from conftest import RelayFactory, SinkFactory
-from helpers import free_port, relay_cli
+from helpers import admin_credentials, free_port, relay_cli
 
 LEAD = (Path(__file__).resolve().parents[1] / "fixtures/tilda/lead-default-fields.txt").read_bytes()
 ENV = {
-    "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",
     "TILDA_API_KEY": "tilda-key",
     "TELEGRAM_BOT_TOKEN": "123456:AAbot",
     "TELEGRAM_CHAT_ID": "-1001234567890",
@@ -87,7 +86,7 @@ async def test_a_tilda_lead_reaches_crm_chat_and_mail_with_name_and_phone(
     data["admin"]["listen"] = "127.0.0.1:0"
     data["targets"]["sales_chat"]["api_base"] = telegram_url.rstrip("/")
     data["targets"]["manager_mail"].update(port=smtp_port, tls="none")
-    env = {**ENV, "BITRIX_WEBHOOK_URL": crm_url}
+    env = {**ENV, "BITRIX_WEBHOOK_URL": crm_url, **admin_credentials(tmp_path / "credentials")}
     relay = await start_relay(
         parse_config(data, env, base=tmp_path), background=False, clock=FakeClock()
     )

@@ -101,12 +101,15 @@ async def test_events_listing_filters_and_cursor(
     assert [e["id"] for e in page2["events"]] == [ids[2], ids[1]]
     found = await api(http, relay, "GET", "/api/v1/events?key=k3")
     assert [e["id"] for e in found["events"]] == [ids[3]]
-    assert (await api(http, relay, "GET", "/api/v1/events?route=nope"))["events"] == []
+    # A typo is no empty page: it names the valid routes.
+    typo = await api(http, relay, "GET", "/api/v1/events?route=nope", status=400)
+    assert typo["error"].startswith("route: no route nope; the routes are: ")
     pending = await api(http, relay, "GET", "/api/v1/events?status=pending&target=crm")
     assert len(pending["events"]) == 5
     await api(http, relay, "GET", "/api/v1/events?status=weird", status=400)
     await api(http, relay, "GET", "/api/v1/events?limit=0", status=400)
-    await api(http, relay, "GET", "/api/v1/events?since=yesterday", status=400)
+    await api(http, relay, "GET", "/api/v1/events?since=next+tuesday", status=400)
+    assert len((await api(http, relay, "GET", "/api/v1/events?since=yesterday"))["events"]) == 5
     detail = await api(http, relay, "GET", f"/api/v1/events/{ids[0]}")
     assert detail["idempotency_key"] == "k0"
     assert detail["deliveries"][0]["attempts_log"] == []
@@ -268,13 +271,32 @@ async def test_metrics_show_the_dead_gauge_go_up_and_down(
     relay, sink = relay_with_sink
     dead = 'relay_deliveries{status="dead",target="crm"}'
     assert await metric(http, relay, dead) == 0
+    # Every series the config implies is there at 0 before anything happens:
+    # `increase(...) > 0` sees the first one, no rule needs `or vector(0)`.
+    for series in (
+        'relay_attempts_total{outcome="dead",route="orders",target="crm"}',
+        'relay_attempts_total{outcome="success",route="orders",target="crm"}',
+        'relay_deliveries_dead_total{route="orders",target="crm"}',
+        'relay_events_received_total{result="unavailable",route="orders"}',
+        'relay_key_conflicts_total{route="orders"}',
+        'relay_alerts_total{kind="dead"}',
+        'relay_config_reloads_total{result="failed"}',
+        'relay_deliveries_held{target="crm"}',
+        "relay_search_index_behind_events",
+    ):
+        assert await metric(http, relay, series + " ") == 0, series
+    assert await metric(http, relay, "relay_storage_free_bytes") > 0
     await post_event(relay, http, "k")
     await post_event(relay, http, "k")
     assert await metric(http, relay, 'relay_events_received_total{result="queued"') == 1
     assert await metric(http, relay, 'relay_events_received_total{result="duplicate"') == 1
     await relay.scheduler.drain()
     assert await metric(http, relay, dead) == 1
-    assert await metric(http, relay, 'relay_attempts_total{outcome="retry",target="crm"}') == 3
+    # One vocabulary with the attempt log: the last attempt is the one that made it dead.
+    retried = 'relay_attempts_total{outcome="retry",route="orders",target="crm"}'
+    assert await metric(http, relay, retried) == 2
+    ended = 'relay_attempts_total{outcome="dead",route="orders",target="crm"}'
+    assert await metric(http, relay, ended) == 1
     assert await metric(http, relay, 'relay_deliveries_dead_total{route="orders"') == 1
     sink.script = [200]
     await api(http, relay, "POST", "/api/v1/requeue", json={})

@@ -386,6 +386,22 @@ async def test_bad_admin_inputs_are_400_naming_the_field(
             ) as response:
                 assert response.status == 400, (path, await response.text())
                 assert field in await response.text(), path
+        # A bad filter is said beside the form, which keeps what was typed: the
+        # page stays a page (it was a bare "Bad request: since: …" text).
+        for params, said in [
+            ({"since": "soon"}, "Since: not a time: &#39;soon&#39;"),
+            ({"route": "ordres"}, "Route: no route ordres"),
+            ({"status": "ded"}, "Status: no status ded (did you mean dead?)"),
+        ]:
+            async with http.get(relay.admin_url + "/deliveries", params=params) as response:
+                assert response.status == 400
+                page = await response.text()
+                assert response.content_type == "text/html"
+                assert said in page, page
+                assert 'class="filters"' in page
+                field, value = next(iter(params.items()))
+                if field == "since":
+                    assert f'name="since" value="{value}"' in page
         # A search for "²" is a search, not an id: it answers, and finds nothing.
         async with http.get(relay.admin_url + "/deliveries", params={"q": "²"}) as response:
             assert response.status == 200
@@ -480,7 +496,7 @@ async def test_a_missing_event_delivery_or_target_is_a_404_in_the_same_words(
             ("POST", "/events/404/resend", "no event 404"),
             ("POST", "/deliveries/404/retry", "no delivery 404"),
             ("POST", "/deliveries/404/skip", "no delivery 404"),
-            ("POST", "/targets/nowhere/pause", "no target nowhere"),
+            ("POST", "/targets/nowhere/pause", "no target nowhere; the targets are: crm"),
         ]:
             body = {"body": "{}"} if path.endswith("resend") else {}
             async with http.request(method, api + path, json=body) as response:
@@ -493,7 +509,7 @@ async def test_a_missing_event_delivery_or_target_is_a_404_in_the_same_words(
             ("POST", "/deliveries/404/retry", "No delivery 404."),
             ("POST", "/deliveries/404/requeue", "No delivery 404."),
             ("POST", "/deliveries/404/skip", "No delivery 404."),
-            ("POST", "/targets/nowhere/resume", "No target nowhere."),
+            ("POST", "/targets/nowhere/resume", "No target nowhere; the targets are: crm."),
         ]:
             form = {"csrf": csrf} if method == "POST" else None
             async with http.request(method, relay.admin_url + path, data=form) as response:

@@ -20,7 +20,7 @@ from relay.config import parse_config
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
-from helpers import free_port, post_events
+from helpers import admin_credentials, free_port, post_events
 
 
 async def test_many_dead_deliveries_make_one_alert(
@@ -188,7 +188,7 @@ async def test_an_alert_through_the_starters_lead_mail_says_what_went_dead(
         config = parse_config(
             _starter_with(crm_url, bot_url, port),
             {
-                "RELAY_ADMIN_TOKEN": "0123456789abcdef0123",
+                **admin_credentials(tmp_path / "credentials"),
                 "TILDA_API_KEY": "tilda-key-1",
                 "BITRIX_WEBHOOK_URL": "unused",
                 "TELEGRAM_BOT_TOKEN": "1:AAtoken",

@@ -6,16 +6,22 @@ the first attempt."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from relay import app
 from relay.clock import FakeClock
+from relay.config import load_config
 from relay.search import parse_search
 from relay.store import EventQuery
+from relay.systemd import Notifier
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import eventually, write_config
+from unit.test_watchdog import NotifySocket
 
 NEW_TOKEN = "tok-new-8c1d9e2f"
 
@@ -64,3 +70,43 @@ async def test_a_reload_masks_the_new_configs_secrets_everywhere(
     assert await relay.indexer.catch_up() == 2
     search = EventQuery(search=parse_search("8c1d9e2f"))
     assert await relay.store.list_events(search) == []
+
+
+async def test_a_failed_reloads_status_line_stays_until_one_succeeds(
+    tmp_path: Path, start_relay: RelayFactory
+) -> None:
+    """`systemctl status` showed "reload failed" for the seconds until the next
+    status refresh wrote "pending 0, dead 0" over it: now every status line
+    leads with it until a reload succeeds."""
+    path = write_config(
+        tmp_path / "relay.toml",
+        {
+            "server": {"listen": "127.0.0.1:0"},
+            "admin": {"listen": "127.0.0.1:0"},
+            "storage": {"path": str(tmp_path / "relay.db")},
+            "targets": {"audit": {"type": "file", "path": str(tmp_path / "audit.jsonl")}},
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["audit"]}},
+        },
+    )
+    relay = await start_relay(load_config(path, {}), background=False)
+    notify = NotifySocket()
+    notifier = Notifier({"NOTIFY_SOCKET": notify.path})
+    try:
+        path.write_text(path.read_text() + "\n[routes.leads]\nlisen = 1\n")
+        await app._reload(relay, notifier)
+        failed = "reload failed (previous config kept): routes.leads"
+
+        async def said() -> bool:
+            return any(failed in text for _, text in notify.messages)
+
+        await eventually(said)
+        # What the watchdog task sends every 10 s (relay.systemd.watchdog's summary).
+        for _ in range(2):
+            line = await relay.status_line()
+            assert line.startswith(failed), line
+            assert "pending 0, dead 0" in line
+        path.write_text(path.read_text().replace("\n[routes.leads]\nlisen = 1\n", ""))
+        await app._reload(relay, notifier)
+        assert (await relay.status_line()).startswith("pending 0, dead 0")
+    finally:
+        notify.close()

@@ -10,6 +10,7 @@ the original stays exactly as it was.
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import re
 import sys
@@ -113,6 +114,10 @@ async def test_a_rejected_lead_is_corrected_resent_and_arrives_original_untouche
     assert preview["targets"] == ["crm"]  # the dead one, by default
     [crm_preview] = preview["previews"]
     assert "+79991234567" in crm_preview["request"]
+    assert '"name": "Иван"' in crm_preview["request"]  # text as text, not \u escapes
+    # The copy's id is drawn when it is stored; no CLI hint in a page or API answer.
+    assert "X-Relay-Event-Id: (the copy's own event id)" in crm_preview["request"]
+    assert "--wire" not in crm_preview["request"]
     assert CRM_KEY not in json.dumps(preview)
     assert (await relay.store.search_progress()).newest == int(original)
 
@@ -388,4 +393,133 @@ async def test_a_masked_secret_goes_back_only_where_it_was(
     assert (
         sink.requests[-1].body
         == b"Name=Anna&Phone=%2B79991234567&password=hunter2-secret&formid=f1"
+    )
+
+
+# Tilda posts its form percent-encoded, UTF-8 (tests/fixtures/tilda/SOURCE.md),
+# here with its API key as a field, which every view masks.
+TILDA_LEAD = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "tilda" / "lead-default-fields.txt"
+).read_text().strip() + "&api_key=tilda-key-4242"
+TILDA_PHONE = "Phone=%2B7+%28999%29+000-00-01"
+
+
+def textarea(page: str) -> str:
+    found = re.search(r'<textarea id="resend-body" name="body"[^>]*>(.*?)</textarea>', page, re.S)
+    assert found is not None, page
+    return html.unescape(found.group(1))
+
+
+def hidden(page: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', page)
+    assert found is not None, (name, page)
+    return html.unescape(found.group(1))
+
+
+async def test_a_form_lead_is_edited_as_its_fields_decoded_and_sent_back_encoded(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    tmp_path: Path,
+) -> None:
+    """The dashboard's box and `relay resend --edit` showed `Name=%D0%90%D0%BD…`:
+    now `Name = Анна Петрова`, one field a line; what is left as it was goes
+    out byte for byte as Tilda sent it, the masked api_key included."""
+    sink, url = await start_sink([400, 200, 200])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}},
+        {"tilda": {"path": "/hooks/tilda", "targets": ["crm"]}},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.post(
+            relay.ingress_url + "/hooks/tilda", data=TILDA_LEAD, headers=form
+        ) as r:
+            original = (await r.json())["id"]
+        await relay.scheduler.drain()
+        page_url = f"{relay.admin_url}/events/{original}/resend"
+        async with http.get(page_url) as response:
+            page = await response.text()
+        fields = textarea(page)
+        assert fields.splitlines() == [
+            "Name = Анна Петрова",
+            "Email = anna@example.com",
+            "Phone = +7 (999) 000-00-01",
+            "tranid = 3516279:4213568",
+            "formid = form438829563",
+            "api_key = ***",
+        ]
+        assert hidden(page, "format") == "fields"
+        assert f'href="/events/{original}/resend?wire=1"' in page  # the wire form, one click
+        async with http.get(page_url + "?wire=1") as response:
+            wire_page = await response.text()
+        assert textarea(wire_page).startswith("Name=%D0%90%D0%BD%D0%BD%D0%B0+%D0%9F")
+        assert 'name="format"' not in wire_page
+
+        fixed = fields.replace("Phone = +7 (999) 000-00-01", "Phone = +79990000001")
+        post = {
+            "csrf": hidden(page, "csrf"),
+            "body": fixed,
+            "format": "fields",
+            "content_type": "application/x-www-form-urlencoded",
+            "target": "crm",
+            "action": "preview",
+        }
+        async with http.post(page_url, data=post) as response:
+            preview = await response.text()
+        assert response.status == 200, preview
+        assert "Phone = +79990000001" in html.unescape(preview)  # the CRM's form, decoded
+        assert "tilda-key-4242" not in preview
+        async with http.post(
+            page_url, data={**post, "action": "send", "previewed": hidden(preview, "previewed")}
+        ) as response:
+            assert response.status == 200  # followed to the copy's page
+        # A *** moved to another field would carry the secret there: refused, said.
+        moved = fixed.replace("api_key = ***", "api_key = x").replace(
+            "Name = Анна Петрова", "Name = ***"
+        )
+        async with http.post(page_url, data={**post, "body": moved}) as response:
+            refused = html.unescape(await response.text())
+        assert response.status == 400
+        assert "not where a masked secret was" in refused
+        assert textarea(refused) == moved  # the box keeps what was typed
+    await relay.scheduler.drain()
+    # Only the phone's bytes changed; the rest (and the key) as Tilda sent them.
+    assert sink.requests[-1].body.decode() == TILDA_LEAD.replace(
+        TILDA_PHONE, "Phone=%2B79990000001"
+    )
+
+    # The CLI's editor gets the same lines.
+    cli_config = write_config(
+        tmp_path / "cli.toml",
+        {
+            "storage": {"path": str(relay.config.storage.path)},
+            "targets": {"crm": {"type": "http", "url": url}},
+            "routes": {"tilda": {"path": "/hooks/tilda", "targets": ["crm"]}},
+        },
+    )
+    editor = tmp_path / "editor.py"
+    editor.write_text(
+        "import sys, pathlib\n"
+        "p = pathlib.Path(sys.argv[1])\n"
+        "text = p.read_text()\n"
+        "assert 'Name = Анна Петрова' in text and 'api_key = ***' in text, text\n"
+        "p.write_text(text.replace('Email = anna@example.com', 'Email = anna@example.org'))\n"
+    )
+    env = {"EDITOR": f"{sys.executable} {editor}", "SUDO_USER": "", "USER": "anna"}
+    await arelay_cli(
+        "resend",
+        original,
+        "--edit",
+        "--yes",
+        "--target",
+        "crm",
+        "--config",
+        str(cli_config),
+        env=env,
+    )
+    await relay.scheduler.drain()
+    assert sink.requests[-1].body.decode() == TILDA_LEAD.replace(
+        "Email=anna%40example.com", "Email=anna%40example.org"
     )

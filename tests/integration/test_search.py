@@ -97,8 +97,15 @@ async def test_a_phone_in_any_spelling_finds_every_lead_newest_first(
         page = await search(relay, http, q=query)
         assert ids(page) == list(reversed(lead_ids[:3])), query
         assert page["search"]["not_indexed"] == 0
-    assert ids(await search(relay, http, q="ИВАН")) == [lead_ids[0]]
-    assert ids(await search(relay, http, q="8 999 000 00 00")) == [lead_ids[3]]
+    found = await search(relay, http, q="ИВАН")
+    assert ids(found) == [lead_ids[0]]
+    # A hit says whom it is about, and where it matched (it said nothing of either).
+    [hit] = found["events"]
+    assert hit["who"] == [["name", "Иван"], ["phone", "+7 (999) 123-45-67"]]
+    assert hit["snippet"] == "Иван"
+    by_phone = await search(relay, http, q="8 999 000 00 00")
+    assert ids(by_phone) == [lead_ids[3]]
+    assert by_phone["events"][0]["snippet"] == "89990000000"
     assert ids(await search(relay, http, q="nobody-here")) == []
     problem = await search(relay, http, 400, q="ab")
     assert problem["error"].startswith("q: search text needs a word of at least 3 characters")
@@ -285,7 +292,9 @@ async def test_cli_search_finds_the_lead_and_notes_what_is_not_indexed(
     result = await arelay_cli("events", "--config", str(config), "--search", "8 999 123-45-67")
     lines = result.stdout.splitlines()
     assert lines[0].split()[:3] == ["ID", "RECEIVED", "ROUTE"]
+    assert lines[0].split()[-3:] == ["WHO", "DELIVERIES", "MATCH"]
     assert [line.split()[0] for line in lines[1:]] == [lead]
+    assert "Иван, +7 (999) 123-45-67" in lines[1]
     assert f"events after #{lead}, up to #{late} (at most 1 event) are not indexed yet" in (
         result.stderr
     )

@@ -328,10 +328,13 @@ async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batche
     assert (waiting.held_behind.delivery_id, waiting.held_behind.status) == (head.id, Status.DEAD)
     with pytest.raises(Conflict, match="waiting its turn"):
         await store.retry_now(waiting.id, T0 + 100)
+    # Counted for relay_deliveries_held: e2 and e3 wait behind the dead head.
+    assert (await store.gauges()).held == {"crm": 2}
 
     # Skipped by a person: the next one goes (and only it).
     skipped = await store.skip(head.id, T0 + 200)
     assert skipped.status is Status.SKIPPED
+    assert (await store.gauges()).held == {}
     [after] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 10})
     assert after.id == waiting.id
     await store.record_attempt(

@@ -135,6 +135,10 @@ async def test_rejections_keep_the_newest_per_route(store: Store) -> None:
     assert [r.route for r in await store.list_rejections("leads", 10)] == ["leads"]
     assert len(await store.list_rejections(None, 3)) == 3
     assert {r.route for r in await store.list_rejections(None, 1000)} == {"orders", "leads"}
+    # A time window: since inclusive, until exclusive (`relay rejections --since`).
+    window = await store.list_rejections("orders", 1000, since=T0 + 10, until=T0 + 12)
+    assert [r.detail for r in window] == ["try 11", "try 10"]
+    assert await store.list_rejections(None, 1000, since=T0 + 1000) == []
 
 
 async def test_stats_gauges_and_target_states_agree(store: Store) -> None:
@@ -205,3 +209,18 @@ async def test_activity_counts_attempts_failures_and_deaths_per_hour(store: Stor
         (hour + 3600, 1, 1, 1),
         (hour + 7200, 0, 0, 0),
     ]
+
+
+async def test_body_heads_are_the_first_bytes_and_the_whole_size(store: Store) -> None:
+    """What a listing reads to say whom an event is about (relay.glance)."""
+    big = b'{"name": "Anna", "pad": "' + b"x" * 5000 + b'"}'
+    first = await store.accept_event(event("a", body=big), TWO, T0)
+    second = await store.accept_event(event("b"), TWO, T0)
+    heads = await store.body_heads([first.event_id, second.event_id, 10_000], 100)
+    assert set(heads) == {first.event_id, second.event_id}  # a gone id is left out
+    assert heads[first.event_id].head == big[:100]
+    assert heads[first.event_id].size == len(big)
+    assert heads[first.event_id].content_type == "application/json"
+    assert heads[first.event_id].query == "x=1"
+    assert heads[second.event_id].head == b'{"a": 1}'
+    assert await store.body_heads([], 100) == {}

@@ -211,6 +211,10 @@ def merged(**sections: Any) -> dict[str, Any]:
             merged(targets={"crm": {"url": "https://crm%20.example/hook"}}),
             "targets.crm.url: expected an http:// or https:// URL",
         ),
+        (
+            merged(admin={"timezone": "Europe/Moskow"}),
+            "admin.timezone: unknown time zone 'Europe/Moskow' (did you mean Europe/Moscow?)",
+        ),
     ],
 )
 def test_errors_name_the_key_and_what_is_expected(data: dict[str, Any], message: str) -> None:

@@ -68,9 +68,9 @@ def test_histograms_are_cumulative_with_count_and_sum() -> None:
     metrics = Metrics()
     for seconds in (0.0004, LATENCY_BUCKETS[2], 99.0):  # below, on and past the bounds
         metrics.ingress.observe_ack(seconds)
-    metrics.count_attempt("crm", "success", 0.004)
-    metrics.count_attempt("crm", "retry", 7.5)
-    metrics.count_attempt(AWKWARD, "fail", 31.0)
+    metrics.count_attempt("orders", "crm", "success", 0.004)
+    metrics.count_attempt("orders", "crm", "retry", 7.5)
+    metrics.count_attempt("orders", AWKWARD, "dead", 31.0)
     families = parsed(metrics)
 
     kind, _, samples = families["relay_ingest_ack_seconds"]
@@ -91,7 +91,9 @@ def test_histograms_are_cumulative_with_count_and_sum() -> None:
     assert value(samples, f"{name}_bucket", target=AWKWARD, le="+Inf") == 1
     assert value(samples, f"{name}_count", target="crm") == 2
     _, _, samples = families["relay_attempts"]
-    assert value(samples, "relay_attempts_total", target="crm", outcome="retry") == 1
+    assert (
+        value(samples, "relay_attempts_total", route="orders", target="crm", outcome="retry") == 1
+    )
 
 
 def test_gauges_from_the_store_and_the_cluster() -> None:
@@ -105,11 +107,14 @@ def test_gauges_from_the_store_and_the_cluster() -> None:
             gauges=Gauges(
                 counts={("crm", Status.PENDING): 4, ("gone", Status.DEAD): 1},
                 oldest_pending_received_at=90.0,
+                held={"crm": 3},
             ),
             targets={"crm": TargetState("crm", consecutive_failures=2)},
             paused=frozenset({"crm"}),
             configured=("crm", "mail"),
             now=100.5,
+            index_behind=7,
+            free_bytes=5 * 2**30,
         )
     )
     families = parsed(metrics)
@@ -128,6 +133,13 @@ def test_gauges_from_the_store_and_the_cluster() -> None:
     assert value(failures, "relay_target_consecutive_failures", target="crm") == 2
     assert value(failures, "relay_target_consecutive_failures", target="mail") == 0
     assert value(families["relay_target_down"][2], "relay_target_down", target="mail") == 0
+    held = families["relay_deliveries_held"][2]
+    assert value(held, "relay_deliveries_held", target="crm") == 3
+    assert value(held, "relay_deliveries_held", target="mail") == 0
+    behind = families["relay_search_index_behind_events"][2]
+    assert value(behind, "relay_search_index_behind_events") == 7
+    free = families["relay_storage_free_bytes"][2]
+    assert value(free, "relay_storage_free_bytes") == 5 * 2**30
     assert "relay_cluster_leader" not in parsed(Metrics())  # one process: not shown
 
 
