@@ -143,7 +143,7 @@ async def test_kill_9_loop_under_load(tmp_path: Path, aiohttp_server: AiohttpSer
     stored = {
         e["idempotency_key"]: e["id"]
         for e in await asyncio.to_thread(
-            relay_json, "events", "--limit", "1000000", "--config", str(config)
+            relay_json, "events", "--limit", "100000", "--config", str(config)
         )
     }
     missing = [key for key, event_id in acked.items() if stored.get(key) != event_id]
