@@ -24,6 +24,7 @@ from relay.ratelimit import Pacer
 from relay.retry import Decision, ManualRetry, Next, decide_attempt, delay_before_retry
 from relay.secrets import Masker
 from relay.store import (
+    AttemptKind,
     AttemptRecord,
     ClaimedDelivery,
     Dead,
@@ -469,6 +470,7 @@ class Scheduler:
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
                 target_at_fault=outcome.target_at_fault,
                 in_cycle=decision.in_cycle,
+                kind=_kind(delivery, probe),
             )
             streak = await self._record(delivery, attempt, then, now, hold)
             if streak is not None:
@@ -581,6 +583,13 @@ class Scheduler:
                 log.warning("cannot record attempt of delivery %d yet: %s", delivery.id, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def _kind(delivery: ClaimedDelivery, probe: DownState | None) -> AttemptKind:
+    """A person's retry now is manual even when it is what probes a down target."""
+    if delivery.manual:
+        return AttemptKind.MANUAL
+    return AttemptKind.PROBE if probe is not None else AttemptKind.CYCLE
 
 
 def _max_attempts(policy: RetryPolicy, delivery: ClaimedDelivery) -> int:

@@ -88,6 +88,10 @@ def attempt_view(attempt: AttemptView, masker: Masker) -> dict[str, Any]:
         "error": masker.optional(attempt.error),
         "response": masker.text(attempt.response.decode("utf-8", errors="replace")),
         "next_attempt_at": iso(attempt.next_attempt_at),
+        # "cycle", "manual" (a person's retry now) or "probe" (of a down target);
+        # the step of its retry cycle, none for the other two.
+        "kind": attempt.kind.value,
+        "cycle_number": attempt.cycle_number,
     }
 
 
@@ -147,7 +151,15 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
         "down_since": iso(state.down.since) if state.down else None,
         "next_probe_at": iso(state.down.probe_at) if state.down else None,
         "failed_probes": state.down.probes if state.down else 0,
+        # Which delivery probes: the next probe's (under way, or first in
+        # line) and the last one's; each failed probe goes to the back.
+        "probe_delivery": _id(state.down.next_probe) if state.down else None,
+        "last_probe_delivery": _id(state.down.last_probe) if state.down else None,
     }
+
+
+def _id(value: int | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def stats_view(stats: Stats, now: float, paused: frozenset[str], masker: Masker) -> dict[str, Any]:

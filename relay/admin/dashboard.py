@@ -690,6 +690,13 @@ async def skip_delivery(request: web.Request) -> web.StreamResponse:
     raise _back(f"/events/{delivery.event_id}", done="skipped", id=delivery_id)
 
 
+async def delivery_page(request: web.Request) -> web.StreamResponse:
+    """A delivery is shown on its event's page: links name deliveries (a
+    down target's probe, a held key's head), this finds the event."""
+    delivery = await _operator(request).delivery(_delivery_id(request))
+    raise web.HTTPFound(f"/events/{delivery.event_id}#delivery-{delivery.id}")
+
+
 def _delivery_id(request: web.Request) -> int:
     return row_id(request.match_info["delivery_id"], "delivery id")
 
@@ -766,6 +773,7 @@ PAGES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/events/{event_id}", event_page),
     ("GET", "/events/{event_id}/resend", resend_page),
     ("POST", "/events/{event_id}/resend", resend_post),
+    ("GET", "/deliveries/{delivery_id}", delivery_page),
     ("POST", "/deliveries/{delivery_id}/retry", retry_delivery),
     ("POST", "/deliveries/{delivery_id}/requeue", requeue_delivery),
     ("POST", "/deliveries/{delivery_id}/skip", skip_delivery),

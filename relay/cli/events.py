@@ -184,6 +184,15 @@ def _key_text(event: dict[str, Any]) -> str:
     return f"{key} (KEY CONFLICT: differs from event {conflict})" if conflict else key
 
 
+def _attempt_label(attempt: dict[str, Any]) -> str:
+    """What kind of attempt: its step of the retry cycle, a person's retry, a probe."""
+    kind = attempt.get("kind", "cycle")
+    if kind == "cycle":
+        number = attempt.get("cycle_number")
+        return f" (cycle step {number})" if number else ""
+    return " (manual retry)" if kind == "manual" else " (probe of a down target)"
+
+
 def _event_text(event: dict[str, Any]) -> str:
     lines = [
         f"event {event['id']}  route {event['route']}  {event['status']}",
@@ -217,7 +226,8 @@ def _event_text(event: dict[str, Any]) -> str:
         happened: list[tuple[str, int, list[str]]] = []
         for attempt in delivery["attempts_log"]:
             said = [
-                f"  #{attempt['number']} {attempt['started_at']} {attempt['outcome']}"
+                f"  #{attempt['number']}{_attempt_label(attempt)} {attempt['started_at']}"
+                f" {attempt['outcome']}"
                 f" {attempt['http_status'] or '-'} {attempt['duration_ms']}ms"
                 + (f" {attempt['error']}" if attempt["error"] else "")
             ]

@@ -211,7 +211,7 @@ def _stats_text(data: dict[str, Any]) -> str:
                     name,
                     *(str(info[s]) for s in statuses),
                     "yes" if info["paused"] else "",
-                    f"since {info['down_since']}" if info["down"] else "",
+                    _down_text(info),
                     info["last_success_at"] or "-",
                     str(info["consecutive_failures"]),
                     info["last_error"] or "-",
@@ -235,6 +235,14 @@ def _stats_text(data: dict[str, Any]) -> str:
     lines.append(f"pending after their first attempt: {data['pending_after_first_attempt']}")
     lines.append(f"dead: {data['dead']}")
     return "\n".join(lines)
+
+
+def _down_text(info: dict[str, Any]) -> str:
+    """A down target: since when, and which delivery its next probe takes."""
+    if not info["down"]:
+        return ""
+    probe = info.get("probe_delivery")
+    return f"since {info['down_since']}" + (f", probe: delivery {probe}" if probe else "")
 
 
 def purge_events(args: argparse.Namespace) -> int:

@@ -137,6 +137,15 @@ class ClaimedDelivery:
     payload: Payload
 
 
+class AttemptKind(StrEnum):
+    """Why an attempt was made: a step of the retry cycle, a person's retry
+    now, or a down target's probe (the last two spend no step of the cycle)."""
+
+    CYCLE = "cycle"
+    MANUAL = "manual"
+    PROBE = "probe"
+
+
 @dataclass(frozen=True)
 class AttemptRecord:
     number: int
@@ -152,6 +161,7 @@ class AttemptRecord:
     # target's probe), so the delivery's cycle count stays as it was. Decided
     # by relay.retry (Decision.in_cycle); the store only records it.
     in_cycle: bool = True
+    kind: AttemptKind = AttemptKind.CYCLE
 
 
 @dataclass(frozen=True)
@@ -236,6 +246,10 @@ class AttemptView:
     error: str | None
     response: bytes
     next_attempt_at: float | None
+    kind: AttemptKind = AttemptKind.CYCLE
+    # Its step in its retry cycle (1 = the cycle's first try); None for a
+    # manual retry or a probe, which are no step of it.
+    cycle_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -324,6 +338,10 @@ class DownState:
     since: float
     probe_at: float
     probes: int  # failed probes so far
+    # The delivery of the last probe (or of the failure that made it down);
+    # the one the next probe takes (read with target_states only).
+    last_probe: int | None = None
+    next_probe: int | None = None
 
 
 @dataclass(frozen=True)

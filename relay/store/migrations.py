@@ -248,6 +248,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        11,
+        "the operator's loop: payloads that fail alone, probes, attempts by kind",
+        [
+            # Successes of a target, counted: a delivery that fails again after
+            # the target delivered others since its last failure fails alone
+            # (its payload, not the target), and never makes the target down.
+            "ALTER TABLE targets ADD COLUMN successes INTEGER NOT NULL DEFAULT 0",
+            # The delivery of the last probe of a down target (or the failure that made it down).
+            "ALTER TABLE targets ADD COLUMN probe_delivery INTEGER",
+            "ALTER TABLE deliveries ADD COLUMN seen_successes INTEGER",
+            "ALTER TABLE deliveries ADD COLUMN fails_alone INTEGER NOT NULL DEFAULT 0",
+            # 'cycle' (a step of the retry cycle), 'manual' (a person's retry
+            # now) or 'probe' (of a down target); and the step's number in its cycle.
+            "ALTER TABLE attempts ADD COLUMN kind TEXT NOT NULL DEFAULT 'cycle'",
+            "ALTER TABLE attempts ADD COLUMN cycle_number INTEGER",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -241,6 +241,19 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "a lease's end by the server's clock (another instance's fast clock does not end it)",
         ["ALTER TABLE deliveries ADD COLUMN lease_expires DOUBLE PRECISION"],
     ),
+    (
+        6,
+        "the operator's loop: payloads that fail alone, probes, attempts by kind",
+        [
+            # As on SQLite (migration 11).
+            "ALTER TABLE targets ADD COLUMN successes BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE targets ADD COLUMN probe_delivery BIGINT",
+            "ALTER TABLE deliveries ADD COLUMN seen_successes BIGINT",
+            "ALTER TABLE deliveries ADD COLUMN fails_alone BOOLEAN NOT NULL DEFAULT false",
+            "ALTER TABLE attempts ADD COLUMN kind TEXT NOT NULL DEFAULT 'cycle'",
+            "ALTER TABLE attempts ADD COLUMN cycle_number INTEGER",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

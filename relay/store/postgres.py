@@ -39,6 +39,7 @@ import asyncpg
 import orjson
 
 from relay.config import Config
+from relay.outcome import Verdict
 from relay.pgurl import masked_url
 from relay.store import rows
 from relay.store.accept import AcceptJob
@@ -77,7 +78,7 @@ from relay.store.base import (
     Transition,
     Waits,
 )
-from relay.store.health import HEALTH_COLUMNS, health_after
+from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
 from relay.store.pg_cluster import (
     ALIVE,
     DEAD_AFTER,
@@ -103,6 +104,7 @@ from relay.store.rows import (
     HELD_TARGETS,
     LOG_COLUMNS,
     RESEND_COLUMNS,
+    TARGET_STATE_COLUMNS,
     Row,
     attempt_values,
     claimed_delivery,
@@ -114,6 +116,7 @@ from relay.store.rows import (
     event_view,
     held_targets,
     selection_where,
+    target_state,
 )
 from relay.store.verbs import (
     Missing,
@@ -177,6 +180,7 @@ def numbered(sql: str, start: int = 1) -> str:
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
+NEXT_PROBE = numbered(rows.NEXT_PROBE)  # (target)
 
 
 class _AlreadySent(Exception):
@@ -694,23 +698,23 @@ class PostgresStore:
                     return first  # it did commit: kept once, with its answer
             await connection.execute(
                 f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
-                *attempt_values(delivery.id, attempt, next_at),
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
+                *attempt_values(delivery.id, attempt, next_at, cycle if attempt.in_cycle else None),
             )
             # Only while the lease is still this instance's: one taken over
             # (this attempt outlived it) is the new owner's to decide, and its
             # attempt may be under way. The attempt above happened all the same.
             result = await connection.execute(
                 "UPDATE deliveries SET status = $1, attempts = $2, cycle_attempts = $3,"
-                " next_attempt_at = CASE WHEN $4 THEN next_attempt_at ELSE $5 END,"
-                " lease_until = NULL, lease_owner = NULL, last_error = $6, updated_at = $7,"
+                " next_attempt_at = $4,"
+                " lease_until = NULL, lease_owner = NULL, last_error = $5, updated_at = $6,"
                 " resume_status = NULL, resume_at = NULL"
-                " WHERE id = $8 AND status = 'in_flight' AND lease_owner = $9",
+                " WHERE id = $7 AND status = 'in_flight' AND lease_owner = $8",
                 status.value,
                 attempt.number,
                 cycle,
-                waits,
-                next_at,
+                # A failed probe goes to the back of the line (rows.LINE_UP_BY_ARRIVAL).
+                now if waits else next_at,
                 error,
                 now,
                 delivery.id,
@@ -719,8 +723,10 @@ class PostgresStore:
             held = result.split()[-1] != "0"
             if held and status is Status.DELIVERED:
                 await connection.execute(NEXT_IN_LINE, now, now, delivery.id)
-            streak = await _update_health(connection, delivery.target, attempt, now, hold)
-            if streak.went_down:
+            streak = await _update_health(
+                connection, delivery.target, attempt, now, hold, delivery.id
+            )
+            if streak.went_down or streak.came_up:
                 await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
             elif held and streak.down and isinstance(then, RetryAt):
                 await connection.execute(
@@ -1057,10 +1063,7 @@ class PostgresStore:
         return frozenset(row[0] for row in rows)
 
     async def down_targets(self) -> dict[str, DownState]:
-        rows = await self._read(
-            "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
-        )
-        return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+        return (await self.held_targets()).down
 
     async def held_targets(self) -> HeldTargets:
         return held_targets([tuple(row) for row in await self._read(HELD_TARGETS)])
@@ -1290,22 +1293,12 @@ async def _oldest(connection: Connection) -> float | None:
 
 
 async def _target_states(connection: Connection) -> dict[str, TargetState]:
-    rows = await connection.fetch(
-        "SELECT name, paused, last_success_at, last_error_at, last_error,"
-        " consecutive_failures, down_since, probe_at, probes FROM targets"
-    )
-    return {
-        row[0]: TargetState(
-            row[0],
-            bool(row[1]),
-            row[2],
-            row[3],
-            row[4],
-            row[5],
-            down=DownState(row[6], row[7], row[8]) if row[6] is not None else None,
-        )
-        for row in rows
-    }
+    states = {}
+    for row in await connection.fetch(f"SELECT {TARGET_STATE_COLUMNS} FROM targets"):
+        # Down: which delivery its next probe takes.
+        probe = await connection.fetchval(NEXT_PROBE, row[0]) if row[6] is not None else None
+        states[row[0]] = target_state(tuple(row), probe)
+    return states
 
 
 async def _deliveries_of(
@@ -1370,6 +1363,7 @@ async def _update_health(
     attempt: AttemptRecord,
     now: float,
     hold: Hold | None,
+    delivery_id: int,
 ) -> FailureStreak:
     """The target's health after this attempt (relay.store.health), written down
     with the row locked: instances record attempts of one target at once."""
@@ -1380,6 +1374,19 @@ async def _update_health(
         f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1 FOR UPDATE", target
     )
     assert row is not None  # inserted just above
+    alone = False
+    if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
+        seen = await connection.fetchrow(
+            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
+        )
+        assert seen is not None  # its lease is held: never purged
+        alone = fails_alone(flagged=seen[1], seen=seen[0], successes=row[4])
+        await connection.execute(
+            "UPDATE deliveries SET seen_successes = $1, fails_alone = $2 WHERE id = $3",
+            row[4],
+            alone,
+            delivery_id,
+        )
     change = health_after(
         attempt,
         now,
@@ -1388,6 +1395,9 @@ async def _update_health(
         down_streak=row[1],
         down_since=row[2],
         probes=row[3],
+        successes=row[4],
+        alone=alone,
+        delivery_id=delivery_id,
     )
     if change.columns:
         assignments = ", ".join(

@@ -10,8 +10,10 @@ from typing import Any, Protocol
 
 import orjson
 
+from relay.outcome import Verdict
 from relay.payload import Payload
 from relay.store.base import (
+    AttemptKind,
     AttemptRecord,
     AttemptView,
     ClaimedDelivery,
@@ -31,11 +33,12 @@ from relay.store.base import (
     RetryAt,
     Selection,
     Status,
+    TargetState,
     TextSearch,
     Transition,
     Waits,
 )
-from relay.store.health import HEALTH_COLUMNS, health_after
+from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
@@ -84,16 +87,40 @@ WHERE id IN (
 
 # Paused or down targets, one row each (held_targets).
 HELD_TARGETS = (
-    "SELECT name, paused, down_since, probe_at, probes FROM targets"
+    "SELECT name, paused, down_since, probe_at, probes, probe_delivery FROM targets"
     " WHERE paused OR down_since IS NOT NULL"
+)
+# Every target's state (target_states), read by target_state().
+TARGET_STATE_COLUMNS = (
+    "name, paused, last_success_at, last_error_at, last_error,"
+    " consecutive_failures, down_since, probe_at, probes, probe_delivery"
+)
+# The delivery a down target's next probe takes: the one under way, else
+# the first in line (as claim_due orders them).
+NEXT_PROBE = (
+    "SELECT id FROM deliveries WHERE target = ? AND status IN ('pending', 'in_flight')"
+    " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
+    " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
 )
 
 
 def held_targets(rows: Sequence[Sequence[Any]]) -> HeldTargets:
     return HeldTargets(
         paused=frozenset(row[0] for row in rows if row[1]),
-        down={row[0]: DownState(row[2], row[3], row[4]) for row in rows if row[2] is not None},
+        down={
+            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
+            for row in rows
+            if row[2] is not None
+        },
     )
+
+
+def target_state(row: Row, next_probe: int | None = None) -> TargetState:
+    """A target's state from a row of TARGET_STATE_COLUMNS."""
+    down = None
+    if row[6] is not None:
+        down = DownState(row[6], row[7], row[8], last_probe=row[9], next_probe=next_probe)
+    return TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5], down=down)
 
 
 def placeholders(count: int) -> str:
@@ -155,13 +182,24 @@ def update_health(
     attempt: AttemptRecord,
     now: float,
     hold: Hold | None,
+    delivery_id: int,
 ) -> FailureStreak:
     """The target's health after this attempt (relay.store.health), written down."""
     row = connection.execute(
         f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
     ).fetchone()
-    before, down_streak, down_since, probes = row if row else (0, 0, None, 0)
+    before, down_streak, down_since, probes, successes = row if row else (0, 0, None, 0, 0)
     connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
+    alone = False
+    if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
+        seen, flagged = connection.execute(
+            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
+        ).fetchone()
+        alone = fails_alone(flagged=bool(flagged), seen=seen, successes=successes)
+        connection.execute(
+            "UPDATE deliveries SET seen_successes = ?, fails_alone = ? WHERE id = ?",
+            (successes, int(alone), delivery_id),
+        )
     change = health_after(
         attempt,
         now,
@@ -170,6 +208,9 @@ def update_health(
         down_streak=down_streak,
         down_since=down_since,
         probes=probes,
+        successes=successes,
+        alone=alone,
+        delivery_id=delivery_id,
     )
     if change.columns:
         assignments = ", ".join(f"{column} = ?" for column in change.columns)
@@ -185,9 +226,11 @@ def update_health(
 
 
 # While a target is down its deliveries' retry times mean nothing (none is
-# spent): they line up by arrival instead, so the probe is the oldest one and
-# the backlog flows oldest first when the target is back. Deliveries waiting
-# for a predecessor (next_attempt_at NULL) are left alone.
+# spent): they line up by arrival instead, so the first probe is the oldest
+# one (a failed probe goes to the back of the line: the next probe is another
+# delivery, one bad payload cannot hold the target down) and, lined up again
+# when it comes back, the backlog flows oldest first. Deliveries waiting for
+# a predecessor (next_attempt_at NULL) are left alone.
 LINE_UP_BY_ARRIVAL = """
 UPDATE deliveries SET next_attempt_at =
     (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
@@ -219,9 +262,10 @@ def delivery_after(
 
 
 def attempt_values(
-    delivery_id: int, attempt: AttemptRecord, next_at: float | None
+    delivery_id: int, attempt: AttemptRecord, next_at: float | None, cycle_number: int | None
 ) -> tuple[object, ...]:
-    """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED."""
+    """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED; `cycle_number`:
+    its step in its cycle, None when it is none (AttemptRecord.in_cycle)."""
     return (
         delivery_id,
         attempt.number,
@@ -232,12 +276,14 @@ def attempt_values(
         attempt.error,
         attempt.response,
         next_at,
+        attempt.kind.value,
+        cycle_number,
     )
 
 
 ATTEMPT_COLUMNS_INSERTED = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at"
+    " next_attempt_at, kind, cycle_number"
 )
 
 
@@ -270,7 +316,7 @@ class Row(Protocol):
 EVENT_LIST_COLUMNS = "id, route, idempotency_key, received_at, remote_addr, conflict_of"
 ATTEMPT_COLUMNS = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at"
+    " next_attempt_at, kind, cycle_number"
 )
 LOG_COLUMNS = "delivery_id, at, kind, detail"
 RESEND_COLUMNS = "original_id, copy_id, at, by"
@@ -301,6 +347,8 @@ def attempt_view(row: Row) -> AttemptView:
         error=row[6],
         response=bytes(row[7] or b""),
         next_attempt_at=row[8],
+        kind=AttemptKind(row[9]),
+        cycle_number=row[10],
     )
 
 

@@ -63,7 +63,9 @@ from relay.store.rows import (
     HELD_TARGETS,
     LOG_COLUMNS,
     NEXT_IN_LINE,
+    NEXT_PROBE,
     RESEND_COLUMNS,
+    TARGET_STATE_COLUMNS,
     Row,
     claimed_delivery,
     copy_event,
@@ -78,6 +80,7 @@ from relay.store.rows import (
     placeholders,
     select_delivery,
     selection_where,
+    target_state,
 )
 from relay.store.verbs import (
     Missing,
@@ -713,32 +716,21 @@ class SqliteStore:
         return frozenset(row[0] for row in rows)
 
     async def down_targets(self) -> dict[str, DownState]:
-        rows = await self._read(
-            "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
-        )
-        return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+        return (await self.held_targets()).down
 
     async def held_targets(self) -> HeldTargets:
         return held_targets(await self._read(HELD_TARGETS))
 
     async def target_states(self) -> dict[str, TargetState]:
-        rows = await self._read(
-            "SELECT name, paused, last_success_at, last_error_at, last_error,"
-            " consecutive_failures, down_since, probe_at, probes FROM targets",
-            slow=True,
-        )
-        return {
-            row[0]: TargetState(
-                row[0],
-                bool(row[1]),
-                row[2],
-                row[3],
-                row[4],
-                row[5],
-                down=DownState(row[6], row[7], row[8]) if row[6] is not None else None,
-            )
-            for row in rows
-        }
+        rows = await self._read(f"SELECT {TARGET_STATE_COLUMNS} FROM targets", slow=True)
+        states = {}
+        for row in rows:
+            probe = None
+            if row[6] is not None:  # down: which delivery its next probe takes
+                found = await self._read(NEXT_PROBE, (row[0],), slow=True)
+                probe = found[0][0] if found else None
+            states[row[0]] = target_state(row, probe)
+        return states
 
     async def gauges(self) -> Gauges:
         async with self._snapshot():

@@ -301,9 +301,10 @@ async def test_resuming_a_down_target_makes_its_probe_due_now(store: Store) -> N
         streak = await store.record_attempt(claim, failed, RetryAt(T0 + 10), T0, Hold(2, T0 + 3600))
     assert streak.went_down
     await store.set_paused("crm", True, T0 + 5)
-    assert await store.down_targets() == {"crm": DownState(T0, T0 + 3600, 0)}  # pausing: as it was
+    # Pausing: as it was (the failure that made it down named as its last probe).
+    assert await store.down_targets() == {"crm": DownState(T0, T0 + 3600, 0, claim.id)}
     await store.set_paused("crm", False, T0 + 20)
-    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0)}
+    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0, claim.id)}
     # Resuming a target that is not down changes nothing of the kind.
     await store.set_paused("mail", True, T0 + 20)
     await store.set_paused("mail", False, T0 + 21)
@@ -319,7 +320,8 @@ async def test_held_targets_reads_paused_and_down_together(store: Store) -> None
     await store.set_paused("mail", True, T0 + 1)
     await store.set_paused("crm", True, T0 + 2)  # both paused and down
     held = await store.held_targets()
-    assert held == HeldTargets(frozenset({"mail", "crm"}), {"crm": DownState(T0, T0 + 3600, 0)})
+    down = {"crm": DownState(T0, T0 + 3600, 0, claim.id)}
+    assert held == HeldTargets(frozenset({"mail", "crm"}), down)
     assert (held.paused, held.down) == (
         await store.paused_targets(),
         await store.down_targets(),
