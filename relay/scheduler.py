@@ -85,8 +85,13 @@ class AttemptReport:
     """One finished attempt, for logs and metrics."""
 
     delivery: ClaimedDelivery
-    number: int
-    max_attempts: int
+    number: int  # of all the delivery's attempts, this one included
+    kind: AttemptKind
+    # Its step in the current retry cycle (None for a manual retry or a
+    # probe, which are none), of the cycle's `cycle_length`: a count a person
+    # can read, never "5/4" after a manual retry or "6/9" after a requeue.
+    cycle_step: int | None
+    cycle_length: int
     outcome: Outcome
     decision: Decision
     duration: float
@@ -460,6 +465,7 @@ class Scheduler:
                     Next.RETRY, at=hold.probe_at, reason=decision.reason, in_cycle=False
                 )
                 then = Waits()
+            kind = _kind(delivery, probe)
             attempt = AttemptRecord(
                 number=number,
                 started_at=started_at,
@@ -469,8 +475,9 @@ class Scheduler:
                 error=self._masker.optional(outcome.error),
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
                 target_at_fault=outcome.target_at_fault,
-                in_cycle=decision.in_cycle,
-                kind=_kind(delivery, probe),
+                # A probe is no step of the cycle, whatever its outcome.
+                in_cycle=decision.in_cycle and kind is AttemptKind.CYCLE,
+                kind=kind,
             )
             streak = await self._record(delivery, attempt, then, now, hold)
             if streak is not None:
@@ -480,7 +487,9 @@ class Scheduler:
                     AttemptReport(
                         delivery=delivery,
                         number=number,
-                        max_attempts=_max_attempts(policy, delivery),
+                        kind=attempt.kind,
+                        cycle_step=delivery.attempts_in_cycle + 1 if attempt.in_cycle else None,
+                        cycle_length=1 + (policy.retries if policy.retry_on_error else 0),
                         outcome=outcome,
                         decision=decision,
                         duration=duration,
@@ -590,12 +599,6 @@ def _kind(delivery: ClaimedDelivery, probe: DownState | None) -> AttemptKind:
     if delivery.manual:
         return AttemptKind.MANUAL
     return AttemptKind.PROBE if probe is not None else AttemptKind.CYCLE
-
-
-def _max_attempts(policy: RetryPolicy, delivery: ClaimedDelivery) -> int:
-    """Attempts this delivery may make in all: those made before its cycle, plus the cycle's."""
-    before_cycle = delivery.attempts - delivery.attempts_in_cycle
-    return before_cycle + 1 + (policy.retries if policy.retry_on_error else 0)
 
 
 def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:

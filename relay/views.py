@@ -39,6 +39,9 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
         "target": delivery.target,
         "status": delivery.status.value,
         "attempts": delivery.attempts,
+        # Steps of its current retry cycle (a requeue starts a new one; a
+        # manual retry or a probe is no step of it).
+        "attempts_in_cycle": delivery.attempts_in_cycle,
         "next_attempt_at": iso(delivery.next_attempt_at),
         "last_error": masker.optional(delivery.last_error),
     }

@@ -184,6 +184,12 @@ def _key_text(event: dict[str, Any]) -> str:
     return f"{key} (KEY CONFLICT: differs from event {conflict})" if conflict else key
 
 
+def _in_cycle(delivery: dict[str, Any]) -> str:
+    """How many of its attempts are steps of its current cycle, when not all."""
+    steps = delivery.get("attempts_in_cycle", delivery["attempts"])
+    return f" ({steps} in this cycle)" if steps != delivery["attempts"] else ""
+
+
 def _attempt_label(attempt: dict[str, Any]) -> str:
     """What kind of attempt: its step of the retry cycle, a person's retry, a probe."""
     kind = attempt.get("kind", "cycle")
@@ -216,6 +222,7 @@ def _event_text(event: dict[str, Any]) -> str:
         lines.append(
             f"delivery {delivery['id']} → {delivery['target']}: {delivery['status']},"
             f" {count(delivery['attempts'], 'attempt')}"
+            + _in_cycle(delivery)
             + (f", next at {delivery['next_attempt_at']}" if delivery["next_attempt_at"] else "")
         )
         if delivery["last_error"]:

@@ -110,6 +110,7 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
             "target",
             "status",
             "attempts",
+            "attempts_in_cycle",
             "next_attempt_at",
             "last_error",
         }

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from relay.app import Relay
 from relay.clock import FakeClock
-from relay.store import EventDetail, Status
+from relay.store import EventDetail, Selection, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import free_port, post_accepted
@@ -263,3 +263,42 @@ async def test_stop_gives_back_leases_of_unfinished_attempts(
     relay2 = await start_relay(config, background=False)
     [delivery] = (await detail(relay2, event_id)).event.deliveries
     assert (delivery.status, delivery.attempts) == (Status.PENDING, 0)
+
+
+async def test_the_attempt_log_counts_within_the_cycle_and_names_manual_retries(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The week's counters: after a manual retry of a dead delivery the log
+    # said "attempt=5/4 outcome=dead", after a requeue "attempt=6/9".
+    _, url = await start_sink([503])
+    clock = FakeClock()
+    config = make_config(one_target(url, retry={"retries": 3}), ROUTES)
+    relay = await start_relay(config, background=False, clock=clock)
+    event_id = await post(relay, http)
+    await relay.scheduler.drain()
+    [delivery] = (await detail(relay, event_id)).event.deliveries
+    assert delivery.status is Status.DEAD
+    caplog.clear()
+    with caplog.at_level("INFO", logger="relay.attempts"):
+        await relay.operator.retry(delivery.id)
+        await relay.scheduler.drain()
+        await relay.operator.requeue(Selection(ids=(delivery.id,)))
+        await relay.scheduler.drain()
+    said = [record.__dict__["fields"] for record in caplog.records]
+    assert [(f["attempt"], f["total"], f["outcome"]) for f in said] == [
+        ("manual", 5, "dead"),
+        ("1/4", 6, "retry"),
+        ("2/4", 7, "retry"),
+        ("3/4", 8, "retry"),
+        ("4/4", 9, "dead"),
+    ]
+    attempts = (await detail(relay, event_id)).attempts[delivery.id]
+    assert [(a.kind.value, a.cycle_number) for a in attempts] == [
+        *(("cycle", n) for n in range(1, 5)),
+        ("manual", None),
+        *(("cycle", n) for n in range(1, 5)),
+    ]
