@@ -13,19 +13,40 @@ retry` starts without them.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from relay.clock import Clock
+from relay.search import parse_search
 from relay.store import (
     DeliveryView,
     EventDetail,
+    EventQuery,
     NotFound,
     Operations,
     Queries,
     Resend,
     Selection,
+    Status,
 )
+
+# A bulk action shown before it is done (the dashboard's confirmation) names
+# the deliveries it will act on; at most this many at once.
+BULK_LIMIT = 1000
+
+
+def selection_of(query: EventQuery, status: Status = Status.DEAD) -> Selection:
+    """The deliveries in `status` a listing of `query` shows: the same filters,
+    search included (a bulk action takes what the page shows, no more)."""
+    return Selection(
+        status=status,
+        route=query.route,
+        target=query.target,
+        since=query.since,
+        until=query.until,
+        key=query.key,
+        search=query.search,
+    )
 
 
 class ActionStore(Operations, Queries, Protocol):
@@ -76,6 +97,27 @@ class Actions:
         requeued = await self.store.requeue(selection, self.clock.now())
         self.changed()
         return requeued
+
+    async def skip_selected(self, selection: Selection) -> list[int]:
+        """Skip every pending or dead delivery `selection` takes."""
+        skipped = await self.store.skip_selected(selection, self.clock.now())
+        self.changed()
+        return skipped
+
+    async def select(self, selection: Selection, limit: int = BULK_LIMIT) -> list[int]:
+        """What a bulk action on `selection` would act on (a dry run), oldest first."""
+        return await self.store.select(selection, limit)
+
+    async def searched(self, query: EventQuery, text: str) -> EventQuery:
+        """`query` narrowed by a search box's text, as the dashboard reads it: an
+        idempotency key when it names an event these filters show, else the
+        text's content (relay.search; SearchError when it cannot be searched).
+        Listing and bulk action both narrow through here: the same events."""
+        if not text:
+            return query
+        if await self.store.list_events(replace(query, key=text, limit=1)):
+            return replace(query, key=text)
+        return replace(query, search=parse_search(text))
 
     async def resend(self, resend: Resend) -> int:
         """Store a corrected copy as a new event; the scheduler picks it up."""

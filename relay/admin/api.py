@@ -195,26 +195,60 @@ def _json_object(raw: bytes, keys: frozenset[str]) -> dict[str, Any]:
     return body
 
 
-REQUEUE_KEYS = frozenset({"status", "route", "target", "since", "until", "ids"})
+BULK_KEYS = frozenset({"status", "route", "target", "since", "until", "ids", "q", "key", "dry_run"})
 
 
-async def requeue(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    now = operator.clock.now()
-    body = _json_object(await request.read() if request.can_read_body else b"", REQUEUE_KEYS)
+def _bulk_selection(body: Mapping[str, Any], now: float) -> Selection:
+    """The deliveries a bulk action names: the same filters as GET /v1/events
+    (`q` a content search, `key` an idempotency key), or ids."""
     ids = body.get("ids") or []
     if not isinstance(ids, list):
         raise BadRequest("ids: expected a list of delivery ids")
-    selection = Selection(
+    text = optional_text(body.get("q"), "q")
+    try:
+        search = parse_search(text) if text else None
+    except SearchError as problem:
+        raise BadRequest(f"q: {problem}") from None
+    return Selection(
         status=_status(body.get("status")) or Status.DEAD,
         route=optional_text(body.get("route"), "route"),
         target=optional_text(body.get("target"), "target"),
         since=instant(body.get("since"), "since", now),
         until=instant(body.get("until"), "until", now),
         ids=tuple(row_id(i, f"ids[{n}]") for n, i in enumerate(ids)),
+        key=optional_text(body.get("key"), "key"),
+        search=search,
     )
-    requeued = await operator.requeue(selection)
-    return json_response({"requeued": len(requeued), "ids": [str(i) for i in requeued]})
+
+
+async def _bulk(request: web.Request, verb: str) -> web.Response:
+    """POST /v1/requeue, /v1/skip: act on every delivery the body names, or with
+    "dry_run": true only say which (at most BULK_LIMIT ids, the count in full)."""
+    operator = _operator(request)
+    body = _json_object(await request.read() if request.can_read_body else b"", BULK_KEYS)
+    dry_run = body.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise BadRequest("dry_run: expected true or false")
+    selection = _bulk_selection(body, operator.clock.now())
+    if dry_run:
+        ids = await operator.select(selection)
+        count = await operator.store.count(selection)
+        return json_response(
+            {"dry_run": True, f"would_{verb}": count, "ids": [str(i) for i in ids]}
+        )
+    if verb == "requeue":
+        done = await operator.requeue(selection)
+        return json_response({"requeued": len(done), "ids": [str(i) for i in done]})
+    done = await operator.skip_selected(selection)
+    return json_response({"skipped": len(done), "ids": [str(i) for i in done]})
+
+
+async def requeue(request: web.Request) -> web.Response:
+    return await _bulk(request, "requeue")
+
+
+async def skip_selected(request: web.Request) -> web.Response:
+    return await _bulk(request, "skip")
 
 
 RESEND_KEYS = frozenset({"body", "content_type", "targets", "confirm"})
@@ -318,6 +352,7 @@ def api_application() -> web.Application:
     app.router.add_post("/v1/deliveries/{delivery_id}/retry", retry_delivery)
     app.router.add_post("/v1/deliveries/{delivery_id}/skip", skip_delivery)
     app.router.add_post("/v1/requeue", requeue)
+    app.router.add_post("/v1/skip", skip_selected)
     app.router.add_get("/v1/targets", list_targets)
     app.router.add_post("/v1/targets/{name}/pause", pause_target)
     app.router.add_post("/v1/targets/{name}/resume", resume_target)

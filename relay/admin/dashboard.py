@@ -9,7 +9,6 @@ one small script ship in the package.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hashlib
 import secrets
@@ -22,13 +21,14 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 from aiohttp import web
 
+from relay.actions import BULK_LIMIT, selection_of
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.inputs import BadRequest, instant, row_id
 from relay.payload import parse_form
 from relay.resend import EditRejected, default_targets, editable_body, plan_resend
-from relay.search import SearchError, describe, parse_search
+from relay.search import SearchError, describe
 from relay.secrets import MASK
 from relay.store import (
     Conflict,
@@ -76,6 +76,8 @@ SECURITY_HEADERS = {
 MESSAGES = {
     "retried": "One more attempt is queued for delivery {id}.",
     "requeued": "Requeued {n}: each starts a fresh retry cycle.",
+    "requeue_bulk": "Requeued {n}: each starts a fresh retry cycle.",
+    "skip_bulk": "Skipped {n}: they will not be sent.",
     "skipped": "Delivery {id} is skipped: it will not be sent; the next of its key may go.",
     "paused": "Target {name} is paused: its deliveries wait, no retries are spent.",
     "resumed": "Target {name} is resumed.",
@@ -414,7 +416,7 @@ async def _listing(
         targets=sorted(config.targets),
         search_note=search_note,
         problem=problem,
-        **extra,
+        **{"selectable": False, **extra},
     )
 
 
@@ -426,16 +428,14 @@ async def _search(
     Returns the events, a note on how far the index has got, and a problem
     with the search text (too short) when there is one.
     """
-    if not text:
-        return await operator.store.list_events(query), "", ""
-    by_key = await operator.store.list_events(dataclasses.replace(query, key=text))
-    if by_key:
-        return by_key, "", ""
     try:
-        terms = parse_search(text)
+        query = await operator.searched(query, text)
     except SearchError as problem:
         return [], "", str(problem).capitalize() + "."
-    events = await operator.store.list_events(dataclasses.replace(query, search=terms))
+    events = await operator.store.list_events(query)
+    if query.search is None:
+        return events, "", ""
+    terms = query.search
     progress = await operator.store.search_progress()
     note = f"Searched for {describe(terms)} in bodies, queries and headers"
     if progress.behind:
@@ -462,8 +462,9 @@ async def deliveries(request: web.Request) -> web.Response:
     )
 
 
-def _selection(fields: Mapping[str, str], now: float) -> Selection:
-    return Selection(
+def _query(fields: Mapping[str, str], now: float) -> EventQuery:
+    """The listing's filters (the search box apart) from a page's fields."""
+    return EventQuery(
         status=Status.DEAD,
         route=fields.get("route") or None,
         target=fields.get("target") or None,
@@ -472,13 +473,28 @@ def _selection(fields: Mapping[str, str], now: float) -> Selection:
     )
 
 
+async def _shown(operator: Operator, fields: Mapping[str, str]) -> Selection:
+    """The dead deliveries the Dead letter page shows for these fields, search
+    box included: what its bulk actions take, no more."""
+    query = _query(fields, operator.clock.now())
+    try:
+        query = await operator.searched(query, fields.get("q", ""))
+    except SearchError as problem:
+        raise BadRequest(f"q: {problem}") from None
+    return selection_of(query, Status.DEAD)
+
+
+BULK_FIELDS = ("q", "route", "target", "since", "until")
+
+
 async def dead_letter(request: web.Request) -> web.Response:
     operator = _operator(request)
     filters = _filters(request)
-    total = await operator.store.count(_selection(filters, operator.clock.now()))
-    fields = [
-        (k, v) for k, v in filters.items() if v and k in ("route", "target", "since", "until")
-    ]
+    try:
+        total = await operator.store.count(await _shown(operator, filters))
+    except BadRequest:
+        total = 0  # the listing says what is wrong with the search
+    fields = [(k, v) for k, v in filters.items() if v and k in BULK_FIELDS]
     return await _listing(
         request,
         status=Status.DEAD,
@@ -491,30 +507,74 @@ async def dead_letter(request: web.Request) -> web.Response:
         auto_refresh=True,
         total=total,
         filter_fields=fields,
+        selectable=True,
         dead_total=total if not fields else None,
     )
 
 
+# A bulk action: what the confirmation says, what is done, the flash after it.
+BULK = {
+    "requeue": ("Requeue", "requeue", "each starts a fresh retry cycle; their history is kept"),
+    "skip": (
+        "Skip",
+        "skip",
+        "none of them will ever be sent, and the next delivery of each ordering key may go",
+    ),
+}
+
+
 async def requeue_dead(request: web.Request) -> web.StreamResponse:
+    return await _bulk(request, "requeue")
+
+
+async def skip_dead(request: web.Request) -> web.StreamResponse:
+    return await _bulk(request, "skip")
+
+
+async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
+    """A bulk action on dead deliveries: the ones ticked, else every one the page
+    shows (its filters and search). First a confirmation that states the count
+    and carries the very ids counted; confirmed, it acts on those ids alone
+    (any that stopped being dead meanwhile are left as they are)."""
     operator = _operator(request)
     form = await request.post()
-    fields = {k: str(form.get(k, "")).strip() for k in ("route", "target", "since", "until")}
-    selection = _selection(fields, operator.clock.now())
+    fields = {k: str(form.get(k, "")).strip() for k in BULK_FIELDS}
     kept = [(k, v) for k, v in fields.items() if v]
+    back = ("?" + urlencode(kept)) if kept else ""
     if form.get("confirm") != "yes":
-        count = await operator.store.count(selection)
+        ticked = tuple(row_id(str(v), "ids") for v in form.getall("ids", []))
+        selection = (
+            Selection(status=Status.DEAD, ids=ticked) if ticked else await _shown(operator, fields)
+        )
+        ids = await operator.select(selection, BULK_LIMIT + 1)
+        matching = await operator.store.count(selection) if len(ids) > BULK_LIMIT else len(ids)
+        ids = ids[:BULK_LIMIT]
+        title, _, effect = BULK[verb]
         return _render(
             request,
             "confirm.html",
-            title="Requeue",
+            title=title,
             page="dead",
-            count=count,
+            verb=verb,
+            label=title,
+            effect=effect,
+            count=len(ids),
+            matching=matching,
+            ids=" ".join(str(i) for i in ids),
+            ticked=bool(ticked),
             filter_fields=kept,
             description=", ".join(f"{k} {v}" for k, v in kept),
-            back=("?" + urlencode(kept)) if kept else "",
+            back=back,
         )
-    requeued = await operator.requeue(selection)
-    raise _back("/dead", done="requeued", n=len(requeued), **dict(kept))
+    named = tuple(row_id(part, "ids") for part in str(form.get("ids", "")).split())
+    if not named:
+        raise _back("/dead", **dict(kept))
+    selection = Selection(status=Status.DEAD, ids=named)
+    if verb == "requeue":
+        done = await operator.requeue(selection)
+    else:
+        done = await operator.skip_selected(selection)
+    raise _back("/dead", done=f"{verb}_bulk", n=len(done), **dict(kept))
 
 
 async def event_page(request: web.Request) -> web.Response:
@@ -770,6 +830,7 @@ PAGES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/deliveries", deliveries),
     ("GET", "/dead", dead_letter),
     ("POST", "/dead/requeue", requeue_dead),
+    ("POST", "/dead/skip", skip_dead),
     ("GET", "/events/{event_id}", event_page),
     ("GET", "/events/{event_id}/resend", resend_page),
     ("POST", "/events/{event_id}/resend", resend_post),

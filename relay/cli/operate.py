@@ -26,6 +26,7 @@ from relay.cli.common import (
     table,
 )
 from relay.inputs import instant
+from relay.search import SearchError, parse_search
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.units import format_duration
 from relay.views import delivery_summary, stats_view
@@ -42,11 +43,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     skip = commands.add_parser(
         "skip",
-        help="never send these deliveries (pending or dead); the next of their ordering key goes",
+        help="never send these deliveries (pending or dead, by id or filter);"
+        " the next of their ordering key goes",
     )
     add_config_option(skip)
     add_json_option(skip)
-    skip.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="+")
+    _add_filters(skip, ["dead", "pending"])
+    skip.add_argument(
+        "--yes", action="store_true", help="skip what the filters take (without it: a dry run)"
+    )
+    skip.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="*")
     skip.set_defaults(handler=skip_deliveries)
 
     requeue = commands.add_parser(
@@ -54,16 +60,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_config_option(requeue)
     add_json_option(requeue)
-    requeue.add_argument("--route", help="only deliveries of this route")
-    requeue.add_argument("--target", help="only deliveries to this target")
-    requeue.add_argument("--since", help='events received since (ISO time, or an age like "2h")')
-    requeue.add_argument("--until", help="events received before (ISO time, or an age)")
-    requeue.add_argument(
-        "--status",
-        default="dead",
-        choices=["dead", "delivered", "skipped"],
-        help="which deliveries to take (default dead; delivered sends again)",
-    )
+    _add_filters(requeue, ["dead", "delivered", "skipped"])
     requeue.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="*")
     requeue.set_defaults(handler=requeue_deliveries)
 
@@ -89,6 +86,72 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     purge.set_defaults(handler=purge_events)
 
 
+def _add_filters(parser: argparse.ArgumentParser, statuses: list[str]) -> None:
+    """A bulk command's filters: the same as `relay events` (search included),
+    and --dry-run to see what they take before anything is done."""
+    parser.add_argument("--route", help="only deliveries of this route")
+    parser.add_argument("--target", help="only deliveries to this target")
+    parser.add_argument("--since", help='events received since (ISO time, or an age like "2h")')
+    parser.add_argument("--until", help="events received before (ISO time, or an age)")
+    parser.add_argument("--key", help="only the event(s) with this idempotency key")
+    parser.add_argument("--search", help="only events whose content holds this text or number")
+    parser.add_argument(
+        "--status",
+        default="dead",
+        choices=statuses,
+        help=f"which deliveries to take (default dead; one of {', '.join(statuses)})",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="only say how many and which it would take"
+    )
+
+
+def _selection(args: argparse.Namespace) -> Selection:
+    now = time.time()
+    try:
+        search = parse_search(args.search) if args.search is not None else None
+    except SearchError as problem:
+        raise CommandError(f"--search: {problem}") from None
+    return Selection(
+        status=Status(args.status),
+        route=args.route,
+        target=args.target,
+        since=instant(args.since, "--since", now),
+        until=instant(args.until, "--until", now),
+        ids=tuple(row_ids(args.delivery_ids, "delivery id")),
+        key=args.key,
+        search=search,
+    )
+
+
+def _filtered(args: argparse.Namespace) -> bool:
+    return any(
+        getattr(args, name) is not None
+        for name in ("route", "target", "since", "until", "key", "search")
+    ) or (args.status != "dead")
+
+
+def _dry_run(args: argparse.Namespace, verb: str, selection: Selection) -> int:
+    """Say how many deliveries `selection` takes, and which (the first BULK_LIMIT)."""
+    config = read_operator_config(args)
+
+    async def look() -> tuple[int, list[int]]:
+        async with acting(config) as actions:
+            return await actions.store.count(selection), await actions.select(selection)
+
+    total, ids = run(look())
+    emit(
+        args,
+        {"dry_run": True, f"would_{verb}": total, "ids": [str(i) for i in ids]},
+        lambda data: (
+            f"would {verb} {total} deliveries"
+            + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
+            + ("" if verb != "skip" or args.dry_run else " (add --yes to skip them)")
+        ),
+    )
+    return 0
+
+
 def retry_deliveries(args: argparse.Namespace) -> int:
     return _each_delivery(
         args,
@@ -101,6 +164,30 @@ def retry_deliveries(args: argparse.Namespace) -> int:
 
 
 def skip_deliveries(args: argparse.Namespace) -> int:
+    """By id, each is skipped and said; by filter, only with --yes (else a dry
+    run): a bulk skip is not undone by a requeue of the same filter."""
+    if _filtered(args) or args.dry_run:
+        selection = _selection(args)
+        if args.dry_run or not args.yes:
+            return _dry_run(args, "skip", selection)
+        config = read_operator_config(args)
+
+        async def act() -> list[int]:
+            async with acting(config) as actions:
+                return await actions.skip_selected(selection)
+
+        skipped = run(act())
+        emit(
+            args,
+            {"skipped": len(skipped), "ids": [str(i) for i in skipped]},
+            lambda data: (
+                f"skipped {data['skipped']} deliveries"
+                + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
+            ),
+        )
+        return 0
+    if not args.delivery_ids:
+        raise CommandError("name delivery ids, or filters (--route, --target, --search...)")
     return _each_delivery(
         args,
         Actions.skip,
@@ -139,16 +226,10 @@ def _each_delivery(
 
 
 def requeue_deliveries(args: argparse.Namespace) -> int:
+    selection = _selection(args)
+    if args.dry_run:
+        return _dry_run(args, "requeue", selection)
     config = read_operator_config(args)
-    now = time.time()
-    selection = Selection(
-        status=Status(args.status),
-        route=args.route,
-        target=args.target,
-        since=instant(args.since, "--since", now),
-        until=instant(args.until, "--until", now),
-        ids=tuple(row_ids(args.delivery_ids, "delivery id")),
-    )
 
     async def act() -> list[int]:
         async with acting(config) as actions:

@@ -365,7 +365,10 @@ class TargetState:
 
 @dataclass(frozen=True)
 class Selection:
-    """Which deliveries a bulk requeue takes; time bounds are on the event's arrival."""
+    """Which deliveries a bulk action (requeue, skip) takes: those in `status`
+    that meet every filter given. Time bounds are on the event's arrival;
+    `key` and `search` as in EventQuery, so a bulk action on a listing takes
+    exactly the deliveries the listing shows."""
 
     status: Status = Status.DEAD
     route: str | None = None
@@ -373,6 +376,8 @@ class Selection:
     since: float | None = None
     until: float | None = None
     ids: tuple[int, ...] = ()
+    key: str | None = None
+    search: TextSearch | None = None
 
 
 @dataclass(frozen=True)
@@ -619,6 +624,17 @@ class Operations(Protocol):
 
     async def count(self, selection: Selection) -> int:
         """How many deliveries a requeue of `selection` would take."""
+        ...
+
+    async def select(self, selection: Selection, limit: int) -> list[int]:
+        """The ids of the deliveries `selection` takes (what a bulk action on it
+        would act on), oldest first, at most `limit`."""
+        ...
+
+    async def skip_selected(self, selection: Selection, now: float) -> list[int]:
+        """`skip` for every pending or dead delivery `selection` takes (deliveries
+        in flight are left to finish), in one transaction, oldest first: the
+        next delivery of each ordering key may go. Returns the ids skipped."""
         ...
 
     async def resend(self, resend: Resend, now: float) -> int:

@@ -75,6 +75,7 @@ from relay.store.base import (
     StoreError,
     StoreUnavailable,
     TargetState,
+    TextSearch,
     Transition,
     Waits,
 )
@@ -980,7 +981,7 @@ class PostgresStore:
     async def requeue(self, selection: Selection, now: float) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
-        where, params = selection_where(selection)
+        where, params = selection_where(selection, _search)
 
         async def job(connection: Connection) -> list[int]:
             ids = [
@@ -1010,9 +1011,48 @@ class PostgresStore:
         return ids
 
     async def count(self, selection: Selection) -> int:
-        where, params = selection_where(selection)
+        where, params = selection_where(selection, _search)
         rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {numbered(where)}", *params)
         return int(rows[0][0])
+
+    async def select(self, selection: Selection, limit: int) -> list[int]:
+        where, params = selection_where(selection, _search)
+        sql = numbered(f"SELECT id FROM deliveries WHERE {where} ORDER BY id LIMIT ?")
+        rows = await self._read(sql, *params, limit)
+        return [int(row[0]) for row in rows]
+
+    async def skip_selected(self, selection: Selection, now: float) -> list[int]:
+        if selection.status not in (Status.PENDING, Status.DEAD):
+            return []
+        where, params = selection_where(selection, _search)
+        was = selection.status.value
+
+        async def job(connection: Connection) -> list[int]:
+            # Locked, in id order: an attempt's record or another skip waits.
+            ids = [
+                int(row[0])
+                for row in await connection.fetch(
+                    f"SELECT id FROM deliveries WHERE {numbered(where)} ORDER BY id FOR UPDATE",
+                    *params,
+                )
+            ]
+            for delivery_id in ids:
+                await connection.execute(
+                    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+                    " resume_status = NULL, resume_at = NULL, last_error = $1, updated_at = $2"
+                    " WHERE id = $3",
+                    f"skipped by an operator (was {was})",
+                    now,
+                    delivery_id,
+                )
+                await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
+            await _insert_log(connection, ids, now, "skip", f"not to be sent (was {was})")
+            return ids
+
+        ids = await self._write(job)
+        if ids:
+            await self._wake("skip")
+        return ids
 
     async def activity(self, since: float, until: float) -> list[HourlyActivity]:
         start = since - since % 3600
@@ -1254,6 +1294,23 @@ class PostgresStore:
         # A wake-up is a hint (instances poll too): a lost one costs a poll interval.
         with contextlib.suppress(StoreError):
             await self.notify(what)
+
+
+def _search(search: TextSearch) -> tuple[str, list[Any]]:
+    """The events a search matches, as a condition on deliveries (as list_events)."""
+    conditions = []
+    params: list[Any] = []
+    if search.digits is not None:
+        conditions.append("digits LIKE ?")
+        params.append(_substring(search.digits))
+    for word in search.words:
+        conditions.append("text LIKE ?")
+        params.append(_substring(word))
+    return (
+        "event_id IN (SELECT event_id FROM event_search"
+        f" WHERE {' AND '.join(conditions) or 'true'})",
+        params,
+    )
 
 
 def _substring(text: str) -> str:

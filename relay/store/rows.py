@@ -4,7 +4,7 @@ the row mapping (same columns, same order) by the PostgreSQL store too."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -127,7 +127,20 @@ def placeholders(count: int) -> str:
     return ",".join("?" * count)
 
 
-def selection_where(selection: Selection) -> tuple[str, list[Any]]:
+def sqlite_search(search: TextSearch) -> tuple[str, list[Any]]:
+    """The events a search matches, as a condition on deliveries (SQLite's FTS5)."""
+    return (
+        "event_id IN (SELECT rowid FROM event_search WHERE event_search MATCH ?)",
+        [match_expression(search)],
+    )
+
+
+def selection_where(
+    selection: Selection,
+    search: Callable[[TextSearch], tuple[str, list[Any]]] = sqlite_search,
+) -> tuple[str, list[Any]]:
+    """The WHERE of the deliveries `selection` takes, `?` placeholders;
+    `search` makes a content search's condition in the backend's own terms."""
     where = ["status = ?"]
     params: list[Any] = [selection.status.value]
     for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
@@ -145,6 +158,13 @@ def selection_where(selection: Selection) -> tuple[str, list[Any]]:
             selection.since if selection.since is not None else float("-inf"),
             selection.until if selection.until is not None else float("inf"),
         ]
+    if selection.key is not None:
+        where.append("event_id IN (SELECT id FROM events WHERE idempotency_key = ?)")
+        params.append(selection.key)
+    if selection.search is not None:
+        clause, values = search(selection.search)
+        where.append(clause)
+        params += values
     return " AND ".join(where), params
 
 

@@ -671,6 +671,44 @@ class SqliteStore:
         count: int = rows[0][0]
         return count
 
+    async def select(self, selection: Selection, limit: int) -> list[int]:
+        where, params = selection_where(selection)
+        rows = await self._read(
+            f"SELECT id FROM deliveries WHERE {where} ORDER BY id LIMIT ?",
+            [*params, limit],
+            slow=True,
+        )
+        return [row[0] for row in rows]
+
+    async def skip_selected(self, selection: Selection, now: float) -> list[int]:
+        if selection.status not in (Status.PENDING, Status.DEAD):
+            return []
+        where, params = selection_where(selection)
+
+        def job(connection: sqlite3.Connection) -> list[int]:
+            ids = [
+                row[0]
+                for row in connection.execute(
+                    f"SELECT id FROM deliveries WHERE {where} ORDER BY id", params
+                ).fetchall()
+            ]
+            was = selection.status.value
+            for delivery_id in ids:
+                connection.execute(
+                    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+                    " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"
+                    " WHERE id = ?",
+                    (f"skipped by an operator (was {was})", now, delivery_id),
+                )
+                # In id order: skipping the head of a key lets the next go,
+                # unless it is skipped too, which lets the one after it go.
+                connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
+            insert_log(connection, ids, now, "skip", f"not to be sent (was {was})")
+            return ids
+
+        result: list[int] = await self._write(job)
+        return result
+
     async def activity(self, since: float, until: float) -> list[HourlyActivity]:
         start = since - since % 3600
         rows = await self._read(

@@ -191,6 +191,42 @@ async def test_requeue_starts_a_fresh_cycle_and_keeps_the_history(
     await api(http, relay, "POST", "/api/v1/requeue", json={"colour": "red"}, status=400)
 
 
+async def test_bulk_requeue_and_skip_take_what_the_filters_and_search_name(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, sink = relay_with_sink
+    ids = [await post_event(relay, http, key) for key in ("anna-1", "boris", "anna-2", "vera")]
+    await relay.scheduler.drain()
+    await relay.indexer.catch_up()
+    # A dry run says how many and which, and changes nothing.
+    path = "/api/v1/requeue"
+    dry = await api(http, relay, "POST", path, json={"q": "anna", "dry_run": True})
+    assert dry["dry_run"] is True
+    assert dry["would_requeue"] == 2
+    deliveries = {
+        event_id: (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"][0]
+        for event_id in ids
+    }
+    assert dry["ids"] == [deliveries[ids[0]]["id"], deliveries[ids[2]]["id"]]
+    assert (await api(http, relay, "GET", "/api/v1/stats"))["dead"] == 4
+    # The search narrows the action itself: 2 requeued, not the 4 dead of the route.
+    sink.script = [200]
+    done = await api(http, relay, "POST", path, json={"route": "orders", "q": "anna"})
+    assert (done["requeued"], done["ids"]) == (2, dry["ids"])
+    await relay.scheduler.drain()
+    assert (await api(http, relay, "GET", "/api/v1/stats"))["dead"] == 2
+    # Bulk skip, by key; a dry run first.
+    skip = "/api/v1/skip"
+    dry = await api(http, relay, "POST", skip, json={"key": "vera", "dry_run": True})
+    assert (dry["would_skip"], dry["ids"]) == (1, [deliveries[ids[3]]["id"]])
+    done = await api(http, relay, "POST", skip, json={"key": "vera"})
+    assert (done["skipped"], done["ids"]) == (1, dry["ids"])
+    stats = await api(http, relay, "GET", "/api/v1/stats")
+    assert (stats["dead"], stats["targets"]["crm"]["skipped"]) == (1, 1)
+    await api(http, relay, "POST", skip, json={"q": "a"}, status=400)  # too short to search
+    await api(http, relay, "POST", skip, json={"dry_run": "yes"}, status=400)
+
+
 async def test_pause_burns_no_attempts_and_resume_drains(
     relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
 ) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from relay.search import documents, parse_search
+from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
     ClaimedDelivery,
@@ -31,9 +33,11 @@ from store_backends import Harness
 FAILED = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
 
 
-async def _dead(store: Store, key: str = "k", at: float = T0) -> ClaimedDelivery:
+async def _dead(
+    store: Store, key: str = "k", at: float = T0, body: bytes = b'{"a": 1}'
+) -> ClaimedDelivery:
     """A crm delivery that went dead after one attempt."""
-    await store.accept_event(event(key, at=at), [NewDelivery("crm")], at)
+    await store.accept_event(event(key, at=at, body=body), [NewDelivery("crm")], at)
     [claim] = await store.claim_due(at, at + 60, {"crm": 1})
     await store.record_attempt(claim, FAILED, Dead("HTTP 503 too long"), at)
     return claim
@@ -326,3 +330,56 @@ async def test_held_targets_reads_paused_and_down_together(store: Store) -> None
         await store.paused_targets(),
         await store.down_targets(),
     )
+
+
+async def test_a_bulk_action_takes_exactly_what_a_search_or_key_shows(store: Store) -> None:
+    # The Dead letter page with its search box filled: 2 of 4 dead deliveries
+    # to crm match; the bulk action must take those 2, not every dead one.
+    bodies = [b'{"phone": "+7 999 123-45-67"}', b'{"phone": "111"}', b'{"phone": "89991234567"}']
+    claims = [await _dead(store, f"k{n}", T0 + n, body) for n, body in enumerate(bodies)]
+    other = await _dead(store, "k3", T0 + 3, b'{"name": "Anna"}')
+    sources = await store.events_to_index(10, body_limit=1000)
+    await store.index_events(documents(sources, Masker()), sources[-1].event_id)
+
+    phone = Selection(target="crm", search=parse_search("79991234567"))
+    assert await store.count(phone) == 2
+    assert await store.select(phone, 10) == [claims[0].id, claims[2].id]
+    assert await store.select(phone, 1) == [claims[0].id]  # oldest first, bounded
+    assert await store.select(Selection(key="k1"), 10) == [claims[1].id]
+    assert await store.requeue(Selection(key="k1"), T0 + 50) == [claims[1].id]
+
+    skipped = await store.skip_selected(phone, T0 + 60)
+    assert skipped == [claims[0].id, claims[2].id]
+    for claim in claims[::2]:
+        view = await store.get_delivery(claim.id)
+        assert view is not None
+        assert view.status is Status.SKIPPED
+        detail = await store.get_event(claim.event_id)
+        assert detail is not None
+        assert [e.kind for e in detail.log[claim.id]] == ["skip"]
+    untouched = await store.get_delivery(other.id)
+    assert untouched is not None
+    assert untouched.status is Status.DEAD
+    assert await store.skip_selected(phone, T0 + 61) == []  # nothing dead matches now
+    # Pending ones too, when asked for (a batch of test payments), never in flight.
+    assert await store.skip_selected(Selection(status=Status.PENDING), T0 + 62) == [claims[1].id]
+    assert await store.skip_selected(Selection(status=Status.IN_FLIGHT), T0 + 62) == []
+
+
+async def test_a_bulk_skip_lets_the_next_of_each_key_go(store: Store) -> None:
+    keyed = [NewDelivery("crm", order_key="A")]
+    first = await store.accept_event(event("a1"), keyed, T0)
+    second = await store.accept_event(event("a2"), keyed, T0 + 1)
+    third = await store.accept_event(event("a3"), keyed, T0 + 2)
+    [head] = await store.claim_due(T0, T0 + 60, {"crm": 5})
+    await store.record_attempt(head, FAILED, Dead("HTTP 422"), T0)
+    # The dead head skipped, the one behind it is due; skipped too, the third.
+    ids = await store.skip_selected(Selection(status=Status.DEAD, target="crm"), T0 + 10)
+    assert ids == [head.id]
+    [behind] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 5})
+    assert behind.event_id == second.event_id
+    await store.release([behind.id], T0 + 11)
+    named = Selection(status=Status.PENDING, ids=(behind.id,))
+    assert await store.skip_selected(named, T0 + 12) == [behind.id]
+    [last] = await store.claim_due(T0 + 12, T0 + 72, {"crm": 5})
+    assert (last.event_id, first.event_id != last.event_id) == (third.event_id, True)
