@@ -44,6 +44,10 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
         "attempts_in_cycle": delivery.attempts_in_cycle,
         "next_attempt_at": iso(delivery.next_attempt_at),
         "last_error": masker.optional(delivery.last_error),
+        # A corrected copy's delivery and the original's it resolved (or will,
+        # once delivered), both ways.
+        "resolved_by": _id(delivery.resolved_by),
+        "resolves": _id(delivery.resolves),
     }
     held = delivery.held_behind
     if held is not None:

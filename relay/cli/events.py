@@ -225,6 +225,12 @@ def _event_text(event: dict[str, Any]) -> str:
             + _in_cycle(delivery)
             + (f", next at {delivery['next_attempt_at']}" if delivery["next_attempt_at"] else "")
         )
+        if delivery.get("resolved_by"):
+            lines.append(
+                f"  resolved: delivery {delivery['resolved_by']} of a corrected copy was delivered"
+            )
+        if delivery.get("resolves"):
+            lines.append(f"  a corrected copy: delivered, resolves delivery {delivery['resolves']}")
         if delivery["last_error"]:
             lines.append(f"  last error: {delivery['last_error']}")
         if delivery.get("note"):

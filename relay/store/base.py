@@ -73,6 +73,9 @@ class Status(StrEnum):
     DELIVERED = "delivered"
     DEAD = "dead"
     SKIPPED = "skipped"
+    # Dead, then a person's corrected copy of its event was delivered to the
+    # same target: nothing is left to do for it (DeliveryView.resolved_by).
+    RESOLVED = "resolved"
 
 
 Header = tuple[str, str]
@@ -135,6 +138,9 @@ class ClaimedDelivery:
     idempotency_key: str | None
     received_at: float
     payload: Payload
+    # A corrected copy's delivery: the original's delivery to the same target,
+    # which becomes resolved (if dead) when this one is delivered.
+    resolves: int | None = None
 
 
 class AttemptKind(StrEnum):
@@ -224,6 +230,10 @@ class DeliveryView:
     order_key: str | None = None
     # Pending behind an earlier delivery of the same key (order_by), if so.
     held_behind: HeldBehind | None = None
+    # The two ends of a resolution: this corrected copy's delivery resolves
+    # that one of the original; this resolved one was resolved by that one.
+    resolves: int | None = None
+    resolved_by: int | None = None
 
     @property
     def waiting_turn(self) -> bool:
@@ -268,7 +278,13 @@ class EventView:
     def status(self) -> Status:
         """One word for the event: the most urgent state among its deliveries."""
         states = {delivery.status for delivery in self.deliveries}
-        for status in (Status.DEAD, Status.IN_FLIGHT, Status.PENDING, Status.DELIVERED):
+        for status in (
+            Status.DEAD,
+            Status.IN_FLIGHT,
+            Status.PENDING,
+            Status.RESOLVED,
+            Status.DELIVERED,
+        ):
             if status in states:
                 return status
         return Status.SKIPPED if states else Status.DELIVERED

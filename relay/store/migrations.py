@@ -264,6 +264,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             # now) or 'probe' (of a down target); and the step's number in its cycle.
             "ALTER TABLE attempts ADD COLUMN kind TEXT NOT NULL DEFAULT 'cycle'",
             "ALTER TABLE attempts ADD COLUMN cycle_number INTEGER",
+            # A corrected copy's delivery and the original's to the same target:
+            # delivered, the copy resolves the original (if dead), both linked.
+            "ALTER TABLE deliveries ADD COLUMN resolves INTEGER",
+            "ALTER TABLE deliveries ADD COLUMN resolved_by INTEGER",
         ],
     ),
 ]

@@ -80,6 +80,8 @@ TABLES = (
             "order_key",
             "seen_successes",
             "fails_alone",
+            "resolves",
+            "resolved_by",
         ),
         {"fails_alone": bool},
     ),

@@ -252,6 +252,8 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE deliveries ADD COLUMN fails_alone BOOLEAN NOT NULL DEFAULT false",
             "ALTER TABLE attempts ADD COLUMN kind TEXT NOT NULL DEFAULT 'cycle'",
             "ALTER TABLE attempts ADD COLUMN cycle_number INTEGER",
+            "ALTER TABLE deliveries ADD COLUMN resolves BIGINT",
+            "ALTER TABLE deliveries ADD COLUMN resolved_by BIGINT",
         ],
     ),
 ]

@@ -138,9 +138,7 @@ UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 # The channel instances wake each other on: new events and operator actions.
 CHANNEL = "relay_wake"
 
-CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
-)
+CLAIM_RETURNING = rows.CLAIM_RETURNING
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3,
     lease_expires = {lease_expires("$3", "$1")}
@@ -182,6 +180,8 @@ def numbered(sql: str, start: int = 1) -> str:
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
 NEXT_PROBE = numbered(rows.NEXT_PROBE)  # (target)
+RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
+LINK_COPY = numbered(rows.LINK_COPY)  # (original event, copy event)
 
 
 class _AlreadySent(Exception):
@@ -724,6 +724,7 @@ class PostgresStore:
             held = result.split()[-1] != "0"
             if held and status is Status.DELIVERED:
                 await connection.execute(NEXT_IN_LINE, now, now, delivery.id)
+                await _resolve_originals(connection, delivery, now)
             streak = await _update_health(
                 connection, delivery.target, attempt, now, hold, delivery.id
             )
@@ -898,6 +899,7 @@ class PostgresStore:
                 now,
                 resend.by,
             )
+            await connection.execute(LINK_COPY, resend.original_id, accepted.event_id)
             return accepted.event_id
 
         # Made twice, a resend is two copies: two orders in the CRM.
@@ -1160,7 +1162,7 @@ class PostgresStore:
             params.append(default_cutoff)
         finished = (
             "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
-            " AND d.status NOT IN ('delivered', 'skipped'))"
+            " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
         )
         if dry_run:
             rows = await self._read(
@@ -1412,6 +1414,24 @@ async def _event_detail(connection: Connection, event_id: int) -> EventDetail | 
         event_id,
     )
     return event_detail(row, deliveries, attempts, log, links)
+
+
+async def _resolve_originals(connection: Connection, delivery: ClaimedDelivery, now: float) -> None:
+    """As rows.resolve_originals: a delivered corrected copy resolves the dead
+    delivery it stands for, up a chain of copies."""
+    original = delivery.resolves
+    for _ in range(rows.RESOLVE_DEPTH):
+        if original is None:
+            return
+        row = await connection.fetchrow(RESOLVE, delivery.id, now, original)
+        if row is None:
+            return
+        detail = (
+            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}"
+        )
+        await _insert_log(connection, [original], now, "resolved", detail)
+        await connection.execute(NEXT_IN_LINE, now, now, original)
+        original = row[0]
 
 
 async def _update_health(

@@ -26,6 +26,7 @@ from relay.store.rows import (
     attempt_values,
     line_up_by_arrival,
     placeholders,
+    resolve_originals,
     update_health,
 )
 
@@ -106,6 +107,7 @@ class RecordJob:
             and self.attempt.outcome == Verdict.SUCCESS.value
             and self.attempt.target_at_fault
             and self.hold is None
+            and self.delivery.resolves is None
         )
 
     def attempt_row(self) -> tuple[object, ...]:
@@ -131,6 +133,7 @@ class RecordJob:
         connection.execute(DELIVERY_UPDATE, self.delivery_row())
         if self.status is Status.DELIVERED:
             connection.execute(NEXT_IN_LINE, (self.now, self.now, self.delivery.id))
+            resolve_originals(connection, self.delivery, self.now)
         target = self.delivery.target
         streak = update_health(
             connection, target, self.attempt, self.now, self.hold, self.delivery.id

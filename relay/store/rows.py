@@ -46,7 +46,7 @@ EVENT_COLUMNS = (
 )
 DELIVERY_COLUMNS = (
     "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
-    " updated_at, order_key"
+    " updated_at, order_key, resolves, resolved_by"
 )
 # The first unfinished delivery of a key: the only one of its line that may go.
 HEAD_OF_LINE = """
@@ -66,7 +66,8 @@ WHERE id = (
 AND status = 'pending' AND next_attempt_at IS NULL
 """
 CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at"
+    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
+    " resolves"
 )
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
@@ -185,6 +186,49 @@ def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequenc
         f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
     ).fetchone()
     return row
+
+
+# A corrected copy delivered: the original's dead delivery to that target is
+# resolved, and so on up a chain of copies of copies. A resolved delivery
+# leaves its key's line like a delivered one (NEXT_IN_LINE).
+RESOLVE = """
+UPDATE deliveries SET status = 'resolved', resolved_by = ?, next_attempt_at = NULL,
+    resume_status = NULL, resume_at = NULL, updated_at = ?
+WHERE id = ? AND status = 'dead'
+RETURNING resolves
+"""
+# Which delivery of the original each delivery of a corrected copy resolves.
+LINK_COPY = """
+UPDATE deliveries SET resolves = (
+    SELECT o.id FROM deliveries o WHERE o.event_id = ? AND o.target = deliveries.target
+    ORDER BY o.id LIMIT 1)
+WHERE event_id = ?
+"""
+# How deep a chain of copies of copies is followed (a loop cannot be made,
+# a copy being a new event; the bound is only a guard).
+RESOLVE_DEPTH = 20
+
+
+def resolve_originals(
+    connection: sqlite3.Connection, delivery: ClaimedDelivery, now: float
+) -> None:
+    """`delivery`, of a corrected copy, was delivered: resolve what it stands for."""
+    original = delivery.resolves
+    for _ in range(RESOLVE_DEPTH):
+        if original is None:
+            return
+        row = connection.execute(RESOLVE, (delivery.id, now, original)).fetchone()
+        if row is None:  # not dead (delivered meanwhile, skipped, requeued): left as it is
+            return
+        insert_log(
+            connection,
+            [original],
+            now,
+            "resolved",
+            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}",
+        )
+        connection.execute(NEXT_IN_LINE, (now, now, original))
+        original = row[0]
 
 
 def insert_log(
@@ -323,6 +367,8 @@ def delivery_view(row: Sequence[Any]) -> DeliveryView:
         last_error=row[7],
         updated_at=row[8],
         order_key=row[9],
+        resolves=row[10],
+        resolved_by=row[11],
     )
 
 
@@ -432,6 +478,7 @@ def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDe
         idempotency_key=event[2],
         received_at=event[3],
         payload=payload_of(event),
+        resolves=delivery[8],
     )
 
 

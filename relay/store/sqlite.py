@@ -61,6 +61,7 @@ from relay.store.rows import (
     EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
     HELD_TARGETS,
+    LINK_COPY,
     LOG_COLUMNS,
     NEXT_IN_LINE,
     NEXT_PROBE,
@@ -562,6 +563,7 @@ class SqliteStore:
                 "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)",
                 (copy_id, resend.original_id, now, resend.by),
             )
+            connection.execute(LINK_COPY, (resend.original_id, copy_id))
             return copy_id
 
         copy_id: int | None = await self._write(job)
@@ -838,7 +840,7 @@ class SqliteStore:
             params.append(default_cutoff)
         finished = (
             "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
-            " AND d.status NOT IN ('delivered', 'skipped'))"
+            " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
         )
         if dry_run:
             rows = await self._read(

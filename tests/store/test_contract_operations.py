@@ -245,6 +245,78 @@ async def test_resend_stores_an_edited_copy_linked_to_the_original(store: Store)
         await store.resend(Resend(10_000, (), b"{}", "application/json", ("crm",), "x"), T0 + 70)
 
 
+def _copy_of(event_id: int, targets: tuple[str, ...] = ("crm",)) -> Resend:
+    return Resend(
+        event_id, (), b'{"phone": "+7 900"}', "application/json", targets, "cli user anna"
+    )
+
+
+async def test_a_delivered_copy_resolves_the_originals_dead_delivery_to_its_target(
+    store: Store,
+) -> None:
+    # The original: dead to crm, delivered to audit. A copy to crm fails once
+    # (the original stays dead), then a copy of the copy is delivered: both
+    # dead ones are resolved, linked both ways, and the dead count drops.
+    original = await store.accept_event(event("k", body=b'{"phone": "bad"}'), TWO, T0)
+    crm, audit = sorted(await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1}), key=str)
+    await store.record_attempt(crm, FAILED, Dead("HTTP 422"), T0)
+    await store.record_attempt(audit, AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0)
+    assert (await store.stats()).dead == 1
+
+    first_copy = await store.resend(_copy_of(original.event_id), T0 + 10)
+    [claim] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
+    assert claim.resolves == crm.id
+    await store.record_attempt(claim, FAILED, Dead("HTTP 422 again"), T0 + 10)
+    assert (await store.stats()).dead == 2  # a failed copy resolves nothing
+
+    second_copy = await store.resend(_copy_of(first_copy), T0 + 20)
+    [fixed] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 1})
+    assert fixed.resolves == claim.id
+    ok = AttemptRecord(1, T0 + 20, 0.01, "success", 200)
+    await store.record_attempt(fixed, ok, Delivered(), T0 + 20)
+
+    stats = await store.stats()
+    assert stats.dead == 0
+    assert stats.counts_by_target["crm"] == {Status.RESOLVED: 2, Status.DELIVERED: 1}
+    assert (await store.gauges()).counts.get(("crm", Status.DEAD), 0) == 0
+    for event_id, delivery_id in ((original.event_id, crm.id), (first_copy, claim.id)):
+        detail = await store.get_event(event_id)
+        assert detail is not None
+        view = next(d for d in detail.event.deliveries if d.id == delivery_id)
+        assert (view.status, view.resolved_by) == (Status.RESOLVED, fixed.id)
+        assert [e.kind for e in detail.log[delivery_id]] == ["resolved"]
+        assert f"delivery {fixed.id} of event {second_copy}" in (
+            detail.log[delivery_id][0].detail or ""
+        )
+    top = await store.get_event(original.event_id)
+    assert top is not None
+    assert top.event.status is Status.RESOLVED
+    shown = await store.get_delivery(fixed.id)
+    assert shown is not None
+    assert shown.resolves == claim.id
+    # Resolved is finished: never retried, skipped or claimed; purged like delivered.
+    with pytest.raises(Conflict):
+        await store.retry_now(crm.id, T0 + 30)
+    with pytest.raises(Conflict):
+        await store.skip(crm.id, T0 + 30)
+    assert await store.purge({}, T0 + 10**6, limit=10, dry_run=True) == 3
+
+
+async def test_a_copy_delivered_after_the_original_was_requeued_leaves_it_alone(
+    store: Store,
+) -> None:
+    dead = await _dead(store)
+    copy_id = await store.resend(_copy_of(dead.event_id), T0 + 10)
+    await store.requeue(Selection(ids=(dead.id,)), T0 + 11)  # pending again, by a person
+    claims = await store.claim_due(T0 + 20, T0 + 80, {"crm": 5})
+    copy = next(c for c in claims if c.event_id == copy_id)
+    ok = AttemptRecord(1, T0 + 20, 0.01, "success", 200)
+    await store.record_attempt(copy, ok, Delivered(), T0 + 20)
+    view = await store.get_delivery(dead.id)
+    assert view is not None
+    assert (view.status, view.resolved_by) == (Status.IN_FLIGHT, None)
+
+
 async def test_a_manual_attempt_lost_mid_way_is_still_manual_when_claimed_again(
     backend: Harness,
 ) -> None:
