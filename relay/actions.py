@@ -12,6 +12,7 @@ retry` starts without them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -19,6 +20,7 @@ from typing import Protocol
 from relay.clock import Clock
 from relay.search import parse_search
 from relay.store import (
+    AuditEntry,
     DeliveryView,
     EventDetail,
     EventQuery,
@@ -29,6 +31,9 @@ from relay.store import (
     Selection,
     Status,
 )
+from relay.store.rows import describe_selection
+
+audit_log = logging.getLogger("relay.audit")
 
 # A bulk action shown before it is done (the dashboard's confirmation) names
 # the deliveries it will act on; at most this many at once.
@@ -83,26 +88,37 @@ class Actions:
             raise NotFound(f"no delivery {delivery_id}")
         return delivery
 
-    async def retry(self, delivery_id: int) -> DeliveryView:
-        delivery = await self.store.retry_now(delivery_id, self.clock.now())
-        self.changed()
+    # Every action names who acts (`by`): the store records it, in the audit
+    # and the history of each delivery it touched; one log line says it too.
+
+    async def retry(self, delivery_id: int, *, by: str) -> DeliveryView:
+        delivery = await self.store.retry_now(delivery_id, self.clock.now(), by=by)
+        self.acted(by, "retry", f"delivery {delivery_id}", 1)
         return delivery
 
-    async def skip(self, delivery_id: int) -> DeliveryView:
-        delivery = await self.store.skip(delivery_id, self.clock.now())
-        self.changed()
+    async def skip(self, delivery_id: int, *, by: str) -> DeliveryView:
+        delivery = await self.store.skip(delivery_id, self.clock.now(), by=by)
+        self.acted(by, "skip", f"delivery {delivery_id}", 1)
         return delivery
 
-    async def requeue(self, selection: Selection) -> list[int]:
-        requeued = await self.store.requeue(selection, self.clock.now())
-        self.changed()
+    async def requeue(self, selection: Selection, *, by: str) -> list[int]:
+        requeued = await self.store.requeue(selection, self.clock.now(), by=by)
+        self.acted(by, "requeue", describe_selection(selection), len(requeued))
         return requeued
 
-    async def skip_selected(self, selection: Selection) -> list[int]:
+    async def skip_selected(self, selection: Selection, *, by: str) -> list[int]:
         """Skip every pending or dead delivery `selection` takes."""
-        skipped = await self.store.skip_selected(selection, self.clock.now())
-        self.changed()
+        skipped = await self.store.skip_selected(selection, self.clock.now(), by=by)
+        self.acted(by, "skip", describe_selection(selection), len(skipped))
         return skipped
+
+    def acted(self, by: str, action: str, subject: str, count: int) -> None:
+        """After every action: one log line, then whatever else must follow."""
+        audit_log.info(
+            "operator action",
+            extra={"fields": {"action": action, "by": by, "subject": subject, "count": count}},
+        )
+        self.changed()
 
     async def select(self, selection: Selection, limit: int = BULK_LIMIT) -> list[int]:
         """What a bulk action on `selection` would act on (a dry run), oldest first."""
@@ -120,14 +136,19 @@ class Actions:
         return replace(query, search=parse_search(text))
 
     async def resend(self, resend: Resend) -> int:
-        """Store a corrected copy as a new event; the scheduler picks it up."""
+        """Store a corrected copy as a new event (`resend.by` acts); the
+        scheduler picks it up."""
         copy_id = await self.store.resend(resend, self.clock.now())
-        self.changed()
+        subject = f"event {resend.original_id} as event {copy_id}"
+        self.acted(resend.by, "resend", subject, len(resend.targets))
         return copy_id
 
-    async def set_paused(self, target: str, paused: bool) -> None:
+    async def set_paused(self, target: str, paused: bool, *, by: str) -> None:
         """Only a target of the config: a typo would pause nothing, silently."""
         if target not in self.current_config().targets:
             raise NotFound(f"no target {target}")
-        await self.store.set_paused(target, paused, self.clock.now())
-        self.changed()
+        await self.store.set_paused(target, paused, self.clock.now(), by=by)
+        self.acted(by, "pause" if paused else "resume", f"target {target}", 0)
+
+    async def audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        return await self.store.list_audit(limit, before_id)

@@ -11,6 +11,7 @@ from relay.kinds import target_kind
 from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,
+    AuditEntry,
     DeliveryView,
     EventDetail,
     EventView,
@@ -139,7 +140,20 @@ def resend_link_view(link: ResendLink, event_id: int) -> dict[str, Any]:
 
 
 def log_entry_view(entry: LogEntry) -> dict[str, Any]:
-    return {"at": iso(entry.at), "kind": entry.kind, "detail": entry.detail}
+    return {"at": iso(entry.at), "kind": entry.kind, "detail": entry.detail, "by": entry.by}
+
+
+def audit_view(entry: AuditEntry) -> dict[str, Any]:
+    """One operator action: who, when, what, on how many deliveries."""
+    return {
+        "id": str(entry.id),
+        "at": iso(entry.at),
+        "by": entry.by,
+        "action": entry.action,
+        "subject": entry.subject,
+        "count": entry.count,
+        "deliveries": [str(i) for i in entry.deliveries],
+    }
 
 
 def _counts(counts: Mapping[Status, int]) -> dict[str, int]:

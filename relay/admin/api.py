@@ -27,6 +27,7 @@ from relay.store import (
     StoreError,
 )
 from relay.views import (
+    audit_view,
     delivery_summary,
     event_detail,
     event_summary,
@@ -100,6 +101,13 @@ def _operator(request: web.Request) -> Operator:
     return request.config_dict[OPERATOR]
 
 
+def caller(request: web.Request) -> str:
+    """Who acts through the API: the holder of the admin token ([admin] token,
+    the only one there is), and from where."""
+    token = "admin token" if _operator(request).config.admin.token else "no token set"
+    return f"admin API from {request.remote or 'unknown address'} ({token})"
+
+
 def _status(value: Any, name: str = "status") -> Status | None:
     if value in (None, ""):
         return None
@@ -156,7 +164,7 @@ async def get_event(request: web.Request) -> web.Response:
 async def retry_delivery(request: web.Request) -> web.Response:
     operator = _operator(request)
     delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
-    delivery = await operator.retry(delivery_id)
+    delivery = await operator.retry(delivery_id, by=caller(request))
     view = event_summary_delivery(delivery, operator)
     return json_response({"delivery": view})
 
@@ -164,7 +172,7 @@ async def retry_delivery(request: web.Request) -> web.Response:
 async def skip_delivery(request: web.Request) -> web.Response:
     operator = _operator(request)
     delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
-    delivery = await operator.skip(delivery_id)
+    delivery = await operator.skip(delivery_id, by=caller(request))
     return json_response({"delivery": event_summary_delivery(delivery, operator)})
 
 
@@ -237,9 +245,9 @@ async def _bulk(request: web.Request, verb: str) -> web.Response:
             {"dry_run": True, f"would_{verb}": count, "ids": [str(i) for i in ids]}
         )
     if verb == "requeue":
-        done = await operator.requeue(selection)
+        done = await operator.requeue(selection, by=caller(request))
         return json_response({"requeued": len(done), "ids": [str(i) for i in done]})
-    done = await operator.skip_selected(selection)
+    done = await operator.skip_selected(selection, by=caller(request))
     return json_response({"skipped": len(done), "ids": [str(i) for i in done]})
 
 
@@ -282,7 +290,7 @@ async def resend_event(request: web.Request) -> web.Response:
             text.encode("utf-8"),
             content_type,
             targets,
-            f"admin API from {request.remote or 'unknown address'}",
+            caller(request),
             masker,
         )
     except EditRejected as problem:
@@ -315,7 +323,7 @@ async def list_targets(request: web.Request) -> web.Response:
 async def set_paused(request: web.Request, paused: bool) -> web.Response:
     operator = _operator(request)
     name = request.match_info["name"]
-    await operator.set_paused(name, paused)
+    await operator.set_paused(name, paused, by=caller(request))
     return json_response({"target": name, "paused": paused})
 
 
@@ -343,6 +351,16 @@ async def list_rejections(request: web.Request) -> web.Response:
     return json_response({"rejections": [rejection_view(r, masker) for r in found]})
 
 
+async def list_audit(request: web.Request) -> web.Response:
+    """Operator actions, newest first: ?limit= (50), ?cursor= (the last id seen)."""
+    operator = _operator(request)
+    limit = whole_number(request.query.get("limit") or "50", "limit", maximum=MAX_PAGE)
+    cursor = request.query.get("cursor")
+    entries = await operator.audit(limit, row_id(cursor, "cursor") if cursor else None)
+    next_cursor = str(entries[-1].id) if len(entries) == limit else None
+    return json_response({"audit": [audit_view(e) for e in entries], "next_cursor": next_cursor})
+
+
 def api_application() -> web.Application:
     """The API's routes under their version; the admin listener mounts it at /api."""
     app = web.Application(middlewares=[api_guard])
@@ -358,4 +376,5 @@ def api_application() -> web.Application:
     app.router.add_post("/v1/targets/{name}/resume", resume_target)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/rejections", list_rejections)
+    app.router.add_get("/v1/audit", list_audit)
     return app

@@ -42,6 +42,7 @@ from relay.store import (
 )
 from relay.units import format_instant
 from relay.views import (
+    audit_view,
     delivery_summary,
     event_detail,
     event_summary,
@@ -315,6 +316,15 @@ async def logout(request: web.Request) -> web.StreamResponse:
 # Pages
 
 
+def _by(request: web.Request) -> str:
+    """Who acts from the dashboard: the session (its first characters, enough
+    to tell sessions apart, too few to use one) and the browser's address."""
+    session = request.get(SESSION, "")
+    where = request.remote or "unknown address"
+    # No admin token set, the dashboard has no sessions: only the address tells.
+    return f"dashboard session {session[:8]} from {where}" if session else f"dashboard from {where}"
+
+
 def _operator(request: web.Request) -> Operator:
     return request.config_dict[OPERATOR]
 
@@ -571,9 +581,9 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
         raise _back("/dead", **dict(kept))
     selection = Selection(status=Status.DEAD, ids=named)
     if verb == "requeue":
-        done = await operator.requeue(selection)
+        done = await operator.requeue(selection, by=_by(request))
     else:
-        done = await operator.skip_selected(selection)
+        done = await operator.skip_selected(selection, by=_by(request))
     raise _back("/dead", done=f"{verb}_bulk", n=len(done), **dict(kept))
 
 
@@ -630,8 +640,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
         text = text.replace("\r\n", "\n")
     content_type = str(form.get("content_type", "")).strip()
     wanted = [str(name) for name in form.getall("target", [])]
-    session = request.get(SESSION, "")
-    by = f"dashboard session {session[:8]} from {request.remote or 'unknown address'}"
+    by = _by(request)
     try:
         if not wanted:  # an empty choice is not "the default targets" here
             raise EditRejected(400, "choose at least one target")
@@ -713,7 +722,7 @@ async def retry_delivery(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     delivery_id = _delivery_id(request)
     try:
-        delivery = await operator.retry(delivery_id)
+        delivery = await operator.retry(delivery_id, by=_by(request))
     except Conflict as problem:
         return _plain(409, str(problem))
     raise _back(f"/events/{delivery.event_id}", done="retried", id=delivery_id)
@@ -723,7 +732,7 @@ async def requeue_delivery(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     delivery_id = _delivery_id(request)
     delivery = await operator.delivery(delivery_id)
-    requeued = await operator.requeue(Selection(ids=(delivery_id,)))
+    requeued = await operator.requeue(Selection(ids=(delivery_id,)), by=_by(request))
     raise _back(f"/events/{delivery.event_id}", done="requeued", n=len(requeued))
 
 
@@ -744,7 +753,7 @@ async def skip_delivery(request: web.Request) -> web.StreamResponse:
             event_id=delivery.event_id,
         )
     try:
-        await operator.skip(delivery_id)
+        await operator.skip(delivery_id, by=_by(request))
     except Conflict as problem:
         return _plain(409, str(problem))
     raise _back(f"/events/{delivery.event_id}", done="skipped", id=delivery_id)
@@ -779,7 +788,7 @@ async def targets_page(request: web.Request) -> web.Response:
 async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
     operator = _operator(request)
     name = request.match_info["name"]
-    await operator.set_paused(name, paused)
+    await operator.set_paused(name, paused, by=_by(request))
     raise _back("/targets", done="paused" if paused else "resumed", name=name)
 
 
@@ -804,6 +813,25 @@ async def rejections_page(request: web.Request) -> web.Response:
         rejections=[rejection_view(r, masker) for r in found],
         routes=sorted(operator.config.routes),
         route=route or "",
+    )
+
+
+AUDIT_PAGE = 100
+
+
+async def audit_page(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    cursor = request.query.get("cursor", "")
+    before_id = row_id(cursor, "cursor") if cursor else None
+    entries = await operator.audit(AUDIT_PAGE, before_id)
+    next_page = f"/audit?cursor={entries[-1].id}" if len(entries) == AUDIT_PAGE else None
+    return _render(
+        request,
+        "audit.html",
+        title="Audit",
+        page="audit",
+        entries=[audit_view(entry) for entry in entries],
+        next_page=next_page,
     )
 
 
@@ -842,4 +870,5 @@ PAGES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/targets/{name}/pause", pause_target),
     ("POST", "/targets/{name}/resume", resume_target),
     ("GET", "/rejections", rejections_page),
+    ("GET", "/audit", audit_page),
 )

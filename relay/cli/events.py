@@ -251,7 +251,9 @@ def _event_text(event: dict[str, Any]) -> str:
         for entry in delivery.get("history", ()):
             detail = f": {entry['detail']}" if entry.get("detail") else ""
             # At the same instant, what a person did comes before the attempt it caused.
-            happened.append((entry["at"] or "", 0, [f"  {entry['at']} {entry['kind']}{detail}"]))
+            by = f" (by {entry['by']})" if entry.get("by") else ""
+            said = [f"  {entry['at']} {entry['kind']}{detail}{by}"]
+            happened.append((entry["at"] or "", 0, said))
         for _, _, said in sorted(happened, key=lambda item: item[:2]):
             lines += said
     return "\n".join(lines)

@@ -24,12 +24,13 @@ from relay.cli.common import (
     row_ids,
     run,
     table,
+    who,
 )
 from relay.inputs import instant
 from relay.search import SearchError, parse_search
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.units import format_duration
-from relay.views import delivery_summary, stats_view
+from relay.views import audit_view, delivery_summary, stats_view
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,6 +75,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         add_config_option(parser)
         parser.add_argument("target")
         parser.set_defaults(handler=pause_target, paused=paused)
+
+    audit = commands.add_parser(
+        "audit", help="what people did (pause, resume, retry, skip, requeue, resend): who, when"
+    )
+    add_config_option(audit)
+    add_json_option(audit)
+    audit.add_argument("--limit", type=int, default=50, help="how many, newest first (50)")
+    audit.set_defaults(handler=show_audit)
 
     stats = commands.add_parser("stats", help="counts by status per route and target, health")
     add_config_option(stats)
@@ -155,7 +164,7 @@ def _dry_run(args: argparse.Namespace, verb: str, selection: Selection) -> int:
 def retry_deliveries(args: argparse.Namespace) -> int:
     return _each_delivery(
         args,
-        Actions.retry,
+        lambda actions, delivery_id, by: actions.retry(delivery_id, by=by),
         lambda d: (
             f"delivery {d['id']} → {d['target']}: one more attempt queued"
             f" ({d['attempts']} made so far)"
@@ -174,7 +183,7 @@ def skip_deliveries(args: argparse.Namespace) -> int:
 
         async def act() -> list[int]:
             async with acting(config) as actions:
-                return await actions.skip_selected(selection)
+                return await actions.skip_selected(selection, by=who())
 
         skipped = run(act())
         emit(
@@ -190,14 +199,14 @@ def skip_deliveries(args: argparse.Namespace) -> int:
         raise CommandError("name delivery ids, or filters (--route, --target, --search...)")
     return _each_delivery(
         args,
-        Actions.skip,
+        lambda actions, delivery_id, by: actions.skip(delivery_id, by=by),
         lambda d: f"delivery {d['id']} → {d['target']}: skipped, it will not be sent",
     )
 
 
 def _each_delivery(
     args: argparse.Namespace,
-    verb: Callable[[Actions, int], Awaitable[DeliveryView]],
+    verb: Callable[[Actions, int, str], Awaitable[DeliveryView]],
     line: Callable[[dict[str, Any]], str],
 ) -> int:
     """One operator verb on each delivery named; those it does not apply to are
@@ -211,7 +220,7 @@ def _each_delivery(
         async with acting(config) as actions:
             for delivery_id in ids:
                 try:
-                    delivery = await verb(actions, delivery_id)
+                    delivery = await verb(actions, delivery_id, who())
                 except (NotFound, Conflict) as error:
                     problems.append(str(error))
                     continue
@@ -233,7 +242,7 @@ def requeue_deliveries(args: argparse.Namespace) -> int:
 
     async def act() -> list[int]:
         async with acting(config) as actions:
-            return await actions.requeue(selection)
+            return await actions.requeue(selection, by=who())
 
     requeued = run(act())
     emit(
@@ -252,10 +261,28 @@ def pause_target(args: argparse.Namespace) -> int:
 
     async def act() -> None:
         async with acting(config) as actions:
-            await actions.set_paused(args.target, args.paused)
+            await actions.set_paused(args.target, args.paused, by=who())
 
     run(act())
     print(f"target {args.target} {'paused' if args.paused else 'resumed'}")
+    return 0
+
+
+def show_audit(args: argparse.Namespace) -> int:
+    config = read_operator_config(args)
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with acting(config) as actions:
+            return [audit_view(entry) for entry in await actions.audit(max(1, args.limit))]
+
+    emit(
+        args,
+        run(fetch()),
+        lambda rows: table(
+            [[a["at"], a["by"], a["action"], a["subject"], str(a["count"])] for a in rows],
+            ["AT", "BY", "ACTION", "ON", "DELIVERIES"],
+        ),
+    )
     return 0
 
 

@@ -2,12 +2,15 @@
 
 from relay.store.backends import BACKENDS, Backend, open_store, serve_lock
 from relay.store.base import (
+    AUDIT_IDS_KEPT,
+    UNKNOWN,
     Accepted,
     AlertNote,
     AlertNotes,
     AttemptKind,
     AttemptRecord,
     AttemptView,
+    AuditEntry,
     ClaimedDelivery,
     Conflict,
     Dead,
@@ -57,7 +60,9 @@ from relay.store.lock import AlreadyRunning, ServeLock
 from relay.store.sqlite import SqliteStore
 
 __all__ = [
+    "AUDIT_IDS_KEPT",
     "BACKENDS",
+    "UNKNOWN",
     "Accepted",
     "AlertNote",
     "AlertNotes",
@@ -65,6 +70,7 @@ __all__ = [
     "AttemptKind",
     "AttemptRecord",
     "AttemptView",
+    "AuditEntry",
     "Backend",
     "ClaimedDelivery",
     "Conflict",

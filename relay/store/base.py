@@ -51,6 +51,10 @@ if TYPE_CHECKING:
     from relay.config import Config
 
 
+# Who acted, when a caller of an operator verb does not say (tests, scripts).
+UNKNOWN = "unknown"
+
+
 class StoreError(Exception):
     pass
 
@@ -324,12 +328,31 @@ class EventDetail:
 
 @dataclass(frozen=True)
 class LogEntry:
-    """Something a person did to a delivery: "retry" (one more attempt) or "requeue"."""
+    """Something done to a delivery: "retry" (one more attempt), "requeue",
+    "skip" by a person (`by`), or "resolved" by a corrected copy."""
 
     delivery_id: int
     at: float
     kind: str
     detail: str | None
+    by: str | None = None
+
+
+# An audit entry keeps the ids of the first this many deliveries it touched.
+AUDIT_IDS_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action: who, when, what, on how many deliveries."""
+
+    id: int
+    at: float
+    by: str  # "dashboard session 1a2b3c4d from 127.0.0.1", "cli user anna", "admin API..."
+    action: str  # pause, resume, retry, skip, requeue, resend
+    subject: str  # what it named: "target crm", "delivery 12", "dead, route leads"...
+    count: int  # deliveries it touched (0 for a pause)
+    deliveries: tuple[int, ...]  # the first AUDIT_IDS_KEPT of them
 
 
 @dataclass(frozen=True)
@@ -619,20 +642,25 @@ class Queue(Protocol):
 class Operations(Protocol):
     """What a person does to deliveries and targets (dashboard, API, CLI)."""
 
-    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+    # Every verb here takes `by`, who acts (a CLI user, a dashboard session, the
+    # admin API's token): the action is recorded with it in the audit
+    # (list_audit) and in the history of each delivery it touched, in the
+    # action's own transaction.
+
+    async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         """One more attempt, due now. The attempt count is kept and no cycle
         starts: if it fails, a dead delivery stays dead and a pending one keeps
         its schedule. Raises NotFound, or Conflict when delivered or in flight."""
         ...
 
-    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+    async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         """A person decides a pending or dead delivery is not to be sent: it
         becomes skipped (logged as "skip"), and the next delivery of its
         ordering key, if any, may go. Raises NotFound, or Conflict when it is
         delivered, skipped already or in flight."""
         ...
 
-    async def requeue(self, selection: Selection, now: float) -> list[int]:
+    async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         """A fresh retry cycle for each selected delivery (history kept, the
         requeue logged). Deliveries already pending are left as they are.
         Returns the ids requeued."""
@@ -647,7 +675,9 @@ class Operations(Protocol):
         would act on), oldest first, at most `limit`."""
         ...
 
-    async def skip_selected(self, selection: Selection, now: float) -> list[int]:
+    async def skip_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> list[int]:
         """`skip` for every pending or dead delivery `selection` takes (deliveries
         in flight are left to finish), in one transaction, oldest first: the
         next delivery of each ordering key may go. Returns the ids skipped."""
@@ -660,7 +690,7 @@ class Operations(Protocol):
         is not touched. Returns the new event's id; NotFound without the original."""
         ...
 
-    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+    async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         """Pause or resume a target; resuming a down one makes its probe due now."""
         ...
 
@@ -685,6 +715,10 @@ class Queries(Protocol):
         ...
 
     async def list_rejections(self, route: str | None, limit: int) -> list[Rejection]: ...
+
+    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        """Operator actions, newest first; `before_id` pages back."""
+        ...
 
     async def search_progress(self) -> SearchProgress: ...
 

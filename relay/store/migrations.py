@@ -268,6 +268,21 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             # delivered, the copy resolves the original (if dead), both linked.
             "ALTER TABLE deliveries ADD COLUMN resolves INTEGER",
             "ALTER TABLE deliveries ADD COLUMN resolved_by INTEGER",
+            # Who did what: every operator action (pause, resume, retry, skip,
+            # requeue, resend), with the deliveries it touched (the first
+            # AUDIT_IDS_KEPT); each delivery's history line names who too.
+            """
+            CREATE TABLE audit (
+                id INTEGER PRIMARY KEY,
+                at REAL NOT NULL,
+                by TEXT NOT NULL,
+                action TEXT NOT NULL,
+                subject TEXT NOT NULL,
+                count INTEGER NOT NULL,
+                deliveries TEXT NOT NULL
+            )
+            """,
+            "ALTER TABLE delivery_log ADD COLUMN by TEXT",
         ],
     ),
 ]

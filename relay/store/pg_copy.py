@@ -103,7 +103,8 @@ TABLES = (
         ),
         {"response": _bytes},
     ),
-    Table("delivery_log", ("id", "delivery_id", "at", "kind", "detail"), {}),
+    Table("delivery_log", ("id", "delivery_id", "at", "kind", "detail", "by"), {}),
+    Table("audit", ("id", "at", "by", "action", "subject", "count", "deliveries"), {}),
     Table(
         "targets",
         (

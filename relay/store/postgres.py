@@ -45,9 +45,11 @@ from relay.store import rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
+    UNKNOWN,
     Accepted,
     AlertNote,
     AttemptRecord,
+    AuditEntry,
     ClaimedDelivery,
     DeliveryView,
     DownState,
@@ -113,9 +115,11 @@ from relay.store.rows import (
     decode_headers,
     delivery_after,
     delivery_view,
+    describe_selection,
     event_detail,
     event_view,
     held_targets,
+    resend_subject,
     selection_where,
     target_state,
 )
@@ -900,6 +904,14 @@ class PostgresStore:
                 resend.by,
             )
             await connection.execute(LINK_COPY, resend.original_id, accepted.event_id)
+            copies = [
+                int(row[0])
+                for row in await connection.fetch(
+                    "SELECT id FROM deliveries WHERE event_id = $1 ORDER BY id", accepted.event_id
+                )
+            ]
+            subject = resend_subject(resend, accepted.event_id)
+            await _insert_audit(connection, now, resend.by, "resend", subject, copies)
             return accepted.event_id
 
         # Made twice, a resend is two copies: two orders in the CRM.
@@ -909,7 +921,7 @@ class PostgresStore:
         await self._wake("resend")
         return copy_id
 
-    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+    async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         async def job(connection: Connection) -> VerbResult:
             row = await connection.fetchrow(
                 "SELECT status, resume_status, next_attempt_at, target, order_key"
@@ -944,7 +956,15 @@ class PostgresStore:
             else:
                 return await _select_delivery(connection, delivery_id)
             await _insert_log(
-                connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "retry",
+                f"one more attempt (was {status.value})",
+                by,
+            )
+            await _insert_audit(
+                connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id]
             )
             return await _select_delivery(connection, delivery_id)
 
@@ -952,7 +972,7 @@ class PostgresStore:
         await self._wake("retry")
         return result
 
-    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+    async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         async def job(connection: Connection) -> VerbResult:
             status_text = await connection.fetchval(
                 "SELECT status FROM deliveries WHERE id = $1 FOR UPDATE", delivery_id
@@ -971,7 +991,15 @@ class PostgresStore:
                 delivery_id,
             )
             await _insert_log(
-                connection, [delivery_id], now, "skip", f"not to be sent (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "skip",
+                f"not to be sent (was {status.value})",
+                by,
+            )
+            await _insert_audit(
+                connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id]
             )
             await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
             return await _select_delivery(connection, delivery_id)
@@ -980,7 +1008,7 @@ class PostgresStore:
         await self._wake("skip")
         return result
 
-    async def requeue(self, selection: Selection, now: float) -> list[int]:
+    async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
         where, params = selection_where(selection, _search)
@@ -1001,10 +1029,13 @@ class PostgresStore:
                     *params,
                 )
             ]
+            ids.sort()
             await _insert_log(
-                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})"
+                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})", by
             )
-            return sorted(ids)
+            subject = describe_selection(selection)
+            await _insert_audit(connection, now, by, "requeue", subject, ids)
+            return ids
 
         # Made twice, a requeue of delivered deliveries sends them twice more.
         ids = await self._write_settled(job, ("requeue", selection))
@@ -1023,7 +1054,9 @@ class PostgresStore:
         rows = await self._read(sql, *params, limit)
         return [int(row[0]) for row in rows]
 
-    async def skip_selected(self, selection: Selection, now: float) -> list[int]:
+    async def skip_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> list[int]:
         if selection.status not in (Status.PENDING, Status.DEAD):
             return []
         where, params = selection_where(selection, _search)
@@ -1048,7 +1081,9 @@ class PostgresStore:
                     delivery_id,
                 )
                 await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
-            await _insert_log(connection, ids, now, "skip", f"not to be sent (was {was})")
+            await _insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
+            subject = describe_selection(selection)
+            await _insert_audit(connection, now, by, "skip", subject, ids)
             return ids
 
         ids = await self._write(job)
@@ -1078,8 +1113,10 @@ class PostgresStore:
             for slot in range(hours)
         ]
 
-    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+    async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         async def job(connection: Connection) -> None:
+            action = "pause" if paused else "resume"
+            await _insert_audit(connection, now, by, action, f"target {target}")
             await connection.execute(
                 "INSERT INTO targets (name, paused, paused_at) VALUES ($1, $2, $3)"
                 " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
@@ -1099,6 +1136,14 @@ class PostgresStore:
 
         await self._write(job)
         await self._wake("pause")
+
+    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        found = await self._read(
+            f"SELECT {rows.AUDIT_COLUMNS} FROM audit WHERE id < $1 ORDER BY id DESC LIMIT $2",
+            before_id if before_id is not None else 2**63 - 1,
+            limit,
+        )
+        return [rows.audit_entry(tuple(row)) for row in found]
 
     async def paused_targets(self) -> frozenset[str]:
         rows = await self._read("SELECT name FROM targets WHERE paused")
@@ -1335,11 +1380,29 @@ async def _select_delivery(connection: Connection, delivery_id: int) -> Delivery
 
 
 async def _insert_log(
-    connection: Connection, delivery_ids: Sequence[int], now: float, kind: str, detail: str
+    connection: Connection,
+    delivery_ids: Sequence[int],
+    now: float,
+    kind: str,
+    detail: str,
+    by: str | None = None,
 ) -> None:
     await connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES ($1, $2, $3, $4)",
-        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES ($1, $2, $3, $4, $5)",
+        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
+    )
+
+
+async def _insert_audit(
+    connection: Connection,
+    now: float,
+    by: str,
+    action: str,
+    subject: str,
+    delivery_ids: Sequence[int] = (),
+) -> None:
+    await connection.execute(
+        numbered(rows.INSERT_AUDIT), *rows.audit_values(now, by, action, subject, delivery_ids)
     )
 
 

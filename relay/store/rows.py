@@ -13,9 +13,11 @@ import orjson
 from relay.outcome import Verdict
 from relay.payload import Payload
 from relay.store.base import (
+    AUDIT_IDS_KEPT,
     AttemptKind,
     AttemptRecord,
     AttemptView,
+    AuditEntry,
     ClaimedDelivery,
     Delivered,
     DeliveryView,
@@ -39,6 +41,7 @@ from relay.store.base import (
     Waits,
 )
 from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
+from relay.units import format_instant
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
@@ -232,12 +235,78 @@ def resolve_originals(
 
 
 def insert_log(
-    connection: sqlite3.Connection, delivery_ids: Iterable[int], now: float, kind: str, detail: str
+    connection: sqlite3.Connection,
+    delivery_ids: Iterable[int],
+    now: float,
+    kind: str,
+    detail: str,
+    by: str | None = None,
 ) -> None:
     connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)",
+        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
     )
+
+
+INSERT_AUDIT = (
+    "INSERT INTO audit (at, by, action, subject, count, deliveries) VALUES (?, ?, ?, ?, ?, ?)"
+)
+AUDIT_COLUMNS = "id, at, by, action, subject, count, deliveries"
+
+
+def audit_values(
+    now: float, by: str, action: str, subject: str, delivery_ids: Sequence[int]
+) -> tuple[object, ...]:
+    """An audit row, in the order of INSERT_AUDIT."""
+    kept = orjson.dumps(list(delivery_ids[:AUDIT_IDS_KEPT])).decode()
+    return (now, by, action, subject, len(delivery_ids), kept)
+
+
+def insert_audit(
+    connection: sqlite3.Connection,
+    now: float,
+    by: str,
+    action: str,
+    subject: str,
+    delivery_ids: Sequence[int] = (),
+) -> None:
+    connection.execute(INSERT_AUDIT, audit_values(now, by, action, subject, delivery_ids))
+
+
+def audit_entry(row: Row) -> AuditEntry:
+    """One operator action, from a row of AUDIT_COLUMNS."""
+    ids = tuple(int(i) for i in orjson.loads(row[6]))
+    return AuditEntry(row[0], row[1], row[2], row[3], row[4], row[5], ids)
+
+
+def resend_subject(resend: Resend, copy_id: int) -> str:
+    """What a resend's audit entry names."""
+    return f"event {resend.original_id} as event {copy_id}, to {', '.join(resend.targets)}"
+
+
+def describe_selection(selection: Selection) -> str:
+    """What a bulk action named, in words: "dead, route leads, search 79991234567"."""
+    parts = [selection.status.value]
+    for name, value in (
+        ("route", selection.route),
+        ("target", selection.target),
+        ("key", selection.key),
+    ):
+        if value is not None:
+            parts.append(f"{name} {value}")
+    if selection.since is not None:
+        parts.append(f"since {format_instant(selection.since)}")
+    if selection.until is not None:
+        parts.append(f"until {format_instant(selection.until)}")
+    if selection.search is not None:
+        found = selection.search
+        words = found.digits if found.digits is not None else " ".join(found.words)
+        parts.append(f"search {words}")
+    if selection.ids:
+        shown = " ".join(str(i) for i in selection.ids[:20])
+        more = f" and {len(selection.ids) - 20} more" if len(selection.ids) > 20 else ""
+        parts.append(f"ids {shown}{more}")
+    return ", ".join(parts)
 
 
 def update_health(
@@ -384,7 +453,7 @@ ATTEMPT_COLUMNS = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
     " next_attempt_at, kind, cycle_number"
 )
-LOG_COLUMNS = "delivery_id, at, kind, detail"
+LOG_COLUMNS = "delivery_id, at, kind, detail, by"
 RESEND_COLUMNS = "original_id, copy_id, at, by"
 
 
@@ -420,7 +489,7 @@ def attempt_view(row: Row) -> AttemptView:
 
 def log_entry(row: Row) -> LogEntry:
     """One history line, from a row of LOG_COLUMNS."""
-    return LogEntry(row[0], row[1], row[2], row[3])
+    return LogEntry(row[0], row[1], row[2], row[3], row[4])
 
 
 def resend_link(row: Row) -> ResendLink:

@@ -19,8 +19,10 @@ import orjson
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
+    UNKNOWN,
     Accepted,
     AttemptRecord,
+    AuditEntry,
     ClaimedDelivery,
     DeliveryView,
     DownState,
@@ -54,6 +56,7 @@ from relay.store.migrations import LATEST, migrate
 from relay.store.record import RecordJob
 from relay.store.rows import (
     ATTEMPT_COLUMNS,
+    AUDIT_COLUMNS,
     CLAIM_DUE,
     CLAIM_EXPIRED,
     DELIVERY_COLUMNS,
@@ -68,17 +71,21 @@ from relay.store.rows import (
     RESEND_COLUMNS,
     TARGET_STATE_COLUMNS,
     Row,
+    audit_entry,
     claimed_delivery,
     copy_event,
     decode_headers,
     delivery_after,
     delivery_view,
+    describe_selection,
     event_detail,
     event_view,
     held_targets,
+    insert_audit,
     insert_log,
     match_expression,
     placeholders,
+    resend_subject,
     select_delivery,
     selection_where,
     target_state,
@@ -564,6 +571,14 @@ class SqliteStore:
                 (copy_id, resend.original_id, now, resend.by),
             )
             connection.execute(LINK_COPY, (resend.original_id, copy_id))
+            copies = [
+                row[0]
+                for row in connection.execute(
+                    "SELECT id FROM deliveries WHERE event_id = ? ORDER BY id", (copy_id,)
+                )
+            ]
+            subject = resend_subject(resend, copy_id)
+            insert_audit(connection, now, resend.by, "resend", subject, copies)
             return copy_id
 
         copy_id: int | None = await self._write(job)
@@ -571,7 +586,7 @@ class SqliteStore:
             raise NotFound(f"no event {resend.original_id}")
         return copy_id
 
-    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+    async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         def job(connection: sqlite3.Connection) -> VerbResult:
             row = connection.execute(
                 "SELECT status, resume_status, next_attempt_at, target, order_key"
@@ -602,8 +617,14 @@ class SqliteStore:
             else:
                 return delivery_view(select_delivery(connection, delivery_id))
             insert_log(
-                connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "retry",
+                f"one more attempt (was {status.value})",
+                by,
             )
+            insert_audit(connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id])
             return delivery_view(select_delivery(connection, delivery_id))
 
         return await self._delivery_verb(delivery_id, job)
@@ -616,7 +637,7 @@ class SqliteStore:
         result: VerbResult = await self._write(job)
         return outcome(delivery_id, result)
 
-    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+    async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         def job(connection: sqlite3.Connection) -> VerbResult:
             row = connection.execute(
                 "SELECT status FROM deliveries WHERE id = ?", (delivery_id,)
@@ -633,14 +654,20 @@ class SqliteStore:
                 (f"skipped by an operator (was {status.value})", now, delivery_id),
             )
             insert_log(
-                connection, [delivery_id], now, "skip", f"not to be sent (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "skip",
+                f"not to be sent (was {status.value})",
+                by,
             )
+            insert_audit(connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id])
             connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
             return delivery_view(select_delivery(connection, delivery_id))
 
         return await self._delivery_verb(delivery_id, job)
 
-    async def requeue(self, selection: Selection, now: float) -> list[int]:
+    async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
         where, params = selection_where(selection)
@@ -659,10 +686,12 @@ class SqliteStore:
                     [now, now, *params],
                 ).fetchall()
             ]
+            ids.sort()
             insert_log(
-                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})"
+                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})", by
             )
-            return sorted(ids)
+            insert_audit(connection, now, by, "requeue", describe_selection(selection), ids)
+            return ids
 
         result: list[int] = await self._write(job)
         return result
@@ -682,7 +711,9 @@ class SqliteStore:
         )
         return [row[0] for row in rows]
 
-    async def skip_selected(self, selection: Selection, now: float) -> list[int]:
+    async def skip_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> list[int]:
         if selection.status not in (Status.PENDING, Status.DEAD):
             return []
         where, params = selection_where(selection)
@@ -705,7 +736,8 @@ class SqliteStore:
                 # In id order: skipping the head of a key lets the next go,
                 # unless it is skipped too, which lets the one after it go.
                 connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
-            insert_log(connection, ids, now, "skip", f"not to be sent (was {was})")
+            insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
+            insert_audit(connection, now, by, "skip", describe_selection(selection), ids)
             return ids
 
         result: list[int] = await self._write(job)
@@ -733,8 +765,10 @@ class SqliteStore:
             for slot in range(hours)
         ]
 
-    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+    async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         def job(connection: sqlite3.Connection) -> None:
+            action = "pause" if paused else "resume"
+            insert_audit(connection, now, by, action, f"target {target}")
             connection.execute(
                 "INSERT INTO targets (name, paused, paused_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
@@ -750,6 +784,14 @@ class SqliteStore:
                 )
 
         await self._write(job)
+
+    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        rows = await self._read(
+            f"SELECT {AUDIT_COLUMNS} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?",
+            (before_id if before_id is not None else 2**63 - 1, limit),
+            slow=True,
+        )
+        return [audit_entry(row) for row in rows]
 
     async def paused_targets(self) -> frozenset[str]:
         rows = await self._read("SELECT name FROM targets WHERE paused")

@@ -87,3 +87,15 @@ async def test_a_filtered_bulk_requeue_takes_the_shown_events_and_skip_takes_the
     await expect(page.locator(".flash")).to_contain_text("Skipped 2")
     statuses = await _statuses(relay)
     assert [statuses[n] for n in (2, 4, 5)] == [Status.SKIPPED, Status.SKIPPED, Status.DEAD]
+
+    # Who did what: the Audit page, and each touched delivery's history.
+    await page.get_by_role("link", name="Audit").click()
+    rows = page.locator("tr.audit-entry")
+    await expect(rows).to_have_count(2)
+    await expect(rows.nth(0)).to_contain_text("skip")
+    await expect(rows.nth(0)).to_contain_text("dashboard session")
+    await expect(rows.nth(1)).to_contain_text("requeue")
+    await expect(rows.nth(1)).to_contain_text("dead, ids 1 3")  # exactly those confirmed
+    await shot(page, "audit")
+    await rows.nth(0).get_by_role("link", name="2").click()
+    await expect(page.locator("ul.history")).to_contain_text("by dashboard session")

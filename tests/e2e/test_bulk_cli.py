@@ -65,6 +65,11 @@ async def test_bulk_commands_take_what_their_filters_and_search_name(
         Status.DEAD: 1,
         Status.SKIPPED: 1,
     }
+    # Both actions recorded with who did them; a dry run is no action.
+    audit = json.loads(relay_cli("audit", "--json", *cli).stdout)
+    assert [(a["action"], a["count"]) for a in audit] == [("requeue", 2), ("skip", 1)]
+    assert all(a["by"].startswith("cli user ") for a in audit)
+    assert audit[0]["subject"] == "dead, route leads, search 79991234567"
     failed = relay_cli("requeue", "--search", "x", *cli, check=False)
     assert failed.returncode != 0
     assert "--search" in failed.stderr

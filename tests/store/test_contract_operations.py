@@ -455,3 +455,39 @@ async def test_a_bulk_skip_lets_the_next_of_each_key_go(store: Store) -> None:
     assert await store.skip_selected(named, T0 + 12) == [behind.id]
     [last] = await store.claim_due(T0 + 12, T0 + 72, {"crm": 5})
     assert (last.event_id, first.event_id != last.event_id) == (third.event_id, True)
+
+
+async def test_every_operator_action_is_recorded_with_who_did_it(store: Store) -> None:
+    a = await _dead(store, "a", T0)
+    b = await _dead(store, "b", T0 + 1)
+    anna, boris = "cli user anna", "dashboard session 1a2b3c4d from 127.0.0.1"
+    await store.set_paused("crm", True, T0 + 10, by=anna)
+    await store.set_paused("crm", False, T0 + 11, by=anna)
+    await store.retry_now(a.id, T0 + 12, by=boris)
+    await store.skip(b.id, T0 + 13, by=boris)
+    await store.requeue(Selection(status=Status.SKIPPED, route="orders"), T0 + 14, by=anna)
+    await store.skip_selected(Selection(status=Status.PENDING), T0 + 15, by=boris)
+    copy_id = await store.resend(_copy_of(a.event_id), T0 + 16)
+    entries = await store.list_audit(100)
+    assert [(e.at, e.by, e.action, e.subject, e.count) for e in entries] == [
+        (T0 + 16, "cli user anna", "resend", f"event {a.event_id} as event {copy_id}, to crm", 1),
+        (T0 + 15, boris, "skip", "pending", 2),
+        (T0 + 14, anna, "requeue", "skipped, route orders", 1),
+        (T0 + 13, boris, "skip", f"delivery {b.id}", 1),
+        (T0 + 12, boris, "retry", f"delivery {a.id}", 1),
+        (T0 + 11, anna, "resume", "target crm", 0),
+        (T0 + 10, anna, "pause", "target crm", 0),
+    ]
+    assert entries[1].deliveries == (a.id, b.id)
+    assert entries[6].deliveries == ()
+    # Paged back, newest first.
+    older = await store.list_audit(2, before_id=entries[4].id)
+    assert [e.action for e in older] == ["resume", "pause"]
+    # Each delivery's history names who acted on it.
+    detail = await store.get_event(b.event_id)
+    assert detail is not None
+    assert [(e.kind, e.by) for e in detail.log[b.id]] == [
+        ("skip", boris),
+        ("requeue", anna),
+        ("skip", boris),
+    ]
