@@ -15,14 +15,15 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 from relay.clock import Clock
 from relay.config import Config, RetryPolicy
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
+from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
 from relay.payload import Payload, strip_form_fields
 from relay.ratelimit import Pacer
 from relay.retry import Decision, ManualRetry, Next, decide_attempt, delay_before_retry
-from relay.secrets import Masker
+from relay.secrets import Masker, inbound_secrets, mask_fields, shown_body
 from relay.store import (
     AttemptKind,
     AttemptRecord,
@@ -474,6 +475,7 @@ class Scheduler:
                 http_status=outcome.status,
                 error=self._masker.optional(outcome.error),
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
+                request=self._kept(outcome.request),
                 target_at_fault=outcome.target_at_fault,
                 # A probe is no step of the cycle, whatever its outcome.
                 in_cycle=decision.in_cycle and kind is AttemptKind.CYCLE,
@@ -520,6 +522,30 @@ class Scheduler:
             step = min(step, len(policy.delays))
         delay = delay_before_retry(policy, step, self._rng)
         return Hold(config.down_after, now + delay, probe=probe is not None)
+
+    def _kept(self, request: SentRequest | None) -> SentRequest | None:
+        """The request as the attempt keeps it: the config's secrets and
+        credential headers masked, the body cut as the answer is."""
+        if request is None:
+            return None
+        # Masked before it is cut (a secret across the cut is masked whole), on
+        # twice the excerpt at most: bounded work whatever the body's size.
+        head = request.body[: 2 * RESPONSE_EXCERPT_BYTES]
+        url = urlsplit(request.url)
+        content_type = next(
+            (value for name, value in request.headers if name.lower() == "content-type"), None
+        )
+        # The request's own credentials too (an api_key field, a ?token=), by
+        # name; most requests have none, and keep the config's compiled masker.
+        own = inbound_secrets(url.query, content_type, head)
+        masker = self._masker.merged(Masker(own)) if own else self._masker
+        shown = shown_body(head.decode("utf-8", "replace"), content_type, masker)
+        return SentRequest(
+            method=request.method,
+            url=masker.text(url._replace(query=mask_fields(url.query)).geturl()),
+            headers=tuple(masker.headers(request.headers)),
+            body=shown.encode()[:RESPONSE_EXCERPT_BYTES],
+        )
 
     def _learn(self, target: str, streak: FailureStreak, hold: Hold | None, now: float) -> None:
         """Keep the cached down state in step with what the store just recorded."""

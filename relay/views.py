@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
 from relay.kinds import target_kind
+from relay.outcome import SentRequest
 from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,
@@ -100,6 +101,20 @@ def attempt_view(attempt: AttemptView, masker: Masker) -> dict[str, Any]:
         # the step of its retry cycle, none for the other two.
         "kind": attempt.kind.value,
         "cycle_number": attempt.cycle_number,
+        # What this attempt sent (secrets masked when it was kept), beside
+        # what came back; None when the target does not say (not http).
+        "request": _request_view(attempt.request, masker),
+    }
+
+
+def _request_view(request: SentRequest | None, masker: Masker) -> dict[str, Any] | None:
+    if request is None:
+        return None
+    return {
+        "method": request.method,
+        "url": masker.text(request.url),
+        "headers": [list(pair) for pair in masker.headers(request.headers)],
+        "body": masker.text(request.body.decode("utf-8", errors="replace")),
     }
 
 

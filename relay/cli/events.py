@@ -190,6 +190,18 @@ def _in_cycle(delivery: dict[str, Any]) -> str:
     return f" ({steps} in this cycle)" if steps != delivery["attempts"] else ""
 
 
+def _sent_body(request: dict[str, Any]) -> str:
+    """A sent body as a person reads it: a form's fields decoded, else its text."""
+    content_type = next(
+        (value for name, value in request["headers"] if name.lower() == "content-type"), ""
+    )
+    fields = parse_form(content_type, request["body"].encode())
+    if fields:
+        return " ".join(f"{name}={value}" for name, value in fields.items())
+    text: str = request["body"]
+    return text
+
+
 def _attempt_label(attempt: dict[str, Any]) -> str:
     """What kind of attempt: its step of the retry cycle, a person's retry, a probe."""
     kind = attempt.get("kind", "cycle")
@@ -244,6 +256,11 @@ def _event_text(event: dict[str, Any]) -> str:
                 f" {attempt['http_status'] or '-'} {attempt['duration_ms']}ms"
                 + (f" {attempt['error']}" if attempt["error"] else "")
             ]
+            request = attempt.get("request")
+            if request:
+                sent = f"{request['method']} {request['url']}"
+                body = _one_line(_sent_body(request))
+                said.append(f"      sent: {sent}" + (f" {body}" if body else ""))
             answer = _one_line(attempt.get("response") or "")
             if answer:
                 said.append(f"      answer: {answer}")

@@ -43,6 +43,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
+from relay.outcome import SentRequest
 from relay.payload import Payload
 
 if TYPE_CHECKING:
@@ -172,6 +173,8 @@ class AttemptRecord:
     # by relay.retry (Decision.in_cycle); the store only records it.
     in_cycle: bool = True
     kind: AttemptKind = AttemptKind.CYCLE
+    # What was sent (secrets masked, the body cut like the answer), if known.
+    request: SentRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,7 @@ class AttemptView:
     # Its step in its retry cycle (1 = the cycle's first try); None for a
     # manual retry or a probe, which are no step of it.
     cycle_number: int | None = None
+    request: SentRequest | None = None
 
 
 @dataclass(frozen=True)

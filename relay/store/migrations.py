@@ -283,6 +283,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             )
             """,
             "ALTER TABLE delivery_log ADD COLUMN by TEXT",
+            # The request an attempt sent (method, URL, headers as JSON, secrets
+            # masked) and its body's first bytes, shown beside the answer.
+            "ALTER TABLE attempts ADD COLUMN request TEXT",
+            "ALTER TABLE attempts ADD COLUMN request_body BLOB",
         ],
     ),
 ]

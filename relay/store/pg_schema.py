@@ -266,6 +266,8 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             )
             """,
             "ALTER TABLE delivery_log ADD COLUMN by TEXT",
+            "ALTER TABLE attempts ADD COLUMN request TEXT",
+            "ALTER TABLE attempts ADD COLUMN request_body BYTEA",
         ],
     ),
 ]

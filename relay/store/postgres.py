@@ -703,7 +703,7 @@ class PostgresStore:
                     return first  # it did commit: kept once, with its answer
             await connection.execute(
                 f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
                 *attempt_values(delivery.id, attempt, next_at, cycle if attempt.in_cycle else None),
             )
             # Only while the lease is still this instance's: one taken over

@@ -31,14 +31,14 @@ from relay.store.rows import (
 )
 
 ATTEMPT_INSERT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED}) VALUES "
-ATTEMPT_ROW = "(?,?,?,?,?,?,?,?,?,?,?)"
+ATTEMPT_ROW = "(?,?,?,?,?,?,?,?,?,?,?,?,?)"
 DELIVERY_UPDATE = (
     "UPDATE deliveries SET status = ?, attempts = ?, cycle_attempts = ?,"
     " next_attempt_at = ?, lease_until = NULL, last_error = ?, updated_at = ?,"
     " resume_status = NULL, resume_at = NULL"
     " WHERE id = ? AND status = 'in_flight'"
 )
-# Attempts per INSERT: 11 values each, within SQLite's 32766 bound values.
+# Attempts per INSERT: 13 values each, within SQLite's 32766 bound values.
 _ATTEMPTS_PER_STATEMENT = 1000
 
 

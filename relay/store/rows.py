@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from relay.outcome import Verdict
+from relay.outcome import SentRequest, Verdict
 from relay.payload import Payload
 from relay.store.base import (
     AUDIT_IDS_KEPT,
@@ -411,12 +411,29 @@ def attempt_values(
         next_at,
         attempt.kind.value,
         cycle_number,
+        *request_values(attempt.request),
     )
+
+
+def request_values(request: SentRequest | None) -> tuple[str | None, bytes | None]:
+    """(request, request_body) columns of an attempt."""
+    if request is None:
+        return None, None
+    head = {"method": request.method, "url": request.url, "headers": request.headers}
+    return orjson.dumps(head).decode(), request.body
+
+
+def sent_request(head: str | None, body: bytes | None) -> SentRequest | None:
+    if head is None:
+        return None
+    values = orjson.loads(head)
+    headers = tuple((str(name), str(value)) for name, value in values["headers"])
+    return SentRequest(values["method"], values["url"], headers, bytes(body or b""))
 
 
 ATTEMPT_COLUMNS_INSERTED = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at, kind, cycle_number"
+    " next_attempt_at, kind, cycle_number, request, request_body"
 )
 
 
@@ -451,7 +468,7 @@ class Row(Protocol):
 EVENT_LIST_COLUMNS = "id, route, idempotency_key, received_at, remote_addr, conflict_of"
 ATTEMPT_COLUMNS = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at, kind, cycle_number"
+    " next_attempt_at, kind, cycle_number, request, request_body"
 )
 LOG_COLUMNS = "delivery_id, at, kind, detail, by"
 RESEND_COLUMNS = "original_id, copy_id, at, by"
@@ -484,6 +501,7 @@ def attempt_view(row: Row) -> AttemptView:
         next_attempt_at=row[8],
         kind=AttemptKind(row[9]),
         cycle_number=row[10],
+        request=sent_request(row[11], row[12]),
     )
 
 

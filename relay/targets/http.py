@@ -6,7 +6,7 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
@@ -23,7 +23,7 @@ from relay.httpclient import (
     TLSError,
 )
 from relay.kinds.targets.http import HttpSettings, breaks_header
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome
+from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest
 from relay.secrets import Masker
 from relay.signing import signature_headers
 from relay.targets.base import (
@@ -60,6 +60,10 @@ class Request:
         else:
             lines += ["", self.body.decode("utf-8", errors="replace")]
         return "\n".join(lines)
+
+    def sent(self) -> SentRequest:
+        """This request as the attempt keeps it (the scheduler masks and cuts it)."""
+        return SentRequest(self.method, self.url, tuple(self.headers.items()), self.body)
 
 
 class SessionOwner:
@@ -132,7 +136,7 @@ class HttpTarget(SessionOwner):
             prepared = await rendered(self.prepare, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
-        return await request(session, prepared)
+        return replace(await request(session, prepared), request=prepared.sent())
 
 
 def header_values(rendered: dict[str, str]) -> dict[str, str]:

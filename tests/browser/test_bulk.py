@@ -99,3 +99,9 @@ async def test_a_filtered_bulk_requeue_takes_the_shown_events_and_skip_takes_the
     await shot(page, "audit")
     await rows.nth(0).get_by_role("link", name="2").click()
     await expect(page.locator("ul.history")).to_contain_text("by dashboard session")
+    # Each attempt shows the request it sent beside the answer.
+    sent = page.locator("tr.attempt td.sent details").first
+    await sent.locator("summary").click()
+    await expect(sent.locator("pre")).to_contain_text("POST http://127.0.0.1")
+    await expect(sent.locator("pre")).to_contain_text('"phone": "+7 912 000-00-01"')
+    await shot(page, "attempt-request")

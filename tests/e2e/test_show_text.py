@@ -69,6 +69,11 @@ async def test_show_tells_the_whole_story(
         "#4 (cycle step 1)",
     ]
     assert "answer: answer 0: 503" in story
+    # What each attempt sent, beside its answer: the form decoded, its credential masked.
+    sent = [line for line in story if line.startswith("sent:")]
+    assert len(sent) == 4
+    assert sent[0].startswith("sent: POST http://127.0.0.1:")
+    assert "Name=Анна Петрова Phone=+7 999 123-45-67 api_key=***" in sent[0]
     assert "answer: answer 3: 200" in story
     # The retry and the requeue sit between the attempts they caused.
     kinds = [line for line in story if not line.startswith(("#", "answer:", "delivery", "last"))]

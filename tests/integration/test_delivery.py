@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from typing import Any
 
 import aiohttp
@@ -288,7 +289,7 @@ async def test_the_attempt_log_counts_within_the_cycle_and_names_manual_retries(
         await relay.scheduler.drain()
         await relay.operator.requeue(Selection(ids=(delivery.id,)), by="test")
         await relay.scheduler.drain()
-    said = [record.__dict__["fields"] for record in caplog.records]
+    said = [r.__dict__["fields"] for r in caplog.records if r.name == "relay.attempts"]
     assert [(f["attempt"], f["total"], f["outcome"]) for f in said] == [
         ("manual", 5, "dead"),
         ("1/4", 6, "retry"),
@@ -302,3 +303,47 @@ async def test_the_attempt_log_counts_within_the_cycle_and_names_manual_retries(
         ("manual", None),
         *(("cycle", n) for n in range(1, 5)),
     ]
+
+
+async def test_each_attempt_keeps_the_request_it_sent_beside_the_answer_secrets_masked(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # The week's CRM refusing a field: to see what it received the operator
+    # re-rendered by hand, which needs the service's secrets.
+    sink, url = await start_sink([422])
+    key = "crm-key-0123456789"
+    target = {
+        "type": "http",
+        "url": url + "?token=${CRM_KEY}",
+        "headers": {"Authorization": "Bearer ${CRM_KEY}", "X-Source": "relay"},
+        "format": "form",
+        "form": {"phone": "{{ json.phone }}", "api_key": "${CRM_KEY}", "note": "{{ json.note }}"},
+    }
+    config = make_config({"crm": target}, ROUTES, environ={"CRM_KEY": key})
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    body = b'{"phone": "8 (999) 123-45-67", "note": "' + b"x" * 5000 + b'"}'
+    event_id = await post(relay, http, body)
+    await relay.scheduler.drain()
+
+    assert key in sink.requests[0].path  # the CRM got the real request
+    [delivery] = (await detail(relay, event_id)).event.deliveries
+    [attempt] = (await detail(relay, event_id)).attempts[delivery.id]
+    sent = attempt.request
+    assert sent is not None
+    assert sent.method == "POST"
+    assert sent.url == url + "?token=***"
+    headers = dict(sent.headers)
+    assert (headers["Authorization"], headers["X-Source"]) == ("***", "relay")
+    assert headers["Content-Type"] == "application/x-www-form-urlencoded"
+    assert sent.body.startswith(b"phone=8+%28999%29+123-45-67&api_key=***&note=xxx")
+    assert len(sent.body) == 2048  # cut as the answer excerpt is
+    assert key.encode() not in sent.body
+    assert attempt.response == b"answer 0: 422"
+    async with http.get(f"{relay.admin_url}/api/v1/events/{event_id}") as answer:
+        shown = (await answer.json())["deliveries"][0]["attempts_log"][0]
+    assert shown["request"]["url"] == url + "?token=***"
+    assert ["Authorization", "***"] in shown["request"]["headers"]
+    assert key not in json.dumps(shown)
