@@ -97,6 +97,8 @@ class AttemptReport:
     decision: Decision
     duration: float
     streak: FailureStreak  # the target's failed attempts in a row, before and after
+    # The target's answer as kept (the first 2 KiB, secrets masked): alerts quote it.
+    answer: bytes = b""
 
 
 @dataclass
@@ -496,6 +498,7 @@ class Scheduler:
                         decision=decision,
                         duration=duration,
                         streak=streak,
+                        answer=attempt.response,
                     )
                 )
         finally:
