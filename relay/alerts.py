@@ -118,10 +118,10 @@ def quoted(answer: bytes) -> str | None:
 
 
 def notes_on(
-    report: AttemptReport, config: AlertsConfig, health: RouteHealth | None = None
+    report: AttemptReport, config: AlertsConfig, route_streak: tuple[int, int] | None = None
 ) -> list[Note]:
-    """What this attempt gives an alert to say (mostly nothing). `health`
-    counts failures in a row per route and target (see RouteHealth)."""
+    """What this attempt gives an alert to say (mostly nothing). `route_streak`:
+    its route and target's failures in a row before and after it (RouteHealth)."""
     delivery = report.delivery
     if config.target is None or delivery.route == ALERTS_ROUTE:
         return []
@@ -167,13 +167,13 @@ def notes_on(
                 "down_seconds": round(streak.down_for, 3),
             }
         )
-    if health is None or not report.outcome.target_at_fault:
+    if route_streak is None:
         return notes
     # Failing and recovered are per route and target: a CRM that takes every
     # order but refuses every lead (a wrong field mapping) is failing for the
     # leads route, and an order delivered meanwhile does not say "recovered".
     threshold = config.failing_after
-    before, after = health.record(delivery.route, name, report.outcome.verdict)
+    before, after = route_streak
     if report.outcome.verdict is not Verdict.SUCCESS and after == threshold > before:
         notes.append(
             {
@@ -203,16 +203,22 @@ class RouteHealth:
     (a cluster's instances each count their own; a restart starts at 0)."""
 
     streaks: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The last error of each failing one, for the dashboard's Overview.
+    errors: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def record(self, route: str, target: str, verdict: Verdict) -> tuple[int, int]:
+    def record(
+        self, route: str, target: str, verdict: Verdict, error: str | None = None
+    ) -> tuple[int, int]:
         """Count one attempt; returns the streak before and after it."""
         key = (route, target)
         before = self.streaks.get(key, 0)
         after = 0 if verdict is Verdict.SUCCESS else before + 1
         if after:
             self.streaks[key] = after
+            self.errors[key] = error or "failed"
         else:
             self.streaks.pop(key, None)
+            self.errors.pop(key, None)
         return before, after
 
 
@@ -259,7 +265,13 @@ class Alerter:
 
     def observe(self, report: AttemptReport) -> None:
         """Called for every recorded attempt; cheap, never blocks."""
-        self._note(notes_on(report, self.config, self.health))
+        delivery = report.delivery
+        route_streak = None
+        if delivery.route != ALERTS_ROUTE and report.outcome.target_at_fault:
+            route_streak = self.health.record(
+                delivery.route, delivery.target, report.outcome.verdict, report.outcome.error
+            )
+        self._note(notes_on(report, self.config, route_streak))
 
     def problem(self, text: str) -> None:
         """Something wrong with relay itself (its database file went away)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -329,14 +330,37 @@ def _operator(request: web.Request) -> Operator:
     return request.config_dict[OPERATOR]
 
 
+# When this browser last looked at Dead letter: the Overview counts what
+# went dead since (a cookie: each person's own last look, no account needed).
+SEEN_COOKIE = "relay_dead_seen"
+SEEN_SECONDS = 365 * 24 * 3600
+# Held keys the Overview lists at most.
+HELD_SHOWN = 20
+
+
+def _last_look(request: web.Request) -> float | None:
+    try:
+        seen = float(request.cookies.get(SEEN_COOKIE, ""))
+    except ValueError:
+        return None
+    return seen if math.isfinite(seen) else None
+
+
 async def overview(request: web.Request) -> web.Response:
     operator = _operator(request)
     now = operator.clock.now()
-    stats = stats_view(
-        await operator.store.stats(), now, operator.scheduler.paused, operator.masker
-    )
+    masker = operator.masker
+    stats = stats_view(await operator.store.stats(), now, operator.scheduler.paused, masker)
     activity = await operator.store.activity(now - 23 * 3600, now)
     pending = sum(info["pending"] for info in stats["targets"].values())
+    last_look = _last_look(request)
+    attention = await operator.store.attention(last_look or 0.0, HELD_SHOWN)
+    failing_routes = [
+        {"route": route, "target": target, "failures": failures, "error": masker.text(error)}
+        for (route, target), (failures, error) in sorted(operator.route_health().items())
+        # A down target is listed as such: its routes need no line of their own.
+        if route in operator.config.routes and not stats["targets"].get(target, {}).get("down")
+    ]
     return _render(
         request,
         "overview.html",
@@ -346,6 +370,10 @@ async def overview(request: web.Request) -> web.Response:
         pending_total=pending,
         chart=_chart(activity),
         dead_total=stats["dead"],
+        last_look=format_instant(last_look) if last_look is not None else None,
+        dead_since=attention.dead_since,
+        held=attention.held,
+        failing_routes=failing_routes,
     )
 
 
@@ -505,6 +533,16 @@ async def dead_letter(request: web.Request) -> web.Response:
     except BadRequest:
         total = 0  # the listing says what is wrong with the search
     fields = [(k, v) for k, v in filters.items() if v and k in BULK_FIELDS]
+    response = await _dead_listing(request, total, fields)
+    # Looked at: the Overview's "dead since your last look" starts again here.
+    seen = repr(operator.clock.now())
+    _set_cookie(request, response, SEEN_COOKIE, seen, SEEN_SECONDS)
+    return response
+
+
+async def _dead_listing(
+    request: web.Request, total: int, fields: list[tuple[str, str]]
+) -> web.Response:
     return await _listing(
         request,
         status=Status.DEAD,

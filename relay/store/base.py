@@ -424,6 +424,26 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class HeldKey:
+    """An ordering key held: its first unfinished delivery is dead, and
+    `waiting` deliveries of the key wait behind it."""
+
+    delivery_id: int
+    event_id: int
+    target: str
+    order_key: str
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What needs a person (the dashboard's Overview leads with it)."""
+
+    dead_since: int  # deliveries gone dead since the time asked about
+    held: tuple[HeldKey, ...]  # the first `limit` held keys, oldest first
+
+
+@dataclass(frozen=True)
 class Gauges:
     """Cheap counts (index-only) for metrics: deliveries not yet finished."""
 
@@ -722,6 +742,11 @@ class Queries(Protocol):
 
     async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
         """Operator actions, newest first; `before_id` pages back."""
+        ...
+
+    async def attention(self, dead_since: float, limit: int) -> Attention:
+        """How many deliveries went dead at or after `dead_since` (and are dead
+        still), and the ordering keys held behind a dead delivery."""
         ...
 
     async def search_progress(self) -> SearchProgress: ...

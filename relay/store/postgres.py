@@ -49,6 +49,7 @@ from relay.store.base import (
     Accepted,
     AlertNote,
     AttemptRecord,
+    Attention,
     AuditEntry,
     ClaimedDelivery,
     DeliveryView,
@@ -59,6 +60,7 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     HeldBehind,
+    HeldKey,
     HeldTargets,
     Hold,
     HourlyActivity,
@@ -1136,6 +1138,14 @@ class PostgresStore:
 
         await self._write(job)
         await self._wake("pause")
+
+    async def attention(self, dead_since: float, limit: int) -> Attention:
+        async with self._snapshot() as connection:
+            dead = await connection.fetchval(numbered(rows.DEAD_SINCE), dead_since)
+            held = await connection.fetch(numbered(rows.HELD_KEYS), limit)
+        return Attention(
+            int(dead), tuple(HeldKey(int(r[0]), int(r[1]), r[2], r[3], int(r[4])) for r in held)
+        )
 
     async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
         found = await self._read(

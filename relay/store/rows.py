@@ -89,6 +89,23 @@ WHERE id IN (
 {CLAIM_RETURNING}
 """
 
+# Deliveries gone dead since a time, and still dead (attention).
+DEAD_SINCE = "SELECT COUNT(*) FROM deliveries WHERE status = 'dead' AND updated_at >= ?"
+# Ordering keys whose first unfinished delivery is dead, with how many wait.
+HELD_KEYS = """
+SELECT d.id, d.event_id, d.target, d.order_key,
+    (SELECT COUNT(*) FROM deliveries n WHERE n.target = d.target
+     AND n.order_key = d.order_key AND n.status = 'pending' AND n.id > d.id)
+FROM deliveries d
+WHERE d.status = 'dead' AND d.order_key IS NOT NULL
+AND d.id = (SELECT h.id FROM deliveries h WHERE h.target = d.target
+    AND h.order_key = d.order_key AND h.status IN ('pending', 'in_flight', 'dead')
+    ORDER BY h.id LIMIT 1)
+AND EXISTS (SELECT 1 FROM deliveries w WHERE w.target = d.target
+    AND w.order_key = d.order_key AND w.status = 'pending' AND w.id > d.id)
+ORDER BY d.id LIMIT ?
+"""
+
 # Paused or down targets, one row each (held_targets).
 HELD_TARGETS = (
     "SELECT name, paused, down_since, probe_at, probes, probe_delivery FROM targets"

@@ -22,6 +22,7 @@ from relay.store.base import (
     UNKNOWN,
     Accepted,
     AttemptRecord,
+    Attention,
     AuditEntry,
     ClaimedDelivery,
     DeliveryView,
@@ -32,6 +33,7 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     HeldBehind,
+    HeldKey,
     HeldTargets,
     Hold,
     HourlyActivity,
@@ -59,10 +61,12 @@ from relay.store.rows import (
     AUDIT_COLUMNS,
     CLAIM_DUE,
     CLAIM_EXPIRED,
+    DEAD_SINCE,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
+    HELD_KEYS,
     HELD_TARGETS,
     LINK_COPY,
     LOG_COLUMNS,
@@ -784,6 +788,12 @@ class SqliteStore:
                 )
 
         await self._write(job)
+
+    async def attention(self, dead_since: float, limit: int) -> Attention:
+        async with self._snapshot():
+            dead = await self._read(DEAD_SINCE, (dead_since,), slow=True)
+            held = await self._read(HELD_KEYS, (limit,), slow=True)
+        return Attention(dead[0][0], tuple(HeldKey(*row) for row in held))
 
     async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
         rows = await self._read(

@@ -89,7 +89,7 @@ async def test_a_filtered_bulk_requeue_takes_the_shown_events_and_skip_takes_the
     assert [statuses[n] for n in (2, 4, 5)] == [Status.SKIPPED, Status.SKIPPED, Status.DEAD]
 
     # Who did what: the Audit page, and each touched delivery's history.
-    await page.get_by_role("link", name="Audit").click()
+    await page.get_by_role("link", name="Audit", exact=True).click()
     rows = page.locator("tr.audit-entry")
     await expect(rows).to_have_count(2)
     await expect(rows.nth(0)).to_contain_text("skip")

@@ -80,7 +80,7 @@ async def test_held_behind_a_dead_one_skip_with_confirmation_and_a_down_target(
     await expect(crm_card.locator("ul.history")).to_contain_text("skip — not to be sent (was dead)")
     await crm.wait_for(2)  # the CONFIRMED behind it went
 
-    await page.get_by_role("link", name="Targets").click()
+    await page.get_by_role("link", name="Targets", exact=True).click()
     await expect(page.locator("#target-erp h2 .status")).to_have_text("down")
     await expect(page.locator("#down-erp")).to_contain_text("spending no retries")
     await shot(page, "target-down")

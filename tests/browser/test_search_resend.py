@@ -99,7 +99,7 @@ async def test_a_phone_typed_differently_finds_the_leads(
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     await sign_in(page, relay)
 
-    await page.get_by_role("link", name="Deliveries").click()
+    await page.get_by_role("link", name="Deliveries", exact=True).click()
     await page.get_by_label("Search").fill("8 (999) 123 45 67")
     await page.get_by_role("button", name="Show").click()
     links = page.locator("table.events tbody tr th a")
@@ -108,7 +108,7 @@ async def test_a_phone_typed_differently_finds_the_leads(
     await shot(page, "search-phone")
 
     # The dead letter page searches too, in Cyrillic, any case.
-    await page.get_by_role("link", name="Dead letter").click()
+    await page.get_by_role("link", name="Dead letter", exact=True).click()
     await page.get_by_label("Search").fill("ИВАН")
     await page.get_by_role("button", name="Show").click()
     await expect(links).to_have_text([f"#{ids[0]}"])

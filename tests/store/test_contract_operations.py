@@ -16,6 +16,7 @@ from relay.store import (
     Dead,
     Delivered,
     DownState,
+    HeldKey,
     HeldTargets,
     Hold,
     NewDelivery,
@@ -491,3 +492,21 @@ async def test_every_operator_action_is_recorded_with_who_did_it(store: Store) -
         ("requeue", anna),
         ("skip", boris),
     ]
+
+
+async def test_attention_counts_the_newly_dead_and_the_held_keys(store: Store) -> None:
+    old = await _dead(store, "old", T0)
+    keyed = [NewDelivery("crm", order_key="ORDER-1")]
+    head = await store.accept_event(event("h1"), keyed, T0 + 10)
+    behind = [await store.accept_event(event(f"h{n}"), keyed, T0 + 10 + n) for n in (2, 3)]
+    [claim] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 5})
+    assert claim.event_id == head.event_id
+    await store.record_attempt(claim, FAILED, Dead("HTTP 422"), T0 + 20)
+    seen = await store.attention(T0 + 15, 10)
+    assert seen.dead_since == 1  # the old one went dead before the last look
+    assert seen.held == (HeldKey(claim.id, head.event_id, "crm", "ORDER-1", 2),)
+    assert (await store.attention(T0, 10)).dead_since == 2
+    # Skipped, the head lets its key go: nothing held any more.
+    await store.skip(claim.id, T0 + 30)
+    assert (await store.attention(T0, 10)).held == ()
+    assert behind[0].event_id != old.event_id
