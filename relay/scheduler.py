@@ -9,6 +9,7 @@ run a whole retry cycle without waiting for it (`drain`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -540,8 +541,8 @@ class Scheduler:
         )
         # The request's own credentials too (an api_key field, a ?token=), by
         # name; most requests have none, and keep the config's compiled masker.
-        own = inbound_secrets(url.query, content_type, head)
-        masker = self._masker.merged(Masker(own)) if own else self._masker
+        own = frozenset(inbound_secrets(url.query, content_type, head))
+        masker = _merged(self._masker, own) if own else self._masker
         shown = shown_body(head.decode("utf-8", "replace"), content_type, masker)
         return SentRequest(
             method=request.method,
@@ -621,6 +622,13 @@ class Scheduler:
                 log.warning("cannot record attempt of delivery %d yet: %s", delivery.id, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _merged(masker: Masker, own: frozenset[str]) -> Masker:
+    """The config's masker with a request's own credentials: compiled once for
+    credentials that come back (a target's token on every request)."""
+    return masker.merged(Masker(own))
 
 
 def _kind(delivery: ClaimedDelivery, probe: DownState | None) -> AttemptKind:
