@@ -149,6 +149,22 @@ def event_detail(detail: EventDetail, masker: Masker) -> dict[str, Any]:
     return result
 
 
+def mark_probes(event: dict[str, Any], states: Mapping[str, TargetState]) -> dict[str, Any]:
+    """Say, on each pending delivery of a down target, that it waits for a
+    probe, and on the one the next probe takes, that it is that probe."""
+    for delivery in event["deliveries"]:
+        state = states.get(delivery["target"])
+        down = state.down if state is not None else None
+        if down is None or delivery["status"] not in ("pending", "in_flight"):
+            continue
+        delivery["probe"] = {
+            "target_down_since": iso(down.since),
+            "next_probe_at": iso(down.probe_at),
+            "is_next_probe": down.next_probe == int(delivery["id"]),
+        }
+    return event
+
+
 def resend_link_view(link: ResendLink, event_id: int) -> dict[str, Any]:
     """The other end of a corrected-copy link: which event, sent by whom and when."""
     return {"event_id": str(event_id), "at": iso(link.at), "by": link.by}

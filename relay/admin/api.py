@@ -31,6 +31,7 @@ from relay.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    mark_probes,
     preview_view,
     rejection_view,
     search_view,
@@ -158,7 +159,8 @@ async def get_event(request: web.Request) -> web.Response:
     operator = _operator(request)
     event_id = row_id(request.match_info["event_id"], "event_id")
     detail = await operator.event(event_id)
-    return json_response(event_detail(detail, operator.masker))
+    states = await operator.store.target_states()
+    return json_response(mark_probes(event_detail(detail, operator.masker), states))
 
 
 async def retry_delivery(request: web.Request) -> web.Response:

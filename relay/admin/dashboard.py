@@ -47,6 +47,7 @@ from relay.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    mark_probes,
     preview_view,
     rejection_view,
     stats_view,
@@ -628,7 +629,8 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
 async def event_page(request: web.Request) -> web.Response:
     operator = _operator(request)
     detail = await _detail(request)
-    event = event_detail(detail, operator.masker)
+    states = await operator.store.target_states()
+    event = mark_probes(event_detail(detail, operator.masker), states)
     pretty_json = None
     form_fields = None
     if event["body"] is not None:

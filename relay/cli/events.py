@@ -23,7 +23,7 @@ from relay.inputs import row_id
 from relay.payload import media_type, parse_form, parse_json
 from relay.search import SearchError, parse_search
 from relay.store import EventQuery, SearchProgress, Status
-from relay.views import event_detail, event_summary, rejection_view, search_view
+from relay.views import event_detail, event_summary, mark_probes, rejection_view, search_view
 from relay.wording import count
 
 
@@ -128,7 +128,8 @@ def show_event(args: argparse.Namespace) -> int:
     async def fetch() -> dict[str, Any]:
         async with acting(config) as actions:
             detail = await actions.event(event_id)
-        return event_detail(detail, config.masker)
+            states = await actions.store.target_states()
+        return mark_probes(event_detail(detail, config.masker), states)
 
     emit(args, run(fetch()), _event_text)
     return 0
@@ -247,6 +248,16 @@ def _event_text(event: dict[str, Any]) -> str:
             lines.append(f"  last error: {delivery['last_error']}")
         if delivery.get("note"):
             lines.append(f"  {delivery['note']}")
+        probe = delivery.get("probe")
+        if probe:
+            lines.append(
+                f"  target {delivery['target']} is down since {probe['target_down_since']}:"
+                + (
+                    f" this delivery is its next probe, at {probe['next_probe_at']}"
+                    if probe["is_next_probe"]
+                    else " this delivery waits for a probe to find it up"
+                )
+            )
         # Attempts and what people did, in the order they happened.
         happened: list[tuple[str, int, list[str]]] = []
         for attempt in delivery["attempts_log"]:

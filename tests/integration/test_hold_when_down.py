@@ -230,6 +230,13 @@ async def test_down_state_survives_a_restart_and_respects_a_pause(
     first_in_line = min(d.id for d in await _pending(relay))
     assert crm_stats["probe_delivery"] == view["probe_delivery"] == str(first_in_line)
     assert crm_stats["last_probe_delivery"] == str(first_in_line + 2)
+    # Each waiting delivery's event says so, and which one the next probe is.
+    probes = {}
+    for delivery in await _pending(relay):
+        async with http.get(f"{relay.admin_url}/api/v1/events/{delivery.event_id}") as answer:
+            [shown] = (await answer.json())["deliveries"]
+        probes[delivery.id] = shown["probe"]["is_next_probe"]
+    assert probes == {d: d == first_in_line for d in probes}
 
     # Paused, a down target is not even probed, however late it gets.
     await relay.operator.set_paused("crm", True, by="test")
