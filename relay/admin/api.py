@@ -240,6 +240,8 @@ async def _bulk(request: web.Request, verb: str) -> web.Response:
     if not isinstance(dry_run, bool):
         raise BadRequest("dry_run: expected true or false")
     selection = _bulk_selection(body, operator.clock.now())
+    if verb == "skip" and selection.status not in (Status.DEAD, Status.PENDING):
+        raise BadRequest("status: a skip takes dead or pending deliveries")
     if dry_run:
         ids = await operator.select(selection)
         count = await operator.store.count(selection)

@@ -1024,8 +1024,8 @@ class PostgresStore:
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
                     " next_attempt_at = $1, lease_until = NULL, lease_owner = NULL,"
                     " resume_status = NULL, resume_at = NULL, updated_at = $1,"
-                    " order_key = CASE WHEN status IN ('delivered', 'skipped') THEN NULL"
-                    " ELSE order_key END"
+                    " order_key = CASE WHEN status IN ('delivered', 'skipped', 'resolved')"
+                    " THEN NULL ELSE order_key END"
                     f" WHERE {numbered(where, 2)} RETURNING id",
                     now,
                     *params,

@@ -685,7 +685,7 @@ class SqliteStore:
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
                     " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
                     " resume_at = NULL, updated_at = ?, order_key = CASE WHEN status"
-                    " IN ('delivered', 'skipped') THEN NULL ELSE order_key END"
+                    " IN ('delivered', 'skipped', 'resolved') THEN NULL ELSE order_key END"
                     f" WHERE {where} RETURNING id",
                     [now, now, *params],
                 ).fetchall()

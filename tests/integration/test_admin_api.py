@@ -225,6 +225,7 @@ async def test_bulk_requeue_and_skip_take_what_the_filters_and_search_name(
     assert (stats["dead"], stats["targets"]["crm"]["skipped"]) == (1, 1)
     await api(http, relay, "POST", skip, json={"q": "a"}, status=400)  # too short to search
     await api(http, relay, "POST", skip, json={"dry_run": "yes"}, status=400)
+    await api(http, relay, "POST", skip, json={"status": "delivered"}, status=400)
 
 
 async def test_every_action_through_the_api_is_recorded_with_its_caller(
