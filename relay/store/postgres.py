@@ -1022,7 +1022,8 @@ class PostgresStore:
                     # A delivered or skipped one sent again is a person's resend,
                     # outside its key's order (it would otherwise cut in line).
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
-                    " next_attempt_at = $1, lease_until = NULL, lease_owner = NULL,"
+                    " fails_alone = false, next_attempt_at = $1, lease_until = NULL,"
+                    " lease_owner = NULL,"
                     " resume_status = NULL, resume_at = NULL, updated_at = $1,"
                     " order_key = CASE WHEN status IN ('delivered', 'skipped', 'resolved')"
                     " THEN NULL ELSE order_key END"

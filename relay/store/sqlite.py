@@ -682,7 +682,7 @@ class SqliteStore:
                 for row in connection.execute(
                     # A delivered or skipped one sent again is a person's resend,
                     # outside its key's order (it would otherwise cut in line).
-                    "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
+                    "UPDATE deliveries SET status = 'pending', cycle_attempts = 0, fails_alone = 0,"
                     " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
                     " resume_at = NULL, updated_at = ?, order_key = CASE WHEN status"
                     " IN ('delivered', 'skipped', 'resolved') THEN NULL ELSE order_key END"

@@ -32,6 +32,7 @@ from relay.store import (
     ResendLink,
     RetryAt,
     SearchProgress,
+    Selection,
     Status,
     Store,
     Waits,
@@ -349,6 +350,22 @@ async def test_a_delivery_that_fails_while_others_succeed_never_makes_its_target
     view = await store.get_delivery(poison.id)
     assert view is not None
     assert (view.status, view.attempts_in_cycle) == (Status.DEAD, 5)
+    assert await store.down_targets() == {}
+
+    # A person's requeue is a fresh start: failing again, alone no more
+    # (nothing was delivered since), its failures count towards down again.
+    await store.requeue(Selection(ids=(poison.id,)), T0 + 31)
+    [fresh] = await store.claim_due(T0 + 31, T0 + 91, {"crm": 3})
+    streak = await store.record_attempt(fresh, FAILED_ATTEMPT, RetryAt(T0 + 33), T0 + 31, hold)
+    assert (streak.went_down, streak.down) == (False, False)
+    [again] = await store.claim_due(T0 + 33, T0 + 93, {"crm": 3})
+    streak = await store.record_attempt(again, FAILED_ATTEMPT, RetryAt(T0 + 37), T0 + 33, hold)
+    assert streak.went_down
+    probe_at = (await store.down_targets())["crm"].probe_at
+    [probe] = await store.claim_due(probe_at, probe_at + 60, {"crm": 1})
+    await store.record_attempt(
+        probe, OK_ATTEMPT, Delivered(), probe_at, Hold(2, probe_at + 60, probe=True)
+    )
     assert await store.down_targets() == {}
 
     # Failures of different deliveries in a row still make it down.
