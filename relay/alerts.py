@@ -98,16 +98,35 @@ class _Window:
                 "down": (self.down, self.up),
                 "up": (self.up, self.down),
             }[kind]
-            news[item["target"]] = item
-            opposite.pop(item["target"], None)
+            # Per route and target when the note names a route (failing,
+            # recovered), else per target (down, up).
+            key = f"{item['route']}→{item['target']}" if "route" in item else item["target"]
+            news[key] = item
+            opposite.pop(key, None)
 
 
-def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
-    """What this attempt gives an alert to say (mostly nothing)."""
+# An answer quoted in an alert: one line, this long at most.
+ANSWER_QUOTED = 300
+
+
+def quoted(answer: bytes) -> str | None:
+    """A target's answer as an alert quotes it (it names the bad field)."""
+    text = " ".join(answer.decode("utf-8", errors="replace").split())
+    if not text:
+        return None
+    return text if len(text) <= ANSWER_QUOTED else text[: ANSWER_QUOTED - 1] + "…"
+
+
+def notes_on(
+    report: AttemptReport, config: AlertsConfig, route_streak: tuple[int, int] | None = None
+) -> list[Note]:
+    """What this attempt gives an alert to say (mostly nothing). `route_streak`:
+    its route and target's failures in a row before and after it (RouteHealth)."""
     delivery = report.delivery
     if config.target is None or delivery.route == ALERTS_ROUTE:
         return []
     notes: list[Note] = []
+    answer = quoted(report.answer)
     # A manual retry of a dead delivery that fails leaves it dead: it was
     # reported when it went dead.
     already_dead = delivery.manual and delivery.resume_status is Status.DEAD
@@ -121,6 +140,7 @@ def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
                 "target": delivery.target,
                 "attempts": report.number,
                 "error": report.decision.reason,
+                "answer": answer,
             }
         )
     if delivery.target == config.target:
@@ -135,6 +155,7 @@ def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
                 "target": name,
                 "failures": streak.after,
                 "error": error,
+                "answer": answer,
             }
         )
     elif streak.came_up:
@@ -146,19 +167,59 @@ def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
                 "down_seconds": round(streak.down_for, 3),
             }
         )
+    if route_streak is None:
+        return notes
+    # Failing and recovered are per route and target: a CRM that takes every
+    # order but refuses every lead (a wrong field mapping) is failing for the
+    # leads route, and an order delivered meanwhile does not say "recovered".
     threshold = config.failing_after
-    if report.outcome.verdict is not Verdict.SUCCESS and streak.after == threshold > streak.before:
+    before, after = route_streak
+    if report.outcome.verdict is not Verdict.SUCCESS and after == threshold > before:
         notes.append(
             {
                 "kind": "failing",
                 "target": name,
-                "failures": streak.after,
+                "route": delivery.route,
+                "failures": after,
                 "error": error,
+                "answer": answer,
             }
         )
-    elif report.outcome.verdict is Verdict.SUCCESS and streak.before >= threshold:
-        notes.append({"kind": "recovered", "target": name, "failures_before": streak.before})
+    elif report.outcome.verdict is Verdict.SUCCESS and before >= threshold:
+        notes.append(
+            {
+                "kind": "recovered",
+                "target": name,
+                "route": delivery.route,
+                "failures_before": before,
+            }
+        )
     return notes
+
+
+@dataclass
+class RouteHealth:
+    """Failed attempts in a row per route and target, as this process saw them
+    (a cluster's instances each count their own; a restart starts at 0)."""
+
+    streaks: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The last error of each failing one, for the dashboard's Overview.
+    errors: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def record(
+        self, route: str, target: str, verdict: Verdict, error: str | None = None
+    ) -> tuple[int, int]:
+        """Count one attempt; returns the streak before and after it."""
+        key = (route, target)
+        before = self.streaks.get(key, 0)
+        after = 0 if verdict is Verdict.SUCCESS else before + 1
+        if after:
+            self.streaks[key] = after
+            self.errors[key] = error or "failed"
+        else:
+            self.streaks.pop(key, None)
+            self.errors.pop(key, None)
+        return before, after
 
 
 class Alerter:
@@ -188,6 +249,7 @@ class Alerter:
         self._shared = shared
         self._leading = leading
         self._window = _Window()
+        self.health = RouteHealth()
         self._outbox: list[Note] = []  # shared: noted here, not stored yet
         self._unstored: list[bytes] | None = None  # shared: a batch whose storing failed
         # One batch stored at a time: stop()'s flush while the task stores one
@@ -203,7 +265,13 @@ class Alerter:
 
     def observe(self, report: AttemptReport) -> None:
         """Called for every recorded attempt; cheap, never blocks."""
-        self._note(notes_on(report, self.config))
+        delivery = report.delivery
+        route_streak = None
+        if delivery.route != ALERTS_ROUTE and report.outcome.target_at_fault:
+            route_streak = self.health.record(
+                delivery.route, delivery.target, report.outcome.verdict, report.outcome.error
+            )
+        self._note(notes_on(report, self.config, route_streak))
 
     def problem(self, text: str) -> None:
         """Something wrong with relay itself (its database file went away)."""
@@ -349,6 +417,18 @@ class Alerter:
         return accepted.event_id
 
 
+def _said(item: dict[str, Any]) -> str:
+    """The target's answer, quoted, when the note has one."""
+    answer = item.get("answer")
+    return f"; it answered: {answer}" if answer else ""
+
+
+def _where(item: dict[str, Any]) -> str:
+    """ "target crm for route leads" (a route-target's news) or "target crm"."""
+    route = item.get("route")
+    return f"target {item['target']} for route {route}" if route else f"target {item['target']}"
+
+
 def alert_body(window: _Window) -> dict[str, Any]:
     parts = []
     lines = []
@@ -358,30 +438,31 @@ def alert_body(window: _Window) -> dict[str, Any]:
         for item in window.dead:
             lines.append(
                 f"dead: event {item['event_id']} route {item['route']} → {item['target']}"
-                f" after {count(item['attempts'], 'attempt')}: {item['error']}"
+                f" after {count(item['attempts'], 'attempt')}: {item['error']}{_said(item)}"
             )
         if window.dead_count > len(window.dead):
             lines.append(f"... and {window.dead_count - len(window.dead)} more")
         ids = " ".join(item["delivery_id"] for item in window.dead)
         lines.append(f"once the cause is fixed: relay requeue {ids}")
     for item in window.failing.values():
-        parts.append(f"target {item['target']} is failing")
+        parts.append(f"{_where(item)} is failing")
         lines.append(
-            f"failing: target {item['target']} failed"
+            f"failing: {_where(item)} failed"
             f" {count(item['failures'], 'attempt')} in a row; last error: {item['error']}"
+            f"{_said(item)}"
         )
     for item in window.recovered.values():
-        parts.append(f"target {item['target']} recovered")
+        parts.append(f"{_where(item)} recovered")
         lines.append(
-            f"recovered: target {item['target']} delivered again"
+            f"recovered: {_where(item)} delivered again"
             f" after {count(item['failures_before'], 'failure')}"
         )
     for item in window.down.values():
         parts.append(f"target {item['target']} is down")
         lines.append(
             f"down: target {item['target']} failed {count(item['failures'], 'attempt')} in a row"
-            f" (last error: {item['error']}); its deliveries wait, spending no retries,"
-            " while relay probes it"
+            f" (last error: {item['error']}{_said(item)}); its deliveries wait, spending no"
+            " retries, while relay probes it"
         )
     for item in window.up.values():
         parts.append(f"target {item['target']} is up")

@@ -168,6 +168,7 @@ class Relay:
             current_config=lambda: self.config,
             store_stats=lambda: self.store.write_stats,
             leading=self._leading,
+            route_health=self._route_health,
         )
         self._lock = serve_lock(config.storage)
         self._runners: dict[str, web.BaseRunner] = {}
@@ -232,6 +233,10 @@ class Relay:
         ):
             if present:
                 self.metrics.alerts.labels(kind).inc()
+
+    def _route_health(self) -> dict[tuple[str, str], tuple[int, str]]:
+        health = self.alerter.health
+        return {key: (n, health.errors.get(key, "")) for key, n in health.streaks.items()}
 
     def _observe_attempt(self, report: AttemptReport) -> None:
         target = report.delivery.target

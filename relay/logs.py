@@ -141,7 +141,14 @@ def attempt_fields(report: AttemptReport) -> dict[str, Any]:
         "route": delivery.route,
         "target": delivery.target,
         "delivery": delivery.id,
-        "attempt": f"{report.number}/{report.max_attempts}",
+        # Its step of the current cycle ("3/16"); "manual" (a person's retry
+        # now) or "probe" (of a down target) for the attempts that are none.
+        "attempt": (
+            f"{report.cycle_step}/{report.cycle_length}"
+            if report.cycle_step is not None
+            else report.kind.value
+        ),
+        "total": report.number,  # attempts in all, every cycle and manual one
         # The attempt that ends a delivery says so, not "retry ... next=dead".
         "outcome": report.said,
         "status": report.outcome.status,

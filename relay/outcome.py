@@ -16,6 +16,18 @@ RESPONSE_EXCERPT_BYTES = 2048
 ATTEMPT_OUTCOMES = ("success", "retry", "dead")
 
 
+@dataclass(frozen=True)
+class SentRequest:
+    """The request an attempt sent, as a person may see it: kept with the
+    attempt beside the answer. The scheduler masks secrets and cuts the body
+    to RESPONSE_EXCERPT_BYTES before it is stored."""
+
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
 class Verdict(StrEnum):
     SUCCESS = "success"
     RETRY = "retry"  # worth trying again later: 5xx, 429, network trouble
@@ -33,6 +45,8 @@ class Outcome:
     # False when the event, not the target, is why it failed (a template whose
     # output cannot be sent): the target's failure streak and alerts ignore it.
     target_at_fault: bool = True
+    # What was sent, when the target says (the http target does).
+    request: SentRequest | None = None
 
     def __post_init__(self) -> None:
         if self.error is not None:

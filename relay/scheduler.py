@@ -9,16 +9,18 @@ run a whole retry cycle without waiting for it (`drain`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 from relay.clock import Clock
 from relay.config import Config, RetryPolicy
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
+from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
 from relay.payload import Payload, strip_form_fields
 from relay.ratelimit import Pacer
 from relay.retry import (
@@ -29,8 +31,9 @@ from relay.retry import (
     delay_before_retry,
     receiver_wait,
 )
-from relay.secrets import Masker
+from relay.secrets import Masker, inbound_secrets, mask_fields, shown_body
 from relay.store import (
+    AttemptKind,
     AttemptRecord,
     ClaimedDelivery,
     Dead,
@@ -95,12 +98,19 @@ class AttemptReport:
     """One finished attempt, for logs and metrics."""
 
     delivery: ClaimedDelivery
-    number: int
-    max_attempts: int
+    number: int  # of all the delivery's attempts, this one included
+    kind: AttemptKind
+    # Its step in the current retry cycle (None for a manual retry or a
+    # probe, which are none), of the cycle's `cycle_length`: a count a person
+    # can read, never "5/4" after a manual retry or "6/9" after a requeue.
+    cycle_step: int | None
+    cycle_length: int
     outcome: Outcome
     decision: Decision
     duration: float
     streak: FailureStreak  # the target's failed attempts in a row, before and after
+    # The target's answer as kept (the first 2 KiB, secrets masked): alerts quote it.
+    answer: bytes = b""
 
     @property
     def said(self) -> str:
@@ -486,6 +496,7 @@ class Scheduler:
             wait = receiver_wait(policy, outcome)
             if wait is not None:
                 decision, then = self._flood_wait(state, delivery, decision, then, now + wait)
+            kind = _kind(delivery, probe)
             attempt = AttemptRecord(
                 number=number,
                 started_at=started_at,
@@ -494,8 +505,11 @@ class Scheduler:
                 http_status=outcome.status,
                 error=self._masker.optional(outcome.error),
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
+                request=self._kept(outcome.request),
                 target_at_fault=outcome.target_at_fault,
-                in_cycle=decision.in_cycle,
+                # A probe is no step of the cycle, whatever its outcome.
+                in_cycle=decision.in_cycle and kind is AttemptKind.CYCLE,
+                kind=kind,
             )
             streak = await self._record(delivery, attempt, then, now, hold)
             if streak is not None:
@@ -505,11 +519,14 @@ class Scheduler:
                     AttemptReport(
                         delivery=delivery,
                         number=number,
-                        max_attempts=_max_attempts(policy, delivery),
+                        kind=attempt.kind,
+                        cycle_step=delivery.attempts_in_cycle + 1 if attempt.in_cycle else None,
+                        cycle_length=1 + (policy.retries if policy.retry_on_error else 0),
                         outcome=outcome,
                         decision=decision,
                         duration=duration,
                         streak=streak,
+                        answer=attempt.response,
                     )
                 )
         finally:
@@ -563,6 +580,30 @@ class Scheduler:
             step = min(step, len(policy.delays))
         delay = delay_before_retry(policy, step, self._rng)
         return Hold(config.down_after, now + delay, probe=probe is not None)
+
+    def _kept(self, request: SentRequest | None) -> SentRequest | None:
+        """The request as the attempt keeps it: the config's secrets and
+        credential headers masked, the body cut as the answer is."""
+        if request is None:
+            return None
+        # Masked before it is cut (a secret across the cut is masked whole), on
+        # twice the excerpt at most: bounded work whatever the body's size.
+        head = request.body[: 2 * RESPONSE_EXCERPT_BYTES]
+        url = urlsplit(request.url)
+        content_type = next(
+            (value for name, value in request.headers if name.lower() == "content-type"), None
+        )
+        # The request's own credentials too (an api_key field, a ?token=), by
+        # name; most requests have none, and keep the config's compiled masker.
+        own = frozenset(inbound_secrets(url.query, content_type, head))
+        masker = _merged(self._masker, own) if own else self._masker
+        shown = shown_body(head.decode("utf-8", "replace"), content_type, masker)
+        return SentRequest(
+            method=request.method,
+            url=masker.text(url._replace(query=mask_fields(url.query)).geturl()),
+            headers=tuple(masker.headers(request.headers)),
+            body=shown.encode()[:RESPONSE_EXCERPT_BYTES],
+        )
 
     def _learn(self, target: str, streak: FailureStreak, hold: Hold | None, now: float) -> None:
         """Keep the cached down state in step with what the store just recorded."""
@@ -677,10 +718,18 @@ class Scheduler:
                 delay = min(delay * 2, 5.0)
 
 
-def _max_attempts(policy: RetryPolicy, delivery: ClaimedDelivery) -> int:
-    """Attempts this delivery may make in all: those made before its cycle, plus the cycle's."""
-    before_cycle = delivery.attempts - delivery.attempts_in_cycle
-    return before_cycle + 1 + (policy.retries if policy.retry_on_error else 0)
+@functools.lru_cache(maxsize=64)
+def _merged(masker: Masker, own: frozenset[str]) -> Masker:
+    """The config's masker with a request's own credentials: compiled once for
+    credentials that come back (a target's token on every request)."""
+    return masker.merged(Masker(own))
+
+
+def _kind(delivery: ClaimedDelivery, probe: DownState | None) -> AttemptKind:
+    """A person's retry now is manual even when it is what probes a down target."""
+    if delivery.manual:
+        return AttemptKind.MANUAL
+    return AttemptKind.PROBE if probe is not None else AttemptKind.CYCLE
 
 
 def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
 from relay.kinds.registry import target_kind
+from relay.outcome import SentRequest
 from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,
+    AuditEntry,
     DeliveryView,
     EventDetail,
     EventView,
@@ -41,8 +43,15 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
         "target": delivery.target,
         "status": delivery.status.value,
         "attempts": delivery.attempts,
+        # Steps of its current retry cycle (a requeue starts a new one; a
+        # manual retry or a probe is no step of it).
+        "attempts_in_cycle": delivery.attempts_in_cycle,
         "next_attempt_at": iso(delivery.next_attempt_at),
         "last_error": masker.optional(delivery.last_error),
+        # A corrected copy's delivery and the original's it resolved (or will,
+        # once delivered), both ways.
+        "resolved_by": _id(delivery.resolved_by),
+        "resolves": _id(delivery.resolves),
     }
     held = delivery.held_behind
     if held is not None:
@@ -90,6 +99,24 @@ def attempt_view(attempt: AttemptView, masker: Masker) -> dict[str, Any]:
         "error": masker.optional(attempt.error),
         "response": masker.text(attempt.response.decode("utf-8", errors="replace")),
         "next_attempt_at": iso(attempt.next_attempt_at),
+        # "cycle", "manual" (a person's retry now) or "probe" (of a down target);
+        # the step of its retry cycle, none for the other two.
+        "kind": attempt.kind.value,
+        "cycle_number": attempt.cycle_number,
+        # What this attempt sent (secrets masked when it was kept), beside
+        # what came back; None when the target does not say (not http).
+        "request": _request_view(attempt.request, masker),
+    }
+
+
+def _request_view(request: SentRequest | None, masker: Masker) -> dict[str, Any] | None:
+    if request is None:
+        return None
+    return {
+        "method": request.method,
+        "url": masker.text(request.url),
+        "headers": [list(pair) for pair in masker.headers(request.headers)],
+        "body": masker.text(request.body.decode("utf-8", errors="replace")),
     }
 
 
@@ -124,13 +151,42 @@ def event_detail(detail: EventDetail, masker: Masker) -> dict[str, Any]:
     return result
 
 
+def mark_probes(event: dict[str, Any], states: Mapping[str, TargetState]) -> dict[str, Any]:
+    """Say, on each pending delivery of a down target, that it waits for a
+    probe, and on the one the next probe takes, that it is that probe."""
+    for delivery in event["deliveries"]:
+        state = states.get(delivery["target"])
+        down = state.down if state is not None else None
+        if down is None or delivery["status"] not in ("pending", "in_flight"):
+            continue
+        delivery["probe"] = {
+            "target_down_since": iso(down.since),
+            "next_probe_at": iso(down.probe_at),
+            "is_next_probe": down.next_probe == int(delivery["id"]),
+        }
+    return event
+
+
 def resend_link_view(link: ResendLink, event_id: int) -> dict[str, Any]:
     """The other end of a corrected-copy link: which event, sent by whom and when."""
     return {"event_id": str(event_id), "at": iso(link.at), "by": link.by}
 
 
 def log_entry_view(entry: LogEntry) -> dict[str, Any]:
-    return {"at": iso(entry.at), "kind": entry.kind, "detail": entry.detail}
+    return {"at": iso(entry.at), "kind": entry.kind, "detail": entry.detail, "by": entry.by}
+
+
+def audit_view(entry: AuditEntry) -> dict[str, Any]:
+    """One operator action: who, when, what, on how many deliveries."""
+    return {
+        "id": str(entry.id),
+        "at": iso(entry.at),
+        "by": entry.by,
+        "action": entry.action,
+        "subject": entry.subject,
+        "count": entry.count,
+        "deliveries": [str(i) for i in entry.deliveries],
+    }
 
 
 def _counts(counts: Mapping[Status, int]) -> dict[str, int]:
@@ -149,7 +205,15 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
         "down_since": iso(state.down.since) if state.down else None,
         "next_probe_at": iso(state.down.probe_at) if state.down else None,
         "failed_probes": state.down.probes if state.down else 0,
+        # Which delivery probes: the next probe's (under way, or first in
+        # line) and the last one's; each failed probe goes to the back.
+        "probe_delivery": _id(state.down.next_probe) if state.down else None,
+        "last_probe_delivery": _id(state.down.last_probe) if state.down else None,
     }
+
+
+def _id(value: int | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def instance_view(instance: InstanceState) -> dict[str, Any]:

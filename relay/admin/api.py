@@ -32,9 +32,11 @@ from relay.store import (
 )
 from relay.store.base import Shared
 from relay.views import (
+    audit_view,
     delivery_summary,
     event_detail,
     event_summary,
+    mark_probes,
     preview_view,
     rejection_view,
     search_view,
@@ -105,6 +107,13 @@ def _operator(request: web.Request) -> Operator:
     return request.config_dict[OPERATOR]
 
 
+def caller(request: web.Request) -> str:
+    """Who acts through the API: the holder of the admin token ([admin] token,
+    the only one there is), and from where."""
+    token = "admin token" if _operator(request).config.admin.token else "no token set"
+    return f"admin API from {request.remote or 'unknown address'} ({token})"
+
+
 def _status(value: Any, name: str = "status") -> Status | None:
     if value in (None, ""):
         return None
@@ -157,14 +166,16 @@ async def get_event(request: web.Request) -> web.Response:
     operator = _operator(request)
     event_id = row_id(request.match_info["event_id"], "event_id")
     detail = await operator.event(event_id)
+    states = await operator.store.target_states()
     # Masking is linear in the body, and a body may be a MiB: off the loop.
-    return json_response(await asyncio.to_thread(event_detail, detail, operator.masker))
+    view = await asyncio.to_thread(event_detail, detail, operator.masker)
+    return json_response(mark_probes(view, states))
 
 
 async def retry_delivery(request: web.Request) -> web.Response:
     operator = _operator(request)
     delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
-    delivery = await operator.retry(delivery_id)
+    delivery = await operator.retry(delivery_id, by=caller(request))
     view = event_summary_delivery(delivery, operator)
     return json_response({"delivery": view})
 
@@ -172,7 +183,7 @@ async def retry_delivery(request: web.Request) -> web.Response:
 async def skip_delivery(request: web.Request) -> web.Response:
     operator = _operator(request)
     delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
-    delivery = await operator.skip(delivery_id)
+    delivery = await operator.skip(delivery_id, by=caller(request))
     return json_response({"delivery": event_summary_delivery(delivery, operator)})
 
 
@@ -203,27 +214,63 @@ def _json_object(raw: bytes, keys: frozenset[str]) -> dict[str, Any]:
     return body
 
 
-REQUEUE_KEYS = frozenset({"status", "route", "target", "since", "until", "ids"})
+BULK_KEYS = frozenset({"status", "route", "target", "since", "until", "ids", "q", "key", "dry_run"})
 
 
-async def requeue(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    now = operator.clock.now()
-    body = _json_object(await request.read() if request.can_read_body else b"", REQUEUE_KEYS)
+def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selection:
+    """The deliveries a bulk action names: the same filters as GET /v1/events
+    (`q` a content search, `key` an idempotency key), or ids."""
     ids = body.get("ids") or []
     if not isinstance(ids, list):
         raise BadRequest("ids: expected a list of delivery ids")
-    selection = Selection(
+    text = optional_text(body.get("q"), "q")
+    try:
+        search = parse_search(text) if text else None
+    except SearchError as problem:
+        raise BadRequest(f"q: {problem}") from None
+    return Selection(
         status=_status(body.get("status")) or Status.DEAD,
         route=optional_text(body.get("route"), "route"),
         target=optional_text(body.get("target"), "target"),
-        since=instant(body.get("since"), "since", now, operator.config.zone),
-        until=instant(body.get("until"), "until", now, operator.config.zone),
+        since=instant(body.get("since"), "since", now, zone),
+        until=instant(body.get("until"), "until", now, zone),
         ids=tuple(row_id(i, f"ids[{n}]") for n, i in enumerate(ids)),
+        key=optional_text(body.get("key"), "key"),
+        search=search,
     )
+
+
+async def _bulk(request: web.Request, verb: str) -> web.Response:
+    """POST /v1/requeue, /v1/skip: act on every delivery the body names, or with
+    "dry_run": true only say which (at most BULK_LIMIT ids, the count in full)."""
+    operator = _operator(request)
+    body = _json_object(await request.read() if request.can_read_body else b"", BULK_KEYS)
+    dry_run = body.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise BadRequest("dry_run: expected true or false")
+    selection = _bulk_selection(body, operator.clock.now(), operator.config.zone)
     await operator.check_names(selection.route, selection.target)
-    requeued = await operator.requeue(selection)
-    return json_response({"requeued": len(requeued), "ids": [str(i) for i in requeued]})
+    if verb == "skip" and selection.status not in (Status.DEAD, Status.PENDING):
+        raise BadRequest("status: a skip takes dead or pending deliveries")
+    if dry_run:
+        ids = await operator.select(selection)
+        count = await operator.store.count(selection)
+        return json_response(
+            {"dry_run": True, f"would_{verb}": count, "ids": [str(i) for i in ids]}
+        )
+    if verb == "requeue":
+        done = await operator.requeue(selection, by=caller(request))
+        return json_response({"requeued": len(done), "ids": [str(i) for i in done]})
+    done = await operator.skip_selected(selection, by=caller(request))
+    return json_response({"skipped": len(done), "ids": [str(i) for i in done]})
+
+
+async def requeue(request: web.Request) -> web.Response:
+    return await _bulk(request, "requeue")
+
+
+async def skip_selected(request: web.Request) -> web.Response:
+    return await _bulk(request, "skip")
 
 
 RESEND_KEYS = frozenset({"body", "content_type", "targets", "confirm"})
@@ -258,7 +305,7 @@ async def resend_event(request: web.Request) -> web.Response:
             text.encode("utf-8"),
             content_type,
             targets,
-            f"admin API from {request.remote or 'unknown address'}",
+            caller(request),
             masker,
         )
     except EditRejected as problem:
@@ -291,7 +338,7 @@ async def list_targets(request: web.Request) -> web.Response:
 async def set_paused(request: web.Request, paused: bool) -> web.Response:
     operator = _operator(request)
     name = request.match_info["name"]
-    await operator.set_paused(name, paused)
+    await operator.set_paused(name, paused, by=caller(request))
     return json_response({"target": name, "paused": paused})
 
 
@@ -331,6 +378,16 @@ async def list_rejections(request: web.Request) -> web.Response:
     return json_response({"rejections": [rejection_view(r, masker) for r in found]})
 
 
+async def list_audit(request: web.Request) -> web.Response:
+    """Operator actions, newest first: ?limit= (50), ?cursor= (the last id seen)."""
+    operator = _operator(request)
+    limit = whole_number(request.query.get("limit") or "50", "limit", maximum=MAX_PAGE)
+    cursor = request.query.get("cursor")
+    entries = await operator.audit(limit, row_id(cursor, "cursor") if cursor else None)
+    next_cursor = str(entries[-1].id) if len(entries) == limit else None
+    return json_response({"audit": [audit_view(e) for e in entries], "next_cursor": next_cursor})
+
+
 def api_application() -> web.Application:
     """The API's routes under their version; the admin listener mounts it at /api."""
     app = web.Application(middlewares=[api_guard])
@@ -340,9 +397,11 @@ def api_application() -> web.Application:
     app.router.add_post("/v1/deliveries/{delivery_id}/retry", retry_delivery)
     app.router.add_post("/v1/deliveries/{delivery_id}/skip", skip_delivery)
     app.router.add_post("/v1/requeue", requeue)
+    app.router.add_post("/v1/skip", skip_selected)
     app.router.add_get("/v1/targets", list_targets)
     app.router.add_post("/v1/targets/{name}/pause", pause_target)
     app.router.add_post("/v1/targets/{name}/resume", resume_target)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/rejections", list_rejections)
+    app.router.add_get("/v1/audit", list_audit)
     return app

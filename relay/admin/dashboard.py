@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,6 +23,7 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 from aiohttp import web
 
+from relay.actions import BULK_LIMIT, selection_of
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
@@ -54,9 +55,11 @@ from relay.store import (
 )
 from relay.store.base import Shared
 from relay.views import (
+    audit_view,
     delivery_summary,
     event_detail,
     event_summary,
+    mark_probes,
     not_indexed,
     preview_view,
     rejection_view,
@@ -89,6 +92,8 @@ SECURITY_HEADERS = {
 MESSAGES = {
     "retried": "One more attempt is queued for delivery {id}.",
     "requeued": "Requeued {n}: each starts a fresh retry cycle.",
+    "requeue_bulk": "Requeued {n}: each starts a fresh retry cycle.",
+    "skip_bulk": "Skipped {n}: they will not be sent.",
     "skipped": "Delivery {id} is skipped: it will not be sent; the next of its key may go.",
     "paused": "Target {name} is paused: its deliveries wait, no retries are spent.",
     "resumed": "Target {name} is resumed.",
@@ -336,20 +341,52 @@ async def logout(request: web.Request) -> web.StreamResponse:
 # Pages
 
 
+def _by(request: web.Request) -> str:
+    """Who acts from the dashboard: the session (its first characters, enough
+    to tell sessions apart, too few to use one) and the browser's address."""
+    session = request.get(SESSION, "")
+    where = request.remote or "unknown address"
+    # No admin token set, the dashboard has no sessions: only the address tells.
+    return f"dashboard session {session[:8]} from {where}" if session else f"dashboard from {where}"
+
+
 def _operator(request: web.Request) -> Operator:
     return request.config_dict[OPERATOR]
+
+
+# When this browser last looked at Dead letter: the Overview counts what
+# went dead since (a cookie: each person's own last look, no account needed).
+SEEN_COOKIE = "relay_dead_seen"
+SEEN_SECONDS = 365 * 24 * 3600
+# Held keys the Overview lists at most.
+HELD_SHOWN = 20
+
+
+def _last_look(request: web.Request) -> float | None:
+    try:
+        seen = float(request.cookies.get(SEEN_COOKIE, ""))
+    except ValueError:
+        return None
+    return seen if math.isfinite(seen) else None
 
 
 async def overview(request: web.Request) -> web.Response:
     operator = _operator(request)
     now = operator.clock.now()
     store = operator.store
+    masker = operator.masker
     instances = await store.instances() if isinstance(store, Shared) else None
-    stats = stats_view(
-        await store.stats(), now, operator.scheduler.paused, operator.masker, instances
-    )
+    stats = stats_view(await store.stats(), now, operator.scheduler.paused, masker, instances)
     activity = await operator.store.activity(now - 23 * 3600, now)
     pending = sum(info["pending"] for info in stats["targets"].values())
+    last_look = _last_look(request)
+    attention = await operator.store.attention(last_look or 0.0, HELD_SHOWN)
+    failing_routes = [
+        {"route": route, "target": target, "failures": failures, "error": masker.text(error)}
+        for (route, target), (failures, error) in sorted(operator.route_health().items())
+        # A down target is listed as such: its routes need no line of their own.
+        if route in operator.config.routes and not stats["targets"].get(target, {}).get("down")
+    ]
     return _render(
         request,
         "overview.html",
@@ -359,6 +396,10 @@ async def overview(request: web.Request) -> web.Response:
         pending_total=pending,
         chart=_chart(activity, operator.config.zone),
         dead_total=stats["dead"],
+        last_look=format_local(last_look, operator.config.zone) if last_look is not None else None,
+        dead_since=attention.dead_since,
+        held=attention.held,
+        failing_routes=failing_routes,
     )
 
 
@@ -441,7 +482,7 @@ async def _listing(
         targets=sorted(config.targets),
         search_note=search_note,
         problem=problem,
-        **extra,
+        **{"selectable": False, **extra},
     )
 
 
@@ -475,19 +516,17 @@ async def _search(
     Returns the events, a note on how far the index has got, and a problem
     with the search text (too short) when there is one.
     """
-    if not text:
-        return await operator.store.list_events(query), "", ""
-    by_key = await operator.store.list_events(dataclasses.replace(query, key=text))
-    if by_key:
-        return by_key, "", ""
     try:
-        terms = parse_search(text)
+        query = await operator.searched(query, text)
     except SearchError as problem:
         return [], "", str(problem).capitalize() + "."
     try:
-        events = await operator.store.list_events(dataclasses.replace(query, search=terms))
+        events = await operator.store.list_events(query)
     except SearchTooSlow as problem:
         return [], "", str(problem).capitalize() + "."
+    if query.search is None:
+        return events, "", ""
+    terms = query.search
     progress = await operator.store.search_progress()
     note = f"Searched for {describe(terms)} in bodies, queries and headers"
     if progress.behind:
@@ -511,9 +550,9 @@ async def deliveries(request: web.Request) -> web.Response:
     )
 
 
-def _selection(fields: Mapping[str, str], now: float, operator: Operator) -> Selection:
-    zone = operator.config.zone
-    return Selection(
+def _query(fields: Mapping[str, str], now: float, zone: Zone) -> EventQuery:
+    """The listing's filters (the search box apart) from a page's fields."""
+    return EventQuery(
         status=Status.DEAD,
         route=fields.get("route") or None,
         target=fields.get("target") or None,
@@ -522,16 +561,38 @@ def _selection(fields: Mapping[str, str], now: float, operator: Operator) -> Sel
     )
 
 
+async def _shown(operator: Operator, fields: Mapping[str, str]) -> Selection:
+    """The dead deliveries the Dead letter page shows for these fields, search
+    box included: what its bulk actions take, no more."""
+    query = _query(fields, operator.clock.now(), operator.config.zone)
+    try:
+        query = await operator.searched(query, fields.get("q", ""))
+    except SearchError as problem:
+        raise BadRequest(f"q: {problem}") from None
+    return selection_of(query, Status.DEAD)
+
+
+BULK_FIELDS = ("q", "route", "target", "since", "until")
+
+
 async def dead_letter(request: web.Request) -> web.Response:
     operator = _operator(request)
     filters = _filters(request)
     try:
-        total = await operator.store.count(_selection(filters, operator.clock.now(), operator))
+        total = await operator.store.count(await _shown(operator, filters))
     except BadRequest:
-        total = 0  # the listing says what is wrong, beside its form
-    fields = [
-        (k, v) for k, v in filters.items() if v and k in ("route", "target", "since", "until")
-    ]
+        total = 0  # the listing says what is wrong with the search
+    fields = [(k, v) for k, v in filters.items() if v and k in BULK_FIELDS]
+    response = await _dead_listing(request, total, fields)
+    # Looked at: the Overview's "dead since your last look" starts again here.
+    seen = repr(operator.clock.now())
+    _set_cookie(request, response, SEEN_COOKIE, seen, SEEN_SECONDS)
+    return response
+
+
+async def _dead_listing(
+    request: web.Request, total: int, fields: list[tuple[str, str]]
+) -> web.Response:
     return await _listing(
         request,
         status=Status.DEAD,
@@ -544,38 +605,84 @@ async def dead_letter(request: web.Request) -> web.Response:
         auto_refresh=True,
         total=total,
         filter_fields=fields,
+        selectable=True,
         dead_total=total if not fields else None,
     )
 
 
+# A bulk action: what the confirmation says, what is done, the flash after it.
+BULK = {
+    "requeue": ("Requeue", "requeue", "each starts a fresh retry cycle; their history is kept"),
+    "skip": (
+        "Skip",
+        "skip",
+        "none of them will ever be sent, and the next delivery of each ordering key may go",
+    ),
+}
+
+
 async def requeue_dead(request: web.Request) -> web.StreamResponse:
+    return await _bulk(request, "requeue")
+
+
+async def skip_dead(request: web.Request) -> web.StreamResponse:
+    return await _bulk(request, "skip")
+
+
+async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
+    """A bulk action on dead deliveries: the ones ticked, else every one the page
+    shows (its filters and search). First a confirmation that states the count
+    and carries the very ids counted; confirmed, it acts on those ids alone
+    (any that stopped being dead meanwhile are left as they are)."""
     operator = _operator(request)
     form = await request.post()
-    fields = {k: str(form.get(k, "")).strip() for k in ("route", "target", "since", "until")}
-    selection = _selection(fields, operator.clock.now(), operator)
-    await operator.check_names(selection.route, selection.target)
+    fields = {k: str(form.get(k, "")).strip() for k in BULK_FIELDS}
+    await operator.check_names(fields["route"] or None, fields["target"] or None)
     kept = [(k, v) for k, v in fields.items() if v]
+    back = ("?" + urlencode(kept)) if kept else ""
     if form.get("confirm") != "yes":
-        count = await operator.store.count(selection)
+        ticked = tuple(row_id(str(v), "ids") for v in form.getall("ids", []))
+        selection = (
+            Selection(status=Status.DEAD, ids=ticked) if ticked else await _shown(operator, fields)
+        )
+        ids = await operator.select(selection, BULK_LIMIT + 1)
+        matching = await operator.store.count(selection) if len(ids) > BULK_LIMIT else len(ids)
+        ids = ids[:BULK_LIMIT]
+        title, _, effect = BULK[verb]
         return _render(
             request,
             "confirm.html",
-            title="Requeue",
+            title=title,
             page="dead",
-            count=count,
+            verb=verb,
+            label=title,
+            effect=effect,
+            count=len(ids),
+            matching=matching,
+            ids=" ".join(str(i) for i in ids),
+            ticked=bool(ticked),
             filter_fields=kept,
             description=", ".join(f"{k} {v}" for k, v in kept),
-            back=("?" + urlencode(kept)) if kept else "",
+            back=back,
         )
-    requeued = await operator.requeue(selection)
-    raise _back("/dead", done="requeued", n=len(requeued), **dict(kept))
+    named = tuple(row_id(part, "ids") for part in str(form.get("ids", "")).split())
+    if not named:
+        raise _back("/dead", **dict(kept))
+    selection = Selection(status=Status.DEAD, ids=named)
+    if verb == "requeue":
+        done = await operator.requeue(selection, by=_by(request))
+    else:
+        done = await operator.skip_selected(selection, by=_by(request))
+    raise _back("/dead", done=f"{verb}_bulk", n=len(done), **dict(kept))
 
 
 async def event_page(request: web.Request) -> web.Response:
     operator = _operator(request)
     detail = await _detail(request)
+    states = await operator.store.target_states()
     # Masking is linear in the body, and a body may be a MiB: off the loop.
     event, pretty_json, form_fields = await asyncio.to_thread(_event_view, detail, operator.masker)
+    event = mark_probes(event, states)
     return _render(
         request,
         "event.html",
@@ -647,8 +754,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
         text = text.replace("\r\n", "\n")
     content_type = str(form.get("content_type", "")).strip()
     wanted = [str(name) for name in form.getall("target", [])]
-    session = request.get(SESSION, "")
-    by = f"dashboard session {session[:8]} from {request.remote or 'unknown address'}"
+    by = _by(request)
     as_fields = form.get("format") == "fields"
     try:
         if not wanted:  # an empty choice is not "the default targets" here
@@ -745,7 +851,7 @@ async def retry_delivery(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     delivery_id = _delivery_id(request)
     try:
-        delivery = await operator.retry(delivery_id)
+        delivery = await operator.retry(delivery_id, by=_by(request))
     except Conflict as problem:
         return _plain(409, str(problem))
     raise _back(f"/events/{delivery.event_id}", done="retried", id=delivery_id)
@@ -755,7 +861,7 @@ async def requeue_delivery(request: web.Request) -> web.StreamResponse:
     operator = _operator(request)
     delivery_id = _delivery_id(request)
     delivery = await operator.delivery(delivery_id)
-    requeued = await operator.requeue(Selection(ids=(delivery_id,)))
+    requeued = await operator.requeue(Selection(ids=(delivery_id,)), by=_by(request))
     raise _back(f"/events/{delivery.event_id}", done="requeued", n=len(requeued))
 
 
@@ -776,10 +882,17 @@ async def skip_delivery(request: web.Request) -> web.StreamResponse:
             event_id=delivery.event_id,
         )
     try:
-        await operator.skip(delivery_id)
+        await operator.skip(delivery_id, by=_by(request))
     except Conflict as problem:
         return _plain(409, str(problem))
     raise _back(f"/events/{delivery.event_id}", done="skipped", id=delivery_id)
+
+
+async def delivery_page(request: web.Request) -> web.StreamResponse:
+    """A delivery is shown on its event's page: links name deliveries (a
+    down target's probe, a held key's head), this finds the event."""
+    delivery = await _operator(request).delivery(_delivery_id(request))
+    raise web.HTTPFound(f"/events/{delivery.event_id}#delivery-{delivery.id}")
 
 
 def _delivery_id(request: web.Request) -> int:
@@ -804,7 +917,7 @@ async def targets_page(request: web.Request) -> web.Response:
 async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
     operator = _operator(request)
     name = request.match_info["name"]
-    await operator.set_paused(name, paused)
+    await operator.set_paused(name, paused, by=_by(request))
     raise _back("/targets", done="paused" if paused else "resumed", name=name)
 
 
@@ -832,6 +945,25 @@ async def rejections_page(request: web.Request) -> web.Response:
     )
 
 
+AUDIT_PAGE = 100
+
+
+async def audit_page(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    cursor = request.query.get("cursor", "")
+    before_id = row_id(cursor, "cursor") if cursor else None
+    entries = await operator.audit(AUDIT_PAGE, before_id)
+    next_page = f"/audit?cursor={entries[-1].id}" if len(entries) == AUDIT_PAGE else None
+    return _render(
+        request,
+        "audit.html",
+        title="Audit",
+        page="audit",
+        entries=[audit_view(entry) for entry in entries],
+        next_page=next_page,
+    )
+
+
 async def store_errors(request: web.Request, page: Handler) -> web.StreamResponse:
     """Bad input, a missing event, delivery or target (in relay.actions' words),
     or a store that cannot be read: a sentence instead of a bare 500."""
@@ -855,9 +987,11 @@ PAGES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/deliveries", deliveries),
     ("GET", "/dead", dead_letter),
     ("POST", "/dead/requeue", requeue_dead),
+    ("POST", "/dead/skip", skip_dead),
     ("GET", "/events/{event_id}", event_page),
     ("GET", "/events/{event_id}/resend", resend_page),
     ("POST", "/events/{event_id}/resend", resend_post),
+    ("GET", "/deliveries/{delivery_id}", delivery_page),
     ("POST", "/deliveries/{delivery_id}/retry", retry_delivery),
     ("POST", "/deliveries/{delivery_id}/requeue", requeue_delivery),
     ("POST", "/deliveries/{delivery_id}/skip", skip_delivery),
@@ -865,4 +999,5 @@ PAGES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/targets/{name}/pause", pause_target),
     ("POST", "/targets/{name}/resume", resume_target),
     ("GET", "/rejections", rejections_page),
+    ("GET", "/audit", audit_page),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +57,9 @@ class Operator(Actions):
     # Whether this instance exports the queue gauges: on a cluster, only the
     # leading instance reads them (see Metrics.set_leading).
     leading: Callable[[], bool] = lambda: True
+    # Routes and targets failing now, as the alerter counts them: (route,
+    # target) -> (failed attempts in a row, the last error).
+    route_health: Callable[[], Mapping[tuple[str, str], tuple[int, str]]] = lambda: {}
     _snapshot_at: float = field(default=float("-inf"))
 
     @property

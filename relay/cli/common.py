@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import difflib
 import errno
+import getpass
 import os
 import re
 import select
@@ -289,6 +290,12 @@ async def acting(config: Config | OperatorConfig) -> AsyncIterator[Actions]:
     """What a person may do, with the same rules and words as the admin API."""
     async with opened_store(config) as store:
         yield Actions(store, SystemClock(), lambda: config)
+
+
+def who() -> str:
+    """The person at the shell (through sudo, the one who ran sudo): who acts."""
+    user = os.environ.get("SUDO_USER") or getpass.getuser()
+    return f"cli user {user}"
 
 
 def row_ids(values: list[str], field: str) -> list[int]:

@@ -27,7 +27,7 @@ from relay.localtime import Zone, format_iso_local
 from relay.payload import media_type, parse_form, parse_json
 from relay.search import SearchError, parse_search
 from relay.store import EventQuery, SearchProgress, Status
-from relay.views import event_detail, event_summary, rejection_view, search_view
+from relay.views import event_detail, event_summary, mark_probes, rejection_view, search_view
 from relay.wording import count
 
 
@@ -150,7 +150,8 @@ def show_event(args: argparse.Namespace) -> int:
     async def fetch() -> dict[str, Any]:
         async with acting(config) as actions:
             detail = await actions.event(event_id)
-        return event_detail(detail, config.masker)
+            states = await actions.store.target_states()
+        return mark_probes(event_detail(detail, config.masker), states)
 
     emit(args, run(fetch()), lambda event: _event_text(event, config.zone))
     return 0
@@ -234,6 +235,33 @@ def _key_text(event: dict[str, Any]) -> str:
     return f"{key} (KEY CONFLICT: differs from event {conflict})" if conflict else key
 
 
+def _in_cycle(delivery: dict[str, Any]) -> str:
+    """How many of its attempts are steps of its current cycle, when not all."""
+    steps = delivery.get("attempts_in_cycle", delivery["attempts"])
+    return f" ({steps} in this cycle)" if steps != delivery["attempts"] else ""
+
+
+def _sent_body(request: dict[str, Any]) -> str:
+    """A sent body as a person reads it: a form's fields decoded, else its text."""
+    content_type = next(
+        (value for name, value in request["headers"] if name.lower() == "content-type"), ""
+    )
+    fields = parse_form(content_type, request["body"].encode())
+    if fields:
+        return " ".join(f"{name}={value}" for name, value in fields.items())
+    text: str = request["body"]
+    return text
+
+
+def _attempt_label(attempt: dict[str, Any]) -> str:
+    """What kind of attempt: its step of the retry cycle, a person's retry, a probe."""
+    kind = attempt.get("kind", "cycle")
+    if kind == "cycle":
+        number = attempt.get("cycle_number")
+        return f" (cycle step {number})" if number else ""
+    return " (manual retry)" if kind == "manual" else " (probe of a down target)"
+
+
 def _event_text(event: dict[str, Any], zone: Zone) -> str:
     def at(text: str | None) -> str:
         return format_iso_local(text, zone)
@@ -260,24 +288,47 @@ def _event_text(event: dict[str, Any], zone: Zone) -> str:
         lines.append(
             f"delivery {delivery['id']} → {delivery['target']}: {delivery['status']},"
             f" {count(delivery['attempts'], 'attempt')}"
+            + _in_cycle(delivery)
             + (
                 f", next at {at(delivery['next_attempt_at'])}"
                 if delivery["next_attempt_at"]
                 else ""
             )
         )
+        if delivery.get("resolved_by"):
+            lines.append(
+                f"  resolved: delivery {delivery['resolved_by']} of a corrected copy was delivered"
+            )
+        if delivery.get("resolves"):
+            lines.append(f"  a corrected copy: delivered, resolves delivery {delivery['resolves']}")
         if delivery["last_error"]:
             lines.append(f"  last error: {delivery['last_error']}")
         if delivery.get("note"):
             lines.append(f"  {delivery['note']}")
+        probe = delivery.get("probe")
+        if probe:
+            lines.append(
+                f"  target {delivery['target']} is down since {probe['target_down_since']}:"
+                + (
+                    f" this delivery is its next probe, at {probe['next_probe_at']}"
+                    if probe["is_next_probe"]
+                    else " this delivery waits for a probe to find it up"
+                )
+            )
         # Attempts and what people did, in the order they happened.
         happened: list[tuple[str, int, list[str]]] = []
         for attempt in delivery["attempts_log"]:
             said = [
-                f"  #{attempt['number']} {at(attempt['started_at'])} {attempt['outcome']}"
+                f"  #{attempt['number']}{_attempt_label(attempt)} {at(attempt['started_at'])}"
+                f" {attempt['outcome']}"
                 f" {attempt['http_status'] or '-'} {attempt['duration_ms']}ms"
                 + (f" {attempt['error']}" if attempt["error"] else "")
             ]
+            request = attempt.get("request")
+            if request:
+                sent = f"{request['method']} {request['url']}"
+                body = _one_line(_sent_body(request))
+                said.append(f"      sent: {sent}" + (f" {body}" if body else ""))
             answer = _one_line(attempt.get("response") or "")
             if answer:
                 said.append(f"      answer: {answer}")
@@ -285,9 +336,9 @@ def _event_text(event: dict[str, Any], zone: Zone) -> str:
         for entry in delivery.get("history", ()):
             detail = f": {entry['detail']}" if entry.get("detail") else ""
             # At the same instant, what a person did comes before the attempt it caused.
-            happened.append(
-                (entry["at"] or "", 0, [f"  {at(entry['at'])} {entry['kind']}{detail}"])
-            )
+            by = f" (by {entry['by']})" if entry.get("by") else ""
+            said = [f"  {at(entry['at'])} {entry['kind']}{detail}{by}"]
+            happened.append((entry["at"] or "", 0, said))
         for _, _, said in sorted(happened, key=lambda item: item[:2]):
             lines += said
     return "\n".join(lines)

@@ -26,12 +26,15 @@ from relay.cli.common import (
     run,
     table,
     time_window,
+    who,
 )
+from relay.config import OperatorConfig
 from relay.localtime import Zone, format_iso_local
+from relay.search import SearchError, parse_search
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.store.base import Shared
 from relay.units import format_duration
-from relay.views import delivery_summary, stats_view
+from relay.views import audit_view, delivery_summary, stats_view
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,11 +48,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     skip = commands.add_parser(
         "skip",
-        help="never send these deliveries (pending or dead); the next of their ordering key goes",
+        help="never send these deliveries (pending or dead, by id or filter);"
+        " the next of their ordering key goes",
     )
     add_config_option(skip)
     add_json_option(skip)
-    skip.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="+")
+    _add_filters(skip, ["dead", "pending"])
+    skip.add_argument(
+        "--yes", action="store_true", help="skip what the filters take (without it: a dry run)"
+    )
+    skip.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="*")
     skip.set_defaults(handler=skip_deliveries)
 
     requeue = commands.add_parser(
@@ -57,15 +65,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_config_option(requeue)
     add_json_option(requeue)
-    requeue.add_argument("--route", help="only deliveries of this route")
-    requeue.add_argument("--target", help="only deliveries to this target")
-    add_time_options(requeue, "deliveries of events received")
-    requeue.add_argument(
-        "--status",
-        default="dead",
-        choices=["dead", "delivered", "skipped"],
-        help="which deliveries to take (default dead; delivered sends again)",
-    )
+    _add_filters(requeue, ["dead", "delivered", "skipped"])
     requeue.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="*")
     requeue.set_defaults(handler=requeue_deliveries)
 
@@ -81,6 +81,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         parser.add_argument("target")
         parser.set_defaults(handler=pause_target, paused=paused)
 
+    audit = commands.add_parser(
+        "audit", help="what people did (pause, resume, retry, skip, requeue, resend): who, when"
+    )
+    add_config_option(audit)
+    add_json_option(audit)
+    audit.add_argument("--limit", type=int, default=50, help="how many, newest first (50)")
+    audit.set_defaults(handler=show_audit)
+
     stats = commands.add_parser("stats", help="counts by status per route and target, health")
     add_config_option(stats)
     add_json_option(stats)
@@ -93,10 +101,77 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     purge.set_defaults(handler=purge_events)
 
 
+def _add_filters(parser: argparse.ArgumentParser, statuses: list[str]) -> None:
+    """A bulk command's filters: the same as `relay events` (search included),
+    and --dry-run to see what they take before anything is done."""
+    parser.add_argument("--route", help="only deliveries of this route")
+    parser.add_argument("--target", help="only deliveries to this target")
+    add_time_options(parser, "deliveries of events received")
+    parser.add_argument("--key", help="only the event(s) with this idempotency key")
+    parser.add_argument("--search", help="only events whose content holds this text or number")
+    parser.add_argument(
+        "--status",
+        default="dead",
+        choices=statuses,
+        help=f"which deliveries to take (default dead; one of {', '.join(statuses)})",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="only say how many and which it would take"
+    )
+
+
+def _selection(args: argparse.Namespace, config: OperatorConfig) -> Selection:
+    since, until = time_window(args, config)
+    try:
+        search = parse_search(args.search) if args.search is not None else None
+    except SearchError as problem:
+        raise CommandError(f"--search: {problem}") from None
+    return Selection(
+        status=Status(args.status),
+        route=args.route,
+        target=args.target,
+        since=since,
+        until=until,
+        ids=tuple(row_ids(args.delivery_ids, "delivery id")),
+        key=args.key,
+        search=search,
+    )
+
+
+def _filtered(args: argparse.Namespace) -> bool:
+    return any(
+        getattr(args, name) is not None
+        for name in ("route", "target", "since", "until", "key", "search")
+    ) or (args.status != "dead")
+
+
+def _dry_run(
+    args: argparse.Namespace, verb: str, selection: Selection, config: OperatorConfig
+) -> int:
+    """Say how many deliveries `selection` takes, and which (the first BULK_LIMIT)."""
+
+    async def look() -> tuple[int, list[int]]:
+        async with acting(config) as actions:
+            await actions.check_names(args.route, args.target, prefix="--")
+            return await actions.store.count(selection), await actions.select(selection)
+
+    total, ids = run(look())
+    emit(
+        args,
+        {"dry_run": True, f"would_{verb}": total, "ids": [str(i) for i in ids]},
+        lambda data: (
+            f"would {verb} {total} deliveries"
+            + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
+            + ("" if verb != "skip" or args.dry_run else " (add --yes to skip them)")
+        ),
+    )
+    return 0
+
+
 def retry_deliveries(args: argparse.Namespace) -> int:
     return _each_delivery(
         args,
-        Actions.retry,
+        lambda actions, delivery_id, by: actions.retry(delivery_id, by=by),
         lambda d: (
             f"delivery {d['id']} → {d['target']}: one more attempt queued"
             f" ({d['attempts']} made so far)"
@@ -105,16 +180,41 @@ def retry_deliveries(args: argparse.Namespace) -> int:
 
 
 def skip_deliveries(args: argparse.Namespace) -> int:
+    """By id, each is skipped and said; by filter, only with --yes (else a dry
+    run): a bulk skip is not undone by a requeue of the same filter."""
+    if _filtered(args) or args.dry_run:
+        config = read_operator_config(args)
+        selection = _selection(args, config)
+        if args.dry_run or not args.yes:
+            return _dry_run(args, "skip", selection, config)
+
+        async def act() -> list[int]:
+            async with acting(config) as actions:
+                await actions.check_names(args.route, args.target, prefix="--")
+                return await actions.skip_selected(selection, by=who())
+
+        skipped = run(act())
+        emit(
+            args,
+            {"skipped": len(skipped), "ids": [str(i) for i in skipped]},
+            lambda data: (
+                f"skipped {data['skipped']} deliveries"
+                + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
+            ),
+        )
+        return 0
+    if not args.delivery_ids:
+        raise CommandError("name delivery ids, or filters (--route, --target, --search...)")
     return _each_delivery(
         args,
-        Actions.skip,
+        lambda actions, delivery_id, by: actions.skip(delivery_id, by=by),
         lambda d: f"delivery {d['id']} → {d['target']}: skipped, it will not be sent",
     )
 
 
 def _each_delivery(
     args: argparse.Namespace,
-    verb: Callable[[Actions, int], Awaitable[DeliveryView]],
+    verb: Callable[[Actions, int, str], Awaitable[DeliveryView]],
     line: Callable[[dict[str, Any]], str],
 ) -> int:
     """One operator verb on each delivery named; those it does not apply to are
@@ -128,7 +228,7 @@ def _each_delivery(
         async with acting(config) as actions:
             for delivery_id in ids:
                 try:
-                    delivery = await verb(actions, delivery_id)
+                    delivery = await verb(actions, delivery_id, who())
                 except (NotFound, Conflict) as error:
                     problems.append(str(error))
                     continue
@@ -144,20 +244,14 @@ def _each_delivery(
 
 def requeue_deliveries(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
-    since, until = time_window(args, config)
-    selection = Selection(
-        status=Status(args.status),
-        route=args.route,
-        target=args.target,
-        since=since,
-        until=until,
-        ids=tuple(row_ids(args.delivery_ids, "delivery id")),
-    )
+    selection = _selection(args, config)
+    if args.dry_run:
+        return _dry_run(args, "requeue", selection, config)
 
     async def act() -> list[int]:
         async with acting(config) as actions:
             await actions.check_names(args.route, args.target, prefix="--")
-            return await actions.requeue(selection)
+            return await actions.requeue(selection, by=who())
 
     requeued = run(act())
     emit(
@@ -176,13 +270,31 @@ def pause_target(args: argparse.Namespace) -> int:
 
     async def act() -> None:
         async with acting(config) as actions:
-            await actions.set_paused(args.target, args.paused)
+            await actions.set_paused(args.target, args.paused, by=who())
 
     run(act())
     emit(
         args,
         {"target": args.target, "paused": args.paused},
         lambda data: f"target {data['target']} {'paused' if data['paused'] else 'resumed'}",
+    )
+    return 0
+
+
+def show_audit(args: argparse.Namespace) -> int:
+    config = read_operator_config(args)
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with acting(config) as actions:
+            return [audit_view(entry) for entry in await actions.audit(max(1, args.limit))]
+
+    emit(
+        args,
+        run(fetch()),
+        lambda rows: table(
+            [[a["at"], a["by"], a["action"], a["subject"], str(a["count"])] for a in rows],
+            ["AT", "BY", "ACTION", "ON", "DELIVERIES"],
+        ),
     )
     return 0
 
@@ -221,7 +333,7 @@ def _stats_text(data: dict[str, Any], zone: Zone) -> str:
                     name,
                     *(str(info[s]) for s in statuses),
                     "yes" if info["paused"] else "",
-                    f"since {format_iso_local(info['down_since'], zone)}" if info["down"] else "",
+                    _down_text(info, zone),
                     format_iso_local(info["last_success_at"], zone),
                     str(info["consecutive_failures"]),
                     info["last_error"] or "-",
@@ -271,6 +383,15 @@ def _heartbeat_text(instance: dict[str, Any]) -> str:
     if age is None:
         return "-"
     return f"{format_duration(age)} ago"
+
+
+def _down_text(info: dict[str, Any], zone: Zone) -> str:
+    """A down target: since when, and which delivery its next probe takes."""
+    if not info["down"]:
+        return ""
+    probe = info.get("probe_delivery")
+    since = format_iso_local(info["down_since"], zone)
+    return f"since {since}" + (f", probe: delivery {probe}" if probe else "")
 
 
 def purge_events(args: argparse.Namespace) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
 import shlex
 import subprocess
@@ -21,6 +20,7 @@ from relay.cli.common import (
     emit,
     read_config,
     run,
+    who,
 )
 from relay.inputs import row_id
 from relay.payload import media_type
@@ -61,12 +61,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--content-type", help="the copy's content type (default: the original's)")
     parser.add_argument("--yes", action="store_true", help="send without asking to confirm")
     parser.set_defaults(handler=resend)
-
-
-def who() -> str:
-    """The person at the shell (through sudo, the one who ran sudo)."""
-    user = os.environ.get("SUDO_USER") or getpass.getuser()
-    return f"cli user {user}"
 
 
 def resend(args: argparse.Namespace) -> int:

@@ -2,11 +2,16 @@
 
 from relay.store.backends import BACKENDS, Backend, open_store, serve_lock
 from relay.store.base import (
+    AUDIT_IDS_KEPT,
+    UNKNOWN,
     Accepted,
     AlertNote,
     AlertNotes,
+    AttemptKind,
     AttemptRecord,
     AttemptView,
+    Attention,
+    AuditEntry,
     BodyHead,
     ClaimedDelivery,
     Conflict,
@@ -22,6 +27,7 @@ from relay.store.base import (
     Header,
     Health,
     HeldBehind,
+    HeldKey,
     HeldTargets,
     Hold,
     HourlyActivity,
@@ -59,13 +65,18 @@ from relay.store.lock import AlreadyRunning, ServeLock
 from relay.store.sqlite import SqliteStore
 
 __all__ = [
+    "AUDIT_IDS_KEPT",
     "BACKENDS",
+    "UNKNOWN",
     "Accepted",
     "AlertNote",
     "AlertNotes",
     "AlreadyRunning",
+    "AttemptKind",
     "AttemptRecord",
     "AttemptView",
+    "Attention",
+    "AuditEntry",
     "Backend",
     "BodyHead",
     "ClaimedDelivery",
@@ -82,6 +93,7 @@ __all__ = [
     "Header",
     "Health",
     "HeldBehind",
+    "HeldKey",
     "HeldTargets",
     "Hold",
     "HourlyActivity",

@@ -43,12 +43,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
+from relay.outcome import SentRequest
 from relay.payload import Payload
 
 if TYPE_CHECKING:
     import asyncio
 
     from relay.config import Config
+
+
+# Who acted, when a caller of an operator verb does not say (tests, scripts).
+UNKNOWN = "unknown"
 
 
 class StoreError(Exception):
@@ -89,6 +94,9 @@ class Status(StrEnum):
     DELIVERED = "delivered"
     DEAD = "dead"
     SKIPPED = "skipped"
+    # Dead, then a person's corrected copy of its event was delivered to the
+    # same target: nothing is left to do for it (DeliveryView.resolved_by).
+    RESOLVED = "resolved"
 
 
 Header = tuple[str, str]
@@ -153,6 +161,18 @@ class ClaimedDelivery:
     payload: Payload
     # What makes its webhook-id unique across databases (None: stored before tags).
     message_tag: str | None = None
+    # A corrected copy's delivery: the original's delivery to the same target,
+    # which becomes resolved (if dead) when this one is delivered.
+    resolves: int | None = None
+
+
+class AttemptKind(StrEnum):
+    """Why an attempt was made: a step of the retry cycle, a person's retry
+    now, or a down target's probe (the last two spend no step of the cycle)."""
+
+    CYCLE = "cycle"
+    MANUAL = "manual"
+    PROBE = "probe"
 
 
 @dataclass(frozen=True)
@@ -170,6 +190,9 @@ class AttemptRecord:
     # target's probe), so the delivery's cycle count stays as it was. Decided
     # by relay.retry (Decision.in_cycle); the store only records it.
     in_cycle: bool = True
+    kind: AttemptKind = AttemptKind.CYCLE
+    # What was sent (secrets masked, the body cut like the answer), if known.
+    request: SentRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -237,6 +260,10 @@ class DeliveryView:
     order_key: str | None = None
     # Pending behind an earlier delivery of the same key (order_by), if so.
     held_behind: HeldBehind | None = None
+    # The two ends of a resolution: this corrected copy's delivery resolves
+    # that one of the original; this resolved one was resolved by that one.
+    resolves: int | None = None
+    resolved_by: int | None = None
 
     @property
     def waiting_turn(self) -> bool:
@@ -259,6 +286,11 @@ class AttemptView:
     error: str | None
     response: bytes
     next_attempt_at: float | None
+    kind: AttemptKind = AttemptKind.CYCLE
+    # Its step in its retry cycle (1 = the cycle's first try); None for a
+    # manual retry or a probe, which are no step of it.
+    cycle_number: int | None = None
+    request: SentRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -277,7 +309,13 @@ class EventView:
     def status(self) -> Status:
         """One word for the event: the most urgent state among its deliveries."""
         states = {delivery.status for delivery in self.deliveries}
-        for status in (Status.DEAD, Status.IN_FLIGHT, Status.PENDING, Status.DELIVERED):
+        for status in (
+            Status.DEAD,
+            Status.IN_FLIGHT,
+            Status.PENDING,
+            Status.RESOLVED,
+            Status.DELIVERED,
+        ):
             if status in states:
                 return status
         return Status.SKIPPED if states else Status.DELIVERED
@@ -317,12 +355,31 @@ class EventDetail:
 
 @dataclass(frozen=True)
 class LogEntry:
-    """Something a person did to a delivery: "retry" (one more attempt) or "requeue"."""
+    """Something done to a delivery: "retry" (one more attempt), "requeue",
+    "skip" by a person (`by`), or "resolved" by a corrected copy."""
 
     delivery_id: int
     at: float
     kind: str
     detail: str | None
+    by: str | None = None
+
+
+# An audit entry keeps the ids of the first this many deliveries it touched.
+AUDIT_IDS_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action: who, when, what, on how many deliveries."""
+
+    id: int
+    at: float
+    by: str  # "dashboard session 1a2b3c4d from 127.0.0.1", "cli user anna", "admin API..."
+    action: str  # pause, resume, retry, skip, requeue, resend
+    subject: str  # what it named: "target crm", "delivery 12", "dead, route leads"...
+    count: int  # deliveries it touched (0 for a pause)
+    deliveries: tuple[int, ...]  # the first AUDIT_IDS_KEPT of them
 
 
 @dataclass(frozen=True)
@@ -347,6 +404,10 @@ class DownState:
     since: float
     probe_at: float
     probes: int  # failed probes so far
+    # The delivery of the last probe (or of the failure that made it down);
+    # the one the next probe takes (read with target_states only).
+    last_probe: int | None = None
+    next_probe: int | None = None
 
 
 @dataclass(frozen=True)
@@ -370,7 +431,10 @@ class TargetState:
 
 @dataclass(frozen=True)
 class Selection:
-    """Which deliveries a bulk requeue takes; time bounds are on the event's arrival."""
+    """Which deliveries a bulk action (requeue, skip) takes: those in `status`
+    that meet every filter given. Time bounds are on the event's arrival;
+    `key` and `search` as in EventQuery, so a bulk action on a listing takes
+    exactly the deliveries the listing shows."""
 
     status: Status = Status.DEAD
     route: str | None = None
@@ -378,6 +442,28 @@ class Selection:
     since: float | None = None
     until: float | None = None
     ids: tuple[int, ...] = ()
+    key: str | None = None
+    search: TextSearch | None = None
+
+
+@dataclass(frozen=True)
+class HeldKey:
+    """An ordering key held: its first unfinished delivery is dead, and
+    `waiting` deliveries of the key wait behind it."""
+
+    delivery_id: int
+    event_id: int
+    target: str
+    order_key: str
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What needs a person (the dashboard's Overview leads with it)."""
+
+    dead_since: int  # deliveries gone dead since the time asked about
+    held: tuple[HeldKey, ...]  # the first `limit` held keys, oldest first
 
 
 @dataclass(frozen=True)
@@ -632,20 +718,25 @@ class Queue(Protocol):
 class Operations(Protocol):
     """What a person does to deliveries and targets (dashboard, API, CLI)."""
 
-    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+    # Every verb here takes `by`, who acts (a CLI user, a dashboard session, the
+    # admin API's token): the action is recorded with it in the audit
+    # (list_audit) and in the history of each delivery it touched, in the
+    # action's own transaction.
+
+    async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         """One more attempt, due now. The attempt count is kept and no cycle
         starts: if it fails, a dead delivery stays dead and a pending one keeps
         its schedule. Raises NotFound, or Conflict when delivered or in flight."""
         ...
 
-    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+    async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         """A person decides a pending or dead delivery is not to be sent: it
         becomes skipped (logged as "skip"), and the next delivery of its
         ordering key, if any, may go. Raises NotFound, or Conflict when it is
         delivered, skipped already or in flight."""
         ...
 
-    async def requeue(self, selection: Selection, now: float) -> list[int]:
+    async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         """A fresh retry cycle for each selected delivery (history kept, the
         requeue logged). Deliveries already pending are left as they are.
         Returns the ids requeued."""
@@ -655,6 +746,19 @@ class Operations(Protocol):
         """How many deliveries a requeue of `selection` would take."""
         ...
 
+    async def select(self, selection: Selection, limit: int) -> list[int]:
+        """The ids of the deliveries `selection` takes (what a bulk action on it
+        would act on), oldest first, at most `limit`."""
+        ...
+
+    async def skip_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> list[int]:
+        """`skip` for every pending or dead delivery `selection` takes (deliveries
+        in flight are left to finish), in one transaction, oldest first: the
+        next delivery of each ordering key may go. Returns the ids skipped."""
+        ...
+
     async def resend(self, resend: Resend, now: float) -> int:
         """Store an edited copy of an event as a new event (no idempotency key:
         it goes out with its own id as one), linked to the original, with one
@@ -662,7 +766,7 @@ class Operations(Protocol):
         is not touched. Returns the new event's id; NotFound without the original."""
         ...
 
-    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+    async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         """Pause or resume a target; resuming a down one makes its probe due now."""
         ...
 
@@ -695,6 +799,15 @@ class Queries(Protocol):
         until: float | None = None,
     ) -> list[Rejection]:
         """The newest refused requests first; `since` inclusive, `until` exclusive."""
+        ...
+
+    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        """Operator actions, newest first; `before_id` pages back."""
+        ...
+
+    async def attention(self, dead_since: float, limit: int) -> Attention:
+        """How many deliveries went dead at or after `dead_since` (and are dead
+        still), and the ordering keys held behind a dead delivery."""
         ...
 
     async def search_progress(self) -> SearchProgress: ...

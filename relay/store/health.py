@@ -14,7 +14,18 @@ from relay.outcome import Verdict
 from relay.store.base import AttemptRecord, FailureStreak, Hold
 
 # What the rule reads of the target's row, in this order.
-HEALTH_COLUMNS = "consecutive_failures, down_streak, down_since, probes"
+HEALTH_COLUMNS = "consecutive_failures, down_streak, down_since, probes, successes"
+
+
+def fails_alone(*, flagged: bool, seen: int | None, successes: int) -> bool:
+    """Whether a delivery failing now fails alone: it failed before, and its
+    target delivered others since (`successes` now, `seen` at its last
+    failure). Its failures are then about its payload, not the target: one
+    poison payload must not make a hold_when_down target down, where it
+    would be the probe for ever and never spend a retry. Once alone, alone
+    (`flagged`) until the delivery is done: after the others it fails by
+    itself, with no success in between to tell."""
+    return flagged or (seen is not None and successes > seen)
 
 
 @dataclass(frozen=True)
@@ -33,19 +44,29 @@ def health_after(
     down_streak: int,
     down_since: float | None,
     probes: int,
+    successes: int = 0,
+    alone: bool = False,
+    delivery_id: int | None = None,
 ) -> HealthChange:
-    """What this attempt changes of its target's row (read as HEALTH_COLUMNS)."""
+    """What this attempt (of delivery `delivery_id`) changes of its target's
+    row (read as HEALTH_COLUMNS); `alone`: it failed alone (`fails_alone`)."""
     if not attempt.target_at_fault:
         # The event could not be sent as rendered: nothing was learnt about the target.
         return HealthChange(FailureStreak(before, before, down=down_since is not None))
     # A retry outcome (network, timeout, 5xx, 429) says the target may be down;
     # any answer about the payload (success, a 4xx) says it is up.
     down_signal = attempt.outcome == Verdict.RETRY
-    down_streak = down_streak + 1 if down_signal else 0
+    if not (down_signal and alone):  # a payload failing alone leaves the streak as it is
+        down_streak = down_streak + 1 if down_signal else 0
     columns: dict[str, Any]
     if attempt.outcome == Verdict.SUCCESS:
         after = 0
-        columns = {"last_success_at": now, "consecutive_failures": 0, "down_streak": 0}
+        columns = {
+            "last_success_at": now,
+            "consecutive_failures": 0,
+            "down_streak": 0,
+            "successes": successes + 1,
+        }
     else:
         after = before + 1
         columns = {
@@ -55,13 +76,22 @@ def health_after(
             "down_streak": down_streak,
         }
     if down_since is not None and not down_signal:
-        columns |= {"down_since": None, "probe_at": None, "probes": 0}
+        columns |= {"down_since": None, "probe_at": None, "probes": 0, "probe_delivery": None}
         streak = FailureStreak(before, after, came_up=True, down_for=now - down_since)
         return HealthChange(streak, columns, count_waiting=True)
     if hold is not None and down_signal:
-        if down_since is None and down_streak >= hold.down_after:
-            columns |= {"down_since": now, "probe_at": hold.probe_at, "probes": 0}
+        if down_since is None and down_streak >= hold.down_after and not alone:
+            columns |= {
+                "down_since": now,
+                "probe_at": hold.probe_at,
+                "probes": 0,
+                "probe_delivery": delivery_id,
+            }
             return HealthChange(FailureStreak(before, after, went_down=True, down=True), columns)
         if down_since is not None and hold.probe:
-            columns |= {"probe_at": hold.probe_at, "probes": probes + 1}
+            columns |= {
+                "probe_at": hold.probe_at,
+                "probes": probes + 1,
+                "probe_delivery": delivery_id,
+            }
     return HealthChange(FailureStreak(before, after, down=down_since is not None), columns)

@@ -255,6 +255,47 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # earlier attempts carried (msg_relay_<id>).
         ["ALTER TABLE deliveries ADD COLUMN message_tag TEXT"],
     ),
+    (
+        12,
+        "the operator's loop: payloads that fail alone, probes, attempts by kind",
+        [
+            # Successes of a target, counted: a delivery that fails again after
+            # the target delivered others since its last failure fails alone
+            # (its payload, not the target), and never makes the target down.
+            "ALTER TABLE targets ADD COLUMN successes INTEGER NOT NULL DEFAULT 0",
+            # The delivery of the last probe of a down target (or the failure that made it down).
+            "ALTER TABLE targets ADD COLUMN probe_delivery INTEGER",
+            "ALTER TABLE deliveries ADD COLUMN seen_successes INTEGER",
+            "ALTER TABLE deliveries ADD COLUMN fails_alone INTEGER NOT NULL DEFAULT 0",
+            # 'cycle' (a step of the retry cycle), 'manual' (a person's retry
+            # now) or 'probe' (of a down target); and the step's number in its cycle.
+            "ALTER TABLE attempts ADD COLUMN kind TEXT NOT NULL DEFAULT 'cycle'",
+            "ALTER TABLE attempts ADD COLUMN cycle_number INTEGER",
+            # A corrected copy's delivery and the original's to the same target:
+            # delivered, the copy resolves the original (if dead), both linked.
+            "ALTER TABLE deliveries ADD COLUMN resolves INTEGER",
+            "ALTER TABLE deliveries ADD COLUMN resolved_by INTEGER",
+            # Who did what: every operator action (pause, resume, retry, skip,
+            # requeue, resend), with the deliveries it touched (the first
+            # AUDIT_IDS_KEPT); each delivery's history line names who too.
+            """
+            CREATE TABLE audit (
+                id INTEGER PRIMARY KEY,
+                at REAL NOT NULL,
+                by TEXT NOT NULL,
+                action TEXT NOT NULL,
+                subject TEXT NOT NULL,
+                count INTEGER NOT NULL,
+                deliveries TEXT NOT NULL
+            )
+            """,
+            "ALTER TABLE delivery_log ADD COLUMN by TEXT",
+            # The request an attempt sent (method, URL, headers as JSON, secrets
+            # masked) and its body's first bytes, shown beside the answer.
+            "ALTER TABLE attempts ADD COLUMN request TEXT",
+            "ALTER TABLE attempts ADD COLUMN request_body BLOB",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -40,14 +40,18 @@ import orjson
 
 import relay.store.rows as rows
 from relay.config import Config
+from relay.outcome import Verdict
 from relay.pgurl import masked_url
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
     SEARCH_SECONDS,
+    UNKNOWN,
     Accepted,
     AlertNote,
     AttemptRecord,
+    Attention,
+    AuditEntry,
     BodyHead,
     ClaimedDelivery,
     DeliveryView,
@@ -58,6 +62,7 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     HeldBehind,
+    HeldKey,
     HeldTargets,
     Hold,
     HourlyActivity,
@@ -78,10 +83,11 @@ from relay.store.base import (
     StoreError,
     StoreUnavailable,
     TargetState,
+    TextSearch,
     Transition,
     Waits,
 )
-from relay.store.health import HEALTH_COLUMNS, health_after
+from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
 from relay.store.pg_cluster import (
     ALIVE,
     DEAD_AFTER,
@@ -114,6 +120,7 @@ from relay.store.rows import (
     HELD_TARGETS,
     LOG_COLUMNS,
     RESEND_COLUMNS,
+    TARGET_STATE_COLUMNS,
     Row,
     attempt_values,
     claimed_delivery,
@@ -121,10 +128,13 @@ from relay.store.rows import (
     decode_headers,
     delivery_after,
     delivery_view,
+    describe_selection,
     event_detail,
     event_view,
     held_targets,
+    resend_subject,
     selection_where,
+    target_state,
 )
 from relay.store.verbs import (
     Missing,
@@ -148,10 +158,7 @@ CHANNEL = "relay_wake"
 # instances named by default, one per start, are not worth an operator's eye).
 SHOWN_FOR = 86400.0
 
-CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
-    " message_tag"
-)
+CLAIM_RETURNING = rows.CLAIM_RETURNING
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3,
     lease_expires = {lease_expires("$3", "$1")}
@@ -197,6 +204,9 @@ def numbered(sql: str, start: int = 1) -> str:
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
+NEXT_PROBE = numbered(rows.NEXT_PROBE)  # (target)
+RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
+LINK_COPY = numbered(rows.LINK_COPY)  # (original event, copy event)
 
 
 class _AlreadySent(Exception):
@@ -722,23 +732,23 @@ class PostgresStore:
                     return first  # it did commit: kept once, with its answer
             await connection.execute(
                 f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
-                *attempt_values(delivery.id, attempt, next_at),
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
+                *attempt_values(delivery.id, attempt, next_at, cycle if attempt.in_cycle else None),
             )
             # Only while the lease is still this instance's: one taken over
             # (this attempt outlived it) is the new owner's to decide, and its
             # attempt may be under way. The attempt above happened all the same.
             result = await connection.execute(
                 "UPDATE deliveries SET status = $1, attempts = $2, cycle_attempts = $3,"
-                " next_attempt_at = CASE WHEN $4 THEN next_attempt_at ELSE $5 END,"
-                " lease_until = NULL, lease_owner = NULL, last_error = $6, updated_at = $7,"
+                " next_attempt_at = $4,"
+                " lease_until = NULL, lease_owner = NULL, last_error = $5, updated_at = $6,"
                 " resume_status = NULL, resume_at = NULL"
-                " WHERE id = $8 AND status = 'in_flight' AND lease_owner = $9",
+                " WHERE id = $7 AND status = 'in_flight' AND lease_owner = $8",
                 status.value,
                 attempt.number,
                 cycle,
-                waits,
-                next_at,
+                # A failed probe goes to the back of the line (rows.LINE_UP_BY_ARRIVAL).
+                now if waits else next_at,
                 error,
                 now,
                 delivery.id,
@@ -747,10 +757,13 @@ class PostgresStore:
             held = result.split()[-1] != "0"
             if held and status is Status.DELIVERED:
                 await connection.execute(NEXT_IN_LINE, now, now, delivery.id)
+                await _resolve_originals(connection, delivery, now)
             if isinstance(then, RetryAt) and then.hold_until is not None:
                 await self._hold_paces(connection, delivery.target, then.hold_until)
-            streak = await _update_health(connection, delivery.target, attempt, now, hold)
-            if streak.went_down:
+            streak = await _update_health(
+                connection, delivery.target, attempt, now, hold, delivery.id
+            )
+            if streak.went_down or streak.came_up:
                 await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
             elif held and streak.down and isinstance(then, RetryAt):
                 await connection.execute(
@@ -861,7 +874,7 @@ class PostgresStore:
             if query.search is None:
                 rows = await connection.fetch(numbered(sql), *params)
             else:
-                rows = await _search(connection, numbered(sql), params)
+                rows = await _timed_search(connection, numbered(sql), params)
             deliveries = await _deliveries_of(connection, [row[0] for row in rows])
         return [event_view(row, deliveries.get(row[0], ())) for row in rows]
 
@@ -950,6 +963,15 @@ class PostgresStore:
                 now,
                 resend.by,
             )
+            await connection.execute(LINK_COPY, resend.original_id, accepted.event_id)
+            copies = [
+                int(row[0])
+                for row in await connection.fetch(
+                    "SELECT id FROM deliveries WHERE event_id = $1 ORDER BY id", accepted.event_id
+                )
+            ]
+            subject = resend_subject(resend, accepted.event_id)
+            await _insert_audit(connection, now, resend.by, "resend", subject, copies)
             return accepted.event_id
 
         # Made twice, a resend is two copies: two orders in the CRM.
@@ -959,7 +981,7 @@ class PostgresStore:
         await self._wake("resend")
         return copy_id
 
-    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+    async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         async def job(connection: Connection) -> VerbResult:
             row = await connection.fetchrow(
                 "SELECT status, resume_status, next_attempt_at, target, order_key"
@@ -994,7 +1016,15 @@ class PostgresStore:
             else:
                 return await _select_delivery(connection, delivery_id)
             await _insert_log(
-                connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "retry",
+                f"one more attempt (was {status.value})",
+                by,
+            )
+            await _insert_audit(
+                connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id]
             )
             return await _select_delivery(connection, delivery_id)
 
@@ -1002,7 +1032,7 @@ class PostgresStore:
         await self._wake("retry")
         return result
 
-    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+    async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         async def job(connection: Connection) -> VerbResult:
             status_text = await connection.fetchval(
                 "SELECT status FROM deliveries WHERE id = $1 FOR UPDATE", delivery_id
@@ -1021,7 +1051,15 @@ class PostgresStore:
                 delivery_id,
             )
             await _insert_log(
-                connection, [delivery_id], now, "skip", f"not to be sent (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "skip",
+                f"not to be sent (was {status.value})",
+                by,
+            )
+            await _insert_audit(
+                connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id]
             )
             await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
             return await _select_delivery(connection, delivery_id)
@@ -1030,10 +1068,10 @@ class PostgresStore:
         await self._wake("skip")
         return result
 
-    async def requeue(self, selection: Selection, now: float) -> list[int]:
+    async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
-        where, params = selection_where(selection)
+        where, params = selection_where(selection, _search)
 
         async def job(connection: Connection) -> list[int]:
             ids = [
@@ -1042,19 +1080,23 @@ class PostgresStore:
                     # A delivered or skipped one sent again is a person's resend,
                     # outside its key's order (it would otherwise cut in line).
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
-                    " next_attempt_at = $1, lease_until = NULL, lease_owner = NULL,"
+                    " fails_alone = false, next_attempt_at = $1, lease_until = NULL,"
+                    " lease_owner = NULL,"
                     " resume_status = NULL, resume_at = NULL, updated_at = $1,"
-                    " order_key = CASE WHEN status IN ('delivered', 'skipped') THEN NULL"
-                    " ELSE order_key END"
+                    " order_key = CASE WHEN status IN ('delivered', 'skipped', 'resolved')"
+                    " THEN NULL ELSE order_key END"
                     f" WHERE {numbered(where, 2)} RETURNING id",
                     now,
                     *params,
                 )
             ]
+            ids.sort()
             await _insert_log(
-                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})"
+                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})", by
             )
-            return sorted(ids)
+            subject = describe_selection(selection)
+            await _insert_audit(connection, now, by, "requeue", subject, ids)
+            return ids
 
         # Made twice, a requeue of delivered deliveries sends them twice more.
         ids = await self._write_settled(job, ("requeue", selection))
@@ -1063,9 +1105,52 @@ class PostgresStore:
         return ids
 
     async def count(self, selection: Selection) -> int:
-        where, params = selection_where(selection)
+        where, params = selection_where(selection, _search)
         rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {numbered(where)}", *params)
         return int(rows[0][0])
+
+    async def select(self, selection: Selection, limit: int) -> list[int]:
+        where, params = selection_where(selection, _search)
+        sql = numbered(f"SELECT id FROM deliveries WHERE {where} ORDER BY id LIMIT ?")
+        rows = await self._read(sql, *params, limit)
+        return [int(row[0]) for row in rows]
+
+    async def skip_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> list[int]:
+        if selection.status not in (Status.PENDING, Status.DEAD):
+            return []
+        where, params = selection_where(selection, _search)
+        was = selection.status.value
+
+        async def job(connection: Connection) -> list[int]:
+            # Locked, in id order: an attempt's record or another skip waits.
+            ids = [
+                int(row[0])
+                for row in await connection.fetch(
+                    f"SELECT id FROM deliveries WHERE {numbered(where)} ORDER BY id FOR UPDATE",
+                    *params,
+                )
+            ]
+            for delivery_id in ids:
+                await connection.execute(
+                    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+                    " resume_status = NULL, resume_at = NULL, last_error = $1, updated_at = $2"
+                    " WHERE id = $3",
+                    f"skipped by an operator (was {was})",
+                    now,
+                    delivery_id,
+                )
+                await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
+            await _insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
+            subject = describe_selection(selection)
+            await _insert_audit(connection, now, by, "skip", subject, ids)
+            return ids
+
+        ids = await self._write(job)
+        if ids:
+            await self._wake("skip")
+        return ids
 
     async def activity(self, since: float, until: float) -> list[HourlyActivity]:
         start = since - since % 3600
@@ -1089,8 +1174,10 @@ class PostgresStore:
             for slot in range(hours)
         ]
 
-    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+    async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         async def job(connection: Connection) -> None:
+            action = "pause" if paused else "resume"
+            await _insert_audit(connection, now, by, action, f"target {target}")
             await connection.execute(
                 "INSERT INTO targets (name, paused, paused_at) VALUES ($1, $2, $3)"
                 " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
@@ -1111,15 +1198,28 @@ class PostgresStore:
         await self._write(job)
         await self._wake("pause")
 
+    async def attention(self, dead_since: float, limit: int) -> Attention:
+        async with self._snapshot() as connection:
+            dead = await connection.fetchval(numbered(rows.DEAD_SINCE), dead_since)
+            held = await connection.fetch(numbered(rows.HELD_KEYS), limit)
+        return Attention(
+            int(dead), tuple(HeldKey(int(r[0]), int(r[1]), r[2], r[3], int(r[4])) for r in held)
+        )
+
+    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        found = await self._read(
+            f"SELECT {rows.AUDIT_COLUMNS} FROM audit WHERE id < $1 ORDER BY id DESC LIMIT $2",
+            before_id if before_id is not None else 2**63 - 1,
+            limit,
+        )
+        return [rows.audit_entry(tuple(row)) for row in found]
+
     async def paused_targets(self) -> frozenset[str]:
         rows = await self._read("SELECT name FROM targets WHERE paused")
         return frozenset(row[0] for row in rows)
 
     async def down_targets(self) -> dict[str, DownState]:
-        rows = await self._read(
-            "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
-        )
-        return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+        return (await self.held_targets()).down
 
     async def held_targets(self) -> HeldTargets:
         return held_targets([tuple(row) for row in await self._read(HELD_TARGETS)])
@@ -1179,7 +1279,7 @@ class PostgresStore:
             params.append(default_cutoff)
         finished = (
             "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
-            " AND d.status NOT IN ('delivered', 'skipped'))"
+            " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
         )
         if dry_run:
             rows = await self._read(
@@ -1349,6 +1449,23 @@ class PostgresStore:
             await self.notify(what)
 
 
+def _search(search: TextSearch) -> tuple[str, list[Any]]:
+    """The events a search matches, as a condition on deliveries (as list_events)."""
+    conditions = []
+    params: list[Any] = []
+    if search.digits is not None:
+        conditions.append("digits LIKE ?")
+        params.append(_substring(search.digits))
+    for word in search.words:
+        conditions.append("text LIKE ?")
+        params.append(_substring(word))
+    return (
+        "event_id IN (SELECT event_id FROM event_search"
+        f" WHERE {' AND '.join(conditions) or 'true'})",
+        params,
+    )
+
+
 def _substring(text: str) -> str:
     """A LIKE pattern matching `text` anywhere, its own % _ and \\ taken literally."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -1369,11 +1486,29 @@ async def _select_delivery(connection: Connection, delivery_id: int) -> Delivery
 
 
 async def _insert_log(
-    connection: Connection, delivery_ids: Sequence[int], now: float, kind: str, detail: str
+    connection: Connection,
+    delivery_ids: Sequence[int],
+    now: float,
+    kind: str,
+    detail: str,
+    by: str | None = None,
 ) -> None:
     await connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES ($1, $2, $3, $4)",
-        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES ($1, $2, $3, $4, $5)",
+        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
+    )
+
+
+async def _insert_audit(
+    connection: Connection,
+    now: float,
+    by: str,
+    action: str,
+    subject: str,
+    delivery_ids: Sequence[int] = (),
+) -> None:
+    await connection.execute(
+        numbered(rows.INSERT_AUDIT), *rows.audit_values(now, by, action, subject, delivery_ids)
     )
 
 
@@ -1386,25 +1521,15 @@ async def _oldest(connection: Connection) -> float | None:
 
 
 async def _target_states(connection: Connection) -> dict[str, TargetState]:
-    rows = await connection.fetch(
-        "SELECT name, paused, last_success_at, last_error_at, last_error,"
-        " consecutive_failures, down_since, probe_at, probes FROM targets"
-    )
-    return {
-        row[0]: TargetState(
-            row[0],
-            bool(row[1]),
-            row[2],
-            row[3],
-            row[4],
-            row[5],
-            down=DownState(row[6], row[7], row[8]) if row[6] is not None else None,
-        )
-        for row in rows
-    }
+    states = {}
+    for row in await connection.fetch(f"SELECT {TARGET_STATE_COLUMNS} FROM targets"):
+        # Down: which delivery its next probe takes.
+        probe = await connection.fetchval(NEXT_PROBE, row[0]) if row[6] is not None else None
+        states[row[0]] = target_state(tuple(row), probe)
+    return states
 
 
-async def _search(connection: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+async def _timed_search(connection: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
     """A search's statement, stopped at SEARCH_SECONDS (in its transaction only)."""
     await connection.execute(f"SET LOCAL statement_timeout = {int(SEARCH_SECONDS * 1000)}")
     try:
@@ -1471,12 +1596,31 @@ async def _event_detail(connection: Connection, event_id: int) -> EventDetail | 
     return event_detail(row, deliveries, attempts, log, links)
 
 
+async def _resolve_originals(connection: Connection, delivery: ClaimedDelivery, now: float) -> None:
+    """As rows.resolve_originals: a delivered corrected copy resolves the dead
+    delivery it stands for, up a chain of copies."""
+    original = delivery.resolves
+    for _ in range(rows.RESOLVE_DEPTH):
+        if original is None:
+            return
+        row = await connection.fetchrow(RESOLVE, delivery.id, now, original)
+        if row is None:
+            return
+        detail = (
+            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}"
+        )
+        await _insert_log(connection, [original], now, "resolved", detail)
+        await connection.execute(NEXT_IN_LINE, now, now, original)
+        original = row[0]
+
+
 async def _update_health(
     connection: Connection,
     target: str,
     attempt: AttemptRecord,
     now: float,
     hold: Hold | None,
+    delivery_id: int,
 ) -> FailureStreak:
     """The target's health after this attempt (relay.store.health), written down
     with the row locked: instances record attempts of one target at once."""
@@ -1487,6 +1631,19 @@ async def _update_health(
         f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1 FOR UPDATE", target
     )
     assert row is not None  # inserted just above
+    alone = False
+    if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
+        seen = await connection.fetchrow(
+            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
+        )
+        assert seen is not None  # its lease is held: never purged
+        alone = fails_alone(flagged=seen[1], seen=seen[0], successes=row[4])
+        await connection.execute(
+            "UPDATE deliveries SET seen_successes = $1, fails_alone = $2 WHERE id = $3",
+            row[4],
+            alone,
+            delivery_id,
+        )
     change = health_after(
         attempt,
         now,
@@ -1495,6 +1652,9 @@ async def _update_health(
         down_streak=row[1],
         down_since=row[2],
         probes=row[3],
+        successes=row[4],
+        alone=alone,
+        delivery_id=delivery_id,
     )
     if change.columns:
         assignments = ", ".join(

@@ -26,20 +26,19 @@ from relay.store.rows import (
     attempt_values,
     line_up_by_arrival,
     placeholders,
+    resolve_originals,
     update_health,
 )
 
 ATTEMPT_INSERT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED}) VALUES "
-ATTEMPT_ROW = "(?,?,?,?,?,?,?,?,?)"
-# A probe that failed keeps its place: next_attempt_at as it was.
+ATTEMPT_ROW = "(?,?,?,?,?,?,?,?,?,?,?,?,?)"
 DELIVERY_UPDATE = (
     "UPDATE deliveries SET status = ?, attempts = ?, cycle_attempts = ?,"
-    " next_attempt_at = CASE WHEN ? THEN next_attempt_at ELSE ? END,"
-    " lease_until = NULL, last_error = ?, updated_at = ?,"
+    " next_attempt_at = ?, lease_until = NULL, last_error = ?, updated_at = ?,"
     " resume_status = NULL, resume_at = NULL"
     " WHERE id = ? AND status = 'in_flight'"
 )
-# Attempts per INSERT: 9 values each, within SQLite's 32766 bound values.
+# Attempts per INSERT: 13 values each, within SQLite's 32766 bound values.
 _ATTEMPTS_PER_STATEMENT = 1000
 
 
@@ -52,7 +51,7 @@ class RecordJob:
     status: Status
     next_at: float | None
     error: str | None
-    waits: bool  # pending with its time kept (a down target's failed probe)
+    waits: bool  # pending, no retry spent, back of the line (a down target's failed probe)
     cycle: int  # attempts in the cycle after this one
     now: float
     hold: Hold | None
@@ -90,10 +89,13 @@ class RecordJob:
             streaks.append(FailureStreak(health[target], 0))
             health[target] = 0
             last[target] = job
+        successes = {target: 0 for target in last}
+        for job in jobs:
+            successes[job.delivery.target] += 1
         connection.executemany(
-            "UPDATE targets SET last_success_at = ?, consecutive_failures = 0, down_streak = 0"
-            " WHERE name = ?",
-            [(job.now, target) for target, job in last.items()],
+            "UPDATE targets SET last_success_at = ?, consecutive_failures = 0, down_streak = 0,"
+            " successes = successes + ? WHERE name = ?",
+            [(job.now, successes[target], target) for target, job in last.items()],
         )
         return streaks
 
@@ -105,18 +107,21 @@ class RecordJob:
             and self.attempt.outcome == Verdict.SUCCESS.value
             and self.attempt.target_at_fault
             and self.hold is None
+            and self.delivery.resolves is None
         )
 
     def attempt_row(self) -> tuple[object, ...]:
-        return attempt_values(self.delivery.id, self.attempt, self.next_at)
+        number = self.cycle if self.attempt.in_cycle else None
+        return attempt_values(self.delivery.id, self.attempt, self.next_at, number)
 
     def delivery_row(self) -> tuple[object, ...]:
         return (
             self.status.value,
             self.attempt.number,
             self.cycle,
-            self.waits,
-            self.next_at,
+            # A failed probe goes to the back of its target's line (see
+            # relay.store.rows.LINE_UP_BY_ARRIVAL): the next probe is another.
+            self.now if self.waits else self.next_at,
             self.error,
             self.now,
             self.delivery.id,
@@ -128,9 +133,12 @@ class RecordJob:
         connection.execute(DELIVERY_UPDATE, self.delivery_row())
         if self.status is Status.DELIVERED:
             connection.execute(NEXT_IN_LINE, (self.now, self.now, self.delivery.id))
+            resolve_originals(connection, self.delivery, self.now)
         target = self.delivery.target
-        streak = update_health(connection, target, self.attempt, self.now, self.hold)
-        if streak.went_down:
+        streak = update_health(
+            connection, target, self.attempt, self.now, self.hold, self.delivery.id
+        )
+        if streak.went_down or streak.came_up:
             line_up_by_arrival(connection, target)
         elif streak.down and self.status is Status.PENDING and not self.waits:
             line_up_by_arrival(connection, target, self.delivery.id)

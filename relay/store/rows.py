@@ -4,16 +4,20 @@ the row mapping (same columns, same order) by the PostgreSQL store too."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
 import orjson
 
+from relay.outcome import SentRequest, Verdict
 from relay.payload import Payload
 from relay.store.base import (
+    AUDIT_IDS_KEPT,
+    AttemptKind,
     AttemptRecord,
     AttemptView,
+    AuditEntry,
     ClaimedDelivery,
     Delivered,
     DeliveryView,
@@ -31,11 +35,13 @@ from relay.store.base import (
     RetryAt,
     Selection,
     Status,
+    TargetState,
     TextSearch,
     Transition,
     Waits,
 )
-from relay.store.health import HEALTH_COLUMNS, health_after
+from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
+from relay.units import format_instant
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
@@ -43,7 +49,7 @@ EVENT_COLUMNS = (
 )
 DELIVERY_COLUMNS = (
     "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
-    " updated_at, order_key"
+    " updated_at, order_key, resolves, resolved_by"
 )
 # Per target, pending deliveries waiting behind a dead one of their ordering key
 # (the relay_deliveries_held gauge); read through the ordering lines' index.
@@ -75,7 +81,7 @@ AND status = 'pending' AND next_attempt_at IS NULL
 """
 CLAIM_RETURNING = (
     "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
-    " message_tag"
+    " message_tag, resolves"
 )
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
@@ -97,25 +103,79 @@ WHERE id IN (
 {CLAIM_RETURNING}
 """
 
+# Deliveries gone dead since a time, and still dead (attention).
+DEAD_SINCE = "SELECT COUNT(*) FROM deliveries WHERE status = 'dead' AND updated_at >= ?"
+# Ordering keys whose first unfinished delivery is dead, with how many wait.
+HELD_KEYS = """
+SELECT d.id, d.event_id, d.target, d.order_key,
+    (SELECT COUNT(*) FROM deliveries n WHERE n.target = d.target
+     AND n.order_key = d.order_key AND n.status = 'pending' AND n.id > d.id)
+FROM deliveries d
+WHERE d.status = 'dead' AND d.order_key IS NOT NULL
+AND d.id = (SELECT h.id FROM deliveries h WHERE h.target = d.target
+    AND h.order_key = d.order_key AND h.status IN ('pending', 'in_flight', 'dead')
+    ORDER BY h.id LIMIT 1)
+AND EXISTS (SELECT 1 FROM deliveries w WHERE w.target = d.target
+    AND w.order_key = d.order_key AND w.status = 'pending' AND w.id > d.id)
+ORDER BY d.id LIMIT ?
+"""
+
 # Paused or down targets, one row each (held_targets).
 HELD_TARGETS = (
-    "SELECT name, paused, down_since, probe_at, probes FROM targets"
+    "SELECT name, paused, down_since, probe_at, probes, probe_delivery FROM targets"
     " WHERE paused OR down_since IS NOT NULL"
+)
+# Every target's state (target_states), read by target_state().
+TARGET_STATE_COLUMNS = (
+    "name, paused, last_success_at, last_error_at, last_error,"
+    " consecutive_failures, down_since, probe_at, probes, probe_delivery"
+)
+# The delivery a down target's next probe takes: the one under way, else
+# the first in line (as claim_due orders them).
+NEXT_PROBE = (
+    "SELECT id FROM deliveries WHERE target = ? AND status IN ('pending', 'in_flight')"
+    " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
+    " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
 )
 
 
 def held_targets(rows: Sequence[Sequence[Any]]) -> HeldTargets:
     return HeldTargets(
         paused=frozenset(row[0] for row in rows if row[1]),
-        down={row[0]: DownState(row[2], row[3], row[4]) for row in rows if row[2] is not None},
+        down={
+            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
+            for row in rows
+            if row[2] is not None
+        },
     )
+
+
+def target_state(row: Row, next_probe: int | None = None) -> TargetState:
+    """A target's state from a row of TARGET_STATE_COLUMNS."""
+    down = None
+    if row[6] is not None:
+        down = DownState(row[6], row[7], row[8], last_probe=row[9], next_probe=next_probe)
+    return TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5], down=down)
 
 
 def placeholders(count: int) -> str:
     return ",".join("?" * count)
 
 
-def selection_where(selection: Selection) -> tuple[str, list[Any]]:
+def sqlite_search(search: TextSearch) -> tuple[str, list[Any]]:
+    """The events a search matches, as a condition on deliveries (SQLite's FTS5)."""
+    return (
+        "event_id IN (SELECT rowid FROM event_search WHERE event_search MATCH ?)",
+        [match_expression(search)],
+    )
+
+
+def selection_where(
+    selection: Selection,
+    search: Callable[[TextSearch], tuple[str, list[Any]]] = sqlite_search,
+) -> tuple[str, list[Any]]:
+    """The WHERE of the deliveries `selection` takes, `?` placeholders;
+    `search` makes a content search's condition in the backend's own terms."""
     where = ["status = ?"]
     params: list[Any] = [selection.status.value]
     for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
@@ -133,6 +193,13 @@ def selection_where(selection: Selection) -> tuple[str, list[Any]]:
             selection.since if selection.since is not None else float("-inf"),
             selection.until if selection.until is not None else float("inf"),
         ]
+    if selection.key is not None:
+        where.append("event_id IN (SELECT id FROM events WHERE idempotency_key = ?)")
+        params.append(selection.key)
+    if selection.search is not None:
+        clause, values = search(selection.search)
+        where.append(clause)
+        params += values
     return " AND ".join(where), params
 
 
@@ -155,13 +222,122 @@ def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequenc
     return row
 
 
+# A corrected copy delivered: the original's dead delivery to that target is
+# resolved, and so on up a chain of copies of copies. A resolved delivery
+# leaves its key's line like a delivered one (NEXT_IN_LINE).
+RESOLVE = """
+UPDATE deliveries SET status = 'resolved', resolved_by = ?, next_attempt_at = NULL,
+    resume_status = NULL, resume_at = NULL, updated_at = ?
+WHERE id = ? AND status = 'dead'
+RETURNING resolves
+"""
+# Which delivery of the original each delivery of a corrected copy resolves.
+LINK_COPY = """
+UPDATE deliveries SET resolves = (
+    SELECT o.id FROM deliveries o WHERE o.event_id = ? AND o.target = deliveries.target
+    ORDER BY o.id LIMIT 1)
+WHERE event_id = ?
+"""
+# How deep a chain of copies of copies is followed (a loop cannot be made,
+# a copy being a new event; the bound is only a guard).
+RESOLVE_DEPTH = 20
+
+
+def resolve_originals(
+    connection: sqlite3.Connection, delivery: ClaimedDelivery, now: float
+) -> None:
+    """`delivery`, of a corrected copy, was delivered: resolve what it stands for."""
+    original = delivery.resolves
+    for _ in range(RESOLVE_DEPTH):
+        if original is None:
+            return
+        row = connection.execute(RESOLVE, (delivery.id, now, original)).fetchone()
+        if row is None:  # not dead (delivered meanwhile, skipped, requeued): left as it is
+            return
+        insert_log(
+            connection,
+            [original],
+            now,
+            "resolved",
+            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}",
+        )
+        connection.execute(NEXT_IN_LINE, (now, now, original))
+        original = row[0]
+
+
 def insert_log(
-    connection: sqlite3.Connection, delivery_ids: Iterable[int], now: float, kind: str, detail: str
+    connection: sqlite3.Connection,
+    delivery_ids: Iterable[int],
+    now: float,
+    kind: str,
+    detail: str,
+    by: str | None = None,
 ) -> None:
     connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-        [(delivery_id, now, kind, detail) for delivery_id in delivery_ids],
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)",
+        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
     )
+
+
+INSERT_AUDIT = (
+    "INSERT INTO audit (at, by, action, subject, count, deliveries) VALUES (?, ?, ?, ?, ?, ?)"
+)
+AUDIT_COLUMNS = "id, at, by, action, subject, count, deliveries"
+
+
+def audit_values(
+    now: float, by: str, action: str, subject: str, delivery_ids: Sequence[int]
+) -> tuple[object, ...]:
+    """An audit row, in the order of INSERT_AUDIT."""
+    kept = orjson.dumps(list(delivery_ids[:AUDIT_IDS_KEPT])).decode()
+    return (now, by, action, subject, len(delivery_ids), kept)
+
+
+def insert_audit(
+    connection: sqlite3.Connection,
+    now: float,
+    by: str,
+    action: str,
+    subject: str,
+    delivery_ids: Sequence[int] = (),
+) -> None:
+    connection.execute(INSERT_AUDIT, audit_values(now, by, action, subject, delivery_ids))
+
+
+def audit_entry(row: Row) -> AuditEntry:
+    """One operator action, from a row of AUDIT_COLUMNS."""
+    ids = tuple(int(i) for i in orjson.loads(row[6]))
+    return AuditEntry(row[0], row[1], row[2], row[3], row[4], row[5], ids)
+
+
+def resend_subject(resend: Resend, copy_id: int) -> str:
+    """What a resend's audit entry names."""
+    return f"event {resend.original_id} as event {copy_id}, to {', '.join(resend.targets)}"
+
+
+def describe_selection(selection: Selection) -> str:
+    """What a bulk action named, in words: "dead, route leads, search 79991234567"."""
+    parts = [selection.status.value]
+    for name, value in (
+        ("route", selection.route),
+        ("target", selection.target),
+        ("key", selection.key),
+    ):
+        if value is not None:
+            parts.append(f"{name} {value}")
+    if selection.since is not None:
+        parts.append(f"since {format_instant(selection.since)}")
+    if selection.until is not None:
+        parts.append(f"until {format_instant(selection.until)}")
+    if selection.search is not None:
+        found = selection.search
+        words = found.digits if found.digits is not None else " ".join(found.words)
+        parts.append(f"search {words}")
+    if selection.ids:
+        shown = " ".join(str(i) for i in selection.ids[:20])
+        more = f" and {len(selection.ids) - 20} more" if len(selection.ids) > 20 else ""
+        parts.append(f"ids {shown}{more}")
+    return ", ".join(parts)
 
 
 def update_health(
@@ -170,13 +346,24 @@ def update_health(
     attempt: AttemptRecord,
     now: float,
     hold: Hold | None,
+    delivery_id: int,
 ) -> FailureStreak:
     """The target's health after this attempt (relay.store.health), written down."""
     row = connection.execute(
         f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
     ).fetchone()
-    before, down_streak, down_since, probes = row if row else (0, 0, None, 0)
+    before, down_streak, down_since, probes, successes = row if row else (0, 0, None, 0, 0)
     connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
+    alone = False
+    if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
+        seen, flagged = connection.execute(
+            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
+        ).fetchone()
+        alone = fails_alone(flagged=bool(flagged), seen=seen, successes=successes)
+        connection.execute(
+            "UPDATE deliveries SET seen_successes = ?, fails_alone = ? WHERE id = ?",
+            (successes, int(alone), delivery_id),
+        )
     change = health_after(
         attempt,
         now,
@@ -185,6 +372,9 @@ def update_health(
         down_streak=down_streak,
         down_since=down_since,
         probes=probes,
+        successes=successes,
+        alone=alone,
+        delivery_id=delivery_id,
     )
     if change.columns:
         assignments = ", ".join(f"{column} = ?" for column in change.columns)
@@ -200,9 +390,11 @@ def update_health(
 
 
 # While a target is down its deliveries' retry times mean nothing (none is
-# spent): they line up by arrival instead, so the probe is the oldest one and
-# the backlog flows oldest first when the target is back. Deliveries waiting
-# for a predecessor (next_attempt_at NULL) are left alone.
+# spent): they line up by arrival instead, so the first probe is the oldest
+# one (a failed probe goes to the back of the line: the next probe is another
+# delivery, one bad payload cannot hold the target down) and, lined up again
+# when it comes back, the backlog flows oldest first. Deliveries waiting for
+# a predecessor (next_attempt_at NULL) are left alone.
 LINE_UP_BY_ARRIVAL = """
 UPDATE deliveries SET next_attempt_at =
     (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
@@ -234,9 +426,10 @@ def delivery_after(
 
 
 def attempt_values(
-    delivery_id: int, attempt: AttemptRecord, next_at: float | None
+    delivery_id: int, attempt: AttemptRecord, next_at: float | None, cycle_number: int | None
 ) -> tuple[object, ...]:
-    """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED."""
+    """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED; `cycle_number`:
+    its step in its cycle, None when it is none (AttemptRecord.in_cycle)."""
     return (
         delivery_id,
         attempt.number,
@@ -247,12 +440,31 @@ def attempt_values(
         attempt.error,
         attempt.response,
         next_at,
+        attempt.kind.value,
+        cycle_number,
+        *request_values(attempt.request),
     )
+
+
+def request_values(request: SentRequest | None) -> tuple[str | None, bytes | None]:
+    """(request, request_body) columns of an attempt."""
+    if request is None:
+        return None, None
+    head = {"method": request.method, "url": request.url, "headers": request.headers}
+    return orjson.dumps(head).decode(), request.body
+
+
+def sent_request(head: str | None, body: bytes | None) -> SentRequest | None:
+    if head is None:
+        return None
+    values = orjson.loads(head)
+    headers = tuple((str(name), str(value)) for name, value in values["headers"])
+    return SentRequest(values["method"], values["url"], headers, bytes(body or b""))
 
 
 ATTEMPT_COLUMNS_INSERTED = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at"
+    " next_attempt_at, kind, cycle_number, request, request_body"
 )
 
 
@@ -272,6 +484,8 @@ def delivery_view(row: Sequence[Any]) -> DeliveryView:
         last_error=row[7],
         updated_at=row[8],
         order_key=row[9],
+        resolves=row[10],
+        resolved_by=row[11],
     )
 
 
@@ -285,9 +499,9 @@ class Row(Protocol):
 EVENT_LIST_COLUMNS = "id, route, idempotency_key, received_at, remote_addr, conflict_of"
 ATTEMPT_COLUMNS = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at"
+    " next_attempt_at, kind, cycle_number, request, request_body"
 )
-LOG_COLUMNS = "delivery_id, at, kind, detail"
+LOG_COLUMNS = "delivery_id, at, kind, detail, by"
 RESEND_COLUMNS = "original_id, copy_id, at, by"
 
 
@@ -316,12 +530,15 @@ def attempt_view(row: Row) -> AttemptView:
         error=row[6],
         response=bytes(row[7] or b""),
         next_attempt_at=row[8],
+        kind=AttemptKind(row[9]),
+        cycle_number=row[10],
+        request=sent_request(row[11], row[12]),
     )
 
 
 def log_entry(row: Row) -> LogEntry:
     """One history line, from a row of LOG_COLUMNS."""
-    return LogEntry(row[0], row[1], row[2], row[3])
+    return LogEntry(row[0], row[1], row[2], row[3], row[4])
 
 
 def resend_link(row: Row) -> ResendLink:
@@ -380,6 +597,7 @@ def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDe
         idempotency_key=event[2],
         received_at=event[3],
         payload=payload_of(event),
+        resolves=delivery[9],
     )
 
 

@@ -24,8 +24,11 @@ from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
     SEARCH_SECONDS,
+    UNKNOWN,
     Accepted,
     AttemptRecord,
+    Attention,
+    AuditEntry,
     BodyHead,
     ClaimedDelivery,
     DeliveryView,
@@ -36,6 +39,7 @@ from relay.store.base import (
     FailureStreak,
     Gauges,
     HeldBehind,
+    HeldKey,
     HeldTargets,
     Hold,
     HourlyActivity,
@@ -61,31 +65,42 @@ from relay.store.migrations import LATEST, migrate
 from relay.store.record import RecordJob
 from relay.store.rows import (
     ATTEMPT_COLUMNS,
+    AUDIT_COLUMNS,
     CLAIM_DUE,
     CLAIM_EXPIRED,
+    DEAD_SINCE,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
     HELD_BEHIND_DEAD,
+    HELD_KEYS,
     HELD_TARGETS,
+    LINK_COPY,
     LOG_COLUMNS,
     NEXT_IN_LINE,
+    NEXT_PROBE,
     RESEND_COLUMNS,
+    TARGET_STATE_COLUMNS,
     Row,
+    audit_entry,
     claimed_delivery,
     copy_event,
     decode_headers,
     delivery_after,
     delivery_view,
+    describe_selection,
     event_detail,
     event_view,
     held_targets,
+    insert_audit,
     insert_log,
     match_expression,
     placeholders,
+    resend_subject,
     select_delivery,
     selection_where,
+    target_state,
 )
 from relay.store.verbs import (
     Missing,
@@ -616,6 +631,15 @@ class SqliteStore:
                 "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)",
                 (copy_id, resend.original_id, now, resend.by),
             )
+            connection.execute(LINK_COPY, (resend.original_id, copy_id))
+            copies = [
+                row[0]
+                for row in connection.execute(
+                    "SELECT id FROM deliveries WHERE event_id = ? ORDER BY id", (copy_id,)
+                )
+            ]
+            subject = resend_subject(resend, copy_id)
+            insert_audit(connection, now, resend.by, "resend", subject, copies)
             return copy_id
 
         copy_id: int | None = await self._write(job)
@@ -623,7 +647,7 @@ class SqliteStore:
             raise NotFound(f"no event {resend.original_id}")
         return copy_id
 
-    async def retry_now(self, delivery_id: int, now: float) -> DeliveryView:
+    async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         def job(connection: sqlite3.Connection) -> VerbResult:
             row = connection.execute(
                 "SELECT status, resume_status, next_attempt_at, target, order_key"
@@ -654,8 +678,14 @@ class SqliteStore:
             else:
                 return delivery_view(select_delivery(connection, delivery_id))
             insert_log(
-                connection, [delivery_id], now, "retry", f"one more attempt (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "retry",
+                f"one more attempt (was {status.value})",
+                by,
             )
+            insert_audit(connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id])
             return delivery_view(select_delivery(connection, delivery_id))
 
         return await self._delivery_verb(delivery_id, job)
@@ -668,7 +698,7 @@ class SqliteStore:
         result: VerbResult = await self._write(job)
         return outcome(delivery_id, result)
 
-    async def skip(self, delivery_id: int, now: float) -> DeliveryView:
+    async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         def job(connection: sqlite3.Connection) -> VerbResult:
             row = connection.execute(
                 "SELECT status FROM deliveries WHERE id = ?", (delivery_id,)
@@ -685,14 +715,20 @@ class SqliteStore:
                 (f"skipped by an operator (was {status.value})", now, delivery_id),
             )
             insert_log(
-                connection, [delivery_id], now, "skip", f"not to be sent (was {status.value})"
+                connection,
+                [delivery_id],
+                now,
+                "skip",
+                f"not to be sent (was {status.value})",
+                by,
             )
+            insert_audit(connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id])
             connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
             return delivery_view(select_delivery(connection, delivery_id))
 
         return await self._delivery_verb(delivery_id, job)
 
-    async def requeue(self, selection: Selection, now: float) -> list[int]:
+    async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
         where, params = selection_where(selection)
@@ -703,18 +739,20 @@ class SqliteStore:
                 for row in connection.execute(
                     # A delivered or skipped one sent again is a person's resend,
                     # outside its key's order (it would otherwise cut in line).
-                    "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
+                    "UPDATE deliveries SET status = 'pending', cycle_attempts = 0, fails_alone = 0,"
                     " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
                     " resume_at = NULL, updated_at = ?, order_key = CASE WHEN status"
-                    " IN ('delivered', 'skipped') THEN NULL ELSE order_key END"
+                    " IN ('delivered', 'skipped', 'resolved') THEN NULL ELSE order_key END"
                     f" WHERE {where} RETURNING id",
                     [now, now, *params],
                 ).fetchall()
             ]
+            ids.sort()
             insert_log(
-                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})"
+                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})", by
             )
-            return sorted(ids)
+            insert_audit(connection, now, by, "requeue", describe_selection(selection), ids)
+            return ids
 
         result: list[int] = await self._write(job)
         return result
@@ -724,6 +762,47 @@ class SqliteStore:
         rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {where}", params, slow=True)
         count: int = rows[0][0]
         return count
+
+    async def select(self, selection: Selection, limit: int) -> list[int]:
+        where, params = selection_where(selection)
+        rows = await self._read(
+            f"SELECT id FROM deliveries WHERE {where} ORDER BY id LIMIT ?",
+            [*params, limit],
+            slow=True,
+        )
+        return [row[0] for row in rows]
+
+    async def skip_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> list[int]:
+        if selection.status not in (Status.PENDING, Status.DEAD):
+            return []
+        where, params = selection_where(selection)
+
+        def job(connection: sqlite3.Connection) -> list[int]:
+            ids = [
+                row[0]
+                for row in connection.execute(
+                    f"SELECT id FROM deliveries WHERE {where} ORDER BY id", params
+                ).fetchall()
+            ]
+            was = selection.status.value
+            for delivery_id in ids:
+                connection.execute(
+                    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+                    " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"
+                    " WHERE id = ?",
+                    (f"skipped by an operator (was {was})", now, delivery_id),
+                )
+                # In id order: skipping the head of a key lets the next go,
+                # unless it is skipped too, which lets the one after it go.
+                connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
+            insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
+            insert_audit(connection, now, by, "skip", describe_selection(selection), ids)
+            return ids
+
+        result: list[int] = await self._write(job)
+        return result
 
     async def activity(self, since: float, until: float) -> list[HourlyActivity]:
         start = since - since % 3600
@@ -747,8 +826,10 @@ class SqliteStore:
             for slot in range(hours)
         ]
 
-    async def set_paused(self, target: str, paused: bool, now: float) -> None:
+    async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         def job(connection: sqlite3.Connection) -> None:
+            action = "pause" if paused else "resume"
+            insert_audit(connection, now, by, action, f"target {target}")
             connection.execute(
                 "INSERT INTO targets (name, paused, paused_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
@@ -765,37 +846,40 @@ class SqliteStore:
 
         await self._write(job)
 
+    async def attention(self, dead_since: float, limit: int) -> Attention:
+        async with self._snapshot():
+            dead = await self._read(DEAD_SINCE, (dead_since,), slow=True)
+            held = await self._read(HELD_KEYS, (limit,), slow=True)
+        return Attention(dead[0][0], tuple(HeldKey(*row) for row in held))
+
+    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        rows = await self._read(
+            f"SELECT {AUDIT_COLUMNS} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?",
+            (before_id if before_id is not None else 2**63 - 1, limit),
+            slow=True,
+        )
+        return [audit_entry(row) for row in rows]
+
     async def paused_targets(self) -> frozenset[str]:
         rows = await self._read("SELECT name FROM targets WHERE paused")
         return frozenset(row[0] for row in rows)
 
     async def down_targets(self) -> dict[str, DownState]:
-        rows = await self._read(
-            "SELECT name, down_since, probe_at, probes FROM targets WHERE down_since IS NOT NULL"
-        )
-        return {row[0]: DownState(row[1], row[2], row[3]) for row in rows}
+        return (await self.held_targets()).down
 
     async def held_targets(self) -> HeldTargets:
         return held_targets(await self._read(HELD_TARGETS))
 
     async def target_states(self) -> dict[str, TargetState]:
-        rows = await self._read(
-            "SELECT name, paused, last_success_at, last_error_at, last_error,"
-            " consecutive_failures, down_since, probe_at, probes FROM targets",
-            slow=True,
-        )
-        return {
-            row[0]: TargetState(
-                row[0],
-                bool(row[1]),
-                row[2],
-                row[3],
-                row[4],
-                row[5],
-                down=DownState(row[6], row[7], row[8]) if row[6] is not None else None,
-            )
-            for row in rows
-        }
+        rows = await self._read(f"SELECT {TARGET_STATE_COLUMNS} FROM targets", slow=True)
+        states = {}
+        for row in rows:
+            probe = None
+            if row[6] is not None:  # down: which delivery its next probe takes
+                found = await self._read(NEXT_PROBE, (row[0],), slow=True)
+                probe = found[0][0] if found else None
+            states[row[0]] = target_state(row, probe)
+        return states
 
     async def gauges(self) -> Gauges:
         async with self._snapshot():
@@ -868,7 +952,7 @@ class SqliteStore:
             params.append(default_cutoff)
         finished = (
             "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
-            " AND d.status NOT IN ('delivered', 'skipped'))"
+            " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
         )
         if dry_run:
             rows = await self._read(

@@ -54,7 +54,7 @@ def retry_now_step(
     """The manual-retry rule's start, the same on every backend: delivered,
     skipped and in-flight deliveries cannot be retried; a pending one waiting
     its turn (order_by) would overtake the one before it."""
-    if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT):
+    if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT, Status.RESOLVED):
         return NotApplicable(status.value)
     if status is Status.PENDING and next_attempt_at is None and order_key is not None:
         return RetryNow.WAITING_TURN

@@ -27,7 +27,7 @@ from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
+from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
 from relay.payload import EVENT_VARIABLES, media_type
 from relay.secrets import Masker
 from relay.signing import signature_headers, webhook_id
@@ -328,6 +328,10 @@ class Request:
         lines += ["", self.body.decode("utf-8", errors="replace")]
         return "\n".join(lines)
 
+    def sent(self) -> SentRequest:
+        """This request as the attempt keeps it (the scheduler masks and cuts it)."""
+        return SentRequest(self.method, self.url, tuple(self.headers.items()), self.body)
+
 
 class SessionOwner:
     """A target that sends over its own kept-alive connections, opened by `start`."""
@@ -410,7 +414,7 @@ class HttpTarget(SessionOwner):
         except TemplateError as error:
             return Outcome.unsendable(str(error))
         settings = self._settings
-        return await exchange(
+        outcome = await exchange(
             session,
             prepared,
             classify,
@@ -418,6 +422,7 @@ class HttpTarget(SessionOwner):
             body_by=envelope.answer_by,
             follow=Follow(settings.redirect_hosts) if settings.follow_redirects else None,
         )
+        return replace(outcome, request=prepared.sent())
 
 
 def header_values(rendered: dict[str, str]) -> dict[str, str]:

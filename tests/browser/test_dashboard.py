@@ -110,7 +110,7 @@ async def test_retry_requeue_and_pause_from_a_browser(
     await shot(page, "overview")
 
     # Find a dead delivery by its key and retry it: one more attempt, still dead.
-    await page.get_by_role("link", name="Deliveries").click()
+    await page.get_by_role("link", name="Deliveries", exact=True).click()
     await page.get_by_label("Search").fill("order-2")
     await page.get_by_role("button", name="Show").click()
     await expect(page.locator("table.events tbody tr")).to_have_count(1)
@@ -131,7 +131,7 @@ async def test_retry_requeue_and_pause_from_a_browser(
 
     # The CRM is fixed: requeue everything dead from the dead-letter page.
     crm.script = [200]
-    await page.get_by_role("link", name="Dead letter").click()
+    await page.get_by_role("link", name="Dead letter", exact=True).click()
     await shot(page, "dead-letter")
     await page.get_by_role("button", name="Requeue them…").click()
     await expect(page.locator("p.confirm")).to_contain_text("This will requeue 3 dead deliveries")
@@ -146,7 +146,7 @@ async def test_retry_requeue_and_pause_from_a_browser(
     await expect(page.locator("table.events tbody tr a")).to_have_count(3)
 
     # Pause a target.
-    await page.get_by_role("link", name="Targets").click()
+    await page.get_by_role("link", name="Targets", exact=True).click()
     await page.get_by_role("button", name="Pause crm").click()
     await expect(page.locator(".flash")).to_contain_text("Target crm is paused")
     await expect(page.locator("#target-crm .status")).to_have_text("paused")
@@ -241,7 +241,7 @@ async def test_a_key_conflict_is_shown_and_links_to_the_first_event(
         conflict_id = (await response.json())["id"]
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     await sign_in(page, relay)
-    await page.get_by_role("link", name="Deliveries").click()
+    await page.get_by_role("link", name="Deliveries", exact=True).click()
     await page.get_by_label("Search").fill("order-1")
     await page.get_by_role("button", name="Show").click()
     await expect(page.locator("table.events tbody tr")).to_have_count(2)

@@ -4,6 +4,7 @@ and skips a delivery only after asking."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiohttp
 import pytest
@@ -79,7 +80,29 @@ async def test_held_behind_a_dead_one_skip_with_confirmation_and_a_down_target(
     await expect(crm_card.locator("ul.history")).to_contain_text("skip — not to be sent (was dead)")
     await crm.wait_for(2)  # the CONFIRMED behind it went
 
-    await page.get_by_role("link", name="Targets").click()
+    await page.get_by_role("link", name="Targets", exact=True).click()
     await expect(page.locator("#target-erp h2 .status")).to_have_text("down")
     await expect(page.locator("#down-erp")).to_contain_text("spending no retries")
     await shot(page, "target-down")
+
+    # Which delivery probes, linked; its page says it is the next probe.
+    await expect(page.locator("#down-erp a.probe")).to_have_text(re.compile(r"delivery \d+"))
+    # (Paused meanwhile: no probe moves the line while the page is read.)
+    await relay.operator.set_paused("erp", True, by="test")
+    await page.reload()
+    await page.locator("#down-erp a.probe").click()
+    await expect(page.locator("p.probing")).to_contain_text("this delivery is its next probe")
+    await relay.operator.set_paused("erp", False, by="test")
+    await page.go_back()
+    # A probe's attempt says it was one.
+    for _ in range(100):
+        if (await relay.store.down_targets())["erp"].probes >= 1:
+            break
+        await asyncio.sleep(0.1)
+    await page.reload()
+    last_probe = page.locator("#down-erp a").last
+    await expect(last_probe).to_have_text(re.compile(r"delivery \d+"))
+    await last_probe.click()
+    await page.wait_for_url(re.compile(r".*/events/\d+#delivery-\d+"))
+    await expect(page.locator("tr.attempt-probe").first).to_contain_text("probe")
+    await shot(page, "probe-attempt")

@@ -5,6 +5,7 @@ Screenshots land in test-artifacts/dashboard/.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -98,7 +99,7 @@ async def test_a_phone_typed_differently_finds_the_leads(
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     await sign_in(page, relay)
 
-    await page.get_by_role("link", name="Deliveries").click()
+    await page.get_by_role("link", name="Deliveries", exact=True).click()
     await page.get_by_label("Search").fill("8 (999) 123 45 67")
     await page.get_by_role("button", name="Show").click()
     links = page.locator("table.events tbody tr th a")
@@ -107,7 +108,7 @@ async def test_a_phone_typed_differently_finds_the_leads(
     await shot(page, "search-phone")
 
     # The dead letter page searches too, in Cyrillic, any case.
-    await page.get_by_role("link", name="Dead letter").click()
+    await page.get_by_role("link", name="Dead letter", exact=True).click()
     await page.get_by_label("Search").fill("ИВАН")
     await page.get_by_role("button", name="Show").click()
     await expect(links).to_have_text([f"#{ids[0]}"])
@@ -193,5 +194,17 @@ async def test_a_rejected_lead_is_corrected_and_resent_from_the_dashboard(
     await expect(page.locator("#resent-as")).to_contain_text(f"event #{copy.group(1)}")
     await expect(page.locator("#resent-as")).to_contain_text("sent by dashboard session")
     await expect(crm_card.locator("tr.attempt")).to_have_count(1)  # its history is unchanged
-    await expect(crm_card.locator("h3 .status")).to_have_text("dead")
+    # The copy was delivered: the original's dead delivery is resolved, linked
+    # to the copy's, and no longer counted dead.
+    for _ in range(50):
+        if (await relay.store.stats()).dead == 0:
+            break
+        await asyncio.sleep(0.05)
+    await page.reload()
+    await expect(crm_card.locator("h3 .status")).to_have_text("resolved")
+    resolved = crm_card.locator("p.resolved")
+    await expect(resolved).to_contain_text("of a corrected copy was delivered")
+    await expect(page.locator("nav .badge.dead")).to_have_count(0)
     await shot(page, "resend-original")
+    await crm_card.locator("p.resolved a").click()
+    await expect(page.get_by_role("heading", level=1)).to_contain_text(f"#{copy.group(1)}")

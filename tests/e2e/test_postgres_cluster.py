@@ -651,7 +651,11 @@ async def test_a_cluster_sends_one_alert_for_what_every_instance_saw(
         assert len(ops.requests) == 1, [json.loads(r.body)["summary"] for r in ops.requests]
         alert = json.loads(ops.requests[0].body)
         assert alert["dead_count"] == 30
-        assert alert["summary"] == "relay: 30 deliveries went dead; target crm is failing"
+        # Failing per route and target (each instance counts what it saw:
+        # their notes make one line).
+        assert alert["summary"] == (
+            "relay: 30 deliveries went dead; target crm for route orders is failing"
+        )
         # Only the leading instance exports the queue gauges: summed over every
         # scraped instance, the dead deliveries count once.
         pages = [await scrape(http, relay) for relay in relays]

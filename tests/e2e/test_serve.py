@@ -110,8 +110,11 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
             "target",
             "status",
             "attempts",
+            "attempts_in_cycle",
             "next_attempt_at",
             "last_error",
+            "resolved_by",
+            "resolves",
         }
 
         shown = await arelay_json("show", ids["503"], "--config", str(config))

@@ -58,10 +58,22 @@ async def test_show_tells_the_whole_story(
     lines = out.splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith("delivery "))
     story = [line.strip() for line in lines[start:]]
-    assert story[0].startswith("delivery 1 → crm: delivered, 4 attempts")
+    assert story[0].startswith("delivery 1 → crm: delivered, 4 attempts (1 in this cycle)")
     numbered = [line for line in story if line.startswith("#")]
     assert [line.split()[0] for line in numbered] == ["#1", "#2", "#3", "#4"]
+    # Each says what it was: a step of its cycle (the requeue's started again), a person's retry.
+    assert [line.split(" 20")[0] for line in numbered] == [
+        "#1 (cycle step 1)",
+        "#2 (cycle step 2)",
+        "#3 (manual retry)",
+        "#4 (cycle step 1)",
+    ]
     assert "answer: answer 0: 503" in story
+    # What each attempt sent, beside its answer: the form decoded, its credential masked.
+    sent = [line for line in story if line.startswith("sent:")]
+    assert len(sent) == 4
+    assert sent[0].startswith("sent: POST http://127.0.0.1:")
+    assert "Name=Анна Петрова Phone=+7 999 123-45-67 api_key=***" in sent[0]
     assert "answer: answer 3: 200" in story
     # The retry and the requeue sit between the attempts they caused.
     kinds = [line for line in story if not line.startswith(("#", "answer:", "delivery", "last"))]

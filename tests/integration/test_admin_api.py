@@ -194,6 +194,79 @@ async def test_requeue_starts_a_fresh_cycle_and_keeps_the_history(
     await api(http, relay, "POST", "/api/v1/requeue", json={"colour": "red"}, status=400)
 
 
+async def test_bulk_requeue_and_skip_take_what_the_filters_and_search_name(
+    relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
+) -> None:
+    relay, sink = relay_with_sink
+    ids = [await post_event(relay, http, key) for key in ("anna-1", "boris", "anna-2", "vera")]
+    await relay.scheduler.drain()
+    await relay.indexer.catch_up()
+    # A dry run says how many and which, and changes nothing.
+    path = "/api/v1/requeue"
+    dry = await api(http, relay, "POST", path, json={"q": "anna", "dry_run": True})
+    assert dry["dry_run"] is True
+    assert dry["would_requeue"] == 2
+    deliveries = {
+        event_id: (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"][0]
+        for event_id in ids
+    }
+    assert dry["ids"] == [deliveries[ids[0]]["id"], deliveries[ids[2]]["id"]]
+    assert (await api(http, relay, "GET", "/api/v1/stats"))["dead"] == 4
+    # The search narrows the action itself: 2 requeued, not the 4 dead of the route.
+    sink.script = [200]
+    done = await api(http, relay, "POST", path, json={"route": "orders", "q": "anna"})
+    assert (done["requeued"], done["ids"]) == (2, dry["ids"])
+    await relay.scheduler.drain()
+    assert (await api(http, relay, "GET", "/api/v1/stats"))["dead"] == 2
+    # Bulk skip, by key; a dry run first.
+    skip = "/api/v1/skip"
+    dry = await api(http, relay, "POST", skip, json={"key": "vera", "dry_run": True})
+    assert (dry["would_skip"], dry["ids"]) == (1, [deliveries[ids[3]]["id"]])
+    done = await api(http, relay, "POST", skip, json={"key": "vera"})
+    assert (done["skipped"], done["ids"]) == (1, dry["ids"])
+    stats = await api(http, relay, "GET", "/api/v1/stats")
+    assert (stats["dead"], stats["targets"]["crm"]["skipped"]) == (1, 1)
+    await api(http, relay, "POST", skip, json={"q": "a"}, status=400)  # too short to search
+    await api(http, relay, "POST", skip, json={"dry_run": "yes"}, status=400)
+    await api(http, relay, "POST", skip, json={"status": "delivered"}, status=400)
+
+
+async def test_every_action_through_the_api_is_recorded_with_its_caller(
+    relay_with_sink: tuple[Relay, Any],
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay, _ = relay_with_sink
+    event_id = await post_event(relay, http, "k1")
+    await relay.scheduler.drain()
+    [delivery] = (await api(http, relay, "GET", f"/api/v1/events/{event_id}"))["deliveries"]
+    with caplog.at_level("INFO", logger="relay.audit"):
+        await api(http, relay, "POST", "/api/v1/targets/crm/pause")
+        await api(http, relay, "POST", f"/api/v1/deliveries/{delivery['id']}/retry")
+        await api(http, relay, "POST", f"/api/v1/deliveries/{delivery['id']}/skip")
+        await api(http, relay, "POST", "/api/v1/targets/crm/resume")
+    caller = "admin API from 127.0.0.1 (admin token)"
+    said = [r.__dict__["fields"] for r in caplog.records if r.name == "relay.audit"]
+    assert [(f["action"], f["by"], f["count"]) for f in said] == [
+        ("pause", caller, 0),
+        ("retry", caller, 1),
+        ("skip", caller, 1),
+        ("resume", caller, 0),
+    ]
+    page = await api(http, relay, "GET", "/api/v1/audit?limit=3")
+    assert [(a["action"], a["by"], a["subject"]) for a in page["audit"]] == [
+        ("resume", caller, "target crm"),
+        ("skip", caller, f"delivery {delivery['id']}"),
+        ("retry", caller, f"delivery {delivery['id']}"),
+    ]
+    assert page["audit"][1]["deliveries"] == [delivery["id"]]
+    rest = await api(http, relay, "GET", f"/api/v1/audit?cursor={page['next_cursor']}")
+    assert [a["action"] for a in rest["audit"]] == ["pause"]
+    detail = await api(http, relay, "GET", f"/api/v1/events/{event_id}")
+    history = detail["deliveries"][0]["history"]
+    assert [(h["kind"], h["by"]) for h in history] == [("retry", caller), ("skip", caller)]
+
+
 async def test_pause_burns_no_attempts_and_resume_drains(
     relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSession
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import tomllib
 from email import message_from_bytes
 from email.message import Message
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from aiosmtpd.controller import Controller
 
 from relay.alerts import ALERTS_ROUTE
@@ -50,9 +52,19 @@ async def test_many_dead_deliveries_make_one_alert(
     assert ops.requests[0].headers["Content-Type"] == "application/json"
     assert alert["dead_count"] == 500
     assert len(alert["dead"]) == 50
-    assert alert["summary"] == "relay: 500 deliveries went dead; target crm is failing"
+    assert (
+        alert["summary"]
+        == "relay: 500 deliveries went dead; target crm for route orders is failing"
+    )
     assert "relay requeue " in alert["text"]
-    assert alert["failing"] == [{"target": "crm", "failures": 3, "error": "HTTP 503"}]
+    [failing] = alert["failing"]
+    assert {k: failing[k] for k in ("target", "route", "failures", "error")} == {
+        "target": "crm",
+        "route": "orders",
+        "failures": 3,
+        "error": "HTTP 503",
+    }
+    assert re.fullmatch(r"answer \d+: 503", failing["answer"])  # the CRM's own words
     first = alert["dead"][0]
     assert first["route"] == "orders"
     assert first["target"] == "crm"
@@ -66,7 +78,7 @@ async def test_many_dead_deliveries_make_one_alert(
     await relay.scheduler.drain()
     assert len(ops.requests) == 2
     recovered = json.loads(ops.requests[1].body)
-    assert recovered["recovered"] == [{"target": "crm", "failures_before": 500}]
+    assert recovered["recovered"] == [{"target": "crm", "route": "orders", "failures_before": 500}]
     assert recovered["dead_count"] == 0
 
 
@@ -237,3 +249,50 @@ async def test_an_alert_through_the_starters_lead_mail_says_what_went_dead(
         assert "gave up after 2" not in (crm_delivery.last_error or "")
     finally:
         controller.stop()
+
+
+async def test_a_route_failing_at_a_target_others_reach_does_not_flap_and_quotes_the_answer(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # The week's mapping incident: the CRM refused every Tilda lead (a bad
+    # field) while WooCommerce orders to it went through; the alert said
+    # "target crm recovered" and never quoted the CRM's answer.
+    refusal = '{"error": "UF_CRM_PHONE: invalid value"}'
+
+    async def crm(request: web.Request, number: int) -> web.StreamResponse:
+        if "lead" in json.loads(await request.read()):
+            return web.Response(status=422, text=refusal, content_type="application/json")
+        return web.Response(text="ok")
+
+    _, url = await start_sink(crm)
+    ops, ops_url = await start_sink([200])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}, "ops": {"type": "http", "url": ops_url}},
+        {
+            "tilda": {"path": "/hooks/tilda", "targets": ["crm"]},
+            "woo": {"path": "/hooks/woo", "targets": ["crm"]},
+        },
+        alerts={"target": "ops", "failing_after": 3},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    # Three leads refused in a row, then an order through, a lead refused, an order.
+    sequence = [("tilda", "lead")] * 3 + [("woo", "order"), ("tilda", "lead"), ("woo", "order")]
+    for n, (route, field) in enumerate(sequence):
+        async with http.post(f"{relay.ingress_url}/hooks/{route}", json={field: n}) as answer:
+            assert answer.status == 200
+        await relay.scheduler.drain()
+    await relay.alerter.flush()
+    await relay.scheduler.drain()
+
+    [alert] = [json.loads(r.body) for r in ops.requests]
+    assert alert["summary"] == (
+        "relay: 4 deliveries went dead; target crm for route tilda is failing"
+    )
+    assert alert["recovered"] == []  # the orders delivered meanwhile say nothing of leads
+    [failing] = alert["failing"]
+    assert (failing["route"], failing["failures"], failing["answer"]) == ("tilda", 3, refusal)
+    assert all(item["answer"] == refusal for item in alert["dead"])
+    assert f"it answered: {refusal}" in alert["text"]

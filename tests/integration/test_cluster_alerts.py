@@ -58,7 +58,10 @@ async def test_two_instances_make_one_alert_sent_by_the_leader(
     await follower.scheduler.drain()
     assert len(ops.requests) == 1
     alert = json.loads(ops.requests[0].body)
-    assert alert["summary"] == "relay: 10 deliveries went dead; target crm is failing"
+    # Each instance counts the failures it saw, per route and target.
+    assert alert["summary"] == (
+        "relay: 10 deliveries went dead; target crm for route orders is failing"
+    )
     assert {item["delivery_id"] for item in alert["dead"]} == {str(n) for n in range(1, 11)}
 
     # The leader goes: the other takes the lead and sends what it saw since.

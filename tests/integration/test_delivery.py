@@ -14,7 +14,7 @@ from aiohttp import web
 from relay.app import Relay
 from relay.clock import FakeClock
 from relay.secrets import Masker
-from relay.store import EventDetail, Status
+from relay.store import EventDetail, Selection, Status
 from relay.views import event_summary
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
@@ -272,6 +272,89 @@ async def test_stop_gives_back_leases_of_unfinished_attempts(
     relay2 = await start_relay(config, background=False)
     [delivery] = (await detail(relay2, event_id)).event.deliveries
     assert (delivery.status, delivery.attempts) == (Status.PENDING, 0)
+
+
+async def test_the_attempt_log_counts_within_the_cycle_and_names_manual_retries(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The week's counters: after a manual retry of a dead delivery the log
+    # said "attempt=5/4 outcome=dead", after a requeue "attempt=6/9".
+    _, url = await start_sink([503])
+    clock = FakeClock()
+    config = make_config(one_target(url, retry={"retries": 3}), ROUTES)
+    relay = await start_relay(config, background=False, clock=clock)
+    event_id = await post(relay, http)
+    await relay.scheduler.drain()
+    [delivery] = (await detail(relay, event_id)).event.deliveries
+    assert delivery.status is Status.DEAD
+    caplog.clear()
+    with caplog.at_level("INFO", logger="relay.attempts"):
+        await relay.operator.retry(delivery.id, by="test")
+        await relay.scheduler.drain()
+        await relay.operator.requeue(Selection(ids=(delivery.id,)), by="test")
+        await relay.scheduler.drain()
+    said = [r.__dict__["fields"] for r in caplog.records if r.name == "relay.attempts"]
+    assert [(f["attempt"], f["total"], f["outcome"]) for f in said] == [
+        ("manual", 5, "dead"),
+        ("1/4", 6, "retry"),
+        ("2/4", 7, "retry"),
+        ("3/4", 8, "retry"),
+        ("4/4", 9, "dead"),
+    ]
+    attempts = (await detail(relay, event_id)).attempts[delivery.id]
+    assert [(a.kind.value, a.cycle_number) for a in attempts] == [
+        *(("cycle", n) for n in range(1, 5)),
+        ("manual", None),
+        *(("cycle", n) for n in range(1, 5)),
+    ]
+
+
+async def test_each_attempt_keeps_the_request_it_sent_beside_the_answer_secrets_masked(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # The week's CRM refusing a field: to see what it received the operator
+    # re-rendered by hand, which needs the service's secrets.
+    sink, url = await start_sink([422])
+    key = "crm-key-0123456789"
+    target = {
+        "type": "http",
+        "url": url + "?token=${CRM_KEY}",
+        "headers": {"Authorization": "Bearer ${CRM_KEY}", "X-Source": "relay"},
+        "format": "form",
+        "form": {"phone": "{{ json.phone }}", "api_key": "${CRM_KEY}", "note": "{{ json.note }}"},
+    }
+    config = make_config({"crm": target}, ROUTES, environ={"CRM_KEY": key})
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    body = b'{"phone": "8 (999) 123-45-67", "note": "' + b"x" * 5000 + b'"}'
+    event_id = await post(relay, http, body)
+    await relay.scheduler.drain()
+
+    assert key in sink.requests[0].path  # the CRM got the real request
+    [delivery] = (await detail(relay, event_id)).event.deliveries
+    [attempt] = (await detail(relay, event_id)).attempts[delivery.id]
+    sent = attempt.request
+    assert sent is not None
+    assert sent.method == "POST"
+    assert sent.url == url + "?token=***"
+    headers = dict(sent.headers)
+    assert (headers["Authorization"], headers["X-Source"]) == ("***", "relay")
+    assert headers["Content-Type"] == "application/x-www-form-urlencoded"
+    assert sent.body.startswith(b"phone=8+%28999%29+123-45-67&api_key=***&note=xxx")
+    assert len(sent.body) == 2048  # cut as the answer excerpt is
+    assert key.encode() not in sent.body
+    assert attempt.response == b"answer 0: 422"
+    async with http.get(f"{relay.admin_url}/api/v1/events/{event_id}") as answer:
+        shown = (await answer.json())["deliveries"][0]["attempts_log"][0]
+    assert shown["request"]["url"] == url + "?token=***"
+    assert ["Authorization", "***"] in shown["request"]["headers"]
+    assert key not in json.dumps(shown)
 
 
 async def test_a_redelivery_after_a_crash_counts_the_interrupted_attempt(

@@ -6,6 +6,8 @@ an injected clock: a 30-hour outage passes in well under a second.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +20,7 @@ from relay.app import Relay
 from relay.clock import FakeClock
 from relay.config import ConfigError, RetryPolicy
 from relay.retry import delay_before_retry
-from relay.store import EventQuery, Status
+from relay.store import AttemptKind, EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 
@@ -124,13 +126,18 @@ async def test_a_30_hour_outage_loses_nothing_and_delivers_the_backlog_in_order(
 
     failed = [(at, n) for at, n, status in crm.seen if status == 503]
     delivered = [n for _, n, status in crm.seen if status == 200]
-    # Three failures in a row made it down; then only probes, of the oldest delivery.
+    # Three failures in a row made it down; then only probes, each by the
+    # delivery first in line, a failed one going to the back: one bad payload
+    # cannot be the probe for ever.
     assert [n for _, n in failed[:3]] == [0, 1, 2]
     probes = failed[3:]
-    assert {n for _, n in probes} == {0}
+    assert [n for _, n in probes[:6]] == [0, 1, 2, 3, 4, 5]
+    assert all(a != b for (_, a), (_, b) in itertools.pairwise(probes))
     assert [at for at, _ in probes] == probe_times(start, len(probes), config.targets["crm"].retry)
-    # After the outage: everything, oldest first, none twice.
-    assert delivered == [0, 1, 2, 3, 4, 5, 100, 101, 102]
+    # After the outage: the probe that found the CRM up, then everything else
+    # oldest first, none twice.
+    everything = [0, 1, 2, 3, 4, 5, 100, 101, 102]
+    assert delivered[1:] == [n for n in everything if n != delivered[0]]
     stats = await relay.store.stats()
     assert stats.dead == 0
     assert stats.counts_by_target["crm"] == {Status.DELIVERED: 9}
@@ -157,13 +164,15 @@ async def test_a_payload_the_target_rejects_kills_only_its_own_delivery(
     crm = Crm(clock, back_at=start + 2 * HOUR)
     _, url = await start_sink(crm)
     relay = await start_relay(make_config(targets(url), ROUTES), background=False, clock=clock)
-    # The oldest is a payload the CRM refuses: it is the probe that finds the CRM up.
+    # One is a payload the CRM refuses: whether it is the probe that finds the
+    # CRM up (an answer about the payload says the target is up) or comes after, it
+    # alone is dead.
     await post(relay, 0, bad=True)
     for n in range(1, 5):
         await post(relay, n)
     await relay.scheduler.drain()
     after = [(n, status) for at, n, status in crm.seen if at >= start + 2 * HOUR]
-    assert after == [(0, 422), (1, 200), (2, 200), (3, 200), (4, 200)]
+    assert sorted(after) == [(0, 422), (1, 200), (2, 200), (3, 200), (4, 200)]
     stats = await relay.store.stats()
     assert stats.counts_by_target["crm"] == {Status.DEAD: 1, Status.DELIVERED: 4}
     assert stats.targets["crm"].down is None
@@ -217,27 +226,95 @@ async def test_down_state_survives_a_restart_and_respects_a_pause(
     assert crm_stats["down"] is True
     assert crm_stats["down_since"] is not None
     assert crm_stats["next_probe_at"] is not None
+    # Which delivery the next probe takes (the first in line), and which made it down.
+    first_in_line = min(d.id for d in await _pending(relay))
+    assert crm_stats["probe_delivery"] == view["probe_delivery"] == str(first_in_line)
+    assert crm_stats["last_probe_delivery"] == str(first_in_line + 2)
+    # Each waiting delivery's event says so, and which one the next probe is.
+    probes = {}
+    for delivery in await _pending(relay):
+        async with http.get(f"{relay.admin_url}/api/v1/events/{delivery.event_id}") as answer:
+            [shown] = (await answer.json())["deliveries"]
+        probes[delivery.id] = shown["probe"]["is_next_probe"]
+    assert probes == {d: d == first_in_line for d in probes}
 
     # Paused, a down target is not even probed, however late it gets.
-    await relay.operator.set_paused("crm", True)
+    await relay.operator.set_paused("crm", True, by="test")
     clock.set(start + 10)
     assert await relay.scheduler.run_once() == 0
-    await relay.operator.set_paused("crm", False)
+    await relay.operator.set_paused("crm", False, by="test")
     assert await relay.scheduler.run_once() == 1  # the probe, alone
     await relay.scheduler.wait_idle()
     next_probe = (await relay.store.down_targets())["crm"].probe_at
     assert next_probe == start + 10 + 4  # probe 2 follows the backoff
     # Resuming a down target probes it at once, to check a fix without waiting.
     clock.set(start + 11)
-    await relay.operator.set_paused("crm", True)
-    await relay.operator.set_paused("crm", False)
+    await relay.operator.set_paused("crm", True, by="test")
+    await relay.operator.set_paused("crm", False, by="test")
     assert await relay.scheduler.run_once() == 1
     await relay.scheduler.wait_idle()
     await relay.scheduler.drain()
-    assert [n for _, n, status in crm.seen if status == 200] == [0, 1, 2, 3]
+    # The successful probe (the third in line: two failed probes went to the
+    # back), then the rest oldest first.
+    assert [n for _, n, status in crm.seen if status == 200] == [2, 0, 1, 3]
     assert await relay.store.down_targets() == {}
+
+
+async def _pending(relay: Relay) -> list[Any]:
+    events = await relay.store.list_events(EventQuery(route="orders", status=Status.PENDING))
+    return [d for view in events for d in view.deliveries]
 
 
 def test_down_after_needs_hold_when_down(make_config: ConfigFactory) -> None:
     with pytest.raises(ConfigError, match=r"targets\.crm\.down_after"):
         make_config({"crm": {"type": "http", "url": "http://x.example/", "down_after": 2}}, ROUTES)
+
+
+async def test_one_poison_payload_among_100_dies_on_its_own_schedule_and_holds_nothing_back(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # A CRM that is fine but never answers one large order in time (the
+    # week's "large orders timed out" at the CRM): a timeout is a "target may
+    # be down" failure, yet only that payload ever gets it.
+    clock = FakeClock()
+    start = clock.now()
+    seen: list[tuple[float, int]] = []
+
+    async def crm(request: web.Request, number: int) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        seen.append((clock.now(), body["n"]))
+        if body.get("poison"):
+            await asyncio.sleep(5)  # far past the attempt's time limit
+        return web.Response(text="ok")
+
+    _, url = await start_sink(crm)
+    config = make_config(targets(url, retry={"timeout": "50ms"}), ROUTES)
+    relay = await start_relay(config, background=False, clock=clock)
+    ids = {n: await post(relay, n, poison=n == 50) for n in range(100)}
+    # Bounded: before the fix the poison became the down target's only probe
+    # and drain never ended.
+    await asyncio.wait_for(relay.scheduler.drain(), 20)
+
+    stats = await relay.store.stats()
+    assert stats.counts_by_target["crm"] == {Status.DELIVERED: 99, Status.DEAD: 1}
+    assert stats.targets["crm"].down is None
+    assert sorted(n for _, n in seen if n != 50) == [n for n in range(100) if n != 50]
+    # The poison spent its own schedule, every retry: 2 s, 4 s, … 2^15 s.
+    policy = config.targets["crm"].retry
+    expected, at = [start], start
+    for retry in range(1, policy.retries + 1):
+        at += delay_before_retry(policy, retry)
+        expected.append(at)
+    assert [at for at, n in seen if n == 50] == expected
+    detail = await relay.store.get_event(ids[50])
+    assert detail is not None
+    [poison] = detail.event.deliveries
+    assert (poison.status, poison.attempts, poison.attempts_in_cycle) == (Status.DEAD, 16, 16)
+    assert poison.last_error is not None
+    assert "gave up after 16 attempts" in poison.last_error
+    attempts = detail.attempts[poison.id]
+    assert [a.cycle_number for a in attempts] == list(range(1, 17))
+    assert {a.kind for a in attempts} == {AttemptKind.CYCLE}

@@ -17,6 +17,7 @@ import pytest
 from relay.search import documents, parse_search
 from relay.secrets import Masker
 from relay.store import (
+    AttemptKind,
     AttemptRecord,
     Conflict,
     Dead,
@@ -31,12 +32,16 @@ from relay.store import (
     ResendLink,
     RetryAt,
     SearchProgress,
+    Selection,
     Status,
     Store,
     Waits,
 )
 
 from samples import T0, TWO, event
+
+FAILED_ATTEMPT = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
+OK_ATTEMPT = AttemptRecord(1, T0, 0.01, "success", 200)
 
 
 async def test_accept_stores_event_and_one_delivery_per_target(store: Store) -> None:
@@ -258,34 +263,56 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     [second] = await store.claim_due(now, now + 60, {"crm": 1})
     streak = await store.record_attempt(second, failed, RetryAt(now + 11), now, Hold(2, now + 20))
     assert (streak.went_down, streak.down) == (True, True)
-    assert await store.down_targets() == {"crm": DownState(now, now + 20, 0)}
+    assert await store.down_targets() == {"crm": DownState(now, now + 20, 0, second.id)}
     # Retry times mean nothing while down: deliveries line up by arrival.
     views = [await store.get_delivery(delivery_id) for delivery_id in (first.id, second.id)]
     assert [v.next_attempt_at for v in views if v is not None] == [T0, T0 + 1]
+    # The next probe takes the first in line, and says so.
+    assert (await store.target_states())["crm"].down == DownState(
+        now, now + 20, 0, last_probe=second.id, next_probe=first.id
+    )
 
-    # The probe is the oldest; failing, it keeps its place and spends no retry.
+    # The probe is the oldest; failing, it spends no retry and goes to the back
+    # of the line: the next probe is another delivery (one bad payload cannot
+    # hold the target down).
     [probe] = await store.claim_due(now + 20, now + 80, {"crm": 1})
     assert probe.id == first.id
     streak = await store.record_attempt(
         probe,
-        AttemptRecord(2, now + 20, 0.01, "retry", None, "connection refused", in_cycle=False),
+        AttemptRecord(
+            2,
+            now + 20,
+            0.01,
+            "retry",
+            None,
+            "connection refused",
+            in_cycle=False,
+            kind=AttemptKind.PROBE,
+        ),
         Waits(),
         now + 20,
         Hold(2, now + 60, probe=True),
     )
     assert streak.down
-    assert await store.down_targets() == {"crm": DownState(now, now + 60, 1)}
+    assert await store.down_targets() == {"crm": DownState(now, now + 60, 1, first.id)}
     view = await store.get_delivery(first.id)
     assert view is not None
     assert (view.status, view.next_attempt_at, view.attempts, view.attempts_in_cycle) == (
         Status.PENDING,
-        T0,
+        now + 20,
         2,
         1,
     )
+    detail = await store.get_event(first.event_id)
+    assert detail is not None
+    assert [(a.kind, a.cycle_number) for a in detail.attempts[first.id]] == [
+        (AttemptKind.CYCLE, 1),
+        (AttemptKind.PROBE, None),
+    ]
 
     # An answer about the payload (a 4xx) says the target is up.
     [probe] = await store.claim_due(now + 60, now + 120, {"crm": 1})
+    assert probe.id == second.id
     streak = await store.record_attempt(
         probe,
         AttemptRecord(3, now + 60, 0.01, "fail", 422, "HTTP 422"),
@@ -297,6 +324,63 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     assert await store.down_targets() == {}
     states = await store.target_states()
     assert states["crm"].down is None
+    # Up again, the backlog lines up by arrival: the rotated probe first again.
+    claims = await store.claim_due(now + 60, now + 120, {"crm": 5})
+    assert [c.id for c in claims] == [first.id, first.id + 2]
+
+
+async def test_a_delivery_that_fails_while_others_succeed_never_makes_its_target_down(
+    store: Store,
+) -> None:
+    # One poison payload among good ones: it fails, the others are delivered,
+    # then it fails again and again on its own (after the others, nothing in
+    # between). Its failures are its payload's: the target never goes down,
+    # and its retries are spent as the scheduler decided (RetryAt, then Dead).
+    for i in range(3):
+        await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], T0)
+    poison, *good = await store.claim_due(T0, T0 + 60, {"crm": 3})
+    hold = Hold(2, T0 + 3600)
+    streak = await store.record_attempt(poison, FAILED_ATTEMPT, RetryAt(T0 + 2), T0, hold)
+    assert (streak.after, streak.went_down) == (1, False)
+    for claim in good:
+        await store.record_attempt(claim, OK_ATTEMPT, Delivered(), T0)
+    for number, at in enumerate((T0 + 2, T0 + 6, T0 + 14), start=2):
+        [again] = await store.claim_due(at, at + 60, {"crm": 3})
+        attempt = AttemptRecord(number, at, 0.01, "retry", 503, "HTTP 503")
+        streak = await store.record_attempt(again, attempt, RetryAt(at + 2**number), at, hold)
+        assert (streak.went_down, streak.down) == (False, False)
+    assert await store.down_targets() == {}
+    [last] = await store.claim_due(T0 + 30, T0 + 90, {"crm": 3})
+    await store.record_attempt(last, FAILED_ATTEMPT, Dead("HTTP 503 (gave up)"), T0 + 30, hold)
+    view = await store.get_delivery(poison.id)
+    assert view is not None
+    assert (view.status, view.attempts_in_cycle) == (Status.DEAD, 5)
+    assert await store.down_targets() == {}
+
+    # A person's requeue is a fresh start: failing again, alone no more
+    # (nothing was delivered since), its failures count towards down again.
+    await store.requeue(Selection(ids=(poison.id,)), T0 + 31)
+    [fresh] = await store.claim_due(T0 + 31, T0 + 91, {"crm": 3})
+    streak = await store.record_attempt(fresh, FAILED_ATTEMPT, RetryAt(T0 + 33), T0 + 31, hold)
+    assert (streak.went_down, streak.down) == (False, False)
+    [again] = await store.claim_due(T0 + 33, T0 + 93, {"crm": 3})
+    streak = await store.record_attempt(again, FAILED_ATTEMPT, RetryAt(T0 + 37), T0 + 33, hold)
+    assert streak.went_down
+    probe_at = (await store.down_targets())["crm"].probe_at
+    [probe] = await store.claim_due(probe_at, probe_at + 60, {"crm": 1})
+    await store.record_attempt(
+        probe, OK_ATTEMPT, Delivered(), probe_at, Hold(2, probe_at + 60, probe=True)
+    )
+    assert await store.down_targets() == {}
+
+    # Failures of different deliveries in a row still make it down.
+    for i in range(2):
+        await store.accept_event(event(f"m{i}"), [NewDelivery("crm")], T0 + 40)
+    for claim in await store.claim_due(T0 + 40, T0 + 100, {"crm": 2}):
+        streak = await store.record_attempt(
+            claim, FAILED_ATTEMPT, RetryAt(T0 + 50), T0 + 40, Hold(2, T0 + 60)
+        )
+    assert streak.went_down
 
 
 async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batches(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from relay.search import documents, parse_search
+from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
     ClaimedDelivery,
@@ -14,6 +16,7 @@ from relay.store import (
     Dead,
     Delivered,
     DownState,
+    HeldKey,
     HeldTargets,
     Hold,
     NewDelivery,
@@ -31,9 +34,11 @@ from store_backends import Harness
 FAILED = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
 
 
-async def _dead(store: Store, key: str = "k", at: float = T0) -> ClaimedDelivery:
+async def _dead(
+    store: Store, key: str = "k", at: float = T0, body: bytes = b'{"a": 1}'
+) -> ClaimedDelivery:
     """A crm delivery that went dead after one attempt."""
-    await store.accept_event(event(key, at=at), [NewDelivery("crm")], at)
+    await store.accept_event(event(key, at=at, body=body), [NewDelivery("crm")], at)
     [claim] = await store.claim_due(at, at + 60, {"crm": 1})
     await store.record_attempt(claim, FAILED, Dead("HTTP 503 too long"), at)
     return claim
@@ -241,6 +246,78 @@ async def test_resend_stores_an_edited_copy_linked_to_the_original(store: Store)
         await store.resend(Resend(10_000, (), b"{}", "application/json", ("crm",), "x"), T0 + 70)
 
 
+def _copy_of(event_id: int, targets: tuple[str, ...] = ("crm",)) -> Resend:
+    return Resend(
+        event_id, (), b'{"phone": "+7 900"}', "application/json", targets, "cli user anna"
+    )
+
+
+async def test_a_delivered_copy_resolves_the_originals_dead_delivery_to_its_target(
+    store: Store,
+) -> None:
+    # The original: dead to crm, delivered to audit. A copy to crm fails once
+    # (the original stays dead), then a copy of the copy is delivered: both
+    # dead ones are resolved, linked both ways, and the dead count drops.
+    original = await store.accept_event(event("k", body=b'{"phone": "bad"}'), TWO, T0)
+    crm, audit = sorted(await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1}), key=str)
+    await store.record_attempt(crm, FAILED, Dead("HTTP 422"), T0)
+    await store.record_attempt(audit, AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0)
+    assert (await store.stats()).dead == 1
+
+    first_copy = await store.resend(_copy_of(original.event_id), T0 + 10)
+    [claim] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
+    assert claim.resolves == crm.id
+    await store.record_attempt(claim, FAILED, Dead("HTTP 422 again"), T0 + 10)
+    assert (await store.stats()).dead == 2  # a failed copy resolves nothing
+
+    second_copy = await store.resend(_copy_of(first_copy), T0 + 20)
+    [fixed] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 1})
+    assert fixed.resolves == claim.id
+    ok = AttemptRecord(1, T0 + 20, 0.01, "success", 200)
+    await store.record_attempt(fixed, ok, Delivered(), T0 + 20)
+
+    stats = await store.stats()
+    assert stats.dead == 0
+    assert stats.counts_by_target["crm"] == {Status.RESOLVED: 2, Status.DELIVERED: 1}
+    assert (await store.gauges()).counts.get(("crm", Status.DEAD), 0) == 0
+    for event_id, delivery_id in ((original.event_id, crm.id), (first_copy, claim.id)):
+        detail = await store.get_event(event_id)
+        assert detail is not None
+        view = next(d for d in detail.event.deliveries if d.id == delivery_id)
+        assert (view.status, view.resolved_by) == (Status.RESOLVED, fixed.id)
+        assert [e.kind for e in detail.log[delivery_id]] == ["resolved"]
+        assert f"delivery {fixed.id} of event {second_copy}" in (
+            detail.log[delivery_id][0].detail or ""
+        )
+    top = await store.get_event(original.event_id)
+    assert top is not None
+    assert top.event.status is Status.RESOLVED
+    shown = await store.get_delivery(fixed.id)
+    assert shown is not None
+    assert shown.resolves == claim.id
+    # Resolved is finished: never retried, skipped or claimed; purged like delivered.
+    with pytest.raises(Conflict):
+        await store.retry_now(crm.id, T0 + 30)
+    with pytest.raises(Conflict):
+        await store.skip(crm.id, T0 + 30)
+    assert await store.purge({}, T0 + 10**6, limit=10, dry_run=True) == 3
+
+
+async def test_a_copy_delivered_after_the_original_was_requeued_leaves_it_alone(
+    store: Store,
+) -> None:
+    dead = await _dead(store)
+    copy_id = await store.resend(_copy_of(dead.event_id), T0 + 10)
+    await store.requeue(Selection(ids=(dead.id,)), T0 + 11)  # pending again, by a person
+    claims = await store.claim_due(T0 + 20, T0 + 80, {"crm": 5})
+    copy = next(c for c in claims if c.event_id == copy_id)
+    ok = AttemptRecord(1, T0 + 20, 0.01, "success", 200)
+    await store.record_attempt(copy, ok, Delivered(), T0 + 20)
+    view = await store.get_delivery(dead.id)
+    assert view is not None
+    assert (view.status, view.resolved_by) == (Status.IN_FLIGHT, None)
+
+
 async def test_a_manual_attempt_lost_mid_way_is_still_manual_when_claimed_again(
     backend: Harness,
 ) -> None:
@@ -301,9 +378,10 @@ async def test_resuming_a_down_target_makes_its_probe_due_now(store: Store) -> N
         streak = await store.record_attempt(claim, failed, RetryAt(T0 + 10), T0, Hold(2, T0 + 3600))
     assert streak.went_down
     await store.set_paused("crm", True, T0 + 5)
-    assert await store.down_targets() == {"crm": DownState(T0, T0 + 3600, 0)}  # pausing: as it was
+    # Pausing: as it was (the failure that made it down named as its last probe).
+    assert await store.down_targets() == {"crm": DownState(T0, T0 + 3600, 0, claim.id)}
     await store.set_paused("crm", False, T0 + 20)
-    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0)}
+    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0, claim.id)}
     # Resuming a target that is not down changes nothing of the kind.
     await store.set_paused("mail", True, T0 + 20)
     await store.set_paused("mail", False, T0 + 21)
@@ -319,8 +397,116 @@ async def test_held_targets_reads_paused_and_down_together(store: Store) -> None
     await store.set_paused("mail", True, T0 + 1)
     await store.set_paused("crm", True, T0 + 2)  # both paused and down
     held = await store.held_targets()
-    assert held == HeldTargets(frozenset({"mail", "crm"}), {"crm": DownState(T0, T0 + 3600, 0)})
+    down = {"crm": DownState(T0, T0 + 3600, 0, claim.id)}
+    assert held == HeldTargets(frozenset({"mail", "crm"}), down)
     assert (held.paused, held.down) == (
         await store.paused_targets(),
         await store.down_targets(),
     )
+
+
+async def test_a_bulk_action_takes_exactly_what_a_search_or_key_shows(store: Store) -> None:
+    # The Dead letter page with its search box filled: 2 of 4 dead deliveries
+    # to crm match; the bulk action must take those 2, not every dead one.
+    bodies = [b'{"phone": "+7 999 123-45-67"}', b'{"phone": "111"}', b'{"phone": "89991234567"}']
+    claims = [await _dead(store, f"k{n}", T0 + n, body) for n, body in enumerate(bodies)]
+    other = await _dead(store, "k3", T0 + 3, b'{"name": "Anna"}')
+    sources = await store.events_to_index(10, body_limit=1000)
+    await store.index_events(documents(sources, Masker()), sources[-1].event_id)
+
+    phone = Selection(target="crm", search=parse_search("79991234567"))
+    assert await store.count(phone) == 2
+    assert await store.select(phone, 10) == [claims[0].id, claims[2].id]
+    assert await store.select(phone, 1) == [claims[0].id]  # oldest first, bounded
+    assert await store.select(Selection(key="k1"), 10) == [claims[1].id]
+    assert await store.requeue(Selection(key="k1"), T0 + 50) == [claims[1].id]
+
+    skipped = await store.skip_selected(phone, T0 + 60)
+    assert skipped == [claims[0].id, claims[2].id]
+    for claim in claims[::2]:
+        view = await store.get_delivery(claim.id)
+        assert view is not None
+        assert view.status is Status.SKIPPED
+        detail = await store.get_event(claim.event_id)
+        assert detail is not None
+        assert [e.kind for e in detail.log[claim.id]] == ["skip"]
+    untouched = await store.get_delivery(other.id)
+    assert untouched is not None
+    assert untouched.status is Status.DEAD
+    assert await store.skip_selected(phone, T0 + 61) == []  # nothing dead matches now
+    # Pending ones too, when asked for (a batch of test payments), never in flight.
+    assert await store.skip_selected(Selection(status=Status.PENDING), T0 + 62) == [claims[1].id]
+    assert await store.skip_selected(Selection(status=Status.IN_FLIGHT), T0 + 62) == []
+
+
+async def test_a_bulk_skip_lets_the_next_of_each_key_go(store: Store) -> None:
+    keyed = [NewDelivery("crm", order_key="A")]
+    first = await store.accept_event(event("a1"), keyed, T0)
+    second = await store.accept_event(event("a2"), keyed, T0 + 1)
+    third = await store.accept_event(event("a3"), keyed, T0 + 2)
+    [head] = await store.claim_due(T0, T0 + 60, {"crm": 5})
+    await store.record_attempt(head, FAILED, Dead("HTTP 422"), T0)
+    # The dead head skipped, the one behind it is due; skipped too, the third.
+    ids = await store.skip_selected(Selection(status=Status.DEAD, target="crm"), T0 + 10)
+    assert ids == [head.id]
+    [behind] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 5})
+    assert behind.event_id == second.event_id
+    await store.release([behind.id], T0 + 11)
+    named = Selection(status=Status.PENDING, ids=(behind.id,))
+    assert await store.skip_selected(named, T0 + 12) == [behind.id]
+    [last] = await store.claim_due(T0 + 12, T0 + 72, {"crm": 5})
+    assert (last.event_id, first.event_id != last.event_id) == (third.event_id, True)
+
+
+async def test_every_operator_action_is_recorded_with_who_did_it(store: Store) -> None:
+    a = await _dead(store, "a", T0)
+    b = await _dead(store, "b", T0 + 1)
+    anna, boris = "cli user anna", "dashboard session 1a2b3c4d from 127.0.0.1"
+    await store.set_paused("crm", True, T0 + 10, by=anna)
+    await store.set_paused("crm", False, T0 + 11, by=anna)
+    await store.retry_now(a.id, T0 + 12, by=boris)
+    await store.skip(b.id, T0 + 13, by=boris)
+    await store.requeue(Selection(status=Status.SKIPPED, route="orders"), T0 + 14, by=anna)
+    await store.skip_selected(Selection(status=Status.PENDING), T0 + 15, by=boris)
+    copy_id = await store.resend(_copy_of(a.event_id), T0 + 16)
+    entries = await store.list_audit(100)
+    assert [(e.at, e.by, e.action, e.subject, e.count) for e in entries] == [
+        (T0 + 16, "cli user anna", "resend", f"event {a.event_id} as event {copy_id}, to crm", 1),
+        (T0 + 15, boris, "skip", "pending", 2),
+        (T0 + 14, anna, "requeue", "skipped, route orders", 1),
+        (T0 + 13, boris, "skip", f"delivery {b.id}", 1),
+        (T0 + 12, boris, "retry", f"delivery {a.id}", 1),
+        (T0 + 11, anna, "resume", "target crm", 0),
+        (T0 + 10, anna, "pause", "target crm", 0),
+    ]
+    assert entries[1].deliveries == (a.id, b.id)
+    assert entries[6].deliveries == ()
+    # Paged back, newest first.
+    older = await store.list_audit(2, before_id=entries[4].id)
+    assert [e.action for e in older] == ["resume", "pause"]
+    # Each delivery's history names who acted on it.
+    detail = await store.get_event(b.event_id)
+    assert detail is not None
+    assert [(e.kind, e.by) for e in detail.log[b.id]] == [
+        ("skip", boris),
+        ("requeue", anna),
+        ("skip", boris),
+    ]
+
+
+async def test_attention_counts_the_newly_dead_and_the_held_keys(store: Store) -> None:
+    old = await _dead(store, "old", T0)
+    keyed = [NewDelivery("crm", order_key="ORDER-1")]
+    head = await store.accept_event(event("h1"), keyed, T0 + 10)
+    behind = [await store.accept_event(event(f"h{n}"), keyed, T0 + 10 + n) for n in (2, 3)]
+    [claim] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 5})
+    assert claim.event_id == head.event_id
+    await store.record_attempt(claim, FAILED, Dead("HTTP 422"), T0 + 20)
+    seen = await store.attention(T0 + 15, 10)
+    assert seen.dead_since == 1  # the old one went dead before the last look
+    assert seen.held == (HeldKey(claim.id, head.event_id, "crm", "ORDER-1", 2),)
+    assert (await store.attention(T0, 10)).dead_since == 2
+    # Skipped, the head lets its key go: nothing held any more.
+    await store.skip(claim.id, T0 + 30)
+    assert (await store.attention(T0, 10)).held == ()
+    assert behind[0].event_id != old.event_id

@@ -235,20 +235,23 @@ async def test_attempts_recorded_in_one_group_commit_keep_every_row_and_the_stre
     assert sorted((s.before, s.after) for s in mixed) == expected
 
 
-async def test_a_waits_transition_spends_no_retry_and_keeps_its_place(store: Store) -> None:
-    await store.accept_event(event(), [NewDelivery("crm")], T0)
+async def test_a_waits_transition_spends_no_retry_and_goes_to_the_back(store: Store) -> None:
+    await store.accept_event(event("a"), [NewDelivery("crm")], T0)
+    await store.accept_event(event("b"), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
     probe = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
     await store.record_attempt(claim, probe, Waits(), T0 + 1)
     view = await store.get_delivery(claim.id)
     assert view is not None
-    # Pending as it was: due when it was due, no step of the cycle spent.
+    # Pending, no step of the cycle spent, behind what was waiting already.
     assert (view.status, view.next_attempt_at, view.attempts, view.attempts_in_cycle) == (
         Status.PENDING,
-        T0,
+        T0 + 1,
         1,
         0,
     )
+    [other] = await store.claim_due(T0 + 1, T0 + 61, {"crm": 1})
+    assert other.id != claim.id
 
 
 async def test_release_gives_leases_back_and_leaves_finished_ones_alone(store: Store) -> None:

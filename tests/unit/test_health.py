@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relay.store.base import AttemptRecord, FailureStreak, Hold
-from relay.store.health import HealthChange, health_after
+from relay.store.health import HealthChange, fails_alone, health_after
 
 NOW = 1_000.0
 OK = AttemptRecord(1, NOW, 0.1, "success", 200)
@@ -20,21 +20,26 @@ PROBE = Hold(down_after=3, probe_at=NOW + 120, probe=True)
     ("attempt", "hold", "row", "expected"),
     [
         # The event's own fault: nothing learnt about the target.
-        (UNSENDABLE, None, (4, 4, None, 0), HealthChange(FailureStreak(4, 4))),
+        (UNSENDABLE, None, (4, 4, None, 0, 9, False), HealthChange(FailureStreak(4, 4))),
         (
             OK,
             None,
-            (2, 2, None, 0),
+            (2, 2, None, 0, 9, False),
             HealthChange(
                 FailureStreak(2, 0),
-                {"last_success_at": NOW, "consecutive_failures": 0, "down_streak": 0},
+                {
+                    "last_success_at": NOW,
+                    "consecutive_failures": 0,
+                    "down_streak": 0,
+                    "successes": 10,
+                },
             ),
         ),
         # A 4xx is about the payload: the streak grows, "down" restarts.
         (
             BAD,
             HOLD,
-            (2, 2, None, 0),
+            (2, 2, None, 0, 9, False),
             HealthChange(
                 FailureStreak(2, 3),
                 {
@@ -49,7 +54,7 @@ PROBE = Hold(down_after=3, probe_at=NOW + 120, probe=True)
         (
             DOWN,
             HOLD,
-            (2, 2, None, 0),
+            (2, 2, None, 0, 9, False),
             HealthChange(
                 FailureStreak(2, 3, went_down=True, down=True),
                 {
@@ -60,6 +65,7 @@ PROBE = Hold(down_after=3, probe_at=NOW + 120, probe=True)
                     "down_since": NOW,
                     "probe_at": NOW + 60,
                     "probes": 0,
+                    "probe_delivery": 7,
                 },
             ),
         ),
@@ -67,7 +73,7 @@ PROBE = Hold(down_after=3, probe_at=NOW + 120, probe=True)
         (
             DOWN,
             PROBE,
-            (5, 5, 900.0, 1),
+            (5, 5, 900.0, 1, 9, False),
             HealthChange(
                 FailureStreak(5, 6, down=True),
                 {
@@ -77,6 +83,7 @@ PROBE = Hold(down_after=3, probe_at=NOW + 120, probe=True)
                     "down_streak": 6,
                     "probe_at": NOW + 120,
                     "probes": 2,
+                    "probe_delivery": 7,
                 },
             ),
         ),
@@ -84,18 +91,37 @@ PROBE = Hold(down_after=3, probe_at=NOW + 120, probe=True)
         (
             OK,
             PROBE,
-            (5, 5, 900.0, 1),
+            (5, 5, 900.0, 1, 9, False),
             HealthChange(
                 FailureStreak(5, 0, came_up=True, down_for=100.0),
                 {
                     "last_success_at": NOW,
                     "consecutive_failures": 0,
                     "down_streak": 0,
+                    "successes": 10,
                     "down_since": None,
                     "probe_at": None,
                     "probes": 0,
+                    "probe_delivery": None,
                 },
                 count_waiting=True,
+            ),
+        ),
+        # A payload failing alone (it failed, others were delivered since):
+        # its failure is counted, but it neither grows the "down" streak nor
+        # makes the target down.
+        (
+            DOWN,
+            HOLD,
+            (2, 2, None, 0, 9, True),
+            HealthChange(
+                FailureStreak(2, 3),
+                {
+                    "last_error_at": NOW,
+                    "last_error": "HTTP 503",
+                    "consecutive_failures": 3,
+                    "down_streak": 2,
+                },
             ),
         ),
     ],
@@ -103,10 +129,10 @@ PROBE = Hold(down_after=3, probe_at=NOW + 120, probe=True)
 def test_health_after_one_attempt(
     attempt: AttemptRecord,
     hold: Hold | None,
-    row: tuple[int, int, float | None, int],
+    row: tuple[int, int, float | None, int, int, bool],
     expected: HealthChange,
 ) -> None:
-    before, down_streak, down_since, probes = row
+    before, down_streak, down_since, probes, successes, alone = row
     change = health_after(
         attempt,
         NOW,
@@ -115,5 +141,23 @@ def test_health_after_one_attempt(
         down_streak=down_streak,
         down_since=down_since,
         probes=probes,
+        successes=successes,
+        alone=alone,
+        delivery_id=7,
     )
     assert change == expected
+
+
+@pytest.mark.parametrize(
+    ("flagged", "seen", "successes", "alone"),
+    [
+        (False, None, 5, False),  # its first failure: nothing to compare with
+        (False, 5, 5, False),  # nothing delivered since its last failure
+        (False, 4, 5, True),  # the target delivered another since
+        (True, 5, 5, True),  # once alone, alone
+    ],
+)
+def test_a_delivery_fails_alone_once_others_were_delivered_since_its_last_failure(
+    flagged: bool, seen: int | None, successes: int, alone: bool
+) -> None:
+    assert fails_alone(flagged=flagged, seen=seen, successes=successes) is alone

@@ -18,7 +18,7 @@ from relay.payload import Payload
 from relay.retry import Decision, Next
 from relay.scheduler import AttemptReport
 from relay.secrets import Masker
-from relay.store import ClaimedDelivery, FailureStreak
+from relay.store import AttemptKind, ClaimedDelivery, FailureStreak
 
 
 def report(error: str) -> AttemptReport:
@@ -46,7 +46,9 @@ def report(error: str) -> AttemptReport:
     return AttemptReport(
         delivery=delivery,
         number=2,
-        max_attempts=7,
+        kind=AttemptKind.CYCLE,
+        cycle_step=2,
+        cycle_length=7,
         outcome=Outcome.retry(error, 503),
         decision=Decision(Next.RETRY, at=120.0),
         duration=0.0124,
@@ -72,12 +74,13 @@ def test_attempt_lines_carry_every_field_and_no_secret(form: str, captured: io.S
         entry = json.loads(line)
         assert entry["event"] == 12
         assert entry["attempt"] == "2/7"
+        assert entry["total"] == 2
         assert entry["next"] == "1970-01-01T00:02:00.000Z"
         assert entry["error"] == "HTTP 503 from https://x/***"
         assert entry["level"] == "info"
     else:
         assert (
-            "attempt event=12 route=orders target=crm delivery=31 attempt=2/7 outcome=retry"
+            "attempt event=12 route=orders target=crm delivery=31 attempt=2/7 total=2 outcome=retry"
             " status=503 duration_ms=12.4 next=1970-01-01T00:02:00.000Z"
         ) in line
         assert 'error="HTTP 503 from https://x/***"' in line
@@ -87,14 +90,44 @@ def test_the_attempt_that_makes_a_delivery_dead_says_dead(captured: io.StringIO)
     logs.configure(LogConfig(format="text"))
     logging.getLogger().handlers[0].setStream(captured)  # type: ignore[attr-defined]
     last = dataclasses.replace(
-        report("HTTP 503"), number=7, decision=Decision(Next.DEAD, reason="HTTP 503")
+        report("HTTP 503"),
+        number=7,
+        cycle_step=7,
+        decision=Decision(Next.DEAD, reason="HTTP 503"),
     )
     logs.log_attempt(last)
     line = captured.getvalue().strip()
     assert " WARNING " in line
-    assert "attempt=7/7 outcome=dead status=503" in line
+    assert "attempt=7/7 total=7 outcome=dead status=503" in line
     assert "next=dead" in line
     assert "outcome=retry" not in line
+
+
+@pytest.mark.parametrize(
+    ("number", "kind", "step", "said"),
+    [
+        # A manual retry of a dead delivery that had its 4 attempts: not "5/4".
+        (5, AttemptKind.MANUAL, None, "attempt=manual total=5 outcome=dead"),
+        # The first attempt of the cycle a requeue started: not "6/9".
+        (6, AttemptKind.CYCLE, 1, "attempt=1/4 total=6 outcome=dead"),
+        (3, AttemptKind.PROBE, None, "attempt=probe total=3 outcome=dead"),
+    ],
+)
+def test_the_attempt_count_is_the_cycles_and_says_manual_retries_and_probes(
+    captured: io.StringIO, number: int, kind: AttemptKind, step: int | None, said: str
+) -> None:
+    logs.configure(LogConfig(format="text"))
+    logging.getLogger().handlers[0].setStream(captured)  # type: ignore[attr-defined]
+    entry = dataclasses.replace(
+        report("HTTP 503"),
+        number=number,
+        kind=kind,
+        cycle_step=step,
+        cycle_length=4,
+        decision=Decision(Next.DEAD, reason="HTTP 503"),
+    )
+    logs.log_attempt(entry)
+    assert said in captured.getvalue()
 
 
 def test_text_fields_are_quoted_only_when_their_text_needs_it(captured: io.StringIO) -> None:
