@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,6 +24,7 @@ from relay.retry import delay_before_retry
 from relay.store import AttemptKind, EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
+from helpers import relay_cli, write_config
 
 HOUR = 3600.0
 ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
@@ -191,6 +193,7 @@ async def test_down_state_survives_a_restart_and_respects_a_pause(
     start_relay: RelayFactory,
     start_sink: SinkFactory,
     http: aiohttp.ClientSession,
+    tmp_path: Path,
 ) -> None:
     clock = FakeClock()
     start = clock.now()
@@ -237,6 +240,19 @@ async def test_down_state_survives_a_restart_and_respects_a_pause(
             [shown] = (await answer.json())["deliveries"]
         probes[delivery.id] = shown["probe"]["is_next_probe"]
     assert probes == {d: d == first_in_line for d in probes}
+    # relay show says it too.
+    cli = write_config(
+        tmp_path / "cli.toml",
+        {
+            "storage": {"path": str(tmp_path / "relay.db")},
+            "targets": targets(url),
+            "routes": ROUTES,
+        },
+    )
+    [first] = [d for d in await _pending(relay) if d.id == first_in_line]
+    shown = relay_cli("show", str(first.event_id), "--config", str(cli)).stdout
+    assert "target crm is down since" in shown
+    assert "this delivery is its next probe" in shown
 
     # Paused, a down target is not even probed, however late it gets.
     await relay.operator.set_paused("crm", True, by="test")
