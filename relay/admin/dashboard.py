@@ -932,7 +932,19 @@ async def resume_target(request: web.Request) -> web.StreamResponse:
 async def rejections_page(request: web.Request) -> web.Response:
     operator = _operator(request)
     route = request.query.get("route", "").strip() or None
-    found = await operator.store.list_rejections(route, 200)
+    since, until = (request.query.get(k, "").strip() for k in ("since", "until"))
+    now, zone = operator.clock.now(), operator.config.zone
+    found, problem, status = [], "", 200
+    try:
+        await operator.check_names(route, None)
+        found = await operator.store.list_rejections(
+            route,
+            200,
+            since=instant(since, "since", now, zone),
+            until=instant(until, "until", now, zone),
+        )
+    except BadRequest as bad:  # said beside the form, which keeps what was typed
+        problem, status = _sentence(str(bad)), 400
     masker = operator.masker
     return _render(
         request,
@@ -942,6 +954,10 @@ async def rejections_page(request: web.Request) -> web.Response:
         rejections=[rejection_view(r, masker) for r in found],
         routes=sorted(operator.config.routes),
         route=route or "",
+        since=since,
+        until=until,
+        problem=problem,
+        http_status=status,
     )
 
 

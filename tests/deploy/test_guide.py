@@ -25,7 +25,13 @@ a VPS, the test says so here, and only there:
 
 Then a Tilda lead (the fields Tilda's forms send) goes in and must reach the
 CRM as a complete lead; the CLI reads it back as root, refuses another user
-in one line, and the service stops cleanly.
+in one line. Then docs/operate.md's daily commands run as its reader runs
+them (`sudo relay ...`, no flags): what is stuck, the admin API with the one
+token, a config check and reload, an env change and restart, a backup and its
+restore — after which the service starts on the restored file, owned by its
+user. Where operate.md names an example (event 1842, yesterday's backup), the
+test uses this run's (event 1, today's backup); systemctl and journalctl are
+emulated as for deploy.md. Finally the service stops cleanly.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ SYSTEM_PATHS = (
 # A system path starts a word (after "=", ":", "-", a space, "file://") and is
 # whole; inside the prefix it follows a letter of the prefix's name.
 _SYSTEM_PATH_RE = re.compile(
-    r"(?<!\w)(" + "|".join(re.escape(p) for p in SYSTEM_PATHS) + r""")(?=[/\s"':|]|$)"""
+    r"(?<!\w)(" + "|".join(re.escape(p) for p in SYSTEM_PATHS) + r""")(?=[/\s"':|)]|$)"""
 )
 
 # The secrets in the guide's env file, as this test sets them.
@@ -187,7 +193,7 @@ class Machine:
 
 def without_sudo(command: str) -> str:
     """The reader runs each command with sudo; the test is root already."""
-    return re.sub(r"(^|\|\s*)sudo\s+", r"\1", command)
+    return re.sub(r"(^|\|\s*|\$\()sudo\s+", r"\1", command)
 
 
 def env_file_text(example: str, crm_url: str) -> str:
@@ -255,7 +261,8 @@ class Service:
             self.notify.close()
 
 
-def start_service(machine: Machine, unit_path: Path) -> Service:
+def start_service(machine: Machine, unit_path: Path, *, fresh: bool = False) -> Service:
+    """The unit started as systemd starts it; `fresh`: once more, after a stop."""
     unit = read_unit(unit_path)
     assert unit["DynamicUser"] == ["yes"]
     prefix = machine.prefix
@@ -274,6 +281,9 @@ def start_service(machine: Machine, unit_path: Path) -> Service:
     cache = owned_directory(prefix / "var/cache" / cache_name, unit["CacheDirectoryMode"][0])
     # LoadCredential=: copies in a directory the service alone may read.
     credentials = prefix / "run/credentials/relay.service"
+    if fresh:  # systemd makes them anew at each start
+        shutil.rmtree(credentials)
+        shutil.rmtree(prefix / "private-tmp")
     credentials.mkdir(parents=True)
     for item in unit.get("LoadCredential", []):
         name, _, source = item.partition(":")
@@ -421,6 +431,7 @@ def test_the_guide_parses_into_runnable_steps() -> None:
         assert "relay init /etc/relay/relay.toml" in text
         assert "systemctl enable --now relay" in text
         assert ("build-single-file" in text) == (variant == "single-file")
+    assert {b.section for b in operate_blocks()} == set(OPERATE_SECTIONS)
     env_blocks = [b for b in guide_blocks() if b.language == "env"]
     assert len(env_blocks) == 1
     # systemd keeps an inline comment as part of the value: the guide has none.
@@ -506,6 +517,11 @@ async def test_following_the_guide_gives_a_service_that_takes_a_lead(
         database = service.state / "relay.db"
         assert database.stat().st_uid == SERVICE_UID
         assert mode(database) == "0o600"
+
+        service = await _operate(machine, service, unit_path)
+        assert database.stat().st_uid == SERVICE_UID  # restored, and still the service's
+        shown = await asyncio.to_thread(machine.run, "relay show 1")
+        assert shown.returncode == 0, shown.stderr
         if variant == "single-file":
             assert any(service.cache.iterdir()), "relay.pyz did not unpack into SHIV_ROOT"
         log = service.log_text()
@@ -516,6 +532,81 @@ async def test_following_the_guide_gives_a_service_that_takes_a_lead(
         if service is not None and service.process.poll() is None:
             service.process.kill()
             service.process.wait()
+
+
+OPERATE = ROOT / "docs" / "operate.md"
+OPERATE_SECTIONS = (
+    "## What is stuck, what is dead",
+    "## Changing the config",
+    "## Backups",
+    "## The admin API and metrics",
+)
+
+
+def operate_blocks() -> list[Block]:
+    blocks: list[Block] = []
+    section = ""
+    lines = iter(OPERATE.read_text(encoding="utf-8").splitlines())
+    for line in lines:
+        if line.startswith("## "):
+            section = line
+        elif line.startswith("```"):
+            body = []
+            for inner in lines:
+                if inner.startswith("```"):
+                    break
+                body.append(inner)
+            if section in OPERATE_SECTIONS and line[3:].strip() == "sh":
+                blocks.append(Block(section, "", "sh", "\n".join(body)))
+    return blocks
+
+
+async def _operate(machine: Machine, service: Service, unit_path: Path) -> Service:
+    """docs/operate.md's blocks, line by line as root; systemctl emulated."""
+    today = time.strftime("%Y-%m-%d")
+    for block in operate_blocks():
+        if block.section == "## The admin API and metrics":
+            # One script: its first line sets the token the next ones use.
+            script = machine.rewrite(without_sudo(block.text)).replace(
+                "127.0.0.1:8081", f"127.0.0.1:{machine.admin_port}"
+            )
+            done = await asyncio.to_thread(machine.run, script)
+            assert done.returncode == 0, f"{block.text}\n{done.stdout}\n{done.stderr}"
+            assert '"dead"' in done.stdout  # /api/v1/stats, with the one admin token
+            assert "relay_deliveries" in done.stdout  # /metrics
+            continue
+        for command in commands(block):
+            plain = without_sudo(command).split("  #")[0].strip()
+            plain = plain.replace("1842", "1").replace("relay-2026-12-01.db", f"relay-{today}.db")
+            if plain.startswith(("journalctl ", "editor ")):
+                continue  # no journal here; the env file is left as it is
+            if plain == "systemctl reload relay":
+                seen = len(service.notify.messages)
+                service.process.send_signal(signal.SIGHUP)
+                await asyncio.to_thread(_wait_message, service, "READY=1", seen)
+                continue
+            if plain in ("systemctl stop relay", "systemctl restart relay"):
+                assert await asyncio.to_thread(service.stop) == 0
+                if plain.endswith("stop relay"):
+                    continue
+            if plain in ("systemctl start relay", "systemctl restart relay"):
+                service = start_service(machine, unit_path, fresh=True)
+                await asyncio.to_thread(wait_ready, service)
+                continue
+            done = await asyncio.to_thread(machine.run, machine.rewrite(plain))
+            assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+            if plain == "relay check":
+                assert "secrets read from:" in done.stdout, done.stdout
+    return service
+
+
+def _wait_message(service: Service, prefix: str, after: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(m.startswith(prefix) for _, m in service.notify.messages[after:]):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {prefix} after a reload:\n{service.log_text()}")
 
 
 def read_unit_documentation(unit_path: Path) -> list[Path]:

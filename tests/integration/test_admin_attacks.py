@@ -402,6 +402,15 @@ async def test_bad_admin_inputs_are_400_naming_the_field(
                 field, value = next(iter(params.items()))
                 if field == "since":
                     assert f'name="since" value="{value}"' in page
+        async with http.get(relay.admin_url + "/rejections", params={"since": "soon"}) as response:
+            page = await response.text()
+            assert response.status == 400
+            assert "Since: not a time: &#39;soon&#39;" in page
+            assert 'name="since" value="soon"' in page
+        async with http.get(
+            relay.admin_url + "/rejections", params={"since": "yesterday", "until": "now"}
+        ) as response:
+            assert response.status == 200
         # A search for "²" is a search, not an id: it answers, and finds nothing.
         async with http.get(relay.admin_url + "/deliveries", params={"q": "²"}) as response:
             assert response.status == 200
