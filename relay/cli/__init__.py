@@ -41,6 +41,9 @@ def parser() -> Parser:
         module.register(commands)
     for name, sub in commands.choices.items():
         completion.with_examples(sub, name)
+    # `relay completion` writes a script for the whole tree: handed down, not
+    # imported back from here (no import runs in a circle).
+    root.set_defaults(root_parser=root)
     return root
 
 

@@ -76,9 +76,7 @@ def complete(args: argparse.Namespace) -> int:
         return 0
     if args.shell is None:
         raise CommandError("completion: name the shell, bash or zsh")
-    from relay.cli import parser as root_parser  # the whole command tree, built once here
-
-    script = bash_script(root_parser())
+    script = bash_script(args.root_parser)
     if args.shell == "zsh":
         script = "autoload -U +X bashcompinit && bashcompinit\n" + script
     sys.stdout.write(script)
