@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import deque
 from collections.abc import Iterable
@@ -25,6 +26,11 @@ SENSITIVE_HEADERS = frozenset(
 
 # Parts of a header or field name that make its value a credential.
 _SENSITIVE_PARTS = ("token", "secret", "password", "passwd", "signature", "api_key", "apikey")
+# The same, found in one pass (a name's "-" read as "_").
+_SENSITIVE = re.compile("|".join(_SENSITIVE_PARTS))
+# In a text that holds none of them (read in lower case), and no JSON escape
+# that could spell one, no field can be named like a credential: most bodies.
+_MAYBE_SENSITIVE = re.compile("|".join((*_SENSITIVE_PARTS, "api-key", "\\\\")))
 
 # user:password@ in a URL, whatever the config says.
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s:@]+(?::[^/\s@]*)?@")
@@ -33,15 +39,21 @@ _URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s:@]+(?::[^/\s@]*)?@")
 _MIN_SECRET_LENGTH = 4
 
 
+@functools.lru_cache(maxsize=4096)
 def sensitive_name(name: str) -> bool:
     """Whether a header, query or body field of this name carries a credential
-    (Tilda's api_key, a ?token=, T-Bank's Token, a signature header...)."""
+    (Tilda's api_key, a ?token=, T-Bank's Token, a signature header...).
+    Asked for every field of every body shown or kept: names repeat, so the
+    answers are kept (a bounded number of them)."""
     return _has_sensitive_part(name.lower())
 
 
 def _has_sensitive_part(lowered: str) -> bool:
-    normal = lowered.replace("-", "_")
-    return any(part in normal for part in _SENSITIVE_PARTS)
+    return _SENSITIVE.search(lowered.replace("-", "_")) is not None
+
+
+def _may_name_a_credential(text: str) -> bool:
+    return _MAYBE_SENSITIVE.search(text.lower()) is not None
 
 
 # The headers each known sender puts a credential in (lower case), as the
@@ -91,7 +103,9 @@ def inbound_secrets(query: str, content_type: str | None, body: bytes) -> set[st
                 found.add(value)
                 if len(found) >= MAX_VALUE_SECRETS:
                     break
-    elif "json" in kind or body.lstrip()[:1] in (b"{", b"["):
+    elif ("json" in kind or body.lstrip()[:1] in (b"{", b"[")) and _may_name_a_credential(
+        body.decode("latin-1")
+    ):
         _json_secrets(parse_json(body), found)
     return found
 
@@ -131,7 +145,11 @@ def body_segments(text: str, content_type: str | None, masker: Masker) -> Segmen
     kind = media_type(content_type)
     if kind == "application/x-www-form-urlencoded":
         pieces = _form_segments(text)
-    elif ("json" in kind or text.lstrip()[:1] in ("{", "[")) and _is_json(text):
+    elif (
+        ("json" in kind or text.lstrip()[:1] in ("{", "["))
+        and _may_name_a_credential(text)
+        and _is_json(text)
+    ):
         pieces = _json_segments(text)
     else:
         pieces = [text]
@@ -180,7 +198,7 @@ def _is_json(text: str) -> bool:
 
 # A JSON string, and when it is a key, its scalar value. Possessive repeats:
 # the scan only moves forward, one step per character, whatever the text.
-_JSON_STRING = r'"((?:[^"\\]|\\.)*+)"'
+_JSON_STRING = r'"([^"\\]*+(?:\\.[^"\\]*+)*+)"'
 _JSON_PAIR = re.compile(
     _JSON_STRING + r"(?:\s*+:\s*+(?:" + _JSON_STRING + r"|(-?[0-9][0-9.eE+-]*+)))?", re.S
 )
