@@ -9,6 +9,7 @@ Time in the page is Playwright's fake clock: the 10 s pass when the test says.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import pytest
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.browser
 __all__ = ["browser"]  # the fixture, shared with test_dashboard
 
 EVERY_MS = 10_000
+START = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 
 
 async def _relay(
@@ -48,7 +50,7 @@ async def _lead(relay: Relay, number: int) -> None:
         ) as answer,
     ):
         assert answer.status == 200
-    for _ in range(200):
+    for _ in range(500):
         events = await relay.store.list_events(EventQuery(status=Status.DEAD, limit=1000))
         if any(event.id == number for event in events):
             return
@@ -57,8 +59,11 @@ async def _lead(relay: Relay, number: int) -> None:
 
 
 async def _page_with_clock(browser: Browser, relay: Relay, height: int) -> Page:
-    page = await browser.new_page(viewport={"width": 1280, "height": height})
-    await page.clock.install()
+    """A page whose clock stands still: no timer fires but by `run_for`."""
+    context = await browser.new_context(viewport={"width": 1280, "height": height})
+    page = await context.new_page()
+    await page.clock.install(time=START)
+    await page.clock.pause_at(START + timedelta(seconds=1))
     await sign_in(page, relay)
     return page
 
@@ -67,10 +72,9 @@ NAVIGATIONS: dict[Page, int] = {}
 
 
 async def _loaded(page: Page, url: str) -> None:
-    """Open `url` and stop the page's clock; mark the document, which a reload would
-    lose, and count the navigations from here (the fake clock hides `performance`'s)."""
+    """Open `url`; mark the document, which a reload would lose, and count the
+    navigations from here (the fake clock hides `performance`'s)."""
     await page.goto(url)
-    await page.clock.pause_at(await page.evaluate("Date.now() / 1000"))  # seconds
     await page.evaluate("window.relayTestMarker = 'still the same document'")
     if page not in NAVIGATIONS:
         page.on("framenavigated", lambda _: NAVIGATIONS.__setitem__(page, NAVIGATIONS[page] + 1))
@@ -102,7 +106,6 @@ async def test_the_dead_letter_list_updates_in_place_keeping_scroll_typing_and_t
     await _loaded(page, relay.admin_url + "/dead")
     rows = page.locator("table.events tbody tr")
     await expect(rows).to_have_count(10)
-    await expect(page.get_by_label("Update every 10 s")).to_be_checked()  # on by default
     await page.evaluate("window.scrollTo(0, 180)")
     assert await page.evaluate("window.scrollY") == 180
 
@@ -111,6 +114,7 @@ async def test_the_dead_letter_list_updates_in_place_keeping_scroll_typing_and_t
     await page.clock.run_for(EVERY_MS)
     await expect(rows).to_have_count(11)
     await expect(rows.first).to_contain_text("#11")
+    await expect(page.get_by_label("Update every 10 s")).to_be_checked()  # on by default
     await expect(page.locator("#bulk-count")).to_contain_text("11 dead deliveries match")
     await expect(page.locator("nav .badge.dead")).to_have_text("11")
     await _same_document(page)
@@ -206,6 +210,16 @@ async def test_the_overview_counts_update_in_place_and_the_pages_work_without_sc
     await expect(page.locator("#target-crm .status")).to_have_text("paused")
     await _same_document(page)
     await relay.operator.set_paused("crm", False, by="test")
+
+    # Signed out (in another tab): it stops, saying so, and keeps what it shows.
+    other = await page.context.new_page()
+    await other.goto(relay.admin_url + "/targets")
+    await other.get_by_role("button", name="Log out").click()
+    await expect(other.get_by_role("button", name="Sign in")).to_be_visible()
+    await page.clock.run_for(EVERY_MS)
+    await expect(page.locator("#live-state")).to_have_text("signed out: reload the page to sign in")
+    await expect(page.locator("#target-crm")).to_be_visible()
+    await _same_document(page)
 
     # Without JavaScript: no switch that would do nothing; a reload shows what is new.
     context = await browser.new_context(java_script_enabled=False)

@@ -97,10 +97,12 @@
       cache: "no-store",
       signal: controller ? controller.signal : undefined
     }).then(function (response) {
-      // A session that ended is sent to the sign-in page: stop asking.
-      if (new URL(response.url).pathname !== window.location.pathname) {
+      // Sent elsewhere (a session that ended goes to the sign-in page): stop asking.
+      var path = new URL(response.url).pathname;
+      if (path !== window.location.pathname) {
         stopped = true;
-        throw new Error("signed out: reload the page to sign in");
+        throw new Error(path === "/login" ? "signed out: reload the page to sign in"
+          : "not updated: reload the page");
       }
       // 400: the page with a problem in its filters, said beside the form.
       if (!response.ok && response.status !== 400) {
