@@ -253,6 +253,8 @@ def _render(request: web.Request, name: str, **context: Any) -> web.Response:
         "done": message,
         "problem": context.pop("problem", ""),
         "zone": operator.config.zone,
+        # The page keeps itself up to date in place (relay.js): its parts marked data-live.
+        "auto_refresh": False,
     }
     http_status = context.pop("http_status", None)
     html = _templates().get_template(name).render(**{**base, **context})
@@ -400,6 +402,7 @@ async def overview(request: web.Request) -> web.Response:
         dead_since=attention.dead_since,
         held=attention.held,
         failing_routes=failing_routes,
+        auto_refresh=True,
     )
 
 
@@ -911,7 +914,9 @@ async def targets_page(request: web.Request) -> web.Response:
     targets = await _operator(request).target_views()
     for target in targets:
         target["schedule"] = target["schedule"].split("\n")[0]  # the full one is in the API
-    return _render(request, "targets.html", title="Targets", page="targets", targets=targets)
+    return _render(
+        request, "targets.html", title="Targets", page="targets", targets=targets, auto_refresh=True
+    )
 
 
 async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
