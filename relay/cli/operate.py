@@ -187,22 +187,9 @@ def skip_deliveries(args: argparse.Namespace) -> int:
         selection = _selection(args, config)
         if args.dry_run or not args.yes:
             return _dry_run(args, "skip", selection, config)
-
-        async def act() -> list[int]:
-            async with acting(config) as actions:
-                await actions.check_names(args.route, args.target, prefix="--")
-                return await actions.skip_selected(selection, by=who())
-
-        skipped = run(act())
-        emit(
-            args,
-            {"skipped": len(skipped), "ids": [str(i) for i in skipped]},
-            lambda data: (
-                f"skipped {data['skipped']} deliveries"
-                + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
-            ),
+        return _bulk(
+            args, config, "skipped", lambda actions: actions.skip_selected(selection, by=who())
         )
-        return 0
     if not args.delivery_ids:
         raise CommandError("name delivery ids, or filters (--route, --target, --search...)")
     return _each_delivery(
@@ -247,18 +234,28 @@ def requeue_deliveries(args: argparse.Namespace) -> int:
     selection = _selection(args, config)
     if args.dry_run:
         return _dry_run(args, "requeue", selection, config)
+    return _bulk(args, config, "requeued", lambda actions: actions.requeue(selection, by=who()))
+
+
+def _bulk(
+    args: argparse.Namespace,
+    config: OperatorConfig,
+    done: str,
+    verb: Callable[[Actions], Awaitable[list[int]]],
+) -> int:
+    """A bulk action by filter: its names checked, then done, then said."""
 
     async def act() -> list[int]:
         async with acting(config) as actions:
             await actions.check_names(args.route, args.target, prefix="--")
-            return await actions.requeue(selection, by=who())
+            return await verb(actions)
 
-    requeued = run(act())
+    ids = run(act())
     emit(
         args,
-        {"requeued": len(requeued), "ids": [str(i) for i in requeued]},
+        {done: len(ids), "ids": [str(i) for i in ids]},
         lambda data: (
-            f"requeued {data['requeued']} deliveries"
+            f"{done} {data[done]} deliveries"
             + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
         ),
     )
