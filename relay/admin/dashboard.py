@@ -236,6 +236,27 @@ def _plain(status: int, text: str) -> web.Response:
 
 
 def _render(request: web.Request, name: str, **context: Any) -> web.Response:
+    template, values, status = _prepared(request, name, context)
+    return _html(template.render(**values), status)
+
+
+async def _render_body(request: web.Request, name: str, **context: Any) -> web.Response:
+    """`_render` for a page that shows a webhook's body (up to a route's
+    max_body_size, and again pretty-printed): rendered in a worker thread, as
+    its masking is, so that no page holds the event loop."""
+    template, values, status = _prepared(request, name, context)
+    return _html(await asyncio.to_thread(template.render, **values), status)
+
+
+def _html(html: str, status: int) -> web.Response:
+    return web.Response(
+        text=html, content_type="text/html", status=status, headers=SECURITY_HEADERS
+    )
+
+
+def _prepared(
+    request: web.Request, name: str, context: dict[str, Any]
+) -> tuple[jinja2.Template, dict[str, Any], int]:
     operator = request.config_dict[OPERATOR]
     session = request.get(SESSION)
     done = request.query.get("done", "")
@@ -257,11 +278,8 @@ def _render(request: web.Request, name: str, **context: Any) -> web.Response:
         "auto_refresh": False,
     }
     http_status = context.pop("http_status", None)
-    html = _templates().get_template(name).render(**{**base, **context})
     status = http_status or context.get("status", 200)
-    return web.Response(
-        text=html, content_type="text/html", status=status, headers=SECURITY_HEADERS
-    )
+    return _templates().get_template(name), {**base, **context}, status
 
 
 def _back(path: str, **params: object) -> web.HTTPSeeOther:
@@ -686,7 +704,7 @@ async def event_page(request: web.Request) -> web.Response:
     # Masking is linear in the body, and a body may be a MiB: off the loop.
     event, pretty_json, form_fields = await asyncio.to_thread(_event_view, detail, operator.masker)
     event = mark_probes(event, states)
-    return _render(
+    return await _render_body(
         request,
         "event.html",
         title=f"Event {event['id']}",
@@ -737,7 +755,7 @@ async def resend_page(request: web.Request) -> web.Response:
     except EditRejected as problem:
         return _plain(problem.status, str(problem))
     chosen = default_targets(detail)
-    return _resend_form(
+    return await _resend_form(
         request,
         detail,
         body,
@@ -777,7 +795,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
             operator.masker,
         )
     except EditRejected as rejected:
-        return _resend_form(
+        return await _resend_form(
             request,
             detail,
             text,
@@ -797,7 +815,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     problem = ""
     if form.get("action") == "send" and not confirmed:
         problem = "The body or targets changed since the preview: check the preview, then send."
-    return _resend_form(
+    return await _resend_form(
         request,
         detail,
         text,
@@ -817,7 +835,7 @@ def _previewed(text: str, content_type: str, targets: Sequence[str], form: str) 
     return hashlib.sha256(material).hexdigest()
 
 
-def _resend_form(
+async def _resend_form(
     request: web.Request,
     detail: EventDetail,
     body: str,
@@ -830,7 +848,7 @@ def _resend_form(
     as_fields: bool = context.pop("as_fields", False)
     # The other form of the same body is one click away (a link, not re-parsed here).
     can_decode = as_fields or media_type(detail.payload.content_type) == FORM
-    return _render(
+    return await _render_body(
         request,
         "resend.html",
         title=f"Edit and resend event {detail.event.id}",
