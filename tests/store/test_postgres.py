@@ -23,7 +23,7 @@ from pytest_aiohttp import AiohttpServer
 
 from relay.alerts import Alerter
 from relay.clock import FakeClock
-from relay.config import AlertsConfig
+from relay.config import AlertsConfig, Config
 from relay.kinds.registry import build_target
 from relay.payload import Payload
 from relay.retry import Next
@@ -47,6 +47,7 @@ from relay.store import (
 from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
+from relay.targets import Target
 
 from conftest import ConfigFactory
 from helpers import eventually as poll_until
@@ -1021,6 +1022,48 @@ async def test_every_connection_of_an_instance_carries_its_name(pg_url: str) -> 
         await store.close()
 
 
+def held_crm(make_config: ConfigFactory, url: str) -> Config:
+    return make_config(
+        {"crm": {"type": "http", "url": url, "hold_when_down": True, "down_after": 3}},
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        retry={"retries": 3},  # 2, 4, 8 s: four failed attempts make a delivery dead
+    )
+
+
+async def instances(
+    pg_url: str,
+    config: Config,
+    clock: FakeClock,
+    reports: list[tuple[float, AttemptReport]],
+    names: str,
+    poll_interval: float = 1.0,
+) -> tuple[list[PostgresStore], list[Scheduler], list[Target]]:
+    """An instance per name: its store, its scheduler (reporting each attempt
+    with the clock's time) and its targets, started."""
+    stores, schedulers, started = [], [], []
+    for number, name in enumerate(names):
+        store = PostgresStore(pg_url, instance_id=name)
+        await store.open()
+        store.reconfigure(config)
+        stores.append(store)
+        targets = {name: build_target(target) for name, target in config.targets.items()}
+        for target in targets.values():
+            await target.start()
+            started.append(target)
+        schedulers.append(
+            Scheduler(
+                store,
+                config,
+                targets,
+                clock,
+                rng=random.Random(number),
+                poll_interval=poll_interval,
+                on_attempt=lambda report: reports.append((clock.now(), report)),
+            )
+        )
+    return stores, schedulers, started
+
+
 async def test_a_down_target_holds_across_instances_one_probe_at_a_time_no_retry_spent(
     pg_url: str, make_config: ConfigFactory, aiohttp_server: AiohttpServer
 ) -> None:
@@ -1044,40 +1087,9 @@ async def test_a_down_target_holds_across_instances_one_probe_at_a_time_no_retry
     app = web.Application()
     app.router.add_post("/crm", crm)
     server = await aiohttp_server(app)
-    config = make_config(
-        {
-            "crm": {
-                "type": "http",
-                "url": str(server.make_url("/crm")),
-                "hold_when_down": True,
-                "down_after": 3,
-                "concurrency": 4,
-            }
-        },
-        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
-        retry={"retries": 3},  # 2, 4, 8 s: four failed attempts make a delivery dead
-    )
-    stores = [PostgresStore(pg_url, instance_id=name) for name in "abc"]
+    config = held_crm(make_config, str(server.make_url("/crm")))
     reports: list[tuple[float, AttemptReport]] = []
-    schedulers = []
-    started_targets = []
-    for number, store in enumerate(stores):
-        await store.open()
-        store.reconfigure(config)
-        targets = {name: build_target(target) for name, target in config.targets.items()}
-        for target in targets.values():
-            await target.start()
-            started_targets.append(target)
-        schedulers.append(
-            Scheduler(
-                store,
-                config,
-                targets,
-                clock,
-                rng=random.Random(number),
-                on_attempt=lambda report: reports.append((clock.now(), report)),
-            )
-        )
+    stores, schedulers, started_targets = await instances(pg_url, config, clock, reports, "abc")
     try:
         for n in range(24):
             await stores[0].accept_event(
@@ -1122,6 +1134,51 @@ async def test_a_down_target_holds_across_instances_one_probe_at_a_time_no_retry
         assert len(probes) == len(set(probes))
     finally:
         for target in started_targets:
+            await target.close()
+        for store in stores:
+            await store.close()
+
+
+async def test_an_instance_that_has_not_read_the_down_state_sends_the_probe_as_a_probe(
+    pg_url: str, make_config: ConfigFactory, aiohttp_server: AiohttpServer
+) -> None:
+    # b last read the targets when crm was up (and would not again for an
+    # hour); a's failures made it down. The probe b's claim gets is a probe:
+    # it spends no retry and goes to the back of the line, as a's would.
+    clock = FakeClock(T0)
+
+    async def crm(request: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_post("/crm", crm)
+    server = await aiohttp_server(app)
+    config = held_crm(make_config, str(server.make_url("/crm")))
+    reports: list[tuple[float, AttemptReport]] = []
+    stores, schedulers, started = await instances(pg_url, config, clock, reports, "ab", 3600)
+    a, b = schedulers
+    try:
+        assert await b.step() == 0  # crm is up, nothing waits
+        for n in range(3):
+            body = json.dumps({"n": n}).encode()
+            await stores[0].accept_event(event(body=body), [NewDelivery("crm")], T0)
+        assert await a.step() == 3
+        await a.wait_idle()
+        assert "crm" in a.down
+        assert "crm" not in b.down
+        clock.set(T0 + 2)  # the first probe's time
+        assert await b.step() == 1
+        await b.wait_idle()
+        _, report = reports[-1]
+        assert report.kind is AttemptKind.PROBE
+        assert report.cycle_step is None  # no retry spent
+        assert b.down["crm"].probes == 1  # learnt from the claim, then its own probe
+        assert await a.step() == 0  # the next probe is 4 s on
+        view = await stores[0].get_delivery(report.delivery.id)
+        assert view is not None
+        assert view.status is Status.PENDING
+    finally:
+        for target in started:
             await target.close()
         for store in stores:
             await store.close()
