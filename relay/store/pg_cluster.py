@@ -178,13 +178,19 @@ async def allowed(
     held = sorted(target for target, rule in known.items() if rule.hold_when_down)
     down = {}
     if held:
+        # Locked (shared) until the claim ends: an attempt recorded meanwhile,
+        # which locks the row to update it, cannot make the target down (and
+        # line its deliveries up, due at once) between this read and the
+        # claim, which would then take them as if it were up.
         down = {
-            row[0]: DownState(row[1], row[2], row[3], last_probe=row[4])
+            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
             for row in await connection.fetch(
-                "SELECT name, down_since, probe_at, probes, probe_delivery FROM targets"
-                " WHERE name = ANY($1::text[]) AND down_since IS NOT NULL",
+                "SELECT name, down_since IS NOT NULL, down_since, probe_at, probes,"
+                " probe_delivery FROM targets WHERE name = ANY($1::text[]) ORDER BY name"
+                " FOR SHARE",
                 held,
             )
+            if row[1]
         }
     result = {}
     for target, limit in wanted.items():

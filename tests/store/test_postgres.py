@@ -828,6 +828,44 @@ async def test_a_down_target_gives_one_probe_to_the_cluster_when_its_time_comes(
     assert all(claimed.probe is None for claimed in rest)
 
 
+async def test_a_claim_waits_for_an_attempt_being_recorded_to_say_whether_the_target_is_down(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    # An attempt being recorded holds its target's row (relay's record takes
+    # it FOR UPDATE); if it makes the target down, its deliveries are lined
+    # up, due at once. A claim meanwhile must not read "up" first and take
+    # them after: it waits for the record, then sees the target down.
+    a, b = two
+    for store in (a, b):
+        store.set_limits({"crm": TargetLimits(concurrency=4, hold_when_down=True)})
+    for _ in range(3):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+    recording = await asyncpg.connect(pg_url)
+    try:
+        await recording.execute("INSERT INTO targets (name) VALUES ('crm')")
+        async with recording.transaction():
+            await recording.execute("SELECT 1 FROM targets WHERE name = 'crm' FOR UPDATE")
+            claim = asyncio.create_task(b.claim_due(T0, T0 + 60, {"crm": 4}))
+
+            async def claim_waits() -> bool:
+                return bool(
+                    await recording.fetchval(
+                        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND application_name = 'relay/b'"
+                    )
+                )
+
+            await poll_until(claim_waits)
+            await recording.execute(
+                "UPDATE targets SET down_since = $1, probe_at = $2 WHERE name = 'crm'",
+                T0,
+                T0 + 10,
+            )
+        assert await claim == []  # down, its first probe at T0 + 10
+    finally:
+        await recording.close()
+
+
 async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(
     two: tuple[PostgresStore, PostgresStore],
 ) -> None:
