@@ -260,6 +260,15 @@ class Scheduler:
         await self._refresh_paused(self._clock.now())
         return await self._dispatch(self._clock.now())
 
+    async def step(self) -> int:
+        """One turn of `run`'s loop at the clock's now: the held targets re-read
+        only once the poll interval has passed, then what is due started.
+        For tests that drive several schedulers (instances of one cluster)
+        turn by turn, as their loops interleave; returns how many started."""
+        now = self._clock.now()
+        await self._refresh_paused(now)
+        return await self._dispatch(now)
+
     async def wait_idle(self) -> None:
         """Wait until every attempt started so far has been recorded."""
         while self._tasks:
@@ -446,7 +455,7 @@ class Scheduler:
             lane = state.lanes[delivery.target]
             lane.in_flight += 1
             lane.take(1, now)
-            probe = down.get(delivery.target)
+            probe = self._probe(delivery, down)
             task = asyncio.create_task(
                 self._attempt(delivery, target, state, probe), name=f"relay-attempt-{delivery.id}"
             )
@@ -454,6 +463,19 @@ class Scheduler:
             self._task_targets[task] = target
             task.add_done_callback(self._task_targets.pop)
         return len(claimed)
+
+    def _probe(self, delivery: ClaimedDelivery, down: Mapping[str, DownState]) -> DownState | None:
+        """The down state when this claimed delivery is its target's probe.
+        A store shared by several processes says so itself: another instance
+        may have made the target down, or up, since this one last read it,
+        and a probe taken for an ordinary attempt would spend a retry."""
+        if not self._store.claims_probes:
+            return down.get(delivery.target)
+        if delivery.probe is not None:
+            self._down[delivery.target] = delivery.probe
+        else:
+            self._down.pop(delivery.target, None)
+        return delivery.probe
 
     def _policy(self, state: _State, delivery: ClaimedDelivery) -> RetryPolicy:
         route = state.config.routes.get(delivery.route)
@@ -616,6 +638,10 @@ class Scheduler:
         elif hold is not None and hold.probe and target in self._down:
             previous = self._down[target]
             self._down[target] = DownState(previous.since, hold.probe_at, previous.probes + 1)
+        elif hold is not None and streak.down and target not in self._down:
+            # Made down by another process's attempt: read its state at the
+            # next turn rather than a poll later.
+            self._paused_read_at = None
 
     async def _send(
         self, target: Target, envelope: Envelope, time_limit: float, pacers: list[Pacer]

@@ -164,6 +164,9 @@ class ClaimedDelivery:
     # A corrected copy's delivery: the original's delivery to the same target,
     # which becomes resolved (if dead) when this one is delivered.
     resolves: int | None = None
+    # Its target's down state when the store leased it as that target's one
+    # probe (a store that `claims_probes`); None: an ordinary attempt.
+    probe: DownState | None = None
 
 
 class AttemptKind(StrEnum):
@@ -669,6 +672,14 @@ class Queue(Protocol):
     # gives it: the scheduler's poll may then look (a read) before it claims
     # (a write transaction), and an idle relay writes nothing.
     next_due_foresees_claims: bool
+
+    # True when claim_due applies the hold_when_down rule itself, for every
+    # process sharing the queue: a down target's deliveries are leased only as
+    # its one probe (ClaimedDelivery.probe), when its probe time has come and
+    # nothing of it is under way anywhere. The scheduler then takes the store's
+    # word over its memory, which may be a poll old (another instance made the
+    # target down or up meanwhile). False: one process, whose memory is the rule.
+    claims_probes: bool
 
     async def record_attempt(
         self,

@@ -4,6 +4,11 @@
   across instances. Each claim locks the pacing rows of the targets it claims
   for (in one order, so two instances never wait on each other in a cycle),
   counts the target's live leases, and moves the next allowed moment forward.
+- Down targets (hold_when_down): the claim decides, under the target's
+  claim lock, from the `targets` row every instance writes: a down target's
+  deliveries are claimed only as its one probe, when its probe time has come
+  and no attempt of it is under way anywhere (`allowed`). An instance's own
+  memory of the down state may be a poll old; the database's is the rule.
 - Liveness: each instance's row in `instances` is touched every fifth of
   dead_after (`[storage] dead_after`, DEAD_AFTER by default) by the server's
   clock; leases of an instance not seen for dead_after (or stopped) are
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from relay.config import Config
-from relay.store.base import StoreError
+from relay.store.base import DownState, StoreError
 from relay.store.pg_errors import DRIVER_ERRORS, POOLER, Connection
 
 log = logging.getLogger("relay.store")
@@ -97,6 +102,8 @@ class TargetLimits:
     concurrency: int
     # (pacing row, seconds between two sends): the target's own rate, its groups'.
     paces: tuple[tuple[str, float], ...] = ()
+    # While down, one probe at a time for the whole cluster (`allowed`).
+    hold_when_down: bool = False
 
 
 def cluster_limits(config: Config) -> dict[str, TargetLimits]:
@@ -108,7 +115,7 @@ def cluster_limits(config: Config) -> dict[str, TargetLimits]:
             paces.append((f"target:{name}", CLUSTER_PACE_MARGIN / target.rate.per_second))
         for group, rate in target.shared_rates:
             paces.append((f"group:{group}", CLUSTER_PACE_MARGIN / rate.per_second))
-        limits[name] = TargetLimits(target.concurrency, tuple(paces))
+        limits[name] = TargetLimits(target.concurrency, tuple(paces), target.hold_when_down)
     return limits
 
 
@@ -120,15 +127,22 @@ async def allowed(
     instance_id: str,
     dead_after: float,
     unanswered: Mapping[int, float] | None = None,
-) -> dict[str, int]:
+) -> tuple[dict[str, int], dict[str, DownState]]:
     """How many of each target this instance may claim now, in the caller's
     transaction; the pacing rows stay locked until it ends. A lease counts
     against the concurrency until it may be taken over (`lapsed`, with the
     deliveries this instance's claims that went unanswered leased, each with
-    its claim's moment)."""
+    its claim's moment).
+
+    With them, the hold_when_down targets that are down: each may give one
+    delivery, its probe, once its probe time has come and nothing of it is
+    leased anywhere (a probe under way, or an attempt that began before it
+    went down). The target's `claim:` row is locked first, so two instances'
+    claims of it take turns and the second sees the first's probe leased:
+    never two probes at once, however stale either instance's memory."""
     known = {target: limits[target] for target in wanted if target in limits}
     if not known:
-        return dict(wanted)
+        return dict(wanted), {}
     unanswered = unanswered or {}
     names = sorted(
         {f"claim:{t}" for t in known} | {name for rule in known.values() for name, _ in rule.paces}
@@ -161,6 +175,23 @@ async def allowed(
             list(unanswered.values()),
         )
     }
+    held = sorted(target for target, rule in known.items() if rule.hold_when_down)
+    down = {}
+    if held:
+        # Locked (shared) until the claim ends: an attempt recorded meanwhile,
+        # which locks the row to update it, cannot make the target down (and
+        # line its deliveries up, due at once) between this read and the
+        # claim, which would then take them as if it were up.
+        down = {
+            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
+            for row in await connection.fetch(
+                "SELECT name, down_since IS NOT NULL, down_since, probe_at, probes,"
+                " probe_delivery FROM targets WHERE name = ANY($1::text[]) ORDER BY name"
+                " FOR SHARE",
+                held,
+            )
+            if row[1]
+        }
     result = {}
     for target, limit in wanted.items():
         rule = known.get(target)
@@ -169,9 +200,13 @@ async def allowed(
             if rule.paces:
                 paced = all(next_at[name] <= now for name, _ in rule.paces)
                 limit = min(limit, 1) if paced else 0
+            state = down.get(target)
+            if state is not None:
+                probe_due = state.probe_at <= now and busy.get(target, 0) == 0
+                limit = min(limit, 1) if probe_due else 0
         if limit > 0:
             result[target] = limit
-    return result
+    return result, {target: state for target, state in down.items() if target in result}
 
 
 async def took(

@@ -222,6 +222,7 @@ class PostgresStore:
     # claim_due also takes over the leases of an instance whose heartbeats
     # stopped, before those leases run out: next_due does not read heartbeats.
     next_due_foresees_claims = False
+    claims_probes = True
 
     def __init__(
         self,
@@ -599,7 +600,7 @@ class PostgresStore:
                 await connection.execute(ALIVE, self.instance_id)
             rows: list[asyncpg.Record] = []
             counts: dict[str, int] = {}
-            room = await allowed(
+            room, probing = await allowed(
                 connection, wanted, self._limits, now, self.instance_id, self.dead_after, unanswered
             )
             for target, limit in room.items():
@@ -633,7 +634,12 @@ class PostgresStore:
             }
             leased.extend(row[0] for row in rows)
             return [
-                claimed_delivery(tuple(row), tuple(events[row[1]]))
+                # A down target's one delivery is its probe, whatever the
+                # instance last read of the target (pg_cluster.allowed).
+                replace(
+                    claimed_delivery(tuple(row), tuple(events[row[1]])),
+                    probe=probing.get(row[3]),
+                )
                 for row in rows
                 if row[1] in events
             ]

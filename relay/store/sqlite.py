@@ -125,6 +125,8 @@ T = TypeVar("T")
 class SqliteStore:
     # next_due reads the very conditions claim_due leases by.
     next_due_foresees_claims = True
+    # One process: its scheduler's memory of the down state is the whole truth.
+    claims_probes = False
 
     def __init__(
         self,

@@ -895,3 +895,83 @@ async def test_an_operator_sees_each_instance_its_connections_and_the_leader(
     finally:
         for relay in relays:
             await relay.astop()
+
+
+async def test_a_receiver_outage_with_hold_when_down_spends_no_retry_on_three_instances(
+    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
+) -> None:
+    # The operator's run of issue 40: 60 events while the receiver fails,
+    # three instances. Three retries (0.2, 0.4, 0.8 s) are four attempts to
+    # dead: an instance that attempts a down target's waiting deliveries
+    # shows at once. Each 503 takes 30 ms, so two probes at once overlap.
+    back = asyncio.Event()
+
+    async def crm(request: web.Request) -> web.Response:
+        await request.read()
+        if not back.is_set():
+            await asyncio.sleep(0.03)
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/crm", crm)
+    server = await aiohttp_server(app)
+    retry = {"unit": "100ms", "retries": 3, "max_delay": "1s", "jitter": 0}
+    config = cluster_config(
+        tmp_path, str(server.make_url("/crm")), hold_when_down=True, down_after=3, retry=retry
+    )
+    async with instances(config, tmp_path, pg_url) as relays:
+        acked: dict[str, str] = {}
+        await post_round_robin(relays, [f"k{i}" for i in range(60)], acked)
+        assert len(acked) == 60
+        await asyncio.sleep(4)  # some five probes' time, the target down
+        back.set()
+        wanted = sorted({int(event) for event in acked.values()})
+        connection = await asyncpg.connect(pg_url)
+        try:
+            ids = [
+                row[0]
+                for row in await connection.fetch(
+                    "SELECT id FROM deliveries WHERE event_id = ANY($1::bigint[])", wanted
+                )
+            ]
+
+            async def settled() -> bool:
+                return await statuses(pg_url, ids) <= {"delivered", "dead"}
+
+            await eventually(settled, timeout=60)
+            counts = await connection.fetch(
+                "SELECT status, COUNT(*) FROM deliveries WHERE id = ANY($1::bigint[])"
+                " GROUP BY status",
+                ids,
+            )
+            attempts = await connection.fetch(
+                "SELECT delivery_id, number, started_at, duration, outcome, kind, next_attempt_at"
+                " FROM attempts ORDER BY delivery_id, number"
+            )
+        finally:
+            await connection.close()
+    assert {row[0]: row[1] for row in counts} == {"delivered": 60}  # none dead
+    successes = [a for a in attempts if a["outcome"] == "success"]
+    assert len(successes) == 60  # each once
+    recovered = min(a["started_at"] for a in successes)
+    # Never two probes at once, whichever instances sent them.
+    probes = sorted(
+        (a["started_at"], a["started_at"] + a["duration"])
+        for a in attempts
+        if a["kind"] == "probe" and a["started_at"] < recovered
+    )
+    assert len(probes) >= 3, probes
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(probes)), probes
+    # No attempt of the cycle before the backoff its previous one set, while
+    # the receiver failed (once it answers, those that waited go at once).
+    early = [
+        (later["delivery_id"], later["number"], later["started_at"] - before["next_attempt_at"])
+        for before, later in itertools.pairwise(attempts)
+        if before["delivery_id"] == later["delivery_id"]
+        and before["kind"] == later["kind"] == "cycle"
+        and before["outcome"] == "retry"
+        and later["started_at"] < recovered
+        and later["started_at"] < before["next_attempt_at"]
+    ]
+    assert early == []

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import random
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -16,12 +18,18 @@ from typing import Any
 
 import asyncpg
 import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
 
 from relay.alerts import Alerter
 from relay.clock import FakeClock
-from relay.config import AlertsConfig
+from relay.config import AlertsConfig, Config
+from relay.kinds.registry import build_target
 from relay.payload import Payload
+from relay.retry import Next
+from relay.scheduler import AttemptReport, Scheduler
 from relay.store import (
+    AttemptKind,
     AttemptRecord,
     Delivered,
     EventQuery,
@@ -34,11 +42,14 @@ from relay.store import (
     Status,
     StoreError,
     StoreUnavailable,
+    Waits,
 )
 from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
+from relay.targets import Target
 
+from conftest import ConfigFactory
 from helpers import eventually as poll_until
 from pgcluster import Cluster, commits_off, create_cluster, remove_cluster, server_bin
 from pgcut import CommitCutter
@@ -782,6 +793,79 @@ async def test_a_receivers_wait_holds_the_target_for_every_instance(
     assert again.id == first.id  # lined up by arrival: the first goes first
 
 
+async def test_a_down_target_gives_one_probe_to_the_cluster_when_its_time_comes(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    # The claim reads the down state from the database, whatever an instance
+    # remembers: b never learnt that a's failures made the target down.
+    a, b = two
+    for store in (a, b):
+        store.set_limits({"crm": TargetLimits(concurrency=4, hold_when_down=True)})
+    for _ in range(5):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+    failed = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
+    for claimed in await a.claim_due(T0, T0 + 60, {"crm": 3}):
+        await a.record_attempt(claimed, failed, RetryAt(T0 + 2), T0, Hold(3, T0 + 10))
+    assert "crm" in await b.down_targets()
+    assert await b.claim_due(T0 + 5, T0 + 65, {"crm": 4}) == []  # its first probe is at T0 + 10
+    [probe] = await b.claim_due(T0 + 10, T0 + 70, {"crm": 4})
+    assert probe.probe is not None
+    assert (probe.probe.probe_at, probe.probe.probes) == (T0 + 10, 0)
+    # One probe at a time, for the whole cluster.
+    assert await a.claim_due(T0 + 11, T0 + 71, {"crm": 4}) == []
+    probe_failed = AttemptRecord(probe.attempts + 1, T0 + 11, 0.01, "retry", 503, "HTTP 503")
+    await b.record_attempt(probe, probe_failed, Waits(), T0 + 11, Hold(3, T0 + 30, probe=True))
+    assert await a.claim_due(T0 + 20, T0 + 80, {"crm": 4}) == []  # the next probe is at T0 + 30
+    [second] = await a.claim_due(T0 + 30, T0 + 90, {"crm": 4})
+    assert second.probe is not None
+    assert second.probe.probes == 1
+    assert second.id != probe.id  # the failed probe went to the back of the line
+    # It answers: the target is up, and the others go as usual.
+    ok = AttemptRecord(second.attempts + 1, T0 + 30, 0.01, "success", 200)
+    await a.record_attempt(second, ok, Delivered(), T0 + 30, Hold(3, T0 + 60, probe=True))
+    rest = await b.claim_due(T0 + 31, T0 + 91, {"crm": 4})
+    assert len(rest) == 4
+    assert all(claimed.probe is None for claimed in rest)
+
+
+async def test_a_claim_waits_for_an_attempt_being_recorded_to_say_whether_the_target_is_down(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    # An attempt being recorded holds its target's row (relay's record takes
+    # it FOR UPDATE); if it makes the target down, its deliveries are lined
+    # up, due at once. A claim meanwhile must not read "up" first and take
+    # them after: it waits for the record, then sees the target down.
+    a, b = two
+    for store in (a, b):
+        store.set_limits({"crm": TargetLimits(concurrency=4, hold_when_down=True)})
+    for _ in range(3):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+    recording = await asyncpg.connect(pg_url)
+    try:
+        await recording.execute("INSERT INTO targets (name) VALUES ('crm')")
+        async with recording.transaction():
+            await recording.execute("SELECT 1 FROM targets WHERE name = 'crm' FOR UPDATE")
+            claim = asyncio.create_task(b.claim_due(T0, T0 + 60, {"crm": 4}))
+
+            async def claim_waits() -> bool:
+                return bool(
+                    await recording.fetchval(
+                        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND application_name = 'relay/b'"
+                    )
+                )
+
+            await poll_until(claim_waits)
+            await recording.execute(
+                "UPDATE targets SET down_since = $1, probe_at = $2 WHERE name = 'crm'",
+                T0,
+                T0 + 10,
+            )
+        assert await claim == []  # down, its first probe at T0 + 10
+    finally:
+        await recording.close()
+
+
 async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(
     two: tuple[PostgresStore, PostgresStore],
 ) -> None:
@@ -974,3 +1058,165 @@ async def test_every_connection_of_an_instance_carries_its_name(pg_url: str) -> 
         with contextlib.suppress(asyncio.CancelledError):
             await listening
         await store.close()
+
+
+def held_crm(make_config: ConfigFactory, url: str) -> Config:
+    return make_config(
+        {"crm": {"type": "http", "url": url, "hold_when_down": True, "down_after": 3}},
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        retry={"retries": 3},  # 2, 4, 8 s: four failed attempts make a delivery dead
+    )
+
+
+async def instances(
+    pg_url: str,
+    config: Config,
+    clock: FakeClock,
+    reports: list[tuple[float, AttemptReport]],
+    names: str,
+    poll_interval: float = 1.0,
+) -> tuple[list[PostgresStore], list[Scheduler], list[Target]]:
+    """An instance per name: its store, its scheduler (reporting each attempt
+    with the clock's time) and its targets, started."""
+    stores, schedulers, started = [], [], []
+    for number, name in enumerate(names):
+        store = PostgresStore(pg_url, instance_id=name)
+        await store.open()
+        store.reconfigure(config)
+        stores.append(store)
+        targets = {name: build_target(target) for name, target in config.targets.items()}
+        for target in targets.values():
+            await target.start()
+            started.append(target)
+        schedulers.append(
+            Scheduler(
+                store,
+                config,
+                targets,
+                clock,
+                rng=random.Random(number),
+                poll_interval=poll_interval,
+                on_attempt=lambda report: reports.append((clock.now(), report)),
+            )
+        )
+    return stores, schedulers, started
+
+
+async def test_a_down_target_holds_across_instances_one_probe_at_a_time_no_retry_spent(
+    pg_url: str, make_config: ConfigFactory, aiohttp_server: AiohttpServer
+) -> None:
+    # Three instances, each a store and a scheduler of its own, driven turn by
+    # turn on one clock as their loops interleave (a finished attempt wakes
+    # its scheduler at once; each re-reads the held targets once a second).
+    # The receiver fails for 40 s: after 3 failures the target is down for
+    # the whole cluster. Before, an instance that had not read the down state
+    # yet kept claiming deliveries the failure had lined up (due at once) and
+    # spent their retries within one instant; and each instance sent a probe.
+    clock = FakeClock(T0)
+    back_at = T0 + 40
+    answers: list[tuple[float, int, int]] = []  # (clock time, event, status)
+
+    async def crm(request: web.Request) -> web.Response:
+        n = json.loads(await request.read())["n"]
+        status = 503 if clock.now() < back_at else 200
+        answers.append((clock.now(), n, status))
+        return web.Response(status=status)
+
+    app = web.Application()
+    app.router.add_post("/crm", crm)
+    server = await aiohttp_server(app)
+    config = held_crm(make_config, str(server.make_url("/crm")))
+    reports: list[tuple[float, AttemptReport]] = []
+    stores, schedulers, started_targets = await instances(pg_url, config, clock, reports, "abc")
+    try:
+        for n in range(24):
+            await stores[0].accept_event(
+                event(body=json.dumps({"n": n}).encode()), [NewDelivery("crm")], T0
+            )
+        # Turns while the target is down, before and after: how many attempts
+        # each started (a turn ends when every attempt it started is recorded).
+        while_down: list[int] = []
+        while clock.now() < T0 + 120 and sum(s == 200 for _, _, s in answers) < 24:
+            while True:
+                down_before = "crm" in await stores[0].down_targets()
+                started = 0
+                for scheduler in schedulers:
+                    started += await scheduler.step()
+                await asyncio.gather(*(scheduler.wait_idle() for scheduler in schedulers))
+                if down_before and "crm" in await stores[0].down_targets():
+                    while_down.append(started)
+                if not started:
+                    break
+            clock.advance(0.5)
+
+        assert await stores[0].count(Selection(status=Status.DEAD)) == 0
+        delivered = sorted(n for _, n, status in answers if status == 200)
+        assert delivered == list(range(24))  # each once
+        # Never two probes at once: while down, one attempt per turn at most.
+        assert while_down
+        assert max(while_down) == 1
+        # No attempt of the cycle before its backoff while the receiver failed
+        # (once it is back, the deliveries that waited go at once, by design).
+        last: dict[int, tuple[float, AttemptReport]] = {}
+        for at, report in reports:
+            previous = last.get(report.delivery.id)
+            last[report.delivery.id] = (at, report)
+            if previous is None or at >= back_at or report.kind is not AttemptKind.CYCLE:
+                continue
+            before_at, before = previous
+            if before.kind is AttemptKind.CYCLE and before.decision.next is Next.RETRY:
+                assert before.decision.at is not None
+                assert at >= before.decision.at, (report.delivery.id, before_at, at)
+        probes = [at for at, report in reports if report.kind is AttemptKind.PROBE]
+        assert probes
+        assert len(probes) == len(set(probes))
+    finally:
+        for target in started_targets:
+            await target.close()
+        for store in stores:
+            await store.close()
+
+
+async def test_an_instance_that_has_not_read_the_down_state_sends_the_probe_as_a_probe(
+    pg_url: str, make_config: ConfigFactory, aiohttp_server: AiohttpServer
+) -> None:
+    # b last read the targets when crm was up (and would not again for an
+    # hour); a's failures made it down. The probe b's claim gets is a probe:
+    # it spends no retry and goes to the back of the line, as a's would.
+    clock = FakeClock(T0)
+
+    async def crm(request: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_post("/crm", crm)
+    server = await aiohttp_server(app)
+    config = held_crm(make_config, str(server.make_url("/crm")))
+    reports: list[tuple[float, AttemptReport]] = []
+    stores, schedulers, started = await instances(pg_url, config, clock, reports, "ab", 3600)
+    a, b = schedulers
+    try:
+        assert await b.step() == 0  # crm is up, nothing waits
+        for n in range(3):
+            body = json.dumps({"n": n}).encode()
+            await stores[0].accept_event(event(body=body), [NewDelivery("crm")], T0)
+        assert await a.step() == 3
+        await a.wait_idle()
+        assert "crm" in a.down
+        assert "crm" not in b.down
+        clock.set(T0 + 2)  # the first probe's time
+        assert await b.step() == 1
+        await b.wait_idle()
+        _, report = reports[-1]
+        assert report.kind is AttemptKind.PROBE
+        assert report.cycle_step is None  # no retry spent
+        assert b.down["crm"].probes == 1  # learnt from the claim, then its own probe
+        assert await a.step() == 0  # the next probe is 4 s on
+        view = await stores[0].get_delivery(report.delivery.id)
+        assert view is not None
+        assert view.status is Status.PENDING
+    finally:
+        for target in started:
+            await target.close()
+        for store in stores:
+            await store.close()
