@@ -304,6 +304,8 @@ class _Counted(asyncio.Protocol):
             transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if not self._admitted and not self._in_lane:
+            return  # refused: closing, and its protocol never began
         if self._in_lane:
             self._in_lane = False
             if not self._cap._from_lane(self, data):
