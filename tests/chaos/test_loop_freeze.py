@@ -241,6 +241,7 @@ async def test_a_requests_when_conditions_share_one_time_budget(
     assert probe.worst < LOOP_BLOCK_LIMIT
 
 
+@pytest.mark.usefixtures("served_gc")
 async def test_opening_a_webhook_of_many_credential_fields_does_not_hold_the_loop(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -282,6 +283,7 @@ async def test_opening_a_webhook_of_many_credential_fields_does_not_hold_the_loo
     assert probe.worst < LOOP_BLOCK_LIMIT
 
 
+@pytest.mark.usefixtures("served_gc")
 async def test_compressed_bodies_inflate_off_the_loop(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
