@@ -1,10 +1,9 @@
-"""Group commit on PostgreSQL: concurrent accepts share one transaction.
+"""Accepting events on PostgreSQL, a batch per transaction (relay.store.pg_batch).
 
-Requests hand in their event; one task takes every event waiting, writes them
-in one transaction (multi-row inserts from arrays), commits, and only then
-answers each request with what became of its own event. The answer comes
-from the very transaction that held its row: if that commit fails, or its
-outcome is unknown because the connection broke, every request in it gets
+Requests hand in their event; a batch of them is written in one transaction
+(multi-row inserts from arrays) and each request answered, after the commit,
+with what became of its own event: if that commit fails, or its outcome is
+unknown because the connection broke, every request in it gets
 StoreUnavailable (503 + Retry-After), never "stored".
 
 Keys are decided as on SQLite (relay.store.accept.decide). Several instances
@@ -16,19 +15,12 @@ next variant. The UNIQUE index stays the last line.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
-
 from relay.store.accept import AcceptJob, Holder, ToStore, decide, message_tag
-from relay.store.base import Accepted, Status, StoreUnavailable
-from relay.store.pg_errors import Connection, is_environmental, unavailable
-
-log = logging.getLogger("relay.store")
+from relay.store.base import Accepted, Status
+from relay.store.pg_errors import Connection
 
 EVENT_INSERT = """
 INSERT INTO events (id, route, idempotency_key, received_at, remote_addr, method, path,
@@ -63,118 +55,6 @@ WHERE (idempotency_key, route) IN (SELECT * FROM unnest($1::text[], $2::text[]))
 ORDER BY key_variant
 """
 NEW_IDS = "SELECT nextval(pg_get_serial_sequence('events', 'id')) FROM generate_series(1, $1)"
-
-
-@dataclass(eq=False)
-class _Waiting:
-    job: AcceptJob
-    future: asyncio.Future[Accepted]
-    deadline: float
-    taken: bool = field(default=False)
-
-
-class PgIntake:
-    """One batching task per process; `accept` awaits the commit that held the event."""
-
-    def __init__(
-        self, pool: asyncpg.Pool, *, queue_timeout: float, max_batch: int = 500, notify: str = ""
-    ) -> None:
-        self._pool = pool
-        self._queue_timeout = queue_timeout
-        self._max_batch = max_batch
-        self._notify = notify
-        self._queue: list[_Waiting] = []
-        self._has_work = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
-        self.batches = 0
-        self.jobs = 0
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="relay-pg-intake")
-
-    async def close(self) -> None:
-        self._closing = True
-        self._has_work.set()
-        if self._task is not None:
-            await self._task
-
-    def submit(self, job: AcceptJob) -> asyncio.Future[Accepted]:
-        """Queue `job` for the next group transaction; the future has its outcome."""
-        if self._closing or self._task is None:
-            raise StoreUnavailable("store is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Accepted] = loop.create_future()
-        self._queue.append(_Waiting(job, future, loop.time() + self._queue_timeout))
-        self._has_work.set()
-        return future
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._has_work.wait()
-            self._has_work.clear()
-            now = loop.time()
-            batch: list[_Waiting] = []
-            for waiting in self._queue[: self._max_batch]:
-                if waiting.future.done():
-                    continue
-                if now >= waiting.deadline:
-                    waiting.future.set_exception(
-                        StoreUnavailable("no write slot in time: the database is slow or away")
-                    )
-                    continue
-                batch.append(waiting)
-            del self._queue[: self._max_batch]
-            if self._queue:
-                self._has_work.set()
-            if not batch:
-                if self._closing and not self._queue:
-                    return
-                continue
-            for waiting in batch:
-                waiting.taken = True
-            results = await self._commit([w.job for w in batch])
-            self.batches += 1
-            self.jobs += len(batch)
-            for waiting, result in zip(batch, results, strict=True):
-                if waiting.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    waiting.future.set_exception(result)
-                else:
-                    waiting.future.set_result(result)
-
-    async def _commit(self, jobs: list[AcceptJob]) -> list[Accepted | BaseException]:
-        try:
-            return list(await self._transaction(jobs))
-        except Exception as error:
-            if len(jobs) == 1 or is_environmental(error):
-                failure = unavailable(error)
-                if not isinstance(failure, StoreUnavailable):
-                    log.error("storing a batch of %d events failed: %s", len(jobs), error)
-                return [failure] * len(jobs)
-        # One event broke the batch: each alone, so the others still land.
-        results: list[Accepted | BaseException] = []
-        for job in jobs:
-            try:
-                results.extend(await self._transaction([job]))
-            except Exception as error:
-                results.append(unavailable(error))
-        return results
-
-    async def _transaction(self, jobs: Sequence[AcceptJob]) -> list[Accepted]:
-        async with self._pool.acquire() as connection:
-            try:
-                async with connection.transaction():
-                    results = await store_batch(connection, jobs)
-                    if self._notify:
-                        # Delivered with the commit, to every instance listening.
-                        await connection.execute("SELECT pg_notify($1, 'event')", self._notify)
-                    return results
-            except asyncpg.exceptions.InternalClientError:
-                connection.terminate()  # its protocol state is unknown: not to be lent again
-                raise
 
 
 async def store_batch(connection: Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:

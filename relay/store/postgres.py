@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import socket
 import uuid
 from collections.abc import (
@@ -40,7 +39,6 @@ import orjson
 
 import relay.store.rows as rows
 from relay.config import Config
-from relay.outcome import Verdict
 from relay.pgurl import masked_url
 from relay.store.accept import AcceptJob
 from relay.store.base import (
@@ -73,7 +71,6 @@ from relay.store.base import (
     NotFound,
     Rejection,
     Resend,
-    RetryAt,
     SearchDocument,
     SearchProgress,
     SearchTooSlow,
@@ -87,7 +84,7 @@ from relay.store.base import (
     Transition,
     Waits,
 )
-from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
+from relay.store.pg_batch import GroupCommit
 from relay.store.pg_cluster import (
     ALIVE,
     DEAD_AFTER,
@@ -110,11 +107,12 @@ from relay.store.pg_cluster import (
     took,
 )
 from relay.store.pg_errors import DRIVER_ERRORS, Connection, at, unavailable
-from relay.store.pg_intake import PgIntake, store_batch
+from relay.store.pg_intake import store_batch
+from relay.store.pg_record import NEXT_IN_LINE, Record, insert_log, numbered, record_batch
 from relay.store.pg_schema import LATEST, migrate
+from relay.store.record import RecordJob
 from relay.store.rows import (
     ATTEMPT_COLUMNS,
-    ATTEMPT_COLUMNS_INSERTED,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     HELD_TARGETS,
@@ -122,7 +120,6 @@ from relay.store.rows import (
     RESEND_COLUMNS,
     TARGET_STATE_COLUMNS,
     Row,
-    attempt_values,
     claimed_delivery,
     copy_event,
     decode_headers,
@@ -187,25 +184,11 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)
 {CLAIM_RETURNING}
 """
-LINE_UP_BY_ARRIVAL = """
-UPDATE deliveries SET next_attempt_at =
-    (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
-WHERE status = 'pending' AND target = $1 AND next_attempt_at IS NOT NULL {only}
-"""
-
-
-def numbered(sql: str, start: int = 1) -> str:
-    """SQLite's `?` placeholders as PostgreSQL's `$1, $2...` (the shared SQL
-    fragments hold no `?` inside literals)."""
-    counter = iter(range(start, start + sql.count("?") + 1))
-    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
 
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
-NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
 NEXT_PROBE = numbered(rows.NEXT_PROBE)  # (target)
-RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
 LINK_COPY = numbered(rows.LINK_COPY)  # (original event, copy event)
 
 
@@ -243,7 +226,8 @@ class PostgresStore:
         self._write_queue_timeout = write_queue_timeout
         self._pool: asyncpg.Pool | None = None
         self._commits_off_said = False  # the warning, once per store
-        self._intake: PgIntake | None = None
+        self._intake: GroupCommit[AcceptJob, Accepted] | None = None
+        self._records: GroupCommit[Record, FailureStreak] | None = None
         self._started_at: float | None = None
         self._limits: dict[str, TargetLimits] = {}
         self._heartbeats: asyncio.Task[None] | None = None
@@ -303,6 +287,7 @@ class PostgresStore:
                 command_timeout=self._command_timeout,
                 timeout=self._command_timeout,
                 connect=self._connect_synchronously,
+                reset=_reset,
                 server_settings=self._named,
             )
             async with self._pool.acquire() as first, self._pool.acquire() as second:
@@ -311,8 +296,16 @@ class PostgresStore:
         except (*DRIVER_ERRORS, StoreError) as error:
             await self.close()
             raise at(f"{self.path} (storage.url)", error) from None
-        self._intake = PgIntake(self._pool, queue_timeout=self._write_queue_timeout, notify=CHANNEL)
-        self._intake.start()
+        self._intake = GroupCommit(
+            self._pool,
+            store_batch,
+            what="events",
+            queue_timeout=self._write_queue_timeout,
+            after=_wake_all,
+        )
+        self._intake.start("relay-pg-intake")
+        self._records = GroupCommit(self._pool, record_batch, what="attempt records")
+        self._records.start("relay-pg-records")
 
     async def _connect_synchronously(self, *args: Any, **kwargs: Any) -> Any:
         """Each of the pool's connections, made so that it commits synchronously.
@@ -419,9 +412,10 @@ class PostgresStore:
                 await self._heartbeats
             self._heartbeats = None
         await self._leadership.close()
-        if self._intake is not None:
-            await self._intake.close()
-            self._intake = None
+        for batches in (self._intake, self._records):
+            if batches is not None:
+                await batches.close()
+        self._intake = self._records = None
         if self._pool is not None:
             if self._claimed:
                 # Stopped: any lease left (not given back) is free for the others now.
@@ -714,90 +708,22 @@ class PostgresStore:
         now: float,
         hold: Hold | None = None,
     ) -> FailureStreak:
+        if self._records is None:
+            raise StoreUnavailable("store is not open")
         waits = isinstance(then, Waits)
         cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
         status, next_at, error = delivery_after(then, attempt)
-
-        key = (delivery.id, attempt.number, attempt.started_at)
-        first = self._unanswered_records.get(key)
-        answers: list[FailureStreak] = []
-
-        async def job(connection: Connection) -> FailureStreak:
-            if first is not None:
-                # This record failed after its transaction ran: it may have
-                # committed (its answer lost), or still be committing. Its
-                # lock on the delivery says when that transaction ended.
-                await connection.execute(
-                    "SELECT 1 FROM deliveries WHERE id = $1 FOR NO KEY UPDATE", delivery.id
-                )
-                if await connection.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM attempts"
-                    " WHERE delivery_id = $1 AND number = $2 AND started_at = $3)",
-                    *key,
-                ):
-                    return first  # it did commit: kept once, with its answer
-            await connection.execute(
-                f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
-                *attempt_values(delivery.id, attempt, next_at, cycle if attempt.in_cycle else None),
-            )
-            # Only while the lease is still this instance's: one taken over
-            # (this attempt outlived it) is the new owner's to decide, and its
-            # attempt may be under way. The attempt above happened all the same.
-            result = await connection.execute(
-                "UPDATE deliveries SET status = $1, attempts = $2, cycle_attempts = $3,"
-                " next_attempt_at = $4,"
-                " lease_until = NULL, lease_owner = NULL, last_error = $5, updated_at = $6,"
-                " resume_status = NULL, resume_at = NULL"
-                " WHERE id = $7 AND status = 'in_flight' AND lease_owner = $8",
-                status.value,
-                attempt.number,
-                cycle,
-                # A failed probe goes to the back of the line (rows.LINE_UP_BY_ARRIVAL).
-                now if waits else next_at,
-                error,
-                now,
-                delivery.id,
-                self.instance_id,
-            )
-            held = result.split()[-1] != "0"
-            if held and status is Status.DELIVERED:
-                await connection.execute(NEXT_IN_LINE, now, now, delivery.id)
-                await _resolve_originals(connection, delivery, now)
-            if isinstance(then, RetryAt) and then.hold_until is not None:
-                await self._hold_paces(connection, delivery.target, then.hold_until)
-            streak = await _update_health(
-                connection, delivery.target, attempt, now, hold, delivery.id
-            )
-            if streak.went_down or streak.came_up:
-                await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
-            elif held and streak.down and isinstance(then, RetryAt):
-                await connection.execute(
-                    LINE_UP_BY_ARRIVAL.format(only="AND id = $2"), delivery.target, delivery.id
-                )
-            answers.append(streak)
-            return streak
-
+        job = RecordJob(delivery, attempt, status, next_at, error, waits, cycle, now, hold)
+        record = Record(job, then, self.instance_id, self._limits)
+        record.first = self._unanswered_records.get(record.key)
         try:
-            streak = await self._write(job)
+            streak = await self._records.submit(record)
         except StoreError:
-            if answers:  # ran to its end: it may have committed
-                self._unanswered_records[key] = answers[-1]
+            if record.answer is not None:  # its batch ran to its end: it may have committed
+                self._unanswered_records[record.key] = record.answer
             raise
-        self._unanswered_records.pop(key, None)
+        self._unanswered_records.pop(record.key, None)
         return streak
-
-    async def _hold_paces(self, connection: Connection, target: str, until: float) -> None:
-        """A receiver's wait holds the target's paces for every instance: none
-        claims for them before `until` (pg_cluster.allowed reads these rows)."""
-        limits = self._limits.get(target)
-        names = [name for name, _ in limits.paces] if limits is not None else []
-        if names:
-            await connection.execute(
-                "UPDATE pacing SET next_at = GREATEST(next_at, $1) WHERE name = ANY($2::text[])",
-                until,
-                names,
-            )
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
         ids = list(delivery_ids)
@@ -1021,7 +947,7 @@ class PostgresStore:
                 )
             else:
                 return await _select_delivery(connection, delivery_id)
-            await _insert_log(
+            await insert_log(
                 connection,
                 [delivery_id],
                 now,
@@ -1056,7 +982,7 @@ class PostgresStore:
                 now,
                 delivery_id,
             )
-            await _insert_log(
+            await insert_log(
                 connection,
                 [delivery_id],
                 now,
@@ -1097,7 +1023,7 @@ class PostgresStore:
                 )
             ]
             ids.sort()
-            await _insert_log(
+            await insert_log(
                 connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})", by
             )
             subject = describe_selection(selection)
@@ -1148,7 +1074,7 @@ class PostgresStore:
                     delivery_id,
                 )
                 await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
-            await _insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
+            await insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
             subject = describe_selection(selection)
             await _insert_audit(connection, now, by, "skip", subject, ids)
             return ids
@@ -1455,6 +1381,20 @@ class PostgresStore:
             await self.notify(what)
 
 
+async def _reset(connection: asyncpg.Connection) -> None:
+    """A connection given back to the pool: asyncpg has already rolled back a
+    transaction left open. Nothing else to undo: relay keeps no session state
+    on the pool's connections (LISTEN, the session advisory locks and their
+    settings live on connections of their own, relay.store.pg_cluster), and
+    asyncpg's default reset (four statements on every release) was a round
+    trip per transaction."""
+
+
+async def _wake_all(connection: Connection) -> None:
+    # Delivered with the commit, to every instance listening.
+    await connection.execute("SELECT pg_notify($1, 'event')", CHANNEL)
+
+
 def _search(search: TextSearch) -> tuple[str, list[Any]]:
     """The events a search matches, as a condition on deliveries (as list_events)."""
     conditions = []
@@ -1489,20 +1429,6 @@ async def _select_delivery(connection: Connection, delivery_id: int) -> Delivery
     )
     assert row is not None  # the caller holds its lock
     return delivery_view(tuple(row))
-
-
-async def _insert_log(
-    connection: Connection,
-    delivery_ids: Sequence[int],
-    now: float,
-    kind: str,
-    detail: str,
-    by: str | None = None,
-) -> None:
-    await connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES ($1, $2, $3, $4, $5)",
-        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
-    )
 
 
 async def _insert_audit(
@@ -1600,80 +1526,3 @@ async def _event_detail(connection: Connection, event_id: int) -> EventDetail | 
         event_id,
     )
     return event_detail(row, deliveries, attempts, log, links)
-
-
-async def _resolve_originals(connection: Connection, delivery: ClaimedDelivery, now: float) -> None:
-    """As rows.resolve_originals: a delivered corrected copy resolves the dead
-    delivery it stands for, up a chain of copies."""
-    original = delivery.resolves
-    for _ in range(rows.RESOLVE_DEPTH):
-        if original is None:
-            return
-        row = await connection.fetchrow(RESOLVE, delivery.id, now, original)
-        if row is None:
-            return
-        detail = (
-            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}"
-        )
-        await _insert_log(connection, [original], now, "resolved", detail)
-        await connection.execute(NEXT_IN_LINE, now, now, original)
-        original = row[0]
-
-
-async def _update_health(
-    connection: Connection,
-    target: str,
-    attempt: AttemptRecord,
-    now: float,
-    hold: Hold | None,
-    delivery_id: int,
-) -> FailureStreak:
-    """The target's health after this attempt (relay.store.health), written down
-    with the row locked: instances record attempts of one target at once."""
-    await connection.execute(
-        "INSERT INTO targets (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", target
-    )
-    row = await connection.fetchrow(
-        f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1 FOR UPDATE", target
-    )
-    assert row is not None  # inserted just above
-    alone = False
-    if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
-        seen = await connection.fetchrow(
-            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
-        )
-        assert seen is not None  # its lease is held: never purged
-        alone = fails_alone(flagged=seen[1], seen=seen[0], successes=row[4])
-        await connection.execute(
-            "UPDATE deliveries SET seen_successes = $1, fails_alone = $2 WHERE id = $3",
-            row[4],
-            alone,
-            delivery_id,
-        )
-    change = health_after(
-        attempt,
-        now,
-        hold,
-        before=row[0],
-        down_streak=row[1],
-        down_since=row[2],
-        probes=row[3],
-        successes=row[4],
-        alone=alone,
-        delivery_id=delivery_id,
-    )
-    if change.columns:
-        assignments = ", ".join(
-            f"{column} = ${number}" for number, column in enumerate(change.columns, start=1)
-        )
-        await connection.execute(
-            f"UPDATE targets SET {assignments} WHERE name = ${len(change.columns) + 1}",
-            *change.columns.values(),
-            target,
-        )
-    if not change.count_waiting:
-        return change.streak
-    waited = await connection.fetchval(
-        "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = $1", target
-    )
-    return replace(change.streak, waited=waited)

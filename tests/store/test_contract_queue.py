@@ -235,6 +235,41 @@ async def test_attempts_recorded_in_one_group_commit_keep_every_row_and_the_stre
     assert sorted((s.before, s.after) for s in mixed) == expected
 
 
+async def test_heads_of_several_lines_delivered_together_each_let_their_next_go(
+    store: Store,
+) -> None:
+    # Recorded in one group commit (PostgreSQL writes such a run in one
+    # statement): each line's next is due, and only it; a delivery of no line
+    # lets nothing go.
+    for key in ("A", "B", "C"):
+        for n in range(2):
+            await store.accept_event(
+                event(f"{key}{n}"), [NewDelivery("crm", order_key=key)], T0 + n
+            )
+    await store.accept_event(event("free"), [NewDelivery("crm")], T0)
+    heads = await store.claim_due(T0 + 5, T0 + 65, {"crm": 10})
+    assert len(heads) == 4  # A0, B0, C0 and the free one
+    await asyncio.gather(
+        *(
+            store.record_attempt(
+                head, AttemptRecord(1, T0 + 5, 0.01, "success", 200), Delivered(), T0 + 6
+            )
+            for head in heads
+        )
+    )
+    nexts = await store.claim_due(T0 + 6, T0 + 66, {"crm": 10})
+    keys = {n.event_id for n in nexts}
+    seconds = set()
+    for key in ("A", "B", "C"):
+        found = await store.list_events(EventQuery(key=f"{key}1"))
+        seconds |= {view.id for view in found}
+    assert keys == seconds
+    for head in heads:
+        view = await store.get_delivery(head.id)
+        assert view is not None
+        assert (view.status, view.attempts) == (Status.DELIVERED, 1)
+
+
 async def test_a_waits_transition_spends_no_retry_and_goes_to_the_back(store: Store) -> None:
     await store.accept_event(event("a"), [NewDelivery("crm")], T0)
     await store.accept_event(event("b"), [NewDelivery("crm")], T0)

@@ -1,0 +1,328 @@
+"""Recording attempts on PostgreSQL, a batch per transaction (relay.store.pg_batch).
+
+Every attempt writes its row, its delivery's new state and its target's
+health, under the target's row lock: instances record attempts of one target
+at once, and the health rule (relay.store.health) must see them in turn.
+Recorded one transaction each, every attempt waited for the previous one's
+commit on that lock. A batch locks the targets it touches once, in name
+order (two batches never wait on each other in a cycle), then:
+
+- a run of successes on targets that are up is written in bulk: one INSERT
+  of their rows, one UPDATE of their deliveries, one health write a target,
+  the rule asked attempt by attempt in memory;
+- anything else (a failure, a probe, a target coming back up, a record made
+  again after its answer was lost) attempt by attempt, in order, as alone.
+
+As on SQLite (relay.store.record); only the I/O differs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import relay.store.rows as rows
+from relay.outcome import Verdict
+from relay.store.base import FailureStreak, RetryAt, Status, Transition
+from relay.store.health import HEALTH_COLUMNS, HealthChange, fails_alone, health_after
+from relay.store.pg_cluster import TargetLimits
+from relay.store.pg_errors import Connection
+from relay.store.record import RecordJob
+from relay.store.rows import ATTEMPT_COLUMNS_INSERTED
+
+
+def numbered(sql: str, start: int = 1) -> str:
+    """SQLite's `?` placeholders as PostgreSQL's `$1, $2...` (the shared SQL
+    fragments hold no `?` inside literals)."""
+    counter = iter(range(start, start + sql.count("?") + 1))
+    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
+
+
+# The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
+NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
+RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
+LINE_UP_BY_ARRIVAL = """
+UPDATE deliveries SET next_attempt_at =
+    (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
+WHERE status = 'pending' AND target = $1 AND next_attempt_at IS NOT NULL {only}
+"""
+# Only while the lease is still this instance's: one taken over (the attempt
+# outlived it) is the new owner's to decide, and its attempt may be under
+# way. The attempt itself happened all the same, and is kept.
+DELIVERY_UPDATE = """
+UPDATE deliveries SET status = $1, attempts = $2, cycle_attempts = $3, next_attempt_at = $4,
+    lease_until = NULL, lease_owner = NULL, last_error = $5, updated_at = $6,
+    resume_status = NULL, resume_at = NULL
+WHERE id = $7 AND status = 'in_flight' AND lease_owner = $8
+"""
+# Successes on targets that are up, in one statement: their attempts, their
+# deliveries (those whose lease was still this instance's, as DELIVERY_UPDATE),
+# the next of each ordering line they were at the head of (as NEXT_IN_LINE:
+# the statement sees the rows as they were before it, so the delivered ones,
+# still in flight there, are left out by id), and their targets' health.
+SUCCESSES = f"""
+WITH attempt AS (
+    INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::float8[], $4::float8[], $5::text[],
+        $6::int[], $7::text[], $8::bytea[], $9::float8[], $10::text[], $11::int[], $12::text[],
+        $13::bytea[])
+), done AS (
+    UPDATE deliveries SET status = u.status, attempts = u.attempts, cycle_attempts = u.cycle,
+        next_attempt_at = u.next_at, lease_until = NULL, lease_owner = NULL,
+        last_error = u.error, updated_at = u.now, resume_status = NULL, resume_at = NULL
+    FROM unnest($14::text[], $15::int[], $16::int[], $17::float8[], $18::text[],
+        $19::float8[], $20::bigint[]) AS u(status, attempts, cycle, next_at, error, now, id)
+    WHERE deliveries.id = u.id AND deliveries.status = 'in_flight'
+    AND deliveries.lease_owner = $21
+    RETURNING deliveries.id, deliveries.target, deliveries.order_key
+), health AS (
+    UPDATE targets SET last_success_at = h.at, consecutive_failures = 0, down_streak = 0,
+        successes = h.successes
+    FROM unnest($22::text[], $23::float8[], $24::bigint[]) AS h(name, at, successes)
+    WHERE targets.name = h.name
+)
+UPDATE deliveries SET next_attempt_at = $25, updated_at = $25
+WHERE id IN (
+    SELECT (SELECT n.id FROM deliveries n
+            WHERE n.target = d.target AND n.order_key = d.order_key
+            AND n.status IN ('pending', 'in_flight', 'dead')
+            AND n.id NOT IN (SELECT id FROM done)
+            ORDER BY n.id LIMIT 1)
+    FROM done d WHERE d.order_key IS NOT NULL)
+AND status = 'pending' AND next_attempt_at IS NULL
+"""
+# The success columns health_after sets, in SUCCESSES's order.
+SUCCESS_COLUMNS = ("last_success_at", "successes")
+LOCK_TARGETS = f"""
+SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE
+"""
+
+
+@dataclass(eq=False)
+class Record:
+    """One attempt to record; `first`: the answer of its earlier record that
+    failed once its transaction had run (it may have committed)."""
+
+    job: RecordJob
+    then: Transition
+    instance_id: str
+    limits: Mapping[str, TargetLimits]
+    first: FailureStreak | None = None
+    answer: FailureStreak | None = None  # once its batch ran to its end
+
+    @property
+    def key(self) -> tuple[int, int, float]:
+        return (self.job.delivery.id, self.job.attempt.number, self.job.attempt.started_at)
+
+
+async def record_batch(connection: Connection, records: Sequence[Record]) -> list[FailureStreak]:
+    """Record a batch in the caller's transaction; each one's health streak, in order."""
+    for record in records:
+        record.answer = None
+    targets = sorted({record.job.delivery.target for record in records})
+    health = await _lock_targets(connection, targets)
+    if all(record.first is None and record.job.simple_success for record in records) and all(
+        health[target][2] is None
+        for target in targets  # none is down
+    ):
+        streaks = await _successes(connection, records, health)
+    else:
+        streaks = [await _one(connection, record) for record in records]
+    for record, streak in zip(records, streaks, strict=True):
+        record.answer = streak
+    return streaks
+
+
+async def _lock_targets(connection: Connection, targets: list[str]) -> dict[str, tuple[Any, ...]]:
+    """Lock the targets' rows, in name order; their health (HEALTH_COLUMNS)."""
+    rows_now = await connection.fetch(LOCK_TARGETS, targets)
+    if len(rows_now) < len(targets):  # a target's first attempt
+        await connection.execute(
+            "INSERT INTO targets (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
+            targets,
+        )
+        rows_now = await connection.fetch(LOCK_TARGETS, targets)
+    return {row[0]: tuple(row[1:]) for row in rows_now}
+
+
+async def _successes(
+    connection: Connection, records: Sequence[Record], health: dict[str, tuple[Any, ...]]
+) -> list[FailureStreak]:
+    """Successes on targets that are up (RecordJob.simple_success), in one statement."""
+    jobs = [record.job for record in records]
+    streaks = []
+    changed: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        target = job.delivery.target
+        before, down_streak, down_since, probes, successes = health[target]
+        change = health_after(
+            job.attempt,
+            job.now,
+            None,
+            before=before,
+            down_streak=down_streak,
+            down_since=down_since,
+            probes=probes,
+            successes=successes,
+            delivery_id=job.delivery.id,
+        )
+        assert not change.count_waiting  # the target was up
+        columns = changed.setdefault(target, {})
+        columns.update(change.columns)
+        health[target] = tuple(
+            columns.get(name, value)
+            for name, value in zip(HEALTH_COLUMNS.split(", "), health[target], strict=True)
+        )
+        streaks.append(change.streak)
+    attempts = [list(values) for values in zip(*(job.attempt_row() for job in jobs), strict=True)]
+    updates = [list(values) for values in zip(*(job.delivery_row() for job in jobs), strict=True)]
+    names = sorted(changed)
+    await connection.execute(
+        SUCCESSES,
+        *attempts,
+        *updates,
+        records[0].instance_id,
+        names,
+        *([changed[name][column] for name in names] for column in SUCCESS_COLUMNS),
+        max(job.now for job in jobs),
+    )
+    return streaks
+
+
+async def _one(connection: Connection, record: Record) -> FailureStreak:
+    """One attempt, every rule asked in order (its target's row already locked)."""
+    job, delivery = record.job, record.job.delivery
+    if record.first is not None:
+        # This record failed after its transaction ran: it may have committed
+        # (its answer lost), or still be committing. Its lock on the delivery
+        # says when that transaction ended.
+        await connection.execute(
+            "SELECT 1 FROM deliveries WHERE id = $1 FOR NO KEY UPDATE", delivery.id
+        )
+        if await connection.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM attempts"
+            " WHERE delivery_id = $1 AND number = $2 AND started_at = $3)",
+            *record.key,
+        ):
+            return record.first  # it did commit: kept once, with its answer
+    await connection.execute(
+        f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
+        " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
+        *job.attempt_row(),
+    )
+    result = await connection.execute(DELIVERY_UPDATE, *job.delivery_row(), record.instance_id)
+    held = result.split()[-1] != "0"
+    if held and job.status is Status.DELIVERED:
+        await connection.execute(NEXT_IN_LINE, job.now, job.now, delivery.id)
+        await resolve_originals(
+            connection, delivery.id, delivery.event_id, delivery.resolves, job.now
+        )
+    then = record.then
+    if isinstance(then, RetryAt) and then.hold_until is not None:
+        await _hold_paces(connection, record.limits.get(delivery.target), then.hold_until)
+    streak = await _update_health(connection, record)
+    if streak.went_down or streak.came_up:
+        await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
+    elif held and streak.down and isinstance(then, RetryAt):
+        await connection.execute(
+            LINE_UP_BY_ARRIVAL.format(only="AND id = $2"), delivery.target, delivery.id
+        )
+    return streak
+
+
+async def _hold_paces(connection: Connection, limits: TargetLimits | None, until: float) -> None:
+    """A receiver's wait holds the target's paces for every instance: none
+    claims for them before `until` (pg_cluster.allowed reads these rows)."""
+    names = [name for name, _ in limits.paces] if limits is not None else []
+    if names:
+        await connection.execute(
+            "UPDATE pacing SET next_at = GREATEST(next_at, $1) WHERE name = ANY($2::text[])",
+            until,
+            names,
+        )
+
+
+async def _update_health(connection: Connection, record: Record) -> FailureStreak:
+    """The target's health after this attempt (relay.store.health), written
+    down with the row locked (record_batch locked it)."""
+    job = record.job
+    target, delivery_id = job.delivery.target, job.delivery.id
+    row = await connection.fetchrow(f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1", target)
+    assert row is not None  # inserted by record_batch
+    alone = False
+    if job.attempt.target_at_fault and job.attempt.outcome == Verdict.RETRY:
+        seen = await connection.fetchrow(
+            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
+        )
+        assert seen is not None  # its lease is held: never purged
+        alone = fails_alone(flagged=seen[1], seen=seen[0], successes=row[4])
+        await connection.execute(
+            "UPDATE deliveries SET seen_successes = $1, fails_alone = $2 WHERE id = $3",
+            row[4],
+            alone,
+            delivery_id,
+        )
+    change: HealthChange = health_after(
+        job.attempt,
+        job.now,
+        job.hold,
+        before=row[0],
+        down_streak=row[1],
+        down_since=row[2],
+        probes=row[3],
+        successes=row[4],
+        alone=alone,
+        delivery_id=delivery_id,
+    )
+    await _write_health(connection, target, change.columns)
+    if not change.count_waiting:
+        return change.streak
+    waited = await connection.fetchval(
+        "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = $1", target
+    )
+    return replace(change.streak, waited=waited)
+
+
+async def _write_health(connection: Connection, target: str, columns: dict[str, Any]) -> None:
+    if columns:
+        assignments = ", ".join(
+            f"{column} = ${number}" for number, column in enumerate(columns, start=1)
+        )
+        await connection.execute(
+            f"UPDATE targets SET {assignments} WHERE name = ${len(columns) + 1}",
+            *columns.values(),
+            target,
+        )
+
+
+async def resolve_originals(
+    connection: Connection, delivery_id: int, event_id: int, original: int | None, now: float
+) -> None:
+    """As rows.resolve_originals: a delivered corrected copy resolves the dead
+    delivery it stands for, up a chain of copies."""
+    for _ in range(rows.RESOLVE_DEPTH):
+        if original is None:
+            return
+        row = await connection.fetchrow(RESOLVE, delivery_id, now, original)
+        if row is None:
+            return
+        detail = f"a corrected copy was delivered: delivery {delivery_id} of event {event_id}"
+        await insert_log(connection, [original], now, "resolved", detail)
+        await connection.execute(NEXT_IN_LINE, now, now, original)
+        original = row[0]
+
+
+async def insert_log(
+    connection: Connection,
+    delivery_ids: Sequence[int],
+    now: float,
+    kind: str,
+    detail: str,
+    by: str | None = None,
+) -> None:
+    await connection.executemany(
+        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES ($1, $2, $3, $4, $5)",
+        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
+    )
