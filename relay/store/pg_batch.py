@@ -55,14 +55,14 @@ class GroupCommit(Generic[J, R]):
         what: str,
         queue_timeout: float | None = None,
         max_batch: int = 500,
-        after: Callable[[Connection], Awaitable[None]] | None = None,
+        committed: Callable[[], None] | None = None,
     ) -> None:
         self._pool = pool
         self._run_batch = run
         self._what = what  # for the log: "storing a batch of 3 <what>"
         self._queue_timeout = queue_timeout
         self._max_batch = max_batch
-        self._after = after  # in the same transaction, after the batch
+        self._committed = committed  # told after each batch that committed
         self._queue: list[_Waiting[J, R]] = []
         self._has_work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -118,6 +118,10 @@ class GroupCommit(Generic[J, R]):
             results = await self._commit([w.job for w in batch])
             self.batches += 1
             self.jobs += len(batch)
+            if self._committed is not None and not all(
+                isinstance(result, BaseException) for result in results
+            ):
+                self._committed()
             for waiting, result in zip(batch, results, strict=True):
                 if waiting.future.done():
                     continue
@@ -148,10 +152,7 @@ class GroupCommit(Generic[J, R]):
         async with self._pool.acquire() as connection:
             try:
                 async with connection.transaction():
-                    results = await self._run_batch(connection, jobs)
-                    if self._after is not None:
-                        await self._after(connection)
-                    return results
+                    return await self._run_batch(connection, jobs)
             except asyncpg.exceptions.InternalClientError:
                 connection.terminate()  # its protocol state is unknown: not to be lent again
                 raise

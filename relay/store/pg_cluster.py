@@ -147,19 +147,15 @@ async def allowed(
     names = sorted(
         {f"claim:{t}" for t in known} | {name for rule in known.values() for name, _ in rule.paces}
     )
-    await connection.execute(
-        "INSERT INTO pacing (name, next_at) SELECT n, 0 FROM unnest($1::text[]) AS n"
-        " ON CONFLICT (name) DO NOTHING",
-        names,
-    )
-    next_at = {
-        row[0]: row[1]
-        for row in await connection.fetch(
-            "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[]) ORDER BY name"
-            " FOR UPDATE",
+    lock = "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"
+    next_at = {row[0]: row[1] for row in await connection.fetch(lock, names)}
+    if len(next_at) < len(names):  # a target's or a pace's first claim
+        await connection.execute(
+            "INSERT INTO pacing (name, next_at) SELECT n, 0 FROM unnest($1::text[]) AS n"
+            " ON CONFLICT (name) DO NOTHING",
             names,
         )
-    }
+        next_at = {row[0]: row[1] for row in await connection.fetch(lock, names)}
     busy = {
         row[0]: row[1]
         for row in await connection.fetch(

@@ -29,11 +29,13 @@ SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::tex
     $6::text[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::bytea[],
     $12::bytea[], $13::int[], $14::bigint[])
 """
-DELIVERY_INSERT = """
+# Events and their deliveries in one statement.
+EVENTS_AND_DELIVERIES = f"""
+WITH event AS ({EVENT_INSERT})
 INSERT INTO deliveries (event_id, route, target, status, next_attempt_at, last_error,
     updated_at, order_key, message_tag)
-SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::float8[],
-    $6::text[], $7::float8[], $8::text[], $9::text[])
+SELECT * FROM unnest($15::bigint[], $16::text[], $17::text[], $18::text[], $19::float8[],
+    $20::text[], $21::float8[], $22::text[], $23::text[])
 """
 # Ordering keys (order_by) that already have an unfinished delivery: a new one joins the line.
 BUSY_LINES = """
@@ -81,10 +83,9 @@ async def store_batch(connection: Connection, jobs: Sequence[AcceptJob]) -> list
 
 
 async def _insert(connection: Connection, stores: list[ToStore]) -> None:
-    columns: list[list[Any]] = [
+    events: list[list[Any]] = [
         list(values) for values in zip(*(s.event_row() for s in stores), strict=True)
     ]
-    await connection.execute(EVENT_INSERT, *columns)
     busy = await _busy_lines(connection, stores)
     rows = []
     for new in stores:
@@ -99,8 +100,11 @@ async def _insert(connection: Connection, stores: list[ToStore]) -> None:
                 busy.add((delivery.target, key))
             row = (new.event_id, new.job.event.route, delivery.target, delivery.status.value)
             rows.append((*row, due, delivery.reason, new.job.now, key, message_tag()))
-    if rows:
-        await connection.execute(DELIVERY_INSERT, *(list(c) for c in zip(*rows, strict=True)))
+    if not rows:
+        await connection.execute(EVENT_INSERT, *events)
+        return
+    deliveries = [list(values) for values in zip(*rows, strict=True)]
+    await connection.execute(EVENTS_AND_DELIVERIES, *events, *deliveries)
 
 
 async def _busy_lines(connection: Connection, stores: list[ToStore]) -> set[tuple[str, str]]:

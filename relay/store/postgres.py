@@ -154,37 +154,47 @@ CHANNEL = "relay_wake"
 # An instance gone this long without leases is left out of the list (rows of
 # instances named by default, one per start, are not worth an operator's eye).
 SHOWN_FOR = 86400.0
+# New events wake the other instances at most this often (a wake-up is a
+# hint: they poll too).
+ANNOUNCE_SPACING = 0.05
 
 CLAIM_RETURNING = rows.CLAIM_RETURNING
-CLAIM_DUE = f"""
-UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2, updated_at = $3,
-    lease_expires = {lease_expires("$3", "$1")}
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
-    ORDER BY next_attempt_at, id LIMIT $5
-    FOR UPDATE SKIP LOCKED)
-{CLAIM_RETURNING}
+# A claim of one target, in one statement: first the leases that may be taken
+# over (pg_cluster.lapsed: its own expired by its clock; another's when that
+# instance is gone, or by the server's clock), then what is due, up to $5 in
+# all; each with its event. A lease taken over is an attempt interrupted,
+# counted as on SQLite (rows.CLAIM_EXPIRED); not one of this instance's claims
+# whose answer was lost: nothing was sent for those.
+CLAIM = f"""
+WITH expired AS (
+    UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
+        lease_expires = {lease_expires("$3", "$1")},
+        attempts = attempts + CASE WHEN (id, updated_at) IN
+            (SELECT * FROM unnest($8::bigint[], $9::float8[])) THEN 0 ELSE 1 END
+    WHERE id IN (
+        SELECT id FROM deliveries
+        WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
+        AND {lapsed("$2", "$3", "$7", ("$8::bigint[]", "$9::float8[]"))}
+        ORDER BY lease_until LIMIT $5
+        FOR UPDATE SKIP LOCKED)
+    {CLAIM_RETURNING}
+), due AS (
+    UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2,
+        updated_at = $3, lease_expires = {lease_expires("$3", "$1")}
+    WHERE id IN (
+        SELECT id FROM deliveries
+        WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
+        ORDER BY next_attempt_at, id LIMIT $5 - (SELECT COUNT(*) FROM expired)
+        FOR UPDATE SKIP LOCKED)
+    {CLAIM_RETURNING}
+)
+SELECT c.*, {", ".join("e." + column.strip() for column in EVENT_COLUMNS.split(","))}
+FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c
+JOIN events e ON e.id = c.event_id
+ORDER BY c.id
 """
-# Leases that may be taken over (pg_cluster.lapsed: its own expired by its
-# clock; another's when that instance is gone, or by the server's clock).
-# A lease taken over is an attempt interrupted, counted as on SQLite
-# (rows.CLAIM_EXPIRED); not one of this instance's claims whose answer was
-# lost: nothing was sent for those.
-CLAIM_EXPIRED = f"""
-UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
-    lease_expires = {lease_expires("$3", "$1")},
-    attempts = attempts + CASE WHEN (id, updated_at) IN
-        (SELECT * FROM unnest($8::bigint[], $9::float8[])) THEN 0 ELSE 1 END
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
-    AND {lapsed("$2", "$3", "$7", ("$8::bigint[]", "$9::float8[]"))}
-    ORDER BY lease_until LIMIT $5
-    FOR UPDATE SKIP LOCKED)
-{CLAIM_RETURNING}
-"""
-
+# Columns of CLAIM_RETURNING: a claimed row's event columns follow them.
+CLAIMED = len(CLAIM_RETURNING.removeprefix("RETURNING").split(","))
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
@@ -228,6 +238,8 @@ class PostgresStore:
         self._commits_off_said = False  # the warning, once per store
         self._intake: GroupCommit[AcceptJob, Accepted] | None = None
         self._records: GroupCommit[Record, FailureStreak] | None = None
+        self._announcing: asyncio.Task[None] | None = None
+        self._announce_again = False
         self._started_at: float | None = None
         self._limits: dict[str, TargetLimits] = {}
         self._heartbeats: asyncio.Task[None] | None = None
@@ -301,7 +313,7 @@ class PostgresStore:
             store_batch,
             what="events",
             queue_timeout=self._write_queue_timeout,
-            after=_wake_all,
+            committed=self._announce,
         )
         self._intake.start("relay-pg-intake")
         self._records = GroupCommit(self._pool, record_batch, what="attempt records")
@@ -416,6 +428,11 @@ class PostgresStore:
             if batches is not None:
                 await batches.close()
         self._intake = self._records = None
+        if self._announcing is not None:
+            self._announcing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcing
+            self._announcing = None
         if self._pool is not None:
             if self._claimed:
                 # Stopped: any lease left (not given back) is free for the others now.
@@ -592,14 +609,14 @@ class PostgresStore:
                 # Alive with its first lease (the heartbeats may not have spoken
                 # yet): no other instance takes it for an unknown owner's.
                 await connection.execute(ALIVE, self.instance_id)
-            rows: list[asyncpg.Record] = []
+            claimed: list[ClaimedDelivery] = []
             counts: dict[str, int] = {}
             room, probing = await allowed(
                 connection, wanted, self._limits, now, self.instance_id, self.dead_after, unanswered
             )
             for target, limit in room.items():
                 found = await connection.fetch(
-                    CLAIM_EXPIRED,
+                    CLAIM,
                     lease_until,
                     self.instance_id,
                     now,
@@ -610,33 +627,19 @@ class PostgresStore:
                     list(unanswered),
                     list(unanswered.values()),
                 )
-                if len(found) < limit:
-                    found += await connection.fetch(
-                        CLAIM_DUE, lease_until, self.instance_id, now, target, limit - len(found)
-                    )
-                rows += sorted(found, key=lambda row: row[0])
-                counts[target] = len(found)
-            await took(connection, counts, self._limits, now)
-            if not rows:
-                return []
-            events = {
-                row[0]: row
-                for row in await connection.fetch(
-                    f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ANY($1::bigint[])",
-                    sorted({row[1] for row in rows}),
-                )
-            }
-            leased.extend(row[0] for row in rows)
-            return [
                 # A down target's one delivery is its probe, whatever the
                 # instance last read of the target (pg_cluster.allowed).
-                replace(
-                    claimed_delivery(tuple(row), tuple(events[row[1]])),
-                    probe=probing.get(row[3]),
+                claimed += (
+                    replace(
+                        claimed_delivery(tuple(row[:CLAIMED]), tuple(row[CLAIMED:])),
+                        probe=probing.get(target),
+                    )
+                    for row in found
                 )
-                for row in rows
-                if row[1] in events
-            ]
+                counts[target] = len(found)
+            await took(connection, counts, self._limits, now)
+            leased.extend(delivery.id for delivery in claimed)
+            return claimed
 
         try:
             claimed = await self._write(job)
@@ -748,7 +751,7 @@ class PostgresStore:
         async with self._connection() as connection:
             await connection.execute(STARTED, self.instance_id, socket.gethostname())
             result = await connection.execute(
-                # Each was an attempt interrupted: counted (CLAIM_EXPIRED).
+                # Each was an attempt interrupted: counted (CLAIM).
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
                 " lease_owner = NULL, lease_expires = NULL, updated_at = $1,"
                 " attempts = attempts + 1"
@@ -1375,6 +1378,25 @@ class PostgresStore:
         )
         return {row[0]: row[1] for row in rows}
 
+    def _announce(self) -> None:
+        """New events committed: wake the other instances, outside the intake's
+        transaction and at most once an ANNOUNCE_SPACING. A NOTIFY in that
+        transaction held PostgreSQL's one notification lock through the commit,
+        so every instance's intake committed in turn; and this instance's own
+        scheduler is woken in-process (App._accepted)."""
+        if self._announcing is not None and not self._announcing.done():
+            self._announce_again = True
+            return
+        self._announcing = asyncio.create_task(self._announcements(), name="relay-pg-announce")
+
+    async def _announcements(self) -> None:
+        while True:
+            self._announce_again = False
+            await self._wake("event")
+            await asyncio.sleep(ANNOUNCE_SPACING)
+            if not self._announce_again:
+                return
+
     async def _wake(self, what: str) -> None:
         # A wake-up is a hint (instances poll too): a lost one costs a poll interval.
         with contextlib.suppress(StoreError):
@@ -1388,11 +1410,6 @@ async def _reset(connection: asyncpg.Connection) -> None:
     settings live on connections of their own, relay.store.pg_cluster), and
     asyncpg's default reset (four statements on every release) was a round
     trip per transaction."""
-
-
-async def _wake_all(connection: Connection) -> None:
-    # Delivered with the commit, to every instance listening.
-    await connection.execute("SELECT pg_notify($1, 'event')", CHANNEL)
 
 
 def _search(search: TextSearch) -> tuple[str, list[Any]]:
