@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import print_table, write_json
 
-from relay.clock import SystemClock
+from relay.core.clock import SystemClock
+from relay.core.payload import Payload
+from relay.core.secrets import Masker
 from relay.indexer import SearchIndexer
-from relay.payload import Payload
 from relay.search import parse_search
-from relay.secrets import Masker
 from relay.store import EventQuery, NewDelivery, NewEvent, SqliteStore, Status
 
 NEEDLE_PHONE = "+7 (912) 345-67-89"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from relay.clock import Clock
+from relay.core.clock import Clock
 from relay.inputs import known_name, unknown_name
 from relay.search import parse_search
 from relay.store import (

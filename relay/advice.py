@@ -6,10 +6,10 @@ import stat
 import tomllib
 
 from relay.config import Config, RouteConfig
+from relay.core.units import format_duration
 from relay.kinds.registry import source_kind
 from relay.retry import schedule
 from relay.targets.http import Outbound
-from relay.units import format_duration
 
 NO_ROUTES = "routes: none: every webhook gets 404 (a running relay refuses to reload to this)"
 

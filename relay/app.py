@@ -20,9 +20,11 @@ from aiohttp import web
 from relay import logs
 from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
-from relay.clock import Clock, SystemClock
 from relay.config import Config, ConfigError, Listen, load_config
 from relay.config.files import write_token_file
+from relay.core.clock import Clock, SystemClock
+from relay.core.secrets import Masker
+from relay.core.units import format_instant
 from relay.dbwatch import DatabaseWatch
 from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
@@ -36,12 +38,10 @@ from relay.metrics import Metrics
 from relay.retention import RetentionJob
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
-from relay.secrets import Masker
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
 from relay.systemd import Notifier, watchdog
 from relay.targets import Target
-from relay.units import format_instant
 
 log = logging.getLogger("relay")
 

@@ -17,7 +17,7 @@ HOT_PATH = (
     "relay.ingress",
     "relay.incoming",
     "relay.keys",
-    "relay.canonical",
+    "relay.core.canonical",
     "relay.store.accept",
     "relay.store.writer",
 )

@@ -15,9 +15,9 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from relay.payload import media_type, parse_form, parse_json
+from relay.core.payload import media_type, parse_form, parse_json
+from relay.core.secrets import Masker, request_masker
 from relay.search import canonical_digits, fold, phone_forms
-from relay.secrets import Masker, request_masker
 from relay.store import EventView, Queries, TextSearch
 
 # Bytes of each listed event's body read for its glance.

@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDictProxy
 
-from relay.budget import TemplateError
-from relay.canonical import payload_digest
 from relay.config import RouteConfig, RouteTarget
-from relay.keys import stored_key
-from relay.payload import (
+from relay.core.budget import TemplateError
+from relay.core.canonical import payload_digest
+from relay.core.payload import (
     Payload,
     first_header,
     parse_form,
@@ -26,6 +25,7 @@ from relay.payload import (
     storable,
     template_context,
 )
+from relay.keys import stored_key
 from relay.store import NewDelivery, Status
 
 if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
@@ -86,7 +86,7 @@ class Incoming:
 
     @property
     def digest(self) -> bytes:
-        """The payload's digest (relay.canonical), reusing the JSON already parsed."""
+        """The payload's digest (relay.core.canonical), reusing the JSON already parsed."""
         return payload_digest(self.body, self.content_type, self.json)
 
     def context(self, wanted: Iterable[str]) -> dict[str, Any]:

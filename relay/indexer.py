@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from relay.clock import Clock
 from relay.config import Config
+from relay.core.clock import Clock
+from relay.core.secrets import Masker
 from relay.search import MAX_BODY_BYTES, documents
-from relay.secrets import Masker
 from relay.store import Indexing, StoreError
 
 log = logging.getLogger("relay.indexer")

@@ -21,20 +21,20 @@ from typing import Any, Protocol
 
 import orjson
 
-from relay.budget import one_budget
-from relay.clock import Clock
 from relay.config import Answer, Config, RouteConfig
+from relay.core.budget import one_budget
+from relay.core.clock import Clock
+from relay.core.payload import Payload
+from relay.core.secrets import Masker
+from relay.core.units import format_duration
 from relay.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
 from relay.http1 import Head, Http1Server, Response
 from relay.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.kinds.registry import build_source
 from relay.metrics import Metrics
 from relay.netaddr import Network, client_address, within
-from relay.payload import Payload
-from relay.secrets import Masker
 from relay.sources import Ping, Reject, Source
 from relay.store import Accepted, Intake, NewEvent, Rejection, StoreError
-from relay.units import format_duration
 
 log = logging.getLogger("relay.ingress")
 # While events cannot be stored, ingress says so again this often (seconds).

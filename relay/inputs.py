@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from relay.localtime import Zone, parse_local_instant
+from relay.core.localtime import Zone, parse_local_instant
 
 # SQLite's INTEGER is a signed 64-bit number: no row has an id above this.
 MAX_ID = 2**63 - 1
@@ -47,7 +47,7 @@ def optional_text(value: Any, field: str) -> str | None:
 
 
 def instant(value: Any, field: str, now: float, zone: Zone = None) -> float | None:
-    """A time as a person writes it (relay.localtime: a date, a local or ISO
+    """A time as a person writes it (relay.core.localtime: a date, a local or ISO
     time, an age like "2h", "yesterday"), or absent.
 
     Never ignored when it does not parse: a requeue "since" that is dropped

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from relay.config import Config, LogConfig
+from relay.core.secrets import Masker
 from relay.retry import Next
-from relay.secrets import Masker
 from relay.views import iso
 
 if TYPE_CHECKING:

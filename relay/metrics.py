@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay.config import Config
+from relay.core.outcome import ATTEMPT_OUTCOMES
 from relay.exposition import Counter, Gauge, Histogram, family, histogram_samples, render, sample
-from relay.outcome import ATTEMPT_OUTCOMES
 from relay.store import Gauges, Status, TargetState
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -27,12 +27,11 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from relay.budget import TemplateError
-from relay.canonical import payload_digest
 from relay.config import Config, RouteConfig
-from relay.kinds.registry import build_target
-from relay.payload import media_type, parse_form
-from relay.secrets import (
+from relay.core.budget import TemplateError
+from relay.core.canonical import payload_digest
+from relay.core.payload import media_type, parse_form
+from relay.core.secrets import (
     MASK,
     Hidden,
     Masker,
@@ -42,6 +41,7 @@ from relay.secrets import (
     shown,
     shown_body,
 )
+from relay.kinds.registry import build_target
 from relay.store import EventDetail, Header, Resend, Status
 from relay.targets import Envelope
 from relay.targets.base import unstored_event_id
@@ -289,7 +289,7 @@ def restore_secrets(edited: bytes, detail: EventDetail, masker: Masker) -> bytes
     """Put back the secrets that the edit box showed as "***", each where it was.
 
     The box showed `s0 *** s1 *** s2`, made from a text that reads
-    `s0 SECRET1 s1 SECRET2 s2` (relay.secrets tells which pieces it masked).
+    `s0 SECRET1 s1 SECRET2 s2` (relay.core.secrets tells which pieces it masked).
     The edited body must still hold as many "***", and each must stand where
     it stood: after the same field or line (the box's form, or the API's raw
     one). A "***" moved into another field would carry the secret there,

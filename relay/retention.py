@@ -11,8 +11,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from relay.clock import Clock
 from relay.config import Config
+from relay.core.clock import Clock
 from relay.store import Maintenance, StoreError
 
 log = logging.getLogger("relay.retention")

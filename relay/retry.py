@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from relay.config import RetryPolicy
-from relay.outcome import Outcome, Verdict
-from relay.units import format_duration
+from relay.core.outcome import Outcome, Verdict
+from relay.core.units import format_duration
 from relay.wording import count
 
 # A Retry-After larger than this is not honoured in full unless the policy

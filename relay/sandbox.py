@@ -31,7 +31,7 @@ from jinja2.runtime import markup_join, str_join
 from jinja2.sandbox import SandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-from relay.budget import (
+from relay.core.budget import (
     TemplateError,
     check_bits,
     check_size,

@@ -18,10 +18,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-from relay.clock import Clock
 from relay.config import Config, RetryPolicy
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
-from relay.payload import Payload, strip_form_fields
+from relay.core.clock import Clock
+from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
+from relay.core.payload import Payload, strip_form_fields
+from relay.core.secrets import Masker, inbound_secrets, mask_fields, shown_body
+from relay.core.units import format_duration
 from relay.ratelimit import Pacer
 from relay.retry import (
     Decision,
@@ -31,7 +33,6 @@ from relay.retry import (
     delay_before_retry,
     receiver_wait,
 )
-from relay.secrets import Masker, inbound_secrets, mask_fields, shown_body
 from relay.store import (
     AttemptKind,
     AttemptRecord,
@@ -49,7 +50,6 @@ from relay.store import (
     Waits,
 )
 from relay.targets import Envelope, Target
-from relay.units import format_duration
 
 log = logging.getLogger("relay.scheduler")
 

@@ -31,8 +31,8 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from relay.payload import media_type, parse_form, parse_json, parse_query
-from relay.secrets import Masker, inbound_secrets, is_sensitive_header
+from relay.core.payload import media_type, parse_form, parse_json, parse_query
+from relay.core.secrets import Masker, inbound_secrets, is_sensitive_header
 from relay.store import IndexSource, SearchDocument, TextSearch
 
 log = logging.getLogger("relay.search")

@@ -18,8 +18,14 @@ import jinja2
 import jinja2.meta
 from jinja2.filters import do_default
 
-from relay.budget import MAX_OPERATIONS, MAX_OUTPUT_CHARS, TemplateError, end_budget, start_budget
-from relay.payload import EVENT_VARIABLES
+from relay.core.budget import (
+    MAX_OPERATIONS,
+    MAX_OUTPUT_CHARS,
+    TemplateError,
+    end_budget,
+    start_budget,
+)
+from relay.core.payload import EVENT_VARIABLES
 from relay.sandbox import BoundedEnvironment, bound
 
 __all__ = [

@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
+from relay.core.outcome import SentRequest
+from relay.core.secrets import Masker, mask_fields, request_masker, shown_body
+from relay.core.units import format_instant
 from relay.kinds.registry import target_kind
-from relay.outcome import SentRequest
-from relay.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.store import (
     AttemptView,
     AuditEntry,
@@ -26,7 +27,6 @@ from relay.store import (
     TargetState,
     TextSearch,
 )
-from relay.units import format_instant
 from relay.wording import count
 
 if TYPE_CHECKING:

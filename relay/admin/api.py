@@ -14,10 +14,10 @@ from aiohttp import web
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
+from relay.core.localtime import Zone
+from relay.core.payload import media_type
 from relay.glance import glances, with_glance
 from relay.inputs import BadRequest, instant, known_name, optional_text, row_id, whole_number
-from relay.localtime import Zone
-from relay.payload import media_type
 from relay.resend import EditRejected, plan_resend
 from relay.search import SearchError, parse_search
 from relay.store import (

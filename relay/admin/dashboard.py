@@ -27,10 +27,11 @@ from relay.actions import BULK_LIMIT, selection_of
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
+from relay.core.localtime import Zone, format_iso_local, format_local
+from relay.core.payload import media_type, parse_form
+from relay.core.secrets import MASK, Masker
 from relay.glance import glances, with_glance
 from relay.inputs import BadRequest, instant, known_name, row_id
-from relay.localtime import Zone, format_iso_local, format_local
-from relay.payload import media_type, parse_form
 from relay.resend import (
     FORM,
     EditRejected,
@@ -41,7 +42,6 @@ from relay.resend import (
     plan_resend,
 )
 from relay.search import SearchError, describe, parse_search
-from relay.secrets import MASK, Masker
 from relay.store import (
     Conflict,
     EventDetail,
@@ -105,7 +105,7 @@ MESSAGES = {
 @functools.cache
 def _templates() -> jinja2.Environment:
     # Loaded with the first page shown, not at start: most of the time nobody
-    # looks, and Jinja2 is ~2 MiB of a relay's memory (relay/budget.py).
+    # looks, and Jinja2 is ~2 MiB of a relay's memory (relay/core/budget.py).
     import jinja2
 
     environment = jinja2.Environment(

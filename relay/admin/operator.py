@@ -14,10 +14,10 @@ from aiohttp import web
 
 from relay.actions import Actions
 from relay.config import Config, StorageConfig
+from relay.core.secrets import Masker
 from relay.metrics import Metrics, StoreSnapshot
 from relay.retry import describe_schedule
 from relay.scheduler import Scheduler
-from relay.secrets import Masker
 from relay.store import (
     Health,
     Operations,

@@ -20,12 +20,12 @@ from relay.cli.common import (
     read_config,
 )
 from relay.config import Config, TargetConfig
+from relay.core.secrets import Masker
+from relay.core.units import format_size
 from relay.envfile import parse_env_file
 from relay.kinds.registry import target_kind
 from relay.retry import describe_schedule
-from relay.secrets import Masker
 from relay.store.lock import lock_path
-from relay.units import format_size
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

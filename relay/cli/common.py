@@ -22,8 +22,8 @@ from typing import Any, NoReturn, TypeVar
 import orjson
 
 from relay.actions import Actions
-from relay.clock import SystemClock
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
+from relay.core.clock import SystemClock
 from relay.envfile import parse_env_file
 from relay.inputs import BadRequest, instant, row_id, whole_number
 from relay.loops import loop_factory

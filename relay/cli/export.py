@@ -18,7 +18,7 @@ from relay.cli.common import (
     time_window,
     write_all,
 )
-from relay.payload import parse_form, parse_json
+from relay.core.payload import parse_form, parse_json
 from relay.store import EventQuery, Status
 from relay.views import event_detail
 

@@ -29,11 +29,11 @@ from relay.cli.common import (
     who,
 )
 from relay.config import OperatorConfig
-from relay.localtime import Zone, format_iso_local
+from relay.core.localtime import Zone, format_iso_local
+from relay.core.units import format_duration
 from relay.search import SearchError, parse_search
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.store.base import Shared
-from relay.units import format_duration
 from relay.views import audit_view, delivery_summary, stats_view
 
 

@@ -17,8 +17,8 @@ from relay.cli.common import (
     emit,
     read_config,
 )
+from relay.core.payload import Payload, strip_form_fields
 from relay.inputs import unknown_name
-from relay.payload import Payload, strip_form_fields
 from relay.store import Status
 
 

@@ -22,8 +22,8 @@ from relay.cli.common import (
     run,
     who,
 )
+from relay.core.payload import media_type
 from relay.inputs import row_id
-from relay.payload import media_type
 from relay.store import EventDetail
 from relay.views import preview_view
 

@@ -9,9 +9,9 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from relay.localtime import Zone, zone_named
-from relay.pgurl import masked_url
-from relay.secrets import Masker
+from relay.core.localtime import Zone, zone_named
+from relay.core.pgurl import masked_url
+from relay.core.secrets import Masker
 
 if TYPE_CHECKING:
     # Compiled by the reader; the operator commands read no template and start

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 if TYPE_CHECKING:
     from relay.config.model import Rate, RouteConfig
     from relay.config.reader import Section
-    from relay.secrets import Masker
+    from relay.core.secrets import Masker
     from relay.sources.base import Source
     from relay.targets.base import Target
     from relay.templates import Template

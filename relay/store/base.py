@@ -43,8 +43,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
-from relay.outcome import SentRequest
-from relay.payload import Payload
+from relay.core.outcome import SentRequest
+from relay.core.payload import Payload
 
 if TYPE_CHECKING:
     import asyncio
@@ -108,7 +108,7 @@ class NewEvent(NamedTuple):  # made for every webhook: a tuple is the cheapest t
     received_at: float
     remote_addr: str | None
     payload: Payload
-    # The digest of the payload's canonical form (relay.canonical): compared
+    # The digest of the payload's canonical form (relay.core.canonical): compared
     # when the key is already stored, to tell a re-send from other content.
     # None (what ingress gives): the store works it out from the body only
     # when the key turns out to be held already; most keys are new.

@@ -40,8 +40,8 @@ import orjson
 
 import relay.store.rows as rows
 from relay.config import Config
-from relay.outcome import Verdict
-from relay.pgurl import masked_url
+from relay.core.outcome import Verdict
+from relay.core.pgurl import masked_url
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,

@@ -18,8 +18,8 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
+from relay.core.outcome import Outcome
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import Outcome
 from relay.targets.base import Envelope, Target
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from relay.outcome import Outcome
-from relay.payload import Payload, template_context
-from relay.units import format_instant
+from relay.core.outcome import Outcome
+from relay.core.payload import Payload, template_context
+from relay.core.units import format_instant
 
 if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
     from relay.templates import Template

@@ -13,12 +13,12 @@ import orjson
 
 from relay.config.files import folder_problem
 from relay.config.reader import ConfigError, Section
+from relay.core.outcome import Outcome
 from relay.kinds.base import TargetKind
-from relay.outcome import Outcome
 from relay.targets.base import Envelope, Target, event_fields
 
 if TYPE_CHECKING:
-    from relay.secrets import Masker
+    from relay.core.secrets import Masker
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,14 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from relay import __version__
-from relay.budget import TemplateError
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
+from relay.core.budget import TemplateError
+from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
+from relay.core.payload import EVENT_VARIABLES, media_type
+from relay.core.secrets import Masker
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
-from relay.payload import EVENT_VARIABLES, media_type
-from relay.secrets import Masker
 from relay.signing import signature_headers, webhook_id
 from relay.targets.base import (
     Envelope,

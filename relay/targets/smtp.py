@@ -18,16 +18,16 @@ from email.utils import formatdate, parseaddr
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from relay.budget import TemplateError
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
+from relay.core.budget import TemplateError
+from relay.core.outcome import Outcome
+from relay.core.payload import EVENT_VARIABLES
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import Outcome
-from relay.payload import EVENT_VARIABLES
 from relay.targets.base import Envelope, Target, context, rendered, variables
 
 if TYPE_CHECKING:
-    from relay.secrets import Masker
+    from relay.core.secrets import Masker
     from relay.templates import Template
 
 SmtpTls = Literal["implicit", "starttls", "none"]

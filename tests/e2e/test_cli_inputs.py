@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
 
 from helpers import arelay_cli, relay_cli, write_config

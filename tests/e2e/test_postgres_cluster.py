@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import AttemptRecord, Delivered, NewDelivery, NewEvent, Status
 from relay.store.pg_cluster import LEADER_LOCK
 from relay.store.postgres import PostgresStore

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from relay.app import Relay
-from relay.clock import FakeClock
-from relay.secrets import Masker
+from relay.core.clock import FakeClock
+from relay.core.secrets import Masker
 from relay.store import EventDetail, Selection, Status
 from relay.views import event_summary
 

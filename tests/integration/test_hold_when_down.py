@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError, RetryPolicy
+from relay.core.clock import FakeClock
 from relay.retry import delay_before_retry
 from relay.store import AttemptKind, EventQuery, Status
 

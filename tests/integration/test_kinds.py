@@ -22,9 +22,11 @@ import pytest
 
 from relay.advice import warnings
 from relay.cli.check import describe as check_text
-from relay.clock import FakeClock
 from relay.config import Answer, ConfigError, RouteConfig, load_operator_config
 from relay.config.reader import Section
+from relay.core.clock import FakeClock
+from relay.core.outcome import Outcome
+from relay.core.secrets import Masker, is_sensitive_header
 from relay.incoming import Incoming
 from relay.kinds import (
     AlertTemplates,
@@ -36,8 +38,6 @@ from relay.kinds import (
     unregister_source,
     unregister_target,
 )
-from relay.outcome import Outcome
-from relay.secrets import Masker, is_sensitive_header
 from relay.sources import Accept, Check, Reject, Source
 from relay.sources.base import matches_any
 from relay.store import EventQuery, Status

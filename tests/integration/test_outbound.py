@@ -23,11 +23,11 @@ from aiohttp import web
 
 from relay.advice import warnings
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError
 from relay.config.load import load_config
+from relay.core.clock import FakeClock
+from relay.core.secrets import Masker
 from relay.logs import TextFormatter
-from relay.secrets import Masker
 from relay.store import EventDetail
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

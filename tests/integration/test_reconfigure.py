@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from relay import app
-from relay.clock import FakeClock
 from relay.config import load_config
+from relay.core.clock import FakeClock
 from relay.search import parse_search
 from relay.store import EventQuery
 from relay.systemd import Notifier

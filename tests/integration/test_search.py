@@ -18,11 +18,11 @@ import pytest
 
 from relay import retention
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
+from relay.core.payload import Payload
+from relay.core.secrets import Masker
 from relay.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
-from relay.payload import Payload
 from relay.search import documents
-from relay.secrets import Masker
 from relay.store import NewDelivery, NewEvent, SearchDocument, SqliteStore, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 import aiohttp
 import pytest
 
-from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.core.clock import FakeClock
 from relay.signing import sign, signature_headers
 from relay.store import EventQuery
 

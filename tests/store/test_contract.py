@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from relay.core.secrets import Masker
 from relay.search import documents, parse_search
-from relay.secrets import Masker
 from relay.store import (
     AttemptKind,
     AttemptRecord,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from relay.core.secrets import Masker
 from relay.search import documents, parse_search
-from relay.secrets import Masker
 from relay.store import (
     AttemptRecord,
     ClaimedDelivery,

@@ -22,10 +22,10 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from relay.alerts import Alerter
-from relay.clock import FakeClock
 from relay.config import AlertsConfig, Config
+from relay.core.clock import FakeClock
+from relay.core.payload import Payload
 from relay.kinds.registry import build_target
-from relay.payload import Payload
 from relay.retry import Next
 from relay.scheduler import AttemptReport, Scheduler
 from relay.store import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from relay.core.secrets import Masker
 from relay.glance import HEAD_BYTES, glance
 from relay.search import parse_search
-from relay.secrets import Masker
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FORM = "application/x-www-form-urlencoded"

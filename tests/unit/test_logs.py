@@ -13,11 +13,11 @@ import pytest
 
 from relay import logs
 from relay.config import LogConfig
-from relay.outcome import Outcome
-from relay.payload import Payload
+from relay.core.outcome import Outcome
+from relay.core.payload import Payload
+from relay.core.secrets import Masker
 from relay.retry import Decision, Next
 from relay.scheduler import AttemptReport
-from relay.secrets import Masker
 from relay.store import AttemptKind, ClaimedDelivery, FailureStreak
 
 
@@ -160,7 +160,7 @@ def test_url_credentials_are_masked() -> None:
 
 
 def test_storable_text_replaces_what_utf8_cannot_hold() -> None:
-    from relay.payload import storable
+    from relay.core.payload import storable
 
     assert storable("plain ключ") == "plain ключ"
     assert storable("x/\udcff") == "x/\ufffd"
@@ -173,7 +173,7 @@ def test_a_secret_is_masked_in_its_encoded_forms_too() -> None:
 
 
 def test_credential_fields_are_masked_by_name_whatever_their_encoding() -> None:
-    from relay.secrets import mask_fields
+    from relay.core.secrets import mask_fields
 
     assert (
         mask_fields("Name=Anna&api%5Fkey=k%2F1&token=t+1&x=1")

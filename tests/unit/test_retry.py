@@ -3,7 +3,7 @@ import random
 import pytest
 
 from relay.config import RetryPolicy
-from relay.outcome import Outcome
+from relay.core.outcome import Outcome
 from relay.retry import (
     DEFAULT_RETRY_AFTER_CAP,
     Decision,

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from relay.core.secrets import Masker
 from relay.search import (
     MAX_TEXT_CHARS,
     SearchError,
@@ -14,7 +15,6 @@ from relay.search import (
     fold,
     parse_search,
 )
-from relay.secrets import Masker
 from relay.store import TextSearch
 
 FORM = "application/x-www-form-urlencoded"

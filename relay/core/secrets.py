@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote_plus, urlsplit
 
 import orjson
 
-from relay.payload import media_type, parse_form, parse_json
+from relay.core.payload import media_type, parse_form, parse_json
 
 MASK = "***"
 

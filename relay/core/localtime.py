@@ -14,7 +14,7 @@ import zoneinfo
 from datetime import UTC, date, datetime, time, timedelta
 from functools import cache
 
-from relay.units import parse_duration
+from relay.core.units import parse_duration
 
 # None is "the system's zone" (TZ, else /etc/localtime), read for each instant
 # so that a summer and a winter time both get their own offset.

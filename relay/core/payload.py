@@ -15,8 +15,8 @@ from urllib.parse import parse_qsl, unquote_plus
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from relay.fields import FormFields
-from relay.multipart import MAX_PARTS, parse_multipart
+from relay.core.fields import FormFields
+from relay.core.multipart import MAX_PARTS, parse_multipart
 
 
 def storable(text: str) -> str:
@@ -48,7 +48,7 @@ def parse_json(body: bytes) -> Any:
 
 
 # Fields a urlencoded body may have to be read as a form, as many as a
-# multipart one may have parts (relay.multipart.MAX_PARTS): parsing a body of
+# multipart one may have parts (relay.core.multipart.MAX_PARTS): parsing a body of
 # hundreds of thousands of tiny fields would hold the event loop.
 MAX_FORM_FIELDS = MAX_PARTS
 
