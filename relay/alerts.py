@@ -21,7 +21,7 @@ from relay.config import AlertsConfig, Config
 from relay.core.clock import Clock
 from relay.core.outcome import Verdict
 from relay.core.payload import Payload
-from relay.core.units import format_duration
+from relay.core.units import count, format_duration
 from relay.retry import Next
 from relay.scheduler import AttemptReport
 from relay.store import (
@@ -35,7 +35,6 @@ from relay.store import (
     StoreError,
 )
 from relay.targets import ALERTS_ROUTE
-from relay.wording import count
 
 log = logging.getLogger("relay.alerts")
 

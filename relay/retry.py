@@ -12,8 +12,7 @@ from enum import StrEnum
 
 from relay.config import RetryPolicy
 from relay.core.outcome import Outcome, Verdict
-from relay.core.units import format_duration
-from relay.wording import count
+from relay.core.units import count, format_duration
 
 # A Retry-After larger than this is not honoured in full unless the policy
 # sets its own max_delay: a target must not park a delivery for days.

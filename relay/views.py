@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from relay.config import TargetConfig
 from relay.core.outcome import SentRequest
 from relay.core.secrets import Masker, mask_fields, request_masker, shown_body
-from relay.core.units import format_instant
+from relay.core.units import count, format_instant
 from relay.kinds.registry import target_kind
 from relay.store import (
     AttemptView,
@@ -27,7 +27,6 @@ from relay.store import (
     TargetState,
     TextSearch,
 )
-from relay.wording import count
 
 if TYPE_CHECKING:
     from relay.resend import Preview  # the resend planner needs the targets

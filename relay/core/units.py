@@ -1,4 +1,5 @@
-"""Durations and sizes as people write them in a config file, and back."""
+"""Durations and sizes as people write them in a config file, and back; counts
+said the way a person reads them ("1 attempt", "2 attempts")."""
 
 from __future__ import annotations
 
@@ -81,3 +82,9 @@ def format_instant(timestamp: float) -> str:
     """UTC ISO 8601 with milliseconds: "2026-12-01T10:00:00.000Z"."""
     moment = datetime.fromtimestamp(timestamp, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def count(number: int | str, noun: str, plural: str | None = None) -> str:
+    """`number` and `noun`, the noun in the plural unless the number is one."""
+    one = str(number) == "1"
+    return f"{number} {noun if one else plural or noun + 's'}"
