@@ -1,7 +1,7 @@
 """What one template render may spend, and the error for a render that cannot be done.
 
 Every render draws on a budget of operations, sizes and time (the sandbox,
-relay/sandbox.py, spends it). Kept apart from Jinja2 so that ingress and the
+relay/templates/sandbox.py, spends it). Kept apart from Jinja2 so that ingress and the
 targets can set budgets and catch TemplateError without importing it: a relay
 whose config has no template (and whose dashboard is not opened) never loads
 Jinja2, ~2 MiB.

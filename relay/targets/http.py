@@ -409,7 +409,7 @@ class HttpTarget(SessionOwner):
         session = self.session
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
-            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            # payload) holds this delivery, not the event loop (relay/templates/sandbox.py).
             prepared = await rendered(self.prepare, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))

@@ -189,7 +189,7 @@ class SmtpTarget:
         settings = self._settings
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
-            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            # payload) holds this delivery, not the event loop (relay/templates/sandbox.py).
             message = await rendered(self.message, envelope, self._wanted)
         except (TemplateError, ValueError) as error:
             return Outcome.unsendable(

@@ -192,7 +192,7 @@ class TelegramTarget(SessionOwner):
         session = self.session
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
-            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            # payload) holds this delivery, not the event loop (relay/templates/sandbox.py).
             payload = await rendered(self.payload, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))

@@ -26,7 +26,7 @@ from relay.core.budget import (
     start_budget,
 )
 from relay.core.payload import EVENT_VARIABLES
-from relay.sandbox import BoundedEnvironment, bound
+from relay.templates.sandbox import BoundedEnvironment, bound
 
 __all__ = [
     "MAX_OPERATIONS",
