@@ -38,7 +38,7 @@ class Envelope:
     payload: Payload
     # When this attempt starts (the scheduler's clock): what a signature is dated.
     sent_at: float
-    # The delivery's stored random tag (relay.signing.webhook_id), if it has one.
+    # The delivery's stored random tag (relay.targets.signing.webhook_id), if it has one.
     message_tag: str | None = None
     # Awaited by the target right before its request is written: waits for
     # the target's pace, spaced from when the previous request really went

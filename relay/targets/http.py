@@ -30,7 +30,6 @@ from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Ver
 from relay.core.payload import EVENT_VARIABLES, media_type
 from relay.core.secrets import Masker
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.signing import signature_headers, webhook_id
 from relay.targets.base import (
     Envelope,
     Target,
@@ -40,9 +39,10 @@ from relay.targets.base import (
     rendered,
     variables,
 )
+from relay.targets.signing import signature_headers, webhook_id
 
 if TYPE_CHECKING:
-    from relay.httpclient import Client
+    from relay.targets.httpclient import Client
     from relay.templates import Template
 
 HttpFormat = Literal["raw", "json", "form"]
@@ -344,7 +344,7 @@ class SessionOwner:
     async def start(self) -> None:
         # The client is imported when a target is started to send, not when a
         # config is read (`relay check`, the operator commands).
-        from relay.httpclient import ENVIRONMENT, Client, Proxy
+        from relay.targets.httpclient import ENVIRONMENT, Client, Proxy
 
         outbound = self._outbound
         proxy: Proxy | str | None = ENVIRONMENT
@@ -475,7 +475,7 @@ async def exchange(
     allows; compressed answers are not asked for. `paced` (Envelope.paced)
     is awaited with the connection open, right before the first request is
     written; the hops of a redirect are one request, one turn."""
-    from relay.httpclient import ClientError  # loaded already: the session is one
+    from relay.targets.httpclient import ClientError  # loaded already: the session is one
 
     for _ in range(MAX_REDIRECTS + 1):
         try:

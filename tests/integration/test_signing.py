@@ -22,8 +22,8 @@ import pytest
 
 from relay.config import ConfigError
 from relay.core.clock import FakeClock
-from relay.signing import sign, signature_headers
 from relay.store import EventQuery
+from relay.targets.signing import sign, signature_headers
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 
