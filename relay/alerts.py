@@ -22,8 +22,8 @@ from relay.core.clock import Clock
 from relay.core.outcome import Verdict
 from relay.core.payload import Payload
 from relay.core.units import count, format_duration
-from relay.retry import Next
-from relay.scheduler import AttemptReport
+from relay.delivery.retry import Next
+from relay.delivery.scheduler import AttemptReport
 from relay.store import (
     Accepted,
     AlertNote,

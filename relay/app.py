@@ -26,6 +26,8 @@ from relay.core.clock import Clock, SystemClock
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
 from relay.dbwatch import DatabaseWatch
+from relay.delivery.retry import Next
+from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.guard import CappedSite, ConnectionCap, connection_limits
 from relay.httplog import server_log
 from relay.indexer import SearchIndexer
@@ -36,8 +38,6 @@ from relay.logs import log_attempt
 from relay.memory import QUIET_SECONDS, MemoryRelease
 from relay.metrics import Metrics
 from relay.retention import RetentionJob
-from relay.retry import Next
-from relay.scheduler import AttemptReport, Scheduler
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
 from relay.systemd import Notifier, watchdog

@@ -16,11 +16,11 @@ import orjson
 
 from relay.config import Config, LogConfig
 from relay.core.secrets import Masker
-from relay.retry import Next
+from relay.delivery.retry import Next
 from relay.views import iso
 
 if TYPE_CHECKING:
-    from relay.scheduler import AttemptReport
+    from relay.delivery.scheduler import AttemptReport
 
 attempt_log = logging.getLogger("relay.attempts")
 

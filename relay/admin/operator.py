@@ -15,9 +15,9 @@ from aiohttp import web
 from relay.actions import Actions
 from relay.config import Config, StorageConfig
 from relay.core.secrets import Masker
+from relay.delivery.retry import describe_schedule
+from relay.delivery.scheduler import Scheduler
 from relay.metrics import Metrics, StoreSnapshot
-from relay.retry import describe_schedule
-from relay.scheduler import Scheduler
 from relay.store import (
     Health,
     Operations,

@@ -22,9 +22,9 @@ from relay.cli.common import (
 from relay.config import Config, TargetConfig
 from relay.core.secrets import Masker
 from relay.core.units import format_size
+from relay.delivery.retry import describe_schedule
 from relay.envfile import parse_env_file
 from relay.kinds.registry import target_kind
-from relay.retry import describe_schedule
 from relay.store.lock import lock_path
 
 

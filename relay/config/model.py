@@ -110,7 +110,7 @@ class AlertsConfig:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """When to try again. Delay before retry n (1-based) comes from `relay.retry`."""
+    """When to try again. Delay before retry n (1-based) comes from `relay.delivery.retry`."""
 
     backoff: Backoff = "exponential"
     base: float = 2.0

@@ -191,7 +191,7 @@ class AttemptRecord:
     target_at_fault: bool = True
     # False: not a step of the retry cycle (a person's retry now, a down
     # target's probe), so the delivery's cycle count stays as it was. Decided
-    # by relay.retry (Decision.in_cycle); the store only records it.
+    # by relay.delivery.retry (Decision.in_cycle); the store only records it.
     in_cycle: bool = True
     kind: AttemptKind = AttemptKind.CYCLE
     # What was sent (secrets masked, the body cut like the answer), if known.

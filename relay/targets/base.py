@@ -42,7 +42,7 @@ class Envelope:
     message_tag: str | None = None
     # Awaited by the target right before its request is written: waits for
     # the target's pace, spaced from when the previous request really went
-    # out (relay.ratelimit). None: the target is not paced.
+    # out (relay.delivery.ratelimit). None: the target is not paced.
     paced: Callable[[], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
     # The event loop's time by which an answer whose status came is taken as
     # it is, its body no longer waited for (before the attempt's time limit),

@@ -28,7 +28,7 @@ HEAVY = (
     "jinja2",
     "relay.app",
     "relay.templates",
-    "relay.scheduler",
+    "relay.delivery.scheduler",
 )
 
 # Loaded only when the config names what needs them: PostgreSQL's driver for a

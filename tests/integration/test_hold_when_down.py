@@ -20,7 +20,7 @@ from aiohttp import web
 from relay.app import Relay
 from relay.config import ConfigError, RetryPolicy
 from relay.core.clock import FakeClock
-from relay.retry import delay_before_retry
+from relay.delivery.retry import delay_before_retry
 from relay.store import AttemptKind, EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

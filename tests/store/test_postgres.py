@@ -25,9 +25,9 @@ from relay.alerts import Alerter
 from relay.config import AlertsConfig, Config
 from relay.core.clock import FakeClock
 from relay.core.payload import Payload
+from relay.delivery.retry import Next
+from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.kinds.registry import build_target
-from relay.retry import Next
-from relay.scheduler import AttemptReport, Scheduler
 from relay.store import (
     AttemptKind,
     AttemptRecord,

@@ -16,8 +16,8 @@ from relay.config import LogConfig
 from relay.core.outcome import Outcome
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
-from relay.retry import Decision, Next
-from relay.scheduler import AttemptReport
+from relay.delivery.retry import Decision, Next
+from relay.delivery.scheduler import AttemptReport
 from relay.store import AttemptKind, ClaimedDelivery, FailureStreak
 
 

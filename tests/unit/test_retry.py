@@ -4,7 +4,7 @@ import pytest
 
 from relay.config import RetryPolicy
 from relay.core.outcome import Outcome
-from relay.retry import (
+from relay.delivery.retry import (
     DEFAULT_RETRY_AFTER_CAP,
     Decision,
     ManualRetry,

@@ -24,8 +24,8 @@ from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Ver
 from relay.core.payload import Payload, strip_form_fields
 from relay.core.secrets import Masker, inbound_secrets, mask_fields, shown_body
 from relay.core.units import format_duration
-from relay.ratelimit import Pacer
-from relay.retry import (
+from relay.delivery.ratelimit import Pacer
+from relay.delivery.retry import (
     Decision,
     ManualRetry,
     Next,
