@@ -28,10 +28,10 @@ from relay.core.units import format_instant
 from relay.dbwatch import DatabaseWatch
 from relay.delivery.retry import Next
 from relay.delivery.scheduler import AttemptReport, Scheduler
-from relay.guard import CappedSite, ConnectionCap, connection_limits
-from relay.httplog import server_log
 from relay.indexer import SearchIndexer
-from relay.ingress import Ingress
+from relay.ingress.guard import CappedSite, ConnectionCap, connection_limits
+from relay.ingress.httplog import server_log
+from relay.ingress.listener import Ingress
 from relay.kinds.registry import build_target
 from relay.leadership import CHECK_EVERY, Leadership
 from relay.logs import log_attempt

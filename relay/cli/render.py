@@ -47,7 +47,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def render(args: argparse.Namespace) -> int:
     # The pipeline's modules (sources, targets with aiohttp's client, Jinja2) are
     # imported by the command that runs them, not by every `relay` command.
-    from relay.incoming import Incoming, idempotency_key, plan_deliveries
+    from relay.ingress.incoming import Incoming, idempotency_key, plan_deliveries
     from relay.kinds.registry import build_source, build_target
     from relay.sources import Ping, Reject
     from relay.targets import Envelope

@@ -62,7 +62,7 @@ def parse_form(
 
     Bytes that are not UTF-8 (a cp1251 form, raw or percent-encoded) become
     U+FFFD; with `errors="surrogateescape"` each is kept as a surrogate
-    instead, as idempotency keys need (relay.keys): two orders must not
+    instead, as idempotency keys need (relay.ingress.keys): two orders must not
     become one key."""
     kind = media_type(content_type)
     if kind == "multipart/form-data":

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from relay.config import ConfigError, parse_config
 from relay.config.reader import Section
 from relay.core.payload import Payload, parse_form, parse_json
-from relay.incoming import Incoming
+from relay.ingress.incoming import Incoming
 from relay.kinds import SOURCE_KINDS
 from relay.sources.base import Accept, Ping, Reject
 

@@ -27,7 +27,7 @@ from relay.config.reader import Section
 from relay.core.clock import FakeClock
 from relay.core.outcome import Outcome
 from relay.core.secrets import Masker, is_sensitive_header
-from relay.incoming import Incoming
+from relay.ingress.incoming import Incoming
 from relay.kinds import (
     AlertTemplates,
     SenderRetry,

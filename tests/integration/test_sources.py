@@ -17,7 +17,7 @@ import pytest
 from relay.app import Relay
 from relay.config import ConfigError
 from relay.core.clock import FakeClock
-from relay.ingress import REJECTIONS_LOGGED_PER_SECOND
+from relay.ingress.listener import REJECTIONS_LOGGED_PER_SECOND
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory

@@ -29,7 +29,7 @@ tests/chaos/test_hostile_http.py):
   of a chunked body that bring none of it (framing, trailers) count
   against MAX_HEAD, else 431;
 - a malformed request gets 400 and the connection closes, logged as one
-  rate-limited line (relay.httplog);
+  rate-limited line (relay.ingress.httplog);
 - an `Upgrade` is ignored, as RFC 9110 section 7.8 allows: the body is read
   by its Content-Length, answered, and the connection closed.
 
@@ -54,7 +54,7 @@ from urllib.parse import unquote
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from relay.httplog import refused
+from relay.ingress.httplog import refused
 
 log = logging.getLogger("relay.http")
 
@@ -144,7 +144,7 @@ class Exchange(Protocol):
         ...
 
     def refused(self, status: int) -> None:
-        """Answered by relay.http1 while its body came: 413 (past `limit`) or 408
+        """Answered by relay.ingress.http1 while its body came: 413 (past `limit`) or 408
         (not all in within the timeout); `release` follows."""
         ...
 
@@ -327,12 +327,13 @@ class Connection(asyncio.Protocol):
 
     @property
     def in_request(self) -> bool:
-        """A request is being handled (relay.guard never closes such a connection for room)."""
+        """A request is being handled (relay.ingress.guard never closes such a
+        connection for room)."""
         return bool(self._queue)
 
     @property
     def receiving_head(self) -> bool:
-        """Part of a request's head has come, not all of it (relay.guard sheds
+        """Part of a request's head has come, not all of it (relay.ingress.guard sheds
         the oldest such connection first when full)."""
         return self._in_head
 
@@ -606,7 +607,7 @@ class Connection(asyncio.Protocol):
         if not queue and not self._closing:
             if self._problem is not None:
                 status, reason = self._problem
-                refused(self._remote, reason)  # one line, rate-limited (relay.httplog)
+                refused(self._remote, reason)  # one line, rate-limited (relay.ingress.httplog)
                 self._refuse(_error(status, reason))
                 return
             if self._eof:

@@ -25,7 +25,7 @@ from relay.core.payload import (
     storable,
     template_context,
 )
-from relay.keys import stored_key
+from relay.ingress.keys import stored_key
 from relay.store import NewDelivery, Status
 
 if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
@@ -99,7 +99,7 @@ class Incoming:
         """A key template's output, keeping every byte: the raw body and query
         values are decoded with undecodable bytes kept (as surrogates, which
         `stored_key` escapes), where other templates see U+FFFD. Headers
-        keep theirs already (relay.http1); JSON holds only valid UTF-8."""
+        keep theirs already (relay.ingress.http1); JSON holds only valid UTF-8."""
         values = self.context(template.variables)
         if "body" in values:
             values["body"] = self.body.decode("utf-8", errors="surrogateescape")

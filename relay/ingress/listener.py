@@ -2,7 +2,7 @@
 
 Nothing slow happens here: match the route, bound the body, work out the
 idempotency key, hand the event to the store's group commit, answer from
-that commit's outcome. The HTTP framing is relay.http1's; a request is
+that commit's outcome. The HTTP framing is relay.ingress.http1's; a request is
 admitted on its head (`Ingress.admit`: route, method, size, encoding) and
 answered by its `Webhook` once its body is in and, for an event, once the
 transaction holding it is done: a callback on the commit's future, no task
@@ -27,12 +27,12 @@ from relay.core.clock import Clock
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
 from relay.core.units import format_duration
-from relay.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
-from relay.http1 import Head, Http1Server, Response
-from relay.incoming import Incoming, idempotency_key, plan_deliveries
+from relay.ingress.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
+from relay.ingress.http1 import Head, Http1Server, Response
+from relay.ingress.incoming import Incoming, idempotency_key, plan_deliveries
+from relay.ingress.netaddr import Network, client_address, within
 from relay.kinds.registry import build_source
 from relay.metrics import Metrics
-from relay.netaddr import Network, client_address, within
 from relay.sources import Ping, Reject, Source
 from relay.store import Accepted, Intake, NewEvent, Rejection, StoreError
 
@@ -130,7 +130,7 @@ class Ingress:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     def server(self) -> Http1Server:
-        """The listener's protocol factory (relay.http1).
+        """The listener's protocol factory (relay.ingress.http1).
 
         A connection has read_timeout to send a request's head (from the
         moment it opens, or its previous answer), and an admitted request
@@ -339,7 +339,7 @@ class Ingress:
 
 
 class Webhook:
-    """One admitted request (relay.http1's Exchange): verified, keyed and
+    """One admitted request (relay.ingress.http1's Exchange): verified, keyed and
     stored once its body is in; answered from its transaction's outcome."""
 
     __slots__ = (

@@ -15,7 +15,7 @@ connection whose head has been incomplete longest (for at least HEAD_GRACE:
 a sender's head comes in one packet) is closed next; one address may hold at
 most half the slots (`per_address`), and past that its own connections make
 room for it; and a head must be complete within `head_timeout` of its first
-byte (ingress's relay.http1 has its own deadline; the admin listener's
+byte (ingress's relay.ingress.http1 has its own deadline; the admin listener's
 aiohttp has none for a trickled head). A health probe (`GET /healthz`,
 `/readyz`) that finds every slot busy is still answered: it waits in a small
 lane of its own (PROBE_LANE connections, PROBE_SECONDS to say what it wants)
@@ -275,7 +275,7 @@ class _Counted(asyncio.Protocol):
 
     @property
     def in_request(self) -> bool:
-        # Ingress's own protocol (relay.http1) says whether a request is being
+        # Ingress's own protocol (relay.ingress.http1) says whether a request is being
         # handled; aiohttp's (the admin listener) says so only in private
         # attributes (aiohttp 3.9 to 3.14 at least): a request being handled,
         # or parsed and waiting for its handler.
