@@ -39,7 +39,7 @@ from relay.core.clock import SystemClock
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
 from relay.indexer import SearchIndexer
-from relay.search import parse_search
+from relay.ops.search import parse_search
 from relay.store import EventQuery, NewDelivery, NewEvent, SqliteStore, Status
 
 NEEDLE_PHONE = "+7 (912) 345-67-89"

@@ -17,7 +17,6 @@ from typing import Any
 
 from aiohttp import web
 
-from relay import logs
 from relay.admin import Operator, admin_application
 from relay.alerts import Alerter
 from relay.config import Config, ConfigError, Listen, load_config
@@ -34,13 +33,14 @@ from relay.ingress.httplog import server_log
 from relay.ingress.listener import Ingress
 from relay.kinds.registry import build_target
 from relay.leadership import CHECK_EVERY, Leadership
-from relay.logs import log_attempt
 from relay.memory import QUIET_SECONDS, MemoryRelease
-from relay.metrics import Metrics
+from relay.ops import logs
+from relay.ops.logs import log_attempt
+from relay.ops.metrics import Metrics
+from relay.ops.systemd import Notifier, watchdog
 from relay.retention import RetentionJob
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
-from relay.systemd import Notifier, watchdog
 from relay.targets import Target
 
 log = logging.getLogger("relay")

@@ -21,7 +21,7 @@ import logging
 from relay.config import Config
 from relay.core.clock import Clock
 from relay.core.secrets import Masker
-from relay.search import MAX_BODY_BYTES, documents
+from relay.ops.search import MAX_BODY_BYTES, documents
 from relay.store import Indexing, StoreError
 
 log = logging.getLogger("relay.indexer")

@@ -44,7 +44,7 @@ class MemoryRelease:
         bodies: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         """`activity` only grows while relay works (webhooks received and
-        attempts made, relay.metrics); `bodies` gives (held now, most held
+        attempts made, relay.ops.metrics); `bodies` gives (held now, most held
         since the last call) of request bodies being received."""
         self._store = store
         self._activity = activity

@@ -21,11 +21,11 @@ from typing import Any, NoReturn, TypeVar
 
 import orjson
 
-from relay.actions import Actions
+from relay.cli.envfile import parse_env_file
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.core.clock import SystemClock
-from relay.envfile import parse_env_file
-from relay.inputs import BadRequest, instant, row_id, whole_number
+from relay.ops.actions import Actions
+from relay.ops.inputs import BadRequest, instant, row_id, whole_number
 from relay.store import Store, open_store
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from relay.cli.common import (
     read_config,
 )
 from relay.core.payload import Payload, strip_form_fields
-from relay.inputs import unknown_name
+from relay.ops.inputs import unknown_name
 from relay.store import Status
 
 

@@ -141,7 +141,7 @@ def shown(segments: Segments) -> str:
 
 def body_segments(text: str, content_type: str | None, masker: Masker) -> Segments:
     """`shown_body`, as pieces: each masked piece with the text it hides (what
-    an edited copy puts back where it was, relay.resend)."""
+    an edited copy puts back where it was, relay.ops.resend)."""
     kind = media_type(content_type)
     if kind == "application/x-www-form-urlencoded":
         pieces = _form_segments(text)

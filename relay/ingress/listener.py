@@ -32,7 +32,7 @@ from relay.ingress.http1 import Head, Http1Server, Response
 from relay.ingress.incoming import Incoming, idempotency_key, plan_deliveries
 from relay.ingress.netaddr import Network, client_address, within
 from relay.kinds.registry import build_source
-from relay.metrics import Metrics
+from relay.ops.metrics import Metrics
 from relay.sources import Ping, Reject, Source
 from relay.store import Accepted, Intake, NewEvent, Rejection, StoreError
 

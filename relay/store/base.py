@@ -545,7 +545,7 @@ REJECTIONS_KEPT = 100
 
 @dataclass(frozen=True)
 class TextSearch:
-    """Content to look for (made by relay.search): every word must occur in the
+    """Content to look for (made by relay.ops.search): every word must occur in the
     event's folded text, or, for a number, its digits among the event's numbers."""
 
     words: tuple[str, ...] = ()
@@ -554,7 +554,7 @@ class TextSearch:
 
 @dataclass(frozen=True)
 class BodyHead:
-    """The start of an event's body, for the glance a listing shows (relay.glance)."""
+    """The start of an event's body, for the glance a listing shows (relay.ops.glance)."""
 
     content_type: str | None
     query: str

@@ -14,8 +14,8 @@ from aiohttp import web
 from relay.app import Relay
 from relay.core.clock import FakeClock
 from relay.core.secrets import Masker
+from relay.ops.views import event_summary
 from relay.store import EventDetail, Selection, Status
-from relay.views import event_summary
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import free_port, post_accepted

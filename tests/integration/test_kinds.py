@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from relay.advice import warnings
+from relay.cli.advice import warnings
 from relay.cli.check import describe as check_text
 from relay.config import Answer, ConfigError, RouteConfig, load_operator_config
 from relay.config.reader import Section
@@ -38,11 +38,11 @@ from relay.kinds import (
     unregister_source,
     unregister_target,
 )
+from relay.ops.views import rejection_view, target_view
 from relay.sources import Accept, Check, Reject, Source
 from relay.sources.base import matches_any
 from relay.store import EventQuery, Status
 from relay.targets.base import Envelope, Target
-from relay.views import rejection_view, target_view
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import eventually, post_events, write_config

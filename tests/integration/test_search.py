@@ -22,7 +22,7 @@ from relay.core.clock import FakeClock
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
 from relay.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
-from relay.search import documents
+from relay.ops.search import documents
 from relay.store import NewDelivery, NewEvent, SearchDocument, SqliteStore, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from relay.core.secrets import Masker
-from relay.search import documents, parse_search
+from relay.ops.search import documents, parse_search
 from relay.store import (
     AttemptRecord,
     ClaimedDelivery,

@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relay import logs
 from relay.config import LogConfig
 from relay.core.outcome import Outcome
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
 from relay.delivery.retry import Decision, Next
 from relay.delivery.scheduler import AttemptReport
+from relay.ops import logs
 from relay.store import AttemptKind, ClaimedDelivery, FailureStreak
 
 

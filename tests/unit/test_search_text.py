@@ -8,7 +8,7 @@ import time
 import pytest
 
 from relay.core.secrets import Masker
-from relay.search import (
+from relay.ops.search import (
     MAX_TEXT_CHARS,
     SearchError,
     document,

@@ -17,7 +17,7 @@ from typing import Any
 
 from relay.core.payload import media_type, parse_form, parse_json
 from relay.core.secrets import Masker, request_masker
-from relay.search import canonical_digits, fold, phone_forms
+from relay.ops.search import canonical_digits, fold, phone_forms
 from relay.store import EventView, Queries, TextSearch
 
 # Bytes of each listed event's body read for its glance.

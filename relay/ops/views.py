@@ -29,7 +29,7 @@ from relay.store import (
 )
 
 if TYPE_CHECKING:
-    from relay.resend import Preview  # the resend planner needs the targets
+    from relay.ops.resend import Preview  # the resend planner needs the targets
 
 
 def iso(timestamp: float | None) -> str | None:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from relay.core.clock import Clock
-from relay.inputs import known_name, unknown_name
-from relay.search import parse_search
+from relay.ops.inputs import known_name, unknown_name
+from relay.ops.search import parse_search
 from relay.store import (
     AuditEntry,
     DeliveryView,
@@ -131,7 +131,7 @@ class Actions:
     async def searched(self, query: EventQuery, text: str) -> EventQuery:
         """`query` narrowed by a search box's text, as the dashboard reads it: an
         idempotency key when it names an event these filters show, else the
-        text's content (relay.search; SearchError when it cannot be searched).
+        text's content (relay.ops.search; SearchError when it cannot be searched).
         Listing and bulk action both narrow through here: the same events."""
         if not text:
             return query

@@ -17,7 +17,7 @@ import orjson
 from relay.config import Config, LogConfig
 from relay.core.secrets import Masker
 from relay.delivery.retry import Next
-from relay.views import iso
+from relay.ops.views import iso
 
 if TYPE_CHECKING:
     from relay.delivery.scheduler import AttemptReport

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 
 from relay.config import Config
 from relay.core.outcome import ATTEMPT_OUTCOMES
-from relay.exposition import Counter, Gauge, Histogram, family, histogram_samples, render, sample
+from relay.ops.exposition import (
+    Counter,
+    Gauge,
+    Histogram,
+    family,
+    histogram_samples,
+    render,
+    sample,
+)
 from relay.store import Gauges, Status, TargetState
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -130,7 +138,7 @@ class Metrics:
             self._leader.set(1 if leading else 0)
 
     def render(self) -> bytes:
-        """The text a Prometheus scrape reads (relay.exposition.CONTENT_TYPE)."""
+        """The text a Prometheus scrape reads (relay.ops.exposition.CONTENT_TYPE)."""
         lines: list[str] = []
         self.ingress.expose(lines)
         for metric in (
