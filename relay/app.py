@@ -18,27 +18,27 @@ from typing import Any
 from aiohttp import web
 
 from relay.admin import Operator, admin_application
-from relay.alerts import Alerter
+from relay.background.alerts import Alerter
+from relay.background.dbwatch import DatabaseWatch
+from relay.background.indexer import SearchIndexer
+from relay.background.leadership import CHECK_EVERY, Leadership
+from relay.background.memory import QUIET_SECONDS, MemoryRelease
+from relay.background.retention import RetentionJob
 from relay.config import Config, ConfigError, Listen, load_config
 from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
-from relay.dbwatch import DatabaseWatch
 from relay.delivery.retry import Next
 from relay.delivery.scheduler import AttemptReport, Scheduler
-from relay.indexer import SearchIndexer
 from relay.ingress.guard import CappedSite, ConnectionCap, connection_limits
 from relay.ingress.httplog import server_log
 from relay.ingress.listener import Ingress
 from relay.kinds.registry import build_target
-from relay.leadership import CHECK_EVERY, Leadership
-from relay.memory import QUIET_SECONDS, MemoryRelease
 from relay.ops import logs
 from relay.ops.logs import log_attempt
 from relay.ops.metrics import Metrics
 from relay.ops.systemd import Notifier, watchdog
-from relay.retention import RetentionJob
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
 from relay.targets import Target

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from relay import retention
+from relay.background import retention
 from relay.cli.common import (
     CommandError,
     acting,

@@ -103,7 +103,7 @@ class Ingress:
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.bodies_in_flight = 0
-        self.bodies_peak = 0  # the most held at once since relay.memory last looked
+        self.bodies_peak = 0  # the most held at once since relay.background.memory last looked
         self._http: Http1Server | None = None
         self.reconfigure(config)
 

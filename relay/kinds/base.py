@@ -35,7 +35,7 @@ def _no_shared_rates(settings: Any) -> tuple[tuple[str, Rate], ...]:
 
 
 class AlertTemplates(Protocol):
-    """What an alert says (relay/alerts.py): its one-line summary and its text."""
+    """What an alert says (relay/background/alerts.py): its one-line summary and its text."""
 
     @property
     def summary(self) -> Template: ...

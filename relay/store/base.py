@@ -487,7 +487,7 @@ class AlertNote:
 
     id: int
     noted_at: float
-    note: bytes  # JSON, as relay.alerts writes it
+    note: bytes  # JSON, as relay.background.alerts writes it
 
 
 @dataclass(frozen=True)
@@ -881,7 +881,7 @@ class Maintenance(Protocol):
         ...
 
     async def release_memory(self) -> None:
-        """Give back what is cached only for speed (relay.memory calls it once
+        """Give back what is cached only for speed (relay.background.memory calls it once
         relay is quiet); the next use fills it again."""
         ...
 
@@ -902,7 +902,7 @@ class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, P
 
 
 class AlertNotes(Protocol):
-    """Alerts on a shared store (relay.alerts): each instance notes what its
+    """Alerts on a shared store (relay.background.alerts): each instance notes what its
     attempts saw, the leading one groups every instance's notes into one alert."""
 
     async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:

@@ -1,7 +1,7 @@
 """Alerts through any target: they carry their own subject and text.
 
 An alert is an event on the internal route `ALERTS_ROUTE` whose JSON body
-has a `summary` and a `text` (see relay/alerts.py). The target named in
+has a `summary` and a `text` (see relay/background/alerts.py). The target named in
 `[alerts] target` is usually built for something else (a lead mail, a sales
 chat): its templates would read form fields an alert does not have and send
 "New lead: no name". So a target sends alert deliveries through a twin

@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 from aiosmtpd.controller import Controller
 
-from relay.alerts import ALERTS_ROUTE
+from relay.background.alerts import ALERTS_ROUTE
 from relay.config import parse_config
 from relay.core.clock import FakeClock
 from relay.store import EventQuery

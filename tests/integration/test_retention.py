@@ -7,8 +7,8 @@ from pathlib import Path
 
 import aiohttp
 
-from relay import retention
 from relay.app import Relay
+from relay.background import retention
 from relay.core.clock import FakeClock
 from relay.store import EventQuery, Status
 

@@ -16,12 +16,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from relay import retention
 from relay.app import Relay
+from relay.background import retention
+from relay.background.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
 from relay.core.clock import FakeClock
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
-from relay.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
 from relay.ops.search import documents
 from relay.store import NewDelivery, NewEvent, SearchDocument, SqliteStore, Status
 

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from relay.alerts import Alerter
+from relay.background.alerts import Alerter
 from relay.config import AlertsConfig, Config
 from relay.core.clock import FakeClock
 from relay.core.payload import Payload
@@ -399,7 +399,7 @@ async def test_a_record_answered_again_says_what_it_did_to_the_target(
     # The attempt that made the target go down (and crossed the alerts'
     # failing_after) committed, its answer was lost. Its record made again
     # must say so: the scheduler learns the target is down from it, and the
-    # "down" and "failing" alerts are told from it (relay.alerts.notes_on),
+    # "down" and "failing" alerts are told from it (relay.background.alerts.notes_on),
     # once, or never.
     async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
         await a.accept_event(event(), [NewDelivery("crm")], T0)

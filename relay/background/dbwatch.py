@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 
-from relay.alerts import Alerter
+from relay.background.alerts import Alerter
 from relay.store import Health
 
 log = logging.getLogger("relay.store")
