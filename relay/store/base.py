@@ -108,7 +108,7 @@ class NewEvent(NamedTuple):  # made for every webhook: a tuple is the cheapest t
     received_at: float
     remote_addr: str | None
     payload: Payload
-    # The digest of the payload's canonical form (relay.core.canonical): compared
+    # The digest of the payload's canonical form (relay.canonical): compared
     # when the key is already stored, to tell a re-send from other content.
     # None (what ingress gives): the store works it out from the body only
     # when the key turns out to be held already; most keys are new.
@@ -191,7 +191,7 @@ class AttemptRecord:
     target_at_fault: bool = True
     # False: not a step of the retry cycle (a person's retry now, a down
     # target's probe), so the delivery's cycle count stays as it was. Decided
-    # by relay.delivery.retry (Decision.in_cycle); the store only records it.
+    # by relay.retry (Decision.in_cycle); the store only records it.
     in_cycle: bool = True
     kind: AttemptKind = AttemptKind.CYCLE
     # What was sent (secrets masked, the body cut like the answer), if known.
@@ -487,7 +487,7 @@ class AlertNote:
 
     id: int
     noted_at: float
-    note: bytes  # JSON, as relay.background.alerts writes it
+    note: bytes  # JSON, as relay.alerts writes it
 
 
 @dataclass(frozen=True)
@@ -545,7 +545,7 @@ REJECTIONS_KEPT = 100
 
 @dataclass(frozen=True)
 class TextSearch:
-    """Content to look for (made by relay.ops.search): every word must occur in the
+    """Content to look for (made by relay.search): every word must occur in the
     event's folded text, or, for a number, its digits among the event's numbers."""
 
     words: tuple[str, ...] = ()
@@ -554,7 +554,7 @@ class TextSearch:
 
 @dataclass(frozen=True)
 class BodyHead:
-    """The start of an event's body, for the glance a listing shows (relay.ops.glance)."""
+    """The start of an event's body, for the glance a listing shows (relay.glance)."""
 
     content_type: str | None
     query: str
@@ -881,7 +881,7 @@ class Maintenance(Protocol):
         ...
 
     async def release_memory(self) -> None:
-        """Give back what is cached only for speed (relay.background.memory calls it once
+        """Give back what is cached only for speed (relay.memory calls it once
         relay is quiet); the next use fills it again."""
         ...
 
@@ -902,7 +902,7 @@ class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, P
 
 
 class AlertNotes(Protocol):
-    """Alerts on a shared store (relay.background.alerts): each instance notes what its
+    """Alerts on a shared store (relay.alerts): each instance notes what its
     attempts saw, the leading one groups every instance's notes into one alert."""
 
     async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:

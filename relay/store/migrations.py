@@ -187,7 +187,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE targets ADD COLUMN probes INTEGER NOT NULL DEFAULT 0",
         ],
     ),
-    # The search index (relay/ops/search.py makes its text). FTS5's trigram tokenizer
+    # The search index (relay/search.py makes its text). FTS5's trigram tokenizer
     # matches any substring of three characters or more; `detail=full` keeps token
     # positions, so a phrase is checked by the index itself (a rare phrase of common
     # trigrams stays fast at a million events); `columnsize=0` drops per-row sizes,

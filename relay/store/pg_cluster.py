@@ -322,7 +322,7 @@ class NamesakeRunning(StoreError):
 
 class Leadership:
     """The instance holding LEADER_LOCK runs the singletons (retention, alerts,
-    gauges). relay.background.leadership.Leadership is its one caller, in `relay serve`
+    gauges). relay.leadership.Leadership is its one caller, in `relay serve`
     only, so its session also holds this instance's name (NAME_LOCK)."""
 
     def __init__(

@@ -157,7 +157,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 seen_at DOUBLE PRECISION NOT NULL
             )
             """,
-            # Content search: the folded text and digits relay.ops.search makes,
+            # Content search: the folded text and digits relay.search makes,
             # matched as substrings (trigram indexes: migration 2); filled off
             # the ingest path.
             """
