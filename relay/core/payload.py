@@ -17,6 +17,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from relay.core.fields import FormFields
 from relay.core.multipart import MAX_PARTS, parse_multipart
+from relay.core.units import format_instant
 
 
 def storable(text: str) -> str:
@@ -117,6 +118,21 @@ def header_map(headers: Iterable[tuple[str, str]]) -> CIMultiDictProxy[str]:
 # The config refuses any other name at load (relay.templates.compile_template).
 REQUEST_VARIABLES = frozenset({"headers", "json", "form", "query", "body"})
 EVENT_VARIABLES = REQUEST_VARIABLES | {"event"}
+
+
+def event_fields(
+    event_id: int, route: str, received_at: float, idempotency_key: str | None
+) -> dict[str, Any]:
+    """An event as every reader is shown it: templates' `event`, the file
+    target's record, the API and the CLI (`relay.ops.views`). Its id as a
+    string, as every id relay shows, and its time as `format_instant` writes
+    every time ("2026-12-01T10:00:00.123Z"): one shape, declared here only."""
+    return {
+        "id": str(event_id),
+        "route": route,
+        "received_at": format_instant(received_at),
+        "idempotency_key": idempotency_key,
+    }
 
 
 class RequestParts(Protocol):

@@ -761,18 +761,10 @@ def _kind(delivery: ClaimedDelivery, probe: DownState | None) -> AttemptKind:
 def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:
     route = state.config.routes.get(delivery.route)
     strip = route.strip_fields if route is not None else ()
-    return Envelope(
-        event_id=delivery.event_id,
-        delivery_id=delivery.id,
-        route=delivery.route,
-        target=delivery.target,
-        attempt=number,
-        idempotency_key=delivery.idempotency_key or str(delivery.event_id),
-        received_at=delivery.received_at,
-        payload=_forwarded(delivery.payload, strip),
-        sent_at=now,
-        message_tag=delivery.message_tag,
-    )
+    forwarded = _forwarded(delivery.payload, strip)
+    if forwarded is not delivery.payload:
+        delivery = replace(delivery, payload=forwarded)
+    return Envelope(delivery=delivery, attempt=number, sent_at=now)
 
 
 def _forwarded(payload: Payload, strip: tuple[str, ...]) -> Payload:

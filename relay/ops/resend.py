@@ -30,7 +30,7 @@ import orjson
 from relay.config import Config, RouteConfig
 from relay.core.budget import TemplateError
 from relay.core.canonical import payload_digest
-from relay.core.payload import media_type, parse_form
+from relay.core.payload import Payload, media_type, parse_form
 from relay.core.secrets import (
     MASK,
     Hidden,
@@ -42,7 +42,7 @@ from relay.core.secrets import (
     shown_body,
 )
 from relay.kinds.registry import build_target
-from relay.store import EventDetail, Header, Resend, Status
+from relay.store import ClaimedDelivery, EventDetail, Header, Resend, Status
 from relay.targets import Envelope
 from relay.targets.base import unstored_event_id
 
@@ -396,24 +396,40 @@ def _targets(config: Config, detail: EventDetail, wanted: Sequence[str]) -> list
     return chosen
 
 
+def unsent_envelope(route: str, shown_key: str, payload: Payload, now: float) -> Envelope:
+    """What a target is given to preview an event not stored yet (`relay
+    render`, the resend preview): the placeholder id 0, which no receiver ever
+    sees (`unstored_event_id`), and `shown_key` for the key it will be sent with."""
+    delivery = ClaimedDelivery(
+        id=0,
+        event_id=0,
+        route=route,
+        target="",
+        attempts=0,
+        attempts_in_cycle=0,
+        manual=False,
+        resume_status=None,
+        resume_at=None,
+        idempotency_key=shown_key,
+        received_at=now,
+        payload=payload,
+    )
+    return Envelope(delivery=delivery, attempt=1, sent_at=now)
+
+
 def _preview(config: Config, detail: EventDetail, resend: Resend, masker: Masker) -> list[Preview]:
     """Each target's request for the copy, as `relay render` shows it."""
-    now = time.time()
-    envelope = Envelope(
-        event_id=0,  # the copy's id is given when it is stored
-        delivery_id=0,
-        route=detail.event.route,
-        target="",
-        attempt=1,
-        idempotency_key="(the copy's own event id)",
-        received_at=now,
-        payload=replace(
+    envelope = unsent_envelope(
+        detail.event.route,
+        # The copy's id is given when it is stored, and sent as its key.
+        "(the copy's own event id)",
+        replace(
             detail.payload,
             headers=resend.headers,
             content_type=resend.content_type,
             body=resend.body,
         ),
-        sent_at=now,
+        time.time(),
     )
     # The copy carries the original's credential fields: mask them as views do.
     masker = request_masker(

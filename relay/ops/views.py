@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
 from relay.core.outcome import SentRequest
+from relay.core.payload import event_fields
 from relay.core.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.core.units import count, format_instant
 from relay.kinds.registry import target_kind
@@ -75,14 +76,12 @@ def held_note(delivery: DeliveryView) -> str | None:
 
 
 def event_summary(event: EventView, masker: Masker) -> dict[str, Any]:
+    key = masker.optional(event.idempotency_key)
     return {
-        "id": str(event.id),
-        "route": event.route,
-        "idempotency_key": masker.optional(event.idempotency_key),
+        **event_fields(event.id, event.route, event.received_at, key),
         # Set when the key already named that event and this payload differs:
         # a different notification under a reused key, kept, not dropped.
         "key_conflict_of": str(event.conflict_of) if event.conflict_of is not None else None,
-        "received_at": iso(event.received_at),
         "status": event.status.value,
         "deliveries": [delivery_summary(d, masker) for d in event.deliveries],
     }

@@ -67,7 +67,7 @@ class AlertAware:
         self._twin = twin
 
     def _for(self, envelope: Envelope) -> Target:
-        return self._twin if envelope.route == ALERTS_ROUTE else self.target
+        return self._twin if envelope.delivery.route == ALERTS_ROUTE else self.target
 
     async def start(self) -> None:
         await self.target.start()

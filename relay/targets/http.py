@@ -398,7 +398,7 @@ class HttpTarget(SessionOwner):
         headers.update(relay_headers(envelope))
         if settings.sign:
             # Last: the signature covers the body exactly as it goes out.
-            message_id = webhook_id(envelope.delivery_id, envelope.message_tag)
+            message_id = webhook_id(envelope.delivery.id, envelope.delivery.message_tag)
             headers.update(signature_headers(settings.sign, message_id, envelope.sent_at, body))
         return Request(settings.method, settings.url, headers, body)
 
