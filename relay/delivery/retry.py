@@ -53,6 +53,38 @@ def schedule(policy: RetryPolicy) -> list[float]:
     return [delay_before_retry(policy, n) for n in range(1, policy.retries + 1)]
 
 
+def cycle_length(policy: RetryPolicy) -> int:
+    """The attempts a full cycle makes: the first and every retry (the first
+    alone when retries are off). What "attempt 3/16" counts to."""
+    return 1 + (policy.retries if policy.retry_on_error else 0)
+
+
+def probe_delay(policy: RetryPolicy, probe: int, rng: random.Random | None = None) -> float:
+    """Seconds before probe number `probe` (1-based) of a down target: going
+    down schedules probe 1, probe k failing schedules probe k + 1. Probes
+    follow the target's own backoff; past its last retry the last delay
+    repeats, for as long as the outage lasts (a policy of no retries probes
+    at its first retry's delay)."""
+    step = min(probe, max(policy.retries, 1))
+    if policy.backoff == "list":
+        step = min(step, len(policy.delays))
+    return delay_before_retry(policy, step, rng)
+
+
+def decide_probe(
+    decision: Decision, outcome: Outcome, *, next_probe_at: float, manual: bool
+) -> Decision | None:
+    """What follows a down target's probe, when the probe rule replaces
+    `decision` (the policy's): a probe that failed for a reason worth retrying
+    spends nobody's retry, its own included; the delivery waits, outside its
+    cycle, for the next probe at `next_probe_at`. None: the policy's decision
+    stands (the probe succeeded or failed for good, or it was a person's
+    retry now, which keeps its own rule: it changes nothing)."""
+    if manual or outcome.verdict is not Verdict.RETRY:
+        return None
+    return Decision(Next.RETRY, at=next_probe_at, reason=decision.reason, in_cycle=False)
+
+
 def decide(
     policy: RetryPolicy,
     outcome: Outcome,

@@ -29,8 +29,10 @@ from relay.delivery.retry import (
     Decision,
     ManualRetry,
     Next,
+    cycle_length,
     decide_attempt,
-    delay_before_retry,
+    decide_probe,
+    probe_delay,
     receiver_wait,
 )
 from relay.store import (
@@ -507,14 +509,12 @@ class Scheduler:
             now = self._clock.now()
             decision, then = self._decide(policy, delivery, outcome, now)
             hold = self._hold(state, delivery, probe, now)
-            failed_probe = probe is not None and outcome.verdict is Verdict.RETRY
-            if failed_probe and hold is not None and not delivery.manual:
-                # A failed probe spends nobody's retry, its own included (a
-                # person's retry now keeps its own rule: it changes nothing).
-                decision = Decision(
-                    Next.RETRY, at=hold.probe_at, reason=decision.reason, in_cycle=False
+            if probe is not None and hold is not None:
+                probed = decide_probe(
+                    decision, outcome, next_probe_at=hold.probe_at, manual=delivery.manual
                 )
-                then = Waits()
+                if probed is not None:
+                    decision, then = probed, Waits()
             wait = receiver_wait(policy, outcome)
             if wait is not None:
                 decision, then = self._flood_wait(state, delivery, decision, then, now + wait)
@@ -543,7 +543,7 @@ class Scheduler:
                         number=number,
                         kind=attempt.kind,
                         cycle_step=delivery.attempts_in_cycle + 1 if attempt.in_cycle else None,
-                        cycle_length=1 + (policy.retries if policy.retry_on_error else 0),
+                        cycle_length=cycle_length(policy),
                         outcome=outcome,
                         decision=decision,
                         duration=duration,
@@ -592,15 +592,9 @@ class Scheduler:
         config = state.config.targets.get(delivery.target)
         if config is None or not config.hold_when_down:
             return None
-        # Probes follow the target's own backoff; past its last retry the
-        # last delay repeats, for as long as the outage lasts.
         # Going down schedules probe 1; probe k failing schedules probe k + 1.
         number = probe.probes + 2 if probe is not None else 1
-        policy = config.retry
-        step = min(number, max(policy.retries, 1))
-        if policy.backoff == "list":
-            step = min(step, len(policy.delays))
-        delay = delay_before_retry(policy, step, self._rng)
+        delay = probe_delay(config.retry, number, self._rng)
         return Hold(config.down_after, now + delay, probe=probe is not None)
 
     def _kept(self, request: SentRequest | None) -> SentRequest | None:

@@ -9,9 +9,12 @@ from relay.delivery.retry import (
     Decision,
     ManualRetry,
     Next,
+    cycle_length,
     decide,
     decide_attempt,
+    decide_probe,
     delay_before_retry,
+    probe_delay,
     schedule,
 )
 
@@ -155,3 +158,68 @@ def test_a_single_attempt_is_said_in_the_singular() -> None:
     policy = RetryPolicy(retries=0, jitter=0)
     decision = decide(policy, FAILED, attempts_in_cycle=1, now=NOW)
     assert decision == Decision(Next.DEAD, reason="HTTP 503 (gave up after 1 attempt)")
+
+
+@pytest.mark.parametrize(
+    ("policy", "length"),
+    [
+        (DEFAULT, 16),  # the first attempt and 15 retries
+        (RetryPolicy(retries=3), 4),
+        (RetryPolicy(retries=0), 1),
+        (RetryPolicy(retries=5, retry_on_error=False), 1),  # retries off: the first is all
+    ],
+)
+def test_a_cycle_is_the_first_attempt_and_its_retries(policy: RetryPolicy, length: int) -> None:
+    assert cycle_length(policy) == length
+
+
+LISTED = RetryPolicy(backoff="list", delays=(30, 120), retries=5, jitter=0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "probe", "delay"),
+    [
+        # Probe k waits as retry k would...
+        (DEFAULT, 1, 2),
+        (DEFAULT, 3, 8),
+        (DEFAULT, 15, 32768),
+        # ... and past the last retry the last delay repeats, however long it is down.
+        (DEFAULT, 16, 32768),
+        (DEFAULT, 400, 32768),
+        (RetryPolicy(retries=3, jitter=0), 9, 8),
+        # A list: its last delay repeats past the list and past the retries.
+        (LISTED, 1, 30),
+        (LISTED, 2, 120),
+        (LISTED, 7, 120),
+        # No retries: every probe waits as the first retry would.
+        (RetryPolicy(retries=0, jitter=0), 1, 2),
+        (RetryPolicy(retries=0, jitter=0), 5, 2),
+        (RetryPolicy(max_delay=60, jitter=0), 10, 60),
+    ],
+)
+def test_probes_follow_the_targets_backoff(policy: RetryPolicy, probe: int, delay: float) -> None:
+    assert probe_delay(policy, probe) == delay
+
+
+NEXT_PROBE = NOW + 300
+
+
+@pytest.mark.parametrize(
+    ("outcome", "manual", "expected"),
+    [
+        # A failed probe spends no retry, its own included: it waits for the next probe.
+        (FAILED, False, Decision(Next.RETRY, at=NEXT_PROBE, reason="HTTP 503", in_cycle=False)),
+        # A person's retry now keeps its own rule; a probe that went through or
+        # failed for good is decided by the policy.
+        (FAILED, True, None),
+        (Outcome.success(), False, None),
+        (Outcome.fail("HTTP 400"), False, None),
+    ],
+)
+def test_a_failed_probe_waits_for_the_next_probe(
+    outcome: Outcome, manual: bool, expected: Decision | None
+) -> None:
+    # What the policy said (a retry in 4 s, or its verdict) is what the probe rule replaces.
+    policy_said = decide(DEFAULT, outcome, attempts_in_cycle=2, now=NOW)
+    decided = decide_probe(policy_said, outcome, next_probe_at=NEXT_PROBE, manual=manual)
+    assert decided == expected
