@@ -29,7 +29,6 @@ from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
-from relay.delivery.retry import Next
 from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.ingress.guard import CappedSite, ConnectionCap, connection_limits
 from relay.ingress.httplog import server_log
@@ -241,7 +240,7 @@ class Relay:
     def _observe_attempt(self, report: AttemptReport) -> None:
         target = report.delivery.target
         self.metrics.count_attempt(report.delivery.route, target, report.said, report.duration)
-        if report.decision.next is Next.DEAD:
+        if report.decision.next is Status.DEAD:
             self.metrics.dead.labels(report.delivery.route, target).inc()
         if self._log_attempts:
             log_attempt(report)

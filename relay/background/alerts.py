@@ -22,7 +22,6 @@ from relay.core.clock import Clock
 from relay.core.outcome import Verdict
 from relay.core.payload import Payload
 from relay.core.units import count, format_duration
-from relay.delivery.retry import Next
 from relay.delivery.scheduler import AttemptReport
 from relay.store import (
     Accepted,
@@ -129,7 +128,7 @@ def notes_on(
     # A manual retry of a dead delivery that fails leaves it dead: it was
     # reported when it went dead.
     already_dead = delivery.manual and delivery.resume_status is Status.DEAD
-    if report.decision.next is Next.DEAD and not already_dead:
+    if report.decision.next is Status.DEAD and not already_dead:
         notes.append(
             {
                 "kind": "dead",

@@ -11,11 +11,6 @@ from enum import StrEnum
 RESPONSE_EXCERPT_BYTES = 2048
 
 
-# What an attempt came to, in logs (outcome=) and metrics (relay_attempts_total):
-# success, retry (it will be tried again), dead (the attempt that ended it).
-ATTEMPT_OUTCOMES = ("success", "retry", "dead")
-
-
 @dataclass(frozen=True)
 class SentRequest:
     """The request an attempt sent, as a person may see it: kept with the

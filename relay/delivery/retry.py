@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
 from relay.config import RetryPolicy
 from relay.core.outcome import Outcome, Verdict
+from relay.core.status import Next, Status
 from relay.core.units import count, format_duration
 
 # A Retry-After larger than this is not honoured in full unless the policy
@@ -19,16 +19,10 @@ from relay.core.units import count, format_duration
 DEFAULT_RETRY_AFTER_CAP = 3600.0
 
 
-class Next(StrEnum):
-    DELIVERED = "delivered"
-    RETRY = "retry"
-    DEAD = "dead"
-
-
 @dataclass(frozen=True)
 class Decision:
     next: Next
-    at: float | None = None  # when the next attempt is due, for Next.RETRY
+    at: float | None = None  # when the next attempt is due, for Status.PENDING
     reason: str | None = None
     # This attempt was a step of the retry cycle: the store adds it to the
     # cycle's count. A person's extra try and a down target's probe are not.
@@ -82,7 +76,7 @@ def decide_probe(
     retry now, which keeps its own rule: it changes nothing)."""
     if manual or outcome.verdict is not Verdict.RETRY:
         return None
-    return Decision(Next.RETRY, at=next_probe_at, reason=decision.reason, in_cycle=False)
+    return Decision(Status.PENDING, at=next_probe_at, reason=decision.reason, in_cycle=False)
 
 
 def decide(
@@ -95,21 +89,21 @@ def decide(
 ) -> Decision:
     """What follows an attempt; `attempts_in_cycle` counts it (1 for the first try)."""
     if outcome.verdict is Verdict.SUCCESS:
-        return Decision(Next.DELIVERED)
+        return Decision(Status.DELIVERED)
     error = outcome.error or "failed"
     if outcome.verdict is Verdict.FAIL:
-        return Decision(Next.DEAD, reason=error)
+        return Decision(Status.DEAD, reason=error)
     if not policy.retry_on_error:
-        return Decision(Next.DEAD, reason=f"{error} (retries are off for this target)")
+        return Decision(Status.DEAD, reason=f"{error} (retries are off for this target)")
     retry = attempts_in_cycle
     if retry > policy.retries:
         gave_up = f"gave up after {count(attempts_in_cycle, 'attempt')}"
-        return Decision(Next.DEAD, reason=f"{error} ({gave_up})")
+        return Decision(Status.DEAD, reason=f"{error} ({gave_up})")
     delay = delay_before_retry(policy, retry, rng)
     asked = receiver_wait(policy, outcome)
     if asked is not None:
         delay = max(delay, asked)
-    return Decision(Next.RETRY, at=now + delay, reason=error)
+    return Decision(Status.PENDING, at=now + delay, reason=error)
 
 
 def receiver_wait(policy: RetryPolicy, outcome: Outcome) -> float | None:
@@ -158,10 +152,10 @@ def decide_attempt(
         # count would say one attempt fewer than were made.
         reason = f"{outcome.error or 'failed'} (still dead after a manual retry;"
         return Decision(
-            Next.DEAD, reason=f"{reason} {count(attempts + 1, 'attempt')} in all)", in_cycle=False
+            Status.DEAD, reason=f"{reason} {count(attempts + 1, 'attempt')} in all)", in_cycle=False
         )
     at = manual.resume_at if manual.resume_at is not None else decision.at
-    return Decision(Next.RETRY, at=at, reason=decision.reason, in_cycle=False)
+    return Decision(Status.PENDING, at=at, reason=decision.reason, in_cycle=False)
 
 
 def describe_schedule(policy: RetryPolicy) -> str:

@@ -20,15 +20,15 @@ from urllib.parse import urlsplit
 
 from relay.config import Config, RetryPolicy
 from relay.core.clock import Clock
-from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
+from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest
 from relay.core.payload import Payload, strip_form_fields
 from relay.core.secrets import Masker, inbound_secrets, mask_fields, shown_body
+from relay.core.status import attempt_outcome
 from relay.core.units import format_duration
 from relay.delivery.ratelimit import Pacer
 from relay.delivery.retry import (
     Decision,
     ManualRetry,
-    Next,
     cycle_length,
     decide_attempt,
     decide_probe,
@@ -116,14 +116,8 @@ class AttemptReport:
 
     @property
     def said(self) -> str:
-        """The attempt's outcome in the one vocabulary of logs and metrics
-        (ATTEMPT_OUTCOMES): the attempt that ends a delivery is "dead" — a
-        permanent failure or the last retry — never "fail" in one place and
-        "dead" in another. The stored attempt keeps the target's verdict
-        (`fail`: no retry could help), which `relay show` prints."""
-        if self.outcome.verdict is Verdict.SUCCESS:
-            return "success"
-        return "dead" if self.decision.next is Next.DEAD else "retry"
+        """The attempt's outcome in the one vocabulary of logs and metrics."""
+        return attempt_outcome(self.outcome.verdict, self.decision.next)
 
 
 @dataclass
@@ -705,9 +699,9 @@ class Scheduler:
             manual=manual,
             rng=self._rng,
         )
-        if decision.next is Next.DELIVERED:
+        if decision.next is Status.DELIVERED:
             return decision, Delivered()
-        if decision.next is Next.RETRY:
+        if decision.next is Status.PENDING:
             assert decision.at is not None
             return decision, RetryAt(decision.at)
         return decision, Dead(self._masker.text(decision.reason or "failed"))

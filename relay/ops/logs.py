@@ -16,7 +16,7 @@ import orjson
 
 from relay.config import Config, LogConfig
 from relay.core.secrets import Masker
-from relay.delivery.retry import Next
+from relay.core.status import Status
 from relay.ops.views import iso
 
 if TYPE_CHECKING:
@@ -153,11 +153,11 @@ def attempt_fields(report: AttemptReport) -> dict[str, Any]:
         "outcome": report.said,
         "status": report.outcome.status,
         "duration_ms": round(report.duration * 1000, 1),
-        "next": iso(decision.at) if decision.next is Next.RETRY else decision.next.value,
+        "next": iso(decision.at) if decision.next is Status.PENDING else decision.next.value,
         "error": report.outcome.error,
     }
 
 
 def log_attempt(report: AttemptReport) -> None:
-    level = logging.WARNING if report.decision.next is Next.DEAD else logging.INFO
+    level = logging.WARNING if report.decision.next is Status.DEAD else logging.INFO
     attempt_log.log(level, "attempt", extra={"fields": attempt_fields(report)})

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay.config import Config
-from relay.core.outcome import ATTEMPT_OUTCOMES
+from relay.core.status import ATTEMPT_OUTCOMES
 from relay.ops.exposition import (
     Counter,
     Gauge,

@@ -25,7 +25,6 @@ from relay.background.alerts import Alerter
 from relay.config import AlertsConfig, Config
 from relay.core.clock import FakeClock
 from relay.core.payload import Payload
-from relay.delivery.retry import Next
 from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.kinds.registry import build_target
 from relay.store import (
@@ -1164,7 +1163,7 @@ async def test_a_down_target_holds_across_instances_one_probe_at_a_time_no_retry
             if previous is None or at >= back_at or report.kind is not AttemptKind.CYCLE:
                 continue
             before_at, before = previous
-            if before.kind is AttemptKind.CYCLE and before.decision.next is Next.RETRY:
+            if before.kind is AttemptKind.CYCLE and before.decision.next is Status.PENDING:
                 assert before.decision.at is not None
                 assert at >= before.decision.at, (report.delivery.id, before_at, at)
         probes = [at for at, report in reports if report.kind is AttemptKind.PROBE]
