@@ -60,7 +60,7 @@ class MypycHook(BuildHookInterface):
 
 
 def _hot_path_sources(root: Path) -> list[str]:
-    """The sources of relay.compiled.HOT_PATH, relative to root (relay/http1.py),
+    """The sources of relay.compiled.HOT_PATH, relative to root (relay/ingress/http1.py),
     read without importing relay (whose dependencies a build environment does
     not have)."""
     namespace = runpy.run_path(str(root / "relay" / "compiled.py"))

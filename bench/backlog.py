@@ -40,7 +40,7 @@ from common import (
     write_json,
 )
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
 from relay.store.accept import AcceptJob
 from relay.store.migrations import migrate

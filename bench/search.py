@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import print_table, write_json
 
-from relay.clock import SystemClock
-from relay.indexer import SearchIndexer
-from relay.payload import Payload
-from relay.search import parse_search
-from relay.secrets import Masker
+from relay.background.indexer import SearchIndexer
+from relay.core.clock import SystemClock
+from relay.core.payload import Payload
+from relay.core.secrets import Masker
+from relay.ops.search import parse_search
 from relay.store import EventQuery, NewDelivery, NewEvent, SqliteStore, Status
 
 NEEDLE_PHONE = "+7 (912) 345-67-89"
@@ -197,7 +197,7 @@ async def main() -> None:
         behind = (await store.search_progress()).behind
         print(f"indexing {behind} events ...", flush=True)
         # Pieces as large as the batch: nothing else writes here, so no
-        # webhook waits behind them (relay.indexer.CHUNK).
+        # webhook waits behind them (relay.background.indexer.CHUNK).
         indexer = SearchIndexer(store, SystemClock(), Masker(), batch=500, chunk=500)
         started = time.perf_counter()
         indexed = await indexer.catch_up()

@@ -17,31 +17,30 @@ from typing import Any
 
 from aiohttp import web
 
-from relay import logs
 from relay.admin import Operator, admin_application
-from relay.alerts import Alerter
-from relay.clock import Clock, SystemClock
+from relay.background.alerts import Alerter
+from relay.background.dbwatch import DatabaseWatch
+from relay.background.indexer import SearchIndexer
+from relay.background.leadership import CHECK_EVERY, Leadership
+from relay.background.memory import QUIET_SECONDS, MemoryRelease
+from relay.background.retention import RetentionJob
 from relay.config import Config, ConfigError, Listen, load_config
 from relay.config.files import write_token_file
-from relay.dbwatch import DatabaseWatch
-from relay.guard import CappedSite, ConnectionCap, connection_limits
-from relay.httplog import server_log
-from relay.indexer import SearchIndexer
-from relay.ingress import Ingress
+from relay.core.clock import Clock, SystemClock
+from relay.core.secrets import Masker
+from relay.core.units import format_instant
+from relay.delivery.scheduler import AttemptReport, Scheduler
+from relay.ingress.guard import CappedSite, ConnectionCap, connection_limits
+from relay.ingress.httplog import server_log
+from relay.ingress.listener import Ingress
 from relay.kinds.registry import build_target
-from relay.leadership import CHECK_EVERY, Leadership
-from relay.logs import log_attempt
-from relay.memory import QUIET_SECONDS, MemoryRelease
-from relay.metrics import Metrics
-from relay.retention import RetentionJob
-from relay.retry import Next
-from relay.scheduler import AttemptReport, Scheduler
-from relay.secrets import Masker
+from relay.ops import logs
+from relay.ops.logs import log_attempt
+from relay.ops.metrics import Metrics
+from relay.ops.systemd import Notifier, watchdog
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
-from relay.systemd import Notifier, watchdog
 from relay.targets import Target
-from relay.units import format_instant
 
 log = logging.getLogger("relay")
 
@@ -241,7 +240,7 @@ class Relay:
     def _observe_attempt(self, report: AttemptReport) -> None:
         target = report.delivery.target
         self.metrics.count_attempt(report.delivery.route, target, report.said, report.duration)
-        if report.decision.next is Next.DEAD:
+        if report.decision.next is Status.DEAD:
             self.metrics.dead.labels(report.delivery.route, target).inc()
         if self._log_attempts:
             log_attempt(report)

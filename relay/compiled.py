@@ -13,11 +13,11 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 HOT_PATH = (
-    "relay.http1",
-    "relay.ingress",
-    "relay.incoming",
-    "relay.keys",
-    "relay.canonical",
+    "relay.ingress.http1",
+    "relay.ingress.listener",
+    "relay.ingress.incoming",
+    "relay.ingress.keys",
+    "relay.core.canonical",
     "relay.store.accept",
     "relay.store.writer",
 )

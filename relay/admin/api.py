@@ -14,12 +14,23 @@ from aiohttp import web
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
-from relay.glance import glances, with_glance
-from relay.inputs import BadRequest, instant, known_name, optional_text, row_id, whole_number
-from relay.localtime import Zone
-from relay.payload import media_type
-from relay.resend import EditRejected, plan_resend
-from relay.search import SearchError, parse_search
+from relay.core.localtime import Zone
+from relay.core.payload import media_type
+from relay.ops.glance import glances, with_glance
+from relay.ops.inputs import BadRequest, instant, known_name, optional_text, row_id, whole_number
+from relay.ops.resend import EditRejected, plan_resend
+from relay.ops.search import SearchError, parse_search
+from relay.ops.views import (
+    audit_view,
+    delivery_summary,
+    event_detail,
+    event_summary,
+    mark_probes,
+    preview_view,
+    rejection_view,
+    search_view,
+    stats_view,
+)
 from relay.store import (
     Conflict,
     DeliveryView,
@@ -31,17 +42,6 @@ from relay.store import (
     StoreError,
 )
 from relay.store.base import Shared
-from relay.views import (
-    audit_view,
-    delivery_summary,
-    event_detail,
-    event_summary,
-    mark_probes,
-    preview_view,
-    rejection_view,
-    search_view,
-    stats_view,
-)
 
 MAX_PAGE = 500
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

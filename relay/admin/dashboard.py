@@ -23,15 +23,16 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 from aiohttp import web
 
-from relay.actions import BULK_LIMIT, selection_of
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
-from relay.glance import glances, with_glance
-from relay.inputs import BadRequest, instant, known_name, row_id
-from relay.localtime import Zone, format_iso_local, format_local
-from relay.payload import media_type, parse_form
-from relay.resend import (
+from relay.core.localtime import Zone, format_iso_local, format_local
+from relay.core.payload import media_type, parse_form
+from relay.core.secrets import MASK, Masker
+from relay.ops.actions import BULK_LIMIT, selection_of
+from relay.ops.glance import glances, with_glance
+from relay.ops.inputs import BadRequest, instant, known_name, row_id
+from relay.ops.resend import (
     FORM,
     EditRejected,
     default_targets,
@@ -40,8 +41,18 @@ from relay.resend import (
     fields_body,
     plan_resend,
 )
-from relay.search import SearchError, describe, parse_search
-from relay.secrets import MASK, Masker
+from relay.ops.search import SearchError, describe, parse_search
+from relay.ops.views import (
+    audit_view,
+    delivery_summary,
+    event_detail,
+    event_summary,
+    mark_probes,
+    not_indexed,
+    preview_view,
+    rejection_view,
+    stats_view,
+)
 from relay.store import (
     Conflict,
     EventDetail,
@@ -54,17 +65,6 @@ from relay.store import (
     StoreError,
 )
 from relay.store.base import Shared
-from relay.views import (
-    audit_view,
-    delivery_summary,
-    event_detail,
-    event_summary,
-    mark_probes,
-    not_indexed,
-    preview_view,
-    rejection_view,
-    stats_view,
-)
 
 if TYPE_CHECKING:
     import jinja2
@@ -105,7 +105,7 @@ MESSAGES = {
 @functools.cache
 def _templates() -> jinja2.Environment:
     # Loaded with the first page shown, not at start: most of the time nobody
-    # looks, and Jinja2 is ~2 MiB of a relay's memory (relay/budget.py).
+    # looks, and Jinja2 is ~2 MiB of a relay's memory (relay/core/budget.py).
     import jinja2
 
     environment = jinja2.Environment(
@@ -1004,7 +1004,7 @@ async def audit_page(request: web.Request) -> web.Response:
 
 
 async def store_errors(request: web.Request, page: Handler) -> web.StreamResponse:
-    """Bad input, a missing event, delivery or target (in relay.actions' words),
+    """Bad input, a missing event, delivery or target (in relay.ops.actions' words),
     or a store that cannot be read: a sentence instead of a bare 500."""
     try:
         return await page(request)

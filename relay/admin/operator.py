@@ -1,5 +1,5 @@
 """`Operator`: what the API, metrics and dashboard can reach and do, as one object:
-the actions a person may take (`relay.actions`, shared with the CLI) and the
+the actions a person may take (`relay.ops.actions`, shared with the CLI) and the
 running daemon's side of them (the scheduler acts at once, metrics re-read)."""
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from relay.actions import Actions
 from relay.config import Config, StorageConfig
-from relay.metrics import Metrics, StoreSnapshot
-from relay.retry import describe_schedule
-from relay.scheduler import Scheduler
-from relay.secrets import Masker
+from relay.core.secrets import Masker
+from relay.delivery.retry import describe_schedule
+from relay.delivery.scheduler import Scheduler
+from relay.ops.actions import Actions
+from relay.ops.metrics import Metrics, StoreSnapshot
+from relay.ops.views import target_view
 from relay.store import (
     Health,
     Operations,
     Queries,
     Status,
 )
-from relay.views import target_view
 
 # /metrics reads the store at most this often, however often it is scraped.
 SNAPSHOT_TTL = 5.0

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from relay.admin.api import json_response
 from relay.admin.operator import OPERATOR
-from relay.exposition import CONTENT_TYPE
+from relay.ops.exposition import CONTENT_TYPE
 from relay.store import StoreError
 
 

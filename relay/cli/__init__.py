@@ -21,7 +21,7 @@ from relay.cli import (
     setup,
 )
 from relay.cli.common import CommandError, Parser, as_root_hint
-from relay.inputs import BadRequest
+from relay.ops.inputs import BadRequest
 from relay.store import AlreadyRunning, Conflict, NotFound, StoreError
 
 COMMANDS = (serve, check, events, export, operate, render, resend, setup, movestore, completion)
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is still ours to answer
     except (CommandError, BadRequest, NotFound, Conflict) as error:
-        # What was asked cannot be: the words are the admin API's (relay.actions).
+        # What was asked cannot be: the words are the admin API's (relay.ops.actions).
         print(f"relay: {error}", file=sys.stderr)
         return 2
     except (StoreError, AlreadyRunning) as error:

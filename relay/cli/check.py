@@ -19,13 +19,13 @@ from relay.cli.common import (
     emit,
     read_config,
 )
+from relay.cli.envfile import parse_env_file
 from relay.config import Config, TargetConfig
-from relay.envfile import parse_env_file
+from relay.core.secrets import Masker
+from relay.core.units import format_size
+from relay.delivery.retry import describe_schedule
 from relay.kinds.registry import target_kind
-from relay.retry import describe_schedule
-from relay.secrets import Masker
 from relay.store.lock import lock_path
-from relay.units import format_size
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +39,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def run(args: argparse.Namespace) -> int:
     # advice reads the whole config model with its targets (aiohttp's client):
     # imported by the command that uses it, not by every `relay` command.
-    from relay.advice import warnings
+    from relay.cli.advice import warnings
 
     config = read_config(args)
     sources = [str(p) for p in (args.env_file, args.credentials) if p is not None]

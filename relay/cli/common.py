@@ -21,12 +21,11 @@ from typing import Any, NoReturn, TypeVar
 
 import orjson
 
-from relay.actions import Actions
-from relay.clock import SystemClock
+from relay.cli.envfile import parse_env_file
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
-from relay.envfile import parse_env_file
-from relay.inputs import BadRequest, instant, row_id, whole_number
-from relay.loops import loop_factory
+from relay.core.clock import SystemClock
+from relay.ops.actions import Actions
+from relay.ops.inputs import BadRequest, instant, row_id, whole_number
 from relay.store import Store, open_store
 
 T = TypeVar("T")
@@ -244,6 +243,16 @@ def read_operator_config(args: argparse.Namespace) -> OperatorConfig:
         return load_operator_config(path, environ)
     except ConfigError as error:
         raise CommandError(f"config error: {error}") from None
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop: uvloop when it is installed, asyncio's own otherwise.
+    Chosen here only."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:

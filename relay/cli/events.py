@@ -21,14 +21,14 @@ from relay.cli.common import (
     table,
     time_window,
 )
-from relay.glance import glances, who_text, with_glance
-from relay.inputs import row_id
-from relay.localtime import Zone, format_iso_local
-from relay.payload import media_type, parse_form, parse_json
-from relay.search import SearchError, parse_search
+from relay.core.localtime import Zone, format_iso_local
+from relay.core.payload import media_type, parse_form, parse_json
+from relay.core.units import count
+from relay.ops.glance import glances, who_text, with_glance
+from relay.ops.inputs import row_id
+from relay.ops.search import SearchError, parse_search
+from relay.ops.views import event_detail, event_summary, mark_probes, rejection_view, search_view
 from relay.store import EventQuery, SearchProgress, Status
-from relay.views import event_detail, event_summary, mark_probes, rejection_view, search_view
-from relay.wording import count
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

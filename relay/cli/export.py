@@ -18,9 +18,9 @@ from relay.cli.common import (
     time_window,
     write_all,
 )
-from relay.payload import parse_form, parse_json
+from relay.core.payload import parse_form, parse_json
+from relay.ops.views import event_detail
 from relay.store import EventQuery, Status
-from relay.views import event_detail
 
 # Events read and written per round: the memory of one page of details.
 PAGE = 200

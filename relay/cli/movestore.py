@@ -12,7 +12,7 @@ from relay.cli.common import (
     read_operator_config,
     run,
 )
-from relay.pgurl import masked_url, url_problem, url_to_write
+from relay.core.pgurl import masked_url, url_problem, url_to_write
 from relay.store.backends import lock_path
 from relay.store.lock import AlreadyRunning, ProcessLock
 

@@ -11,8 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from relay import retention
-from relay.actions import Actions
+from relay.background import retention
 from relay.cli.common import (
     CommandError,
     acting,
@@ -29,12 +28,13 @@ from relay.cli.common import (
     who,
 )
 from relay.config import OperatorConfig
-from relay.localtime import Zone, format_iso_local
-from relay.search import SearchError, parse_search
+from relay.core.localtime import Zone, format_iso_local
+from relay.core.units import format_duration
+from relay.ops.actions import Actions
+from relay.ops.search import SearchError, parse_search
+from relay.ops.views import audit_view, delivery_summary, stats_view
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.store.base import Shared
-from relay.units import format_duration
-from relay.views import audit_view, delivery_summary, stats_view
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,8 +17,8 @@ from relay.cli.common import (
     emit,
     read_config,
 )
-from relay.inputs import unknown_name
-from relay.payload import Payload, strip_form_fields
+from relay.core.payload import Payload, strip_form_fields
+from relay.ops.inputs import unknown_name
 from relay.store import Status
 
 
@@ -47,10 +47,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def render(args: argparse.Namespace) -> int:
     # The pipeline's modules (sources, targets with aiohttp's client, Jinja2) are
     # imported by the command that runs them, not by every `relay` command.
-    from relay.incoming import Incoming, idempotency_key, plan_deliveries
+    from relay.ingress.incoming import Incoming, idempotency_key, plan_deliveries
     from relay.kinds.registry import build_source, build_target
+    from relay.ops.resend import unsent_envelope
     from relay.sources import Ping, Reject
-    from relay.targets import Envelope
     from relay.targets.base import unstored_event_id
     from relay.templates import TemplateError, marking_defaults
 
@@ -104,20 +104,15 @@ def render(args: argparse.Namespace) -> int:
     shown_key = masker.text(key) if key is not None else "(none: the event id is sent instead)"
     lines.append(f"idempotency key: {shown_key}")
     report["idempotency_key"] = masker.text(key) if key is not None else None
-    envelope = Envelope(
-        event_id=0,
-        delivery_id=0,
-        route=route.name,
-        target="",
-        attempt=1,
-        idempotency_key=key or "(event id)",
-        sent_at=time.time(),
-        received_at=time.time(),
-        payload=replace(
+    envelope = unsent_envelope(
+        route.name,
+        key or "(event id)",
+        replace(
             payload,
             content_type=content_type,
             body=strip_form_fields(content_type, body, route.strip_fields),
         ),
+        time.time(),
     )
     failed = False
     report["targets"] = []

@@ -22,13 +22,13 @@ from relay.cli.common import (
     run,
     who,
 )
-from relay.inputs import row_id
-from relay.payload import media_type
+from relay.core.payload import media_type
+from relay.ops.inputs import row_id
+from relay.ops.views import preview_view
 from relay.store import EventDetail
-from relay.views import preview_view
 
 if TYPE_CHECKING:
-    from relay.resend import ResendPlan
+    from relay.ops.resend import ResendPlan
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,7 +66,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def resend(args: argparse.Namespace) -> int:
     # Planning renders the targets' templates (aiohttp's client, Jinja2): imported
     # by the command that sends, not by every `relay` command.
-    from relay.resend import (
+    from relay.ops.resend import (
         FIELDS_NOTE,
         EditRejected,
         editable_body,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from relay import logs
 from relay.cli.common import add_config_option, read_config, run
+from relay.ops import logs
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

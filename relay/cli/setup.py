@@ -22,7 +22,7 @@ from relay.cli.common import (
     read_operator_config,
     run,
 )
-from relay.units import format_size
+from relay.core.units import format_size
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -31,10 +31,10 @@ from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section, substitute
 from relay.config.sources import parse_answer, parse_networks
 from relay.config.targets import NAME, parse_target
-from relay.localtime import UnknownZone, zone_named
-from relay.payload import REQUEST_VARIABLES
-from relay.pgurl import masked_url, url_problem
-from relay.secrets import Masker
+from relay.core.localtime import UnknownZone, zone_named
+from relay.core.payload import REQUEST_VARIABLES
+from relay.core.pgurl import masked_url, url_problem
+from relay.core.secrets import Masker
 
 
 def load_config(path: Path, environ: Mapping[str, str], *, command: bool = False) -> Config:

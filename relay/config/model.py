@@ -9,9 +9,9 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from relay.localtime import Zone, zone_named
-from relay.pgurl import masked_url
-from relay.secrets import Masker
+from relay.core.localtime import Zone, zone_named
+from relay.core.pgurl import masked_url
+from relay.core.secrets import Masker
 
 if TYPE_CHECKING:
     # Compiled by the reader; the operator commands read no template and start
@@ -110,7 +110,7 @@ class AlertsConfig:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """When to try again. Delay before retry n (1-based) comes from `relay.retry`."""
+    """When to try again. Delay before retry n (1-based) comes from `relay.delivery.retry`."""
 
     backoff: Backoff = "exponential"
     base: float = 2.0

@@ -18,8 +18,8 @@ import relay.kinds.registry as kinds
 from relay.config.load import masked_error, parse_storage, parse_timezone, read_toml
 from relay.config.model import StorageConfig
 from relay.config.reader import ConfigError, Section, substitute
-from relay.localtime import Zone, zone_named
-from relay.secrets import Masker
+from relay.core.localtime import Zone, zone_named
+from relay.core.secrets import Masker
 
 
 @dataclass(frozen=True)

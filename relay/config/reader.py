@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from relay.units import parse_duration, parse_size
+from relay.core.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from relay.templates import Template

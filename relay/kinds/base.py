@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 if TYPE_CHECKING:
     from relay.config.model import Rate, RouteConfig
     from relay.config.reader import Section
-    from relay.secrets import Masker
+    from relay.core.secrets import Masker
     from relay.sources.base import Source
     from relay.targets.base import Target
     from relay.templates import Template
@@ -35,7 +35,7 @@ def _no_shared_rates(settings: Any) -> tuple[tuple[str, Rate], ...]:
 
 
 class AlertTemplates(Protocol):
-    """What an alert says (relay/alerts.py): its one-line summary and its text."""
+    """What an alert says (relay/background/alerts.py): its one-line summary and its text."""
 
     @property
     def summary(self) -> Template: ...

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from relay.core.secrets import declare_secret_headers
 from relay.kinds.base import SourceKind, TargetKind
-from relay.secrets import declare_secret_headers
 from relay.sources import (
     cdek,
     generic,
@@ -76,10 +76,10 @@ def _secret_headers() -> frozenset[str]:
     )
 
 
-# Every header a known sender puts a credential in (lower case): relay.secrets
+# Every header a known sender puts a credential in (lower case): relay.core.secrets
 # masks them and the search index leaves them out. Worked out when a source
 # registers, not when asked: it is asked for each header of each request shown
-# or indexed. Told to relay.secrets, which sits below the kinds.
+# or indexed. Told to relay.core.secrets, which sits below the kinds.
 SECRET_HEADERS = _secret_headers()
 declare_secret_headers(SECRET_HEADERS)
 

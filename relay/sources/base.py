@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from relay.config.model import Answer
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 @dataclass(frozen=True)

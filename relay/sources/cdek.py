@@ -15,7 +15,7 @@ from relay.sources.base import (
 )
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 def build(settings: None) -> Source:

@@ -20,7 +20,7 @@ from relay.sources.base import (
 )
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 HmacAlgorithm = Literal["sha1", "sha256", "sha512"]

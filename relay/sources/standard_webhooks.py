@@ -23,7 +23,7 @@ from relay.sources.base import (
 )
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 # The signatures' header in the Standard Webhooks spec (standard-webhooks/spec,

@@ -22,7 +22,7 @@ from relay.sources.base import (
 )
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 @dataclass(frozen=True)

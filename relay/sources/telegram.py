@@ -21,7 +21,7 @@ from relay.sources.base import (
 )
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 # The secret_token given to setWebhook comes back in this header

@@ -21,7 +21,7 @@ from relay.sources.base import (
 )
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 # The header Tilda's form webhook may carry its API key in (the route can name another).

@@ -24,7 +24,7 @@ from relay.sources.base import (
 )
 
 if TYPE_CHECKING:
-    from relay.incoming import Incoming
+    from relay.ingress.incoming import Incoming
 
 
 # Where WooCommerce puts its base64 HMAC-SHA256 of the body

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from relay.canonical import payload_digest
+from relay.core.canonical import payload_digest
 from relay.store.base import Accepted, NewDelivery, NewEvent, Status
 
 # SQLite's limit on bound variables is 32766; keep lookups well under it.

@@ -43,8 +43,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
-from relay.outcome import SentRequest
-from relay.payload import Payload
+from relay.core.outcome import SentRequest
+from relay.core.payload import Payload
+from relay.core.status import Status as Status  # the one vocabulary, re-exported
 
 if TYPE_CHECKING:
     import asyncio
@@ -86,17 +87,6 @@ class SearchTooSlow(StoreError):
             f"the search took longer than {seconds:g} s and was stopped:"
             " narrow it (a route, a time range, a longer word)"
         )
-
-
-class Status(StrEnum):
-    PENDING = "pending"
-    IN_FLIGHT = "in_flight"
-    DELIVERED = "delivered"
-    DEAD = "dead"
-    SKIPPED = "skipped"
-    # Dead, then a person's corrected copy of its event was delivered to the
-    # same target: nothing is left to do for it (DeliveryView.resolved_by).
-    RESOLVED = "resolved"
 
 
 Header = tuple[str, str]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relay.outcome import Verdict
+from relay.core.outcome import Verdict
 from relay.store.base import AttemptRecord, FailureStreak, Hold
 
 # What the rule reads of the target's row, in this order.

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from relay.pgurl import masked_url
+from relay.core.pgurl import masked_url
 from relay.store.base import StoreError
 from relay.store.migrations import LATEST as SQLITE_LATEST
 from relay.store.pg_errors import DRIVER_ERRORS, at

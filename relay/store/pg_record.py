@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import relay.store.rows as rows
-from relay.outcome import Verdict
+from relay.core.outcome import Verdict
 from relay.store.base import FailureStreak, RetryAt, Status, Transition
 from relay.store.health import HEALTH_COLUMNS, HealthChange, fails_alone, health_after
 from relay.store.pg_cluster import TargetLimits

@@ -39,7 +39,7 @@ import orjson
 
 import relay.store.rows as rows
 from relay.config import Config
-from relay.pgurl import masked_url
+from relay.core.pgurl import masked_url
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,

@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from relay.outcome import Verdict
+from relay.core.outcome import Verdict
 from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Status
 from relay.store.rows import (
     ATTEMPT_COLUMNS_INSERTED,

@@ -10,8 +10,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from relay.outcome import SentRequest, Verdict
-from relay.payload import Payload
+from relay.core.outcome import SentRequest, Verdict
+from relay.core.payload import Payload
+from relay.core.units import format_instant
 from relay.store.base import (
     AUDIT_IDS_KEPT,
     AttemptKind,
@@ -41,7 +42,6 @@ from relay.store.base import (
     Waits,
 )
 from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
-from relay.units import format_instant
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"

@@ -1,7 +1,7 @@
 """Alerts through any target: they carry their own subject and text.
 
 An alert is an event on the internal route `ALERTS_ROUTE` whose JSON body
-has a `summary` and a `text` (see relay/alerts.py). The target named in
+has a `summary` and a `text` (see relay/background/alerts.py). The target named in
 `[alerts] target` is usually built for something else (a lead mail, a sales
 chat): its templates would read form fields an alert does not have and send
 "New lead: no name". So a target sends alert deliveries through a twin
@@ -18,8 +18,8 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
+from relay.core.outcome import Outcome
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import Outcome
 from relay.targets.base import Envelope, Target
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class AlertAware:
         self._twin = twin
 
     def _for(self, envelope: Envelope) -> Target:
-        return self._twin if envelope.route == ALERTS_ROUTE else self.target
+        return self._twin if envelope.delivery.route == ALERTS_ROUTE else self.target
 
     async def start(self) -> None:
         await self.target.start()

@@ -15,39 +15,45 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from relay.outcome import Outcome
-from relay.payload import Payload, template_context
-from relay.units import format_instant
+from relay.core.outcome import Outcome
+from relay.core.payload import Payload, event_fields, template_context
 
-if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
-    from relay.templates import Template
+if TYPE_CHECKING:
+    # A target is given the store's record of a delivery, never the store.
+    from relay.store.base import ClaimedDelivery
+    from relay.templates import Template  # Jinja2: loaded by a config's first template
 
 _Built = TypeVar("_Built")
 
 
 @dataclass(frozen=True)
 class Envelope:
-    event_id: int
-    delivery_id: int
-    route: str
-    target: str
+    """One attempt of a delivery, as its target gets it."""
+
+    # The delivery as the store leased it: its event's id, route, key, arrival
+    # and payload (the payload as targets get it: the route's strip_fields
+    # left out of a form), declared once, in the store's record.
+    delivery: ClaimedDelivery
     attempt: int  # 1 for the first attempt; repeats after a crash mid-attempt
-    # The event's idempotency key, or its id: sent so a target can de-duplicate.
-    idempotency_key: str
-    received_at: float
-    payload: Payload
     # When this attempt starts (the scheduler's clock): what a signature is dated.
     sent_at: float
-    # The delivery's stored random tag (relay.signing.webhook_id), if it has one.
-    message_tag: str | None = None
     # Awaited by the target right before its request is written: waits for
     # the target's pace, spaced from when the previous request really went
-    # out (relay.ratelimit). None: the target is not paced.
+    # out (relay.delivery.ratelimit). None: the target is not paced.
     paced: Callable[[], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
     # The event loop's time by which an answer whose status came is taken as
     # it is, its body no longer waited for (before the attempt's time limit),
     # asked when the request has been written (a paced turn moves it).
     answer_by: Callable[[], float] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def payload(self) -> Payload:
+        return self.delivery.payload
+
+    @property
+    def idempotency_key(self) -> str:
+        """The event's idempotency key, or its id: sent so a target can de-duplicate."""
+        return self.delivery.idempotency_key or str(self.delivery.event_id)
 
 
 class Target(Protocol):
@@ -77,7 +83,7 @@ def relay_headers(envelope: Envelope) -> dict[str, str]:
     """The headers every outgoing request carries, so receivers can de-duplicate."""
     return {
         "Idempotency-Key": envelope.idempotency_key,
-        "X-Relay-Event-Id": str(envelope.event_id),
+        "X-Relay-Event-Id": str(envelope.delivery.event_id),
         "X-Relay-Attempt": str(envelope.attempt),
     }
 
@@ -101,19 +107,17 @@ def variables(templates: Iterable[Template | None]) -> frozenset[str]:
     return frozenset(names)
 
 
-def event_fields(envelope: Envelope) -> dict[str, Any]:
+def envelope_event(envelope: Envelope) -> dict[str, Any]:
     """The event as every target shows it (templates' `event`, the file
-    target's record): one shape, times as every view writes them."""
-    return {
-        "id": str(envelope.event_id),
-        "route": envelope.route,
-        "received_at": format_instant(envelope.received_at),
-        "idempotency_key": envelope.idempotency_key,
-    }
+    target's record): its key, or its id when it has none."""
+    delivery = envelope.delivery
+    return event_fields(
+        delivery.event_id, delivery.route, delivery.received_at, envelope.idempotency_key
+    )
 
 
 def context(envelope: Envelope, wanted: Iterable[str]) -> dict[str, Any]:
-    return template_context(wanted, envelope.payload, event=event_fields(envelope))
+    return template_context(wanted, envelope.payload, event=envelope_event(envelope))
 
 
 def render_map(templates: Mapping[str, Template], values: Mapping[str, Any]) -> dict[str, str]:

@@ -13,12 +13,12 @@ import orjson
 
 from relay.config.files import folder_problem
 from relay.config.reader import ConfigError, Section
+from relay.core.outcome import Outcome
 from relay.kinds.base import TargetKind
-from relay.outcome import Outcome
-from relay.targets.base import Envelope, Target, event_fields
+from relay.targets.base import Envelope, Target, envelope_event
 
 if TYPE_CHECKING:
-    from relay.secrets import Masker
+    from relay.core.secrets import Masker
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,10 @@ class FileTarget:
 
 
 def _record(envelope: Envelope) -> dict[str, Any]:
-    event = event_fields(envelope)
+    event = envelope_event(envelope)
     record: dict[str, Any] = {
         "event_id": event.pop("id"),
-        "delivery_id": str(envelope.delivery_id),
+        "delivery_id": str(envelope.delivery.id),
         "attempt": envelope.attempt,
         **event,
         "content_type": envelope.payload.content_type,

@@ -22,15 +22,14 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from relay import __version__
-from relay.budget import TemplateError
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
 from relay.config.sources import secret_list, whsec
+from relay.core.budget import TemplateError
+from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
+from relay.core.payload import EVENT_VARIABLES, media_type
+from relay.core.secrets import Masker
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
-from relay.payload import EVENT_VARIABLES, media_type
-from relay.secrets import Masker
-from relay.signing import signature_headers, webhook_id
 from relay.targets.base import (
     Envelope,
     Target,
@@ -40,9 +39,10 @@ from relay.targets.base import (
     rendered,
     variables,
 )
+from relay.targets.signing import signature_headers, webhook_id
 
 if TYPE_CHECKING:
-    from relay.httpclient import Client
+    from relay.targets.httpclient import Client
     from relay.templates import Template
 
 HttpFormat = Literal["raw", "json", "form"]
@@ -344,7 +344,7 @@ class SessionOwner:
     async def start(self) -> None:
         # The client is imported when a target is started to send, not when a
         # config is read (`relay check`, the operator commands).
-        from relay.httpclient import ENVIRONMENT, Client, Proxy
+        from relay.targets.httpclient import ENVIRONMENT, Client, Proxy
 
         outbound = self._outbound
         proxy: Proxy | str | None = ENVIRONMENT
@@ -398,7 +398,7 @@ class HttpTarget(SessionOwner):
         headers.update(relay_headers(envelope))
         if settings.sign:
             # Last: the signature covers the body exactly as it goes out.
-            message_id = webhook_id(envelope.delivery_id, envelope.message_tag)
+            message_id = webhook_id(envelope.delivery.id, envelope.delivery.message_tag)
             headers.update(signature_headers(settings.sign, message_id, envelope.sent_at, body))
         return Request(settings.method, settings.url, headers, body)
 
@@ -409,7 +409,7 @@ class HttpTarget(SessionOwner):
         session = self.session
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
-            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            # payload) holds this delivery, not the event loop (relay/templates/sandbox.py).
             prepared = await rendered(self.prepare, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))
@@ -475,7 +475,7 @@ async def exchange(
     allows; compressed answers are not asked for. `paced` (Envelope.paced)
     is awaited with the connection open, right before the first request is
     written; the hops of a redirect are one request, one turn."""
-    from relay.httpclient import ClientError  # loaded already: the session is one
+    from relay.targets.httpclient import ClientError  # loaded already: the session is one
 
     for _ in range(MAX_REDIRECTS + 1):
         try:

@@ -18,16 +18,16 @@ from email.utils import formatdate, parseaddr
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from relay.budget import TemplateError
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
+from relay.core.budget import TemplateError
+from relay.core.outcome import Outcome
+from relay.core.payload import EVENT_VARIABLES
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import Outcome
-from relay.payload import EVENT_VARIABLES
 from relay.targets.base import Envelope, Target, context, rendered, variables
 
 if TYPE_CHECKING:
-    from relay.secrets import Masker
+    from relay.core.secrets import Masker
     from relay.templates import Template
 
 SmtpTls = Literal["implicit", "starttls", "none"]
@@ -168,9 +168,9 @@ class SmtpTarget:
                     raise TemplateError(f"reply_to is not a mail address: {reply_to!r}")
                 message["Reply-To"] = reply_to
         message["Subject"] = subject
-        message["Date"] = formatdate(envelope.received_at, localtime=False, usegmt=True)
+        message["Date"] = formatdate(envelope.delivery.received_at, localtime=False, usegmt=True)
         message["Message-ID"] = message_id(envelope, self.name, settings.sender)
-        message["X-Relay-Event-Id"] = str(envelope.event_id)
+        message["X-Relay-Event-Id"] = str(envelope.delivery.event_id)
         message["X-Relay-Attempt"] = str(envelope.attempt)
         message.set_content(settings.text.render(values))
         if settings.html is not None:
@@ -189,7 +189,7 @@ class SmtpTarget:
         settings = self._settings
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
-            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            # payload) holds this delivery, not the event loop (relay/templates/sandbox.py).
             message = await rendered(self.message, envelope, self._wanted)
         except (TemplateError, ValueError) as error:
             return Outcome.unsendable(
@@ -251,9 +251,10 @@ _SHOWN_HEADERS = ("From", "To", "Cc", "Reply-To", "Subject", "Date", "Message-ID
 
 def message_id(envelope: Envelope, target: str, sender: str) -> str:
     domain = parseaddr(sender)[1].rpartition("@")[2] or "relay.invalid"
-    seed = f"{envelope.event_id}|{envelope.received_at}|{envelope.idempotency_key}|{target}"
+    delivery = envelope.delivery
+    seed = f"{delivery.event_id}|{delivery.received_at}|{envelope.idempotency_key}|{target}"
     digest = hashlib.sha256(seed.encode()).hexdigest()[:16]
-    return f"<relay.{envelope.event_id}.{target}.{digest}@{domain}>"
+    return f"<relay.{delivery.event_id}.{target}.{digest}@{domain}>"
 
 
 KIND = TargetKind(

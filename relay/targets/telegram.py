@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 from multidict import CIMultiDictProxy
 
-from relay.budget import TemplateError
 from relay.config.model import Rate
 from relay.config.reader import ConfigError, Section
+from relay.core.budget import TemplateError
+from relay.core.outcome import Outcome
+from relay.core.payload import EVENT_VARIABLES
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.outcome import Outcome
-from relay.payload import EVENT_VARIABLES
 from relay.targets.base import Envelope, Target, context, rendered, variables
 from relay.targets.http import (
     USER_AGENT,
@@ -38,7 +38,7 @@ from relay.targets.http import (
 )
 
 if TYPE_CHECKING:
-    from relay.secrets import Masker
+    from relay.core.secrets import Masker
     from relay.templates import Template
 
 TelegramParseMode = Literal["HTML", "MarkdownV2", "none"]
@@ -192,7 +192,7 @@ class TelegramTarget(SessionOwner):
         session = self.session
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
-            # payload) holds this delivery, not the event loop (relay/sandbox.py).
+            # payload) holds this delivery, not the event loop (relay/templates/sandbox.py).
             payload = await rendered(self.payload, envelope, self._wanted)
         except TemplateError as error:
             return Outcome.unsendable(str(error))

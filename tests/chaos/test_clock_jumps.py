@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 from relay.store import EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

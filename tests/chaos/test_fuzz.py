@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from relay.config import ConfigError, parse_config
 from relay.config.reader import Section
-from relay.incoming import Incoming
+from relay.core.payload import Payload, parse_form, parse_json
+from relay.ingress.incoming import Incoming
 from relay.kinds import SOURCE_KINDS
-from relay.payload import Payload, parse_form, parse_json
 from relay.sources.base import Accept, Ping, Reject
 
 from figures import record_figures

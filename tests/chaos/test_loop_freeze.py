@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from figures import record_figures

@@ -55,7 +55,7 @@ import aiohttp
 import pytest
 from pytest_aiohttp import AiohttpServer
 
-from relay.envfile import parse_env_file
+from relay.cli.envfile import parse_env_file
 
 from helpers import Sink, free_port
 from unit.test_watchdog import NotifySocket

@@ -5,7 +5,7 @@ Checked by Prometheus's own promtool where it is installed (Debian's
 rules`) and the rules fire on the series relay exports (`promtool test
 rules`). Without promtool, that every series a rule reads is one relay
 exports from its start, at 0 — a rule on a series that does not exist yet
-never fires, which is why they are initialised (relay.metrics.configure).
+never fires, which is why they are initialised (relay.ops.metrics.configure).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 from relay.store import EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
 
 from helpers import write_config
@@ -28,13 +28,13 @@ HEAVY = (
     "jinja2",
     "relay.app",
     "relay.templates",
-    "relay.scheduler",
+    "relay.delivery.scheduler",
 )
 
 # Loaded only when the config names what needs them: PostgreSQL's driver for a
 # [storage] url, the mail client when a target sends mail, the HTTP client
 # when a target starts to send (a target type's module is read with the config).
-DRIVERS = ("asyncpg", "aiosmtplib", "relay.httpclient")
+DRIVERS = ("asyncpg", "aiosmtplib", "relay.targets.httpclient")
 
 # Runs one command as `relay` would, then writes what it imported to argv[1].
 RUN_AND_REPORT = """
@@ -204,7 +204,7 @@ Path(sys.argv[1]).write_text(json.dumps(asyncio.run(main())))
 def test_a_relay_whose_config_holds_no_template_loads_jinja2_only_for_the_dashboard(
     tmp_path: Path,
 ) -> None:
-    # ~2 MiB of every relay's memory (relay/budget.py): a relay that forwards
+    # ~2 MiB of every relay's memory (relay/core/budget.py): a relay that forwards
     # to a CRM as is, alerts included, renders nothing until someone looks.
     config = write_config(
         tmp_path / "relay.toml",

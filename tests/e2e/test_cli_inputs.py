@@ -1,5 +1,5 @@
 """What the CLI's operator commands say to a bad or missing id, target or time:
-the rule and its words are the admin API's (relay.actions, relay.inputs), in one
+the rule and its words are the admin API's (relay.ops.actions, relay.ops.inputs), in one
 line on stderr with exit status 2, never a traceback or a 'database error'.
 
 Before: `relay show 99999999999999999999` and `relay resend` with that id
@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
 
 from helpers import arelay_cli, relay_cli, write_config

@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from relay.cli import parser
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
 
 from helpers import arelay_cli, relay_json, write_config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import (
     AttemptRecord,
     Dead,

@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import AttemptRecord, Delivered, NewDelivery, NewEvent, Status
 from relay.store.pg_cluster import LEADER_LOCK
 from relay.store.postgres import PostgresStore
@@ -477,7 +477,7 @@ async def test_a_rate_holds_across_three_instances_at_the_sink(
         await post_round_robin(relays, [f"k{i}" for i in range(25)], acked)
         await sink.wait_for(25, timeout=60)
         times = sorted(r.at for r in sink.requests)
-        # The pace spaces sends 0.2002 s apart (relay.ratelimit): a second
+        # The pace spaces sends 0.2002 s apart (relay.delivery.ratelimit): a second
         # holds exactly 5 with 1 ms to spare, and arrivals at the sink add
         # the delivery's own jitter (a connection opened, a busy core): on a
         # loaded machine a late first arrival put a sixth in its second.

@@ -104,7 +104,7 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
             "received_at",
             "status",
             "deliveries",
-            "who",  # whom it is about, at a glance (relay.glance)
+            "who",  # whom it is about, at a glance (relay.ops.glance)
             "snippet",
         }
         assert set(attempts["fan"][0]) == {

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 from relay.store import EventQuery, Selection
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -8,8 +8,8 @@ import aiohttp
 import pytest
 
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.core.clock import FakeClock
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.core.clock import FakeClock
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 
@@ -495,7 +495,7 @@ async def test_a_missing_event_delivery_or_target_is_a_404_in_the_same_words(
     start_relay: RelayFactory,
     start_sink: SinkFactory,
 ) -> None:
-    """relay.actions says what is missing; the API, the dashboard (and the CLI:
+    """relay.ops.actions says what is missing; the API, the dashboard (and the CLI:
     tests/e2e/test_cli_inputs.py) say it in those words."""
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
         relay = await dead_relay(make_config, start_relay, start_sink, http)

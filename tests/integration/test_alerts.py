@@ -16,9 +16,9 @@ import aiohttp
 from aiohttp import web
 from aiosmtpd.controller import Controller
 
-from relay.alerts import ALERTS_ROUTE
-from relay.clock import FakeClock
+from relay.background.alerts import ALERTS_ROUTE
 from relay.config import parse_config
+from relay.core.clock import FakeClock
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 

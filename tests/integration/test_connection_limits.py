@@ -15,8 +15,8 @@ import aiohttp
 from aiohttp import web
 
 from relay.app import Relay
-from relay.guard import HEAD_GRACE, QUIET_SECONDS, CappedSite
-from relay.ingress import BODIES_IN_FLIGHT
+from relay.ingress.guard import HEAD_GRACE, QUIET_SECONDS, CappedSite
+from relay.ingress.listener import BODIES_IN_FLIGHT
 
 from conftest import ConfigFactory, RelayFactory
 

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from pgcluster import Cluster, create_cluster, remove_cluster, server_bin

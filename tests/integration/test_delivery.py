@@ -12,10 +12,11 @@ import pytest
 from aiohttp import web
 
 from relay.app import Relay
-from relay.clock import FakeClock
-from relay.secrets import Masker
+from relay.core.clock import FakeClock
+from relay.core.payload import event_fields
+from relay.core.secrets import Masker
+from relay.ops.views import event_summary
 from relay.store import EventDetail, Selection, Status
-from relay.views import event_summary
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import free_port, post_accepted
@@ -41,6 +42,7 @@ def one_target(url: str, **target: Any) -> dict[str, Any]:
 
 
 ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
+EVENT_KEYS = tuple(event_fields(1, "orders", 0.0, None))
 
 
 async def test_full_default_cycle_against_a_target_that_always_answers_503(
@@ -200,6 +202,46 @@ async def test_fan_out_retries_each_target_on_its_own(
     shown = event_summary((await detail(relay, event_id)).event, Masker())
     assert record["received_at"] == shown["received_at"]
     assert record["received_at"].endswith("Z")
+
+
+async def test_an_event_has_one_shape_in_templates_the_file_target_and_the_api(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    tmp_path: Any,
+) -> None:
+    # Each field of `event` as a template reads it (a header each), beside the
+    # file target's record and the API's view of the same event.
+    headers = {f"X-Event-{name}": f"{{{{ event.{name} }}}}" for name in EVENT_KEYS}
+    sink, url = await start_sink()
+    targets = {
+        **one_target(url, headers=headers),
+        "audit": {"type": "file", "path": "audit.jsonl"},
+    }
+    routes = {"orders": {"path": "/hooks/orders", "targets": ["crm", "audit"]}}
+    relay = await start_relay(make_config(targets, routes), background=False, clock=FakeClock())
+    keyed = await post(relay, http, headers={"Idempotency-Key": "order-8"})
+    unkeyed = await post(relay, http, body=b'{"n": 2}')
+    await relay.scheduler.drain()
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert len(records) == len(sink.requests) == 2
+    for event_id in (keyed, unkeyed):
+        shown = event_summary((await detail(relay, event_id)).event, Masker())
+        [request] = [r for r in sink.requests if r.headers["X-Event-id"] == str(event_id)]
+        [record] = [r for r in records if r["event_id"] == str(event_id)]
+        rendered = {name: request.headers[f"X-Event-{name}"] for name in EVENT_KEYS}
+        assert rendered == {
+            name: record["event_id" if name == "id" else name] for name in EVENT_KEYS
+        }
+        # The API says null for an event without a key; templates and the
+        # file target send its id instead (what a receiver de-duplicates by).
+        assert rendered == {
+            name: shown[name] or str(event_id) if name == "idempotency_key" else shown[name]
+            for name in EVENT_KEYS
+        }
+        assert shown["received_at"].endswith("Z")
+    assert [r["idempotency_key"] for r in records] == ["order-8", str(unkeyed)]
 
 
 async def test_outgoing_request_carries_body_and_dedup_headers(

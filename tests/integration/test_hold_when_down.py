@@ -18,9 +18,9 @@ import pytest
 from aiohttp import web
 
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError, RetryPolicy
-from relay.retry import delay_before_retry
+from relay.core.clock import FakeClock
+from relay.delivery.retry import delay_before_retry
 from relay.store import AttemptKind, EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -9,7 +9,7 @@ import time
 import aiohttp
 
 from relay.app import Relay
-from relay.indexer import SETTLE
+from relay.background.indexer import SETTLE
 from relay.store import SqliteStore, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

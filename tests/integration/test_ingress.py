@@ -133,7 +133,7 @@ async def test_answers_without_content_carry_none(
 async def test_bodies_refused_as_they_arrive_are_counted(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
-    """Before: relay.http1 answered a chunked body past the route's limit (413) and
+    """Before: relay.ingress.http1 answered a chunked body past the route's limit (413) and
     a body too slow (408) itself, and neither was counted: the too_large and
     timeout results of relay_events_received_total missed them."""
     config = make_config(TARGETS, routes(max_body_size="1KiB"), server={"read_timeout": "500ms"})

@@ -20,12 +20,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from relay.advice import warnings
+from relay.cli.advice import warnings
 from relay.cli.check import describe as check_text
-from relay.clock import FakeClock
 from relay.config import Answer, ConfigError, RouteConfig, load_operator_config
 from relay.config.reader import Section
-from relay.incoming import Incoming
+from relay.core.clock import FakeClock
+from relay.core.outcome import Outcome
+from relay.core.secrets import Masker, is_sensitive_header
+from relay.ingress.incoming import Incoming
 from relay.kinds import (
     AlertTemplates,
     SenderRetry,
@@ -36,13 +38,11 @@ from relay.kinds import (
     unregister_source,
     unregister_target,
 )
-from relay.outcome import Outcome
-from relay.secrets import Masker, is_sensitive_header
+from relay.ops.views import rejection_view, target_view
 from relay.sources import Accept, Check, Reject, Source
 from relay.sources.base import matches_any
 from relay.store import EventQuery, Status
 from relay.targets.base import Envelope, Target
-from relay.views import rejection_view, target_view
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import eventually, post_events, write_config

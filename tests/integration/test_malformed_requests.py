@@ -12,7 +12,7 @@ import logging
 import pytest
 from aiohttp.http_exceptions import BadHttpMessage
 
-from relay.httplog import LINES_PER_WINDOW, WINDOW_SECONDS, RefusedRequests
+from relay.ingress.httplog import LINES_PER_WINDOW, WINDOW_SECONDS, RefusedRequests
 
 from conftest import ConfigFactory, RelayFactory
 

@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.core.clock import FakeClock
 from relay.store import Conflict, EventQuery, Selection, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

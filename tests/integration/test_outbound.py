@@ -21,13 +21,13 @@ import pytest
 import trustme
 from aiohttp import web
 
-from relay.advice import warnings
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.cli.advice import warnings
 from relay.config import ConfigError
 from relay.config.load import load_config
-from relay.logs import TextFormatter
-from relay.secrets import Masker
+from relay.core.clock import FakeClock
+from relay.core.secrets import Masker
+from relay.ops.logs import TextFormatter
 from relay.store import EventDetail
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -1,4 +1,4 @@
-"""A running relay gives its memory back once quiet (relay/memory.py), and
+"""A running relay gives its memory back once quiet (relay/background/memory.py), and
 only then: what it measures is tests/store/test_memory_release.py's."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.core.clock import FakeClock
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

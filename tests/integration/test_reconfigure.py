@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 
 from relay import app
-from relay.clock import FakeClock
 from relay.config import load_config
-from relay.search import parse_search
+from relay.core.clock import FakeClock
+from relay.ops.search import parse_search
+from relay.ops.systemd import Notifier
 from relay.store import EventQuery
-from relay.systemd import Notifier
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import eventually, write_config
@@ -100,7 +100,7 @@ async def test_a_failed_reloads_status_line_stays_until_one_succeeds(
             return any(failed in text for _, text in notify.messages)
 
         await eventually(said)
-        # What the watchdog task sends every 10 s (relay.systemd.watchdog's summary).
+        # What the watchdog task sends every 10 s (relay.ops.systemd.watchdog's summary).
         for _ in range(2):
             line = await relay.status_line()
             assert line.startswith(failed), line

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import Sink, arelay_cli, write_config

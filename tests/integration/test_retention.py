@@ -7,9 +7,9 @@ from pathlib import Path
 
 import aiohttp
 
-from relay import retention
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.background import retention
+from relay.core.clock import FakeClock
 from relay.store import EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory

@@ -16,13 +16,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from relay import retention
 from relay.app import Relay
-from relay.clock import FakeClock
-from relay.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
-from relay.payload import Payload
-from relay.search import documents
-from relay.secrets import Masker
+from relay.background import retention
+from relay.background.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
+from relay.core.clock import FakeClock
+from relay.core.payload import Payload
+from relay.core.secrets import Masker
+from relay.ops.search import documents
 from relay.store import NewDelivery, NewEvent, SearchDocument, SqliteStore, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 import aiohttp
 import pytest
 
-from relay.clock import FakeClock
 from relay.config import ConfigError
-from relay.signing import sign, signature_headers
+from relay.core.clock import FakeClock
 from relay.store import EventQuery
+from relay.targets.signing import sign, signature_headers
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError
-from relay.ingress import REJECTIONS_LOGGED_PER_SECOND
+from relay.core.clock import FakeClock
+from relay.ingress.listener import REJECTIONS_LOGGED_PER_SECOND
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory

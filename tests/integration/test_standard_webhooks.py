@@ -21,8 +21,8 @@ from standardwebhooks.webhooks import Webhook as StandardWebhook
 from svix.webhooks import Webhook as SvixWebhook
 
 from relay.app import Relay
-from relay.clock import FakeClock
 from relay.config import ConfigError
+from relay.core.clock import FakeClock
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl
 
 import aiohttp
 
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 

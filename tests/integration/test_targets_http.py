@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 from relay.store import EventDetail
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

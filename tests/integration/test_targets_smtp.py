@@ -17,7 +17,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 from relay.store import EventQuery, Status
 
 from conftest import ConfigFactory, RelayFactory

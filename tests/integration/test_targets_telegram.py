@@ -13,7 +13,7 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from relay.app import Relay
-from relay.clock import FakeClock
+from relay.core.clock import FakeClock
 from relay.store import EventQuery, Selection, Status
 from relay.targets.telegram import CUT_MARKER, MAX_TEXT, cut
 from relay.templates import escape_markdown_v2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.payload import Payload
+from relay.core.payload import Payload
 from relay.store import NewDelivery, NewEvent
 
 T0 = 1_800_000_000.0

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from relay.search import documents, parse_search
-from relay.secrets import Masker
+from relay.core.secrets import Masker
+from relay.ops.search import documents, parse_search
 from relay.store import (
     AttemptKind,
     AttemptRecord,
@@ -432,7 +432,7 @@ async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batche
         await store.skip(10_000, T0 + 200)
 
 
-# Search by content and corrected copies (relay.search makes the documents).
+# Search by content and corrected copies (relay.ops.search makes the documents).
 
 
 async def test_search_index_follows_a_high_water_mark_and_finds_by_text_and_digits(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from relay.search import documents, parse_search
-from relay.secrets import Masker
+from relay.core.secrets import Masker
+from relay.ops.search import documents, parse_search
 from relay.store import (
     AttemptRecord,
     ClaimedDelivery,
@@ -53,7 +53,7 @@ async def test_retry_now_makes_a_dead_delivery_due_keeping_its_count(store: Stor
     assert (claim.manual, claim.resume_status, claim.resume_at) == (True, Status.DEAD, None)
     assert claim.attempts == 1
     # It fails: retry.decide says back to dead, and no step of the cycle (the
-    # rule is in relay.retry); the store records the attempt as told.
+    # rule is in relay.delivery.retry); the store records the attempt as told.
     failed = AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
     await store.record_attempt(claim, failed, Dead("still"), T0 + 100)
     after = await store.get_delivery(dead.id)

@@ -212,7 +212,7 @@ async def test_activity_counts_attempts_failures_and_deaths_per_hour(store: Stor
 
 
 async def test_body_heads_are_the_first_bytes_and_the_whole_size(store: Store) -> None:
-    """What a listing reads to say whom an event is about (relay.glance)."""
+    """What a listing reads to say whom an event is about (relay.ops.glance)."""
     big = b'{"name": "Anna", "pad": "' + b"x" * 5000 + b'"}'
     first = await store.accept_event(event("a", body=big), TWO, T0)
     second = await store.accept_event(event("b"), TWO, T0)

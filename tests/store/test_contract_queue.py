@@ -52,7 +52,7 @@ async def test_a_claim_carries_the_event_as_stored(store: Store) -> None:
 
 
 async def test_a_delivery_keeps_one_random_message_tag(store: Store) -> None:
-    # What makes its webhook-id (relay.signing) unique across databases that
+    # What makes its webhook-id (relay.targets.signing) unique across databases that
     # number their deliveries alike, and the same on every attempt.
     await store.accept_event(event("a"), [NewDelivery("crm"), NewDelivery("audit")], T0)
     claims = await store.claim_due(T0, T0 + 30, {"crm": 1, "audit": 1})

@@ -1,4 +1,4 @@
-"""relay gives memory back once quiet (relay.memory): SQLite's page caches,
+"""relay gives memory back once quiet (relay.background.memory): SQLite's page caches,
 read from SQLite's own count of the memory it holds (sqlite3_memory_used,
 in the library Python's sqlite3 module runs on)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.memory import MemoryRelease
+from relay.background.memory import MemoryRelease
 from relay.store import SqliteStore
 
 from helpers import eventually

@@ -21,13 +21,12 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
-from relay.alerts import Alerter
-from relay.clock import FakeClock
+from relay.background.alerts import Alerter
 from relay.config import AlertsConfig, Config
+from relay.core.clock import FakeClock
+from relay.core.payload import Payload
+from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.kinds.registry import build_target
-from relay.payload import Payload
-from relay.retry import Next
-from relay.scheduler import AttemptReport, Scheduler
 from relay.store import (
     AttemptKind,
     AttemptRecord,
@@ -399,7 +398,7 @@ async def test_a_record_answered_again_says_what_it_did_to_the_target(
     # The attempt that made the target go down (and crossed the alerts'
     # failing_after) committed, its answer was lost. Its record made again
     # must say so: the scheduler learns the target is down from it, and the
-    # "down" and "failing" alerts are told from it (relay.alerts.notes_on),
+    # "down" and "failing" alerts are told from it (relay.background.alerts.notes_on),
     # once, or never.
     async with through_cutter(pg_cluster, pg_url, tmp_path) as (cutter, a):
         await a.accept_event(event(), [NewDelivery("crm")], T0)
@@ -1164,7 +1163,7 @@ async def test_a_down_target_holds_across_instances_one_probe_at_a_time_no_retry
             if previous is None or at >= back_at or report.kind is not AttemptKind.CYCLE:
                 continue
             before_at, before = previous
-            if before.kind is AttemptKind.CYCLE and before.decision.next is Next.RETRY:
+            if before.kind is AttemptKind.CYCLE and before.decision.next is Status.PENDING:
                 assert before.decision.at is not None
                 assert at >= before.decision.at, (report.delivery.id, before_at, at)
         probes = [at for at, report in reports if report.kind is AttemptKind.PROBE]

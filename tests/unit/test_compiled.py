@@ -31,9 +31,10 @@ def test_every_hot_path_module_exists() -> None:
 
 def test_a_module_counts_as_compiled_by_its_extension_file(tmp_path: Path) -> None:
     package = tmp_path / "relay"
-    (package / "store").mkdir(parents=True)
     for name in HOT_PATH:
-        module_file(name, package).with_suffix(".py").write_text("")
+        source = module_file(name, package).with_suffix(".py")
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text("")
     assert compiled_modules(package) == []
     writer = package / "store" / f"writer{EXTENSION_SUFFIXES[0]}"
     writer.write_bytes(b"")

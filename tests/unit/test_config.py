@@ -411,7 +411,7 @@ def test_templates_read_what_they_are_offered_and_jinja_names() -> None:
 def test_check_warns_of_sqlite_settings_left_beside_a_postgresql_url(tmp_path: Path) -> None:
     # A SQLite install moved to PostgreSQL: the guide says "set [storage] url",
     # and the old keys stay behind doing nothing. relay check says so.
-    from relay.advice import warnings
+    from relay.cli.advice import warnings
 
     path = tmp_path / "relay.toml"
     path.write_text(

@@ -1,4 +1,4 @@
-"""relay.envfile reads EnvironmentFile= as systemd does.
+"""relay.cli.envfile reads EnvironmentFile= as systemd does.
 
 Each case is a rule of systemd.exec(5), "EnvironmentFile=", as implemented
 by parse_env_file_internal() in systemd's src/basic/env-file.c (v252, the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.envfile import parse_env_file
+from relay.cli.envfile import parse_env_file
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""relay writes Prometheus's text format itself (relay.exposition); what it
+"""relay writes Prometheus's text format itself (relay.ops.exposition); what it
 writes is read back here by Prometheus's own Python client, the parser its
 maintainers keep in step with the format, and its numbers compared with
 that client's formatting."""
@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from relay.exposition import number
-from relay.metrics import LATENCY_BUCKETS, Metrics, StoreSnapshot
+from relay.ops.exposition import number
+from relay.ops.metrics import LATENCY_BUCKETS, Metrics, StoreSnapshot
 from relay.store import Gauges, Status, TargetState
 
 AWKWARD = 'quote " backslash \\ newline \n кириллица'

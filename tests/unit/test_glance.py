@@ -1,13 +1,13 @@
-"""Who an event is about, at a glance (relay.glance), from the senders' own
+"""Who an event is about, at a glance (relay.ops.glance), from the senders' own
 payloads (tests/fixtures: each folder's SOURCE.md says where from)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from relay.glance import HEAD_BYTES, glance
-from relay.search import parse_search
-from relay.secrets import Masker
+from relay.core.secrets import Masker
+from relay.ops.glance import HEAD_BYTES, glance
+from relay.ops.search import parse_search
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FORM = "application/x-www-form-urlencoded"

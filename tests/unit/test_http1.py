@@ -1,4 +1,4 @@
-"""relay.http1 over real sockets: framing, order, limits, timeouts, lingering, shutdown.
+"""relay.ingress.http1 over real sockets: framing, order, limits, timeouts, lingering, shutdown.
 
 The handler here is a whole small one (it admits by path, answers from the
 body, waits on a future where asked): what ingress does, minus the store.
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from relay import httplog
-from relay.guard import QUIET_SECONDS, ConnectionCap
-from relay.http1 import (
+from relay.ingress import httplog
+from relay.ingress.guard import QUIET_SECONDS, ConnectionCap
+from relay.ingress.http1 import (
     MAX_HEAD,
     MAX_HEADERS,
     MAX_PIPELINED,
@@ -65,7 +65,7 @@ class Handler:
         self.slow: list[asyncio.Future[Any]] = []
         self.open = 0  # admitted and not yet released
         self.heads: list[Head] = []
-        self.refused: list[int] = []  # by relay.http1, after admission
+        self.refused: list[int] = []  # by relay.ingress.http1, after admission
 
     def admit(self, head: Head) -> Exchange | Response:
         self.heads.append(head)
@@ -535,7 +535,7 @@ async def test_a_client_that_never_reads_its_answers_is_dropped(
 ) -> None:
     """Before: a connection closed with answers still unsent waited for the
     client to take them, forever: its descriptor and buffers were held past
-    every timeout (and relay.guard's eviction of it freed nothing)."""
+    every timeout (and relay.ingress.guard's eviction of it freed nothing)."""
     _, server, port = served
     client = await pin(port)
     try:
@@ -551,7 +551,7 @@ async def test_a_client_that_never_reads_its_answers_is_dropped(
 
 
 async def test_room_made_by_the_cap_is_made_even_when_the_client_reads_nothing() -> None:
-    """Before: relay.guard made room with transport.close(), which waits for the
+    """Before: relay.ingress.guard made room with transport.close(), which waits for the
     unsent answers of a client that reads none: the cap counted it gone and its
     descriptor stayed (under ulimit -n 256 they took every descriptor, and
     webhooks and /readyz were refused)."""
@@ -582,7 +582,7 @@ async def test_every_refusal_on_the_head_is_logged_in_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Before: only a 400 was logged; a 414, 431 or 501 refused its request silently
-    (aiohttp logged them, through relay.httplog's filter, as one line each)."""
+    (aiohttp logged them, through relay.ingress.httplog's filter, as one line each)."""
     monkeypatch.setattr(httplog, "_refusals", httplog.RefusedRequests())  # a window of its own
     _, _, port = served
     for request_bytes in (

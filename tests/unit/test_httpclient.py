@@ -1,4 +1,4 @@
-"""relay.httpclient against real servers on 127.0.0.1: an aiohttp app (the
+"""relay.targets.httpclient against real servers on 127.0.0.1: an aiohttp app (the
 well-behaved server) and raw TCP servers that answer as RFC 9112 allows but
 few do (1xx first, chunked, a body ending at the close). Each scenario runs
 on asyncio's loop and on uvloop, which relay serves on: their transports and
@@ -19,7 +19,7 @@ import trustme
 import uvloop
 from aiohttp import web
 
-from relay.httpclient import (
+from relay.targets.httpclient import (
     Answer,
     BadAnswer,
     Client,

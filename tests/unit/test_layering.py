@@ -1,6 +1,6 @@
-"""The import graph of relay/ has no cycle: read from the source, as a
-maintainer's tool would (imports at the top and inside functions; those under
-TYPE_CHECKING are for types only and run nothing)."""
+"""The import graph of relay/ has no cycle and no upward edge: read from the
+source, as a maintainer's tool would (imports at the top and inside functions;
+those under TYPE_CHECKING are for types only and run nothing)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,32 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# relay's packages as layers, the lowest first. A module belongs to the longest
+# name here that is it or a package holding it (a package's __init__ is the
+# package's name). A module imports from its own area or from a lower layer:
+# never from a higher one, nor from another package of its own layer (ingress and
+# background, sources and targets, know nothing of each other). The config and
+# the kinds are split: their primitives (reading a TOML section, what a kind
+# declares) sit below the kinds' modules, the parsing that knows every kind
+# above them; both packages' __init__ load the upper half only when used.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("relay", "relay.compiled", "relay.core"),
+    ("relay.templates",),
+    ("relay.config",),
+    ("relay.kinds",),
+    ("relay.sources", "relay.targets"),
+    ("relay.kinds.registry",),
+    ("relay.config.load", "relay.config.targets", "relay.config.operator"),
+    ("relay.store",),
+    ("relay.delivery",),
+    ("relay.ops",),
+    ("relay.ingress", "relay.background"),
+    ("relay.admin",),
+    ("relay.app",),
+    ("relay.cli",),
+    ("relay.__main__",),
+)
 
 
 def _module(path: Path) -> str:
@@ -95,3 +121,55 @@ def test_no_module_of_relay_imports_itself_in_a_circle() -> None:
     graph = import_graph()
     assert len(graph) > 100  # the whole package was read
     assert cycles(graph) == []
+
+
+def area(module: str) -> tuple[int, str]:
+    """The layer (its index) and the area that `module` belongs to."""
+    found = [
+        (len(name), layer, name)
+        for layer, names in enumerate(LAYERS)
+        for name in names
+        if module == name or module.startswith(name + ".")
+    ]
+    _, layer, name = max(found)
+    return layer, name
+
+
+def _package(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        layer, name = area(module)
+        for target in sorted(imported):
+            target_layer, target_name = area(target)
+            sideways = target_layer == layer and _package(target_name) != _package(name)
+            if target_layer > layer or sideways:
+                wrong.append(f"{module} ({name}) imports {target} ({target_name})")
+    return wrong
+
+
+def test_every_module_is_in_a_package_of_the_pipeline() -> None:
+    # The root holds the package itself, the entry point, the wiring (app)
+    # and the build's list of compiled modules; everything else is in a stage.
+    loose = [name for name in import_graph() if area(name)[1] == "relay" and name != "relay"]
+    assert loose == []
+
+
+def test_no_module_imports_upward_or_sideways() -> None:
+    assert upward(import_graph()) == []
+
+
+def test_the_layering_check_sees_an_upward_import() -> None:
+    # The store importing the scheduler, and ingress the indexer beside it.
+    graph = {
+        "relay.store.base": {"relay.delivery.scheduler"},
+        "relay.ingress.listener": {"relay.background.indexer", "relay.core.payload"},
+    }
+    assert upward(graph) == [
+        "relay.ingress.listener (relay.ingress) imports relay.background.indexer"
+        " (relay.background)",
+        "relay.store.base (relay.store) imports relay.delivery.scheduler (relay.delivery)",
+    ]

@@ -1,4 +1,4 @@
-"""Times as an operator in Moscow types and reads them (relay.localtime).
+"""Times as an operator in Moscow types and reads them (relay.core.localtime).
 
 Before: only "…Z"/"+03:00" ISO times, Unix times and ages were accepted
 ("2026-12-02" and "2026-12-02T15:00" were refused), and every time was shown
@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relay.localtime import (
+from relay.core.localtime import (
     UnknownZone,
     format_iso_local,
     format_local,

@@ -11,13 +11,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relay import logs
 from relay.config import LogConfig
-from relay.outcome import Outcome
-from relay.payload import Payload
-from relay.retry import Decision, Next
-from relay.scheduler import AttemptReport
-from relay.secrets import Masker
+from relay.core.outcome import Outcome
+from relay.core.payload import Payload
+from relay.core.secrets import Masker
+from relay.core.status import Status
+from relay.delivery.retry import Decision
+from relay.delivery.scheduler import AttemptReport
+from relay.ops import logs
 from relay.store import AttemptKind, ClaimedDelivery, FailureStreak
 
 
@@ -50,7 +51,7 @@ def report(error: str) -> AttemptReport:
         cycle_step=2,
         cycle_length=7,
         outcome=Outcome.retry(error, 503),
-        decision=Decision(Next.RETRY, at=120.0),
+        decision=Decision(Status.PENDING, at=120.0),
         duration=0.0124,
         streak=FailureStreak(1, 2),
     )
@@ -93,7 +94,7 @@ def test_the_attempt_that_makes_a_delivery_dead_says_dead(captured: io.StringIO)
         report("HTTP 503"),
         number=7,
         cycle_step=7,
-        decision=Decision(Next.DEAD, reason="HTTP 503"),
+        decision=Decision(Status.DEAD, reason="HTTP 503"),
     )
     logs.log_attempt(last)
     line = captured.getvalue().strip()
@@ -124,7 +125,7 @@ def test_the_attempt_count_is_the_cycles_and_says_manual_retries_and_probes(
         kind=kind,
         cycle_step=step,
         cycle_length=4,
-        decision=Decision(Next.DEAD, reason="HTTP 503"),
+        decision=Decision(Status.DEAD, reason="HTTP 503"),
     )
     logs.log_attempt(entry)
     assert said in captured.getvalue()
@@ -160,7 +161,7 @@ def test_url_credentials_are_masked() -> None:
 
 
 def test_storable_text_replaces_what_utf8_cannot_hold() -> None:
-    from relay.payload import storable
+    from relay.core.payload import storable
 
     assert storable("plain ключ") == "plain ключ"
     assert storable("x/\udcff") == "x/\ufffd"
@@ -173,7 +174,7 @@ def test_a_secret_is_masked_in_its_encoded_forms_too() -> None:
 
 
 def test_credential_fields_are_masked_by_name_whatever_their_encoding() -> None:
-    from relay.secrets import mask_fields
+    from relay.core.secrets import mask_fields
 
     assert (
         mask_fields("Name=Anna&api%5Fkey=k%2F1&token=t+1&x=1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from relay.secrets import (
+from relay.core.secrets import (
     MASK,
     MAX_VALUE_SECRETS,
     Hidden,

@@ -7,7 +7,7 @@ import time
 import aiohttp
 from multidict import CIMultiDict
 
-from relay.multipart import MAX_PARAMETERS, MAX_PARTS, parse_multipart
+from relay.core.multipart import MAX_PARAMETERS, MAX_PARTS, parse_multipart
 
 
 async def _aiohttp_form(form: aiohttp.FormData) -> tuple[str, bytes]:

@@ -1,5 +1,5 @@
 from relay.config import Rate
-from relay.ratelimit import Pacer
+from relay.delivery.ratelimit import Pacer
 
 
 def test_sends_are_evenly_spaced_without_bursts() -> None:

@@ -1,11 +1,11 @@
-"""relay.pgurl.url_problem as a table: URLs asyncpg reads as written pass,
+"""relay.core.pgurl.url_problem as a table: URLs asyncpg reads as written pass,
 URLs it would misread (a password's piece taken as a port or a database) do not."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.pgurl import masked_url, url_problem
+from relay.core.pgurl import masked_url, url_problem
 
 READ_AS_WRITTEN = [
     "postgresql://relay@db/relay",

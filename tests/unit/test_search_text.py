@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from relay.search import (
+from relay.core.secrets import Masker
+from relay.ops.search import (
     MAX_TEXT_CHARS,
     SearchError,
     document,
     fold,
     parse_search,
 )
-from relay.secrets import Masker
 from relay.store import TextSearch
 
 FORM = "application/x-www-form-urlencoded"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from relay.budget import WORKER_SECONDS
+from relay.core.budget import WORKER_SECONDS
 from relay.templates import MAX_OUTPUT_CHARS, TemplateError, compile_template
 
 HUGE = 10**9

@@ -1,6 +1,6 @@
 import pytest
 
-from relay.units import format_duration, format_size, parse_duration, parse_size
+from relay.core.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

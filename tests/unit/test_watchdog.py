@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.systemd import Notifier, watchdog
+from relay.ops.systemd import Notifier, watchdog
 
 
 class NotifySocket:

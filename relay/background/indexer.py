@@ -1,0 +1,177 @@
+"""The search indexer: fills the content index in the background, never in a request.
+
+Ingress stores an event and answers; it never waits for the index. This task
+follows behind: it reads the oldest events not yet indexed, turns them into
+search text on a worker thread (decoding a body is CPU work the event loop
+must not do), and writes it a few events at a time, each piece together with
+its new high-water mark in one transaction — so after a crash it simply goes
+on from the mark. It gives way to ingest: no piece of its work holds a
+webhook up for long (CHUNK); while webhooks are arriving it waits for a quiet
+moment (up to MAX_DEFER, then it does one piece; longer, up to FLOOD_DEFER,
+when they come faster than it could keep pace with); and after each batch it
+rests as long as the batch took, so it takes at most about half of the
+writer's time even when far behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from relay.config import Config
+from relay.core.clock import Clock
+from relay.core.secrets import Masker
+from relay.ops.search import MAX_BODY_BYTES, documents
+from relay.store import Indexing, StoreError
+
+log = logging.getLogger("relay.indexer")
+
+# Events read at once: ~10 pieces. A catch-up that gives way to a webhook
+# reads the rest again later, so a large read would mostly be read twice.
+BATCH = 40
+# The unit of work: the search text of CHUNK events, made on a worker thread,
+# then written in one job on the writer. Each piece holds up a webhook that
+# arrives meanwhile by its whole length (the worker thread holds the GIL, and
+# the writer commits one job after another), so a piece is kept under a
+# millisecond each way, whatever the indexer is doing: catching up after a
+# restart or a flood, or keeping pace amid one. Smaller pieces would cost
+# more an event to catch up.
+CHUNK = 4
+# With nothing to do, look again this often (the CLI's resends, a restore).
+IDLE_INTERVAL = 5.0
+# After a wake-up, let a burst of webhooks gather into one batch.
+SETTLE = 0.25
+# Ingest counts as busy when a webhook arrived this recently...
+QUIET = 0.05
+# ...but the index is never held back longer than this while it can keep
+# pace: amid webhooks coming at most CHUNK every MAX_DEFER (nearly 40 a
+# second, less the pieces' own time) it indexes one piece every MAX_DEFER,
+# and so follows them as they come.
+MAX_DEFER = 0.1
+# Amid faster ones it cannot keep pace (catching up waits for the quiet after
+# them, when it runs without pauses), and each piece holds up the webhook it
+# meets (the read, the text, the write): often enough to set a lone sender's
+# p99. So the wait grows with their rate: twice the rate it can follow, twice
+# MAX_DEFER, and so on up to this: the index still moves on amid a flood that
+# never ends, and meets a sender twice a second.
+FLOOD_DEFER = 0.5
+RETRY_AFTER_ERROR = 5.0
+
+
+class SearchIndexer:
+    def __init__(
+        self,
+        store: Indexing,
+        clock: Clock,
+        masker: Masker,
+        *,
+        batch: int = BATCH,
+        chunk: int = CHUNK,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._masker = masker
+        self._batch = batch
+        self._chunk = chunk
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._arrived = False  # a webhook came since the indexer last looked
+        self._arrivals = 0  # webhooks noticed so far
+        self.indexed = 0
+
+    def reconfigure(self, config: Config) -> None:
+        """Mask this config's secrets in what is indexed from now on."""
+        self._masker = config.masker
+
+    def noticed(self) -> None:
+        """A webhook was stored: index it soon, but not while more keep coming.
+
+        Called for every webhook, so it only counts, raises a flag and sets an event."""
+        self._arrived = True
+        self._arrivals += 1
+        self._wake.set()
+
+    async def step(self, limit: int | None = None, *, give_way: bool = False) -> int:
+        """Index the next batch (of `limit` events, else the configured batch),
+        piece by piece (see CHUNK); returns how many events it covered. With
+        `give_way`, stop after the piece during which a webhook arrived; on
+        stop(), after the piece under way."""
+        batch = await self._store.events_to_index(limit or self._batch, MAX_BODY_BYTES)
+        done = 0
+        while done < len(batch):
+            if done and (self._stop.is_set() or (give_way and self._arrived)):
+                break
+            piece = batch[done : done + self._chunk]
+            found = await asyncio.to_thread(documents, piece, self._masker)
+            # Each piece is written with its own mark: a crash between pieces
+            # loses nothing, the next start goes on after the last one written.
+            await self._store.index_events(found, piece[-1].event_id)
+            self.indexed += len(piece)
+            done += len(piece)
+        return done
+
+    async def catch_up(self) -> int:
+        """Index everything stored so far (tests, benchmarks, `relay` tools)."""
+        total = 0
+        while count := await self.step():
+            total += count
+        return total
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            limit = self._batch if await self._quiet_moment(loop) else self._chunk
+            if self._stop.is_set():
+                return
+            started = loop.time()
+            try:
+                count = await self.step(limit, give_way=True)
+            except StoreError as error:
+                log.warning("search indexing failed, will try again: %s", error)
+                await self._sleep(RETRY_AFTER_ERROR)
+                continue
+            if count == limit:
+                await self._sleep(loop.time() - started)  # behind: rest as long as we worked
+                continue
+            if self._arrived:
+                # It gave way to a webhook, or one came as it found nothing
+                # left (its read missed that commit): on at the next quiet
+                # moment, not at the next idle look. Never a busy loop:
+                # _quiet_moment sleeps while webhooks come.
+                continue
+            self._wake.clear()
+            if self._stop.is_set():  # stop() set the wake just cleared
+                return
+            await self._clock.wait(self._wake, self._clock.now() + IDLE_INTERVAL)
+            if self._wake.is_set() and not self._stop.is_set():
+                await self._sleep(SETTLE)
+
+    async def _quiet_moment(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Wait for QUIET seconds without a webhook: MAX_DEFER at most, or
+        longer in proportion while they come faster than a piece every
+        MAX_DEFER could follow (FLOOD_DEFER at most); at once when none came
+        since the last look. False when webhooks kept coming."""
+        deferred, arrivals = loop.time(), self._arrivals
+        while self._arrived:
+            waited = loop.time() - deferred
+            if waited >= MAX_DEFER:
+                # How many times faster they come than pieces every MAX_DEFER follow.
+                faster = (self._arrivals - arrivals) * MAX_DEFER / (self._chunk * waited)
+                if waited >= min(MAX_DEFER * max(1.0, faster), FLOOD_DEFER):
+                    return False
+            self._arrived = False
+            await self._sleep(QUIET)
+        return True
+
+    async def _sleep(self, seconds: float) -> None:
+        # Real time, on purpose: this paces work against live traffic.
+        if seconds > 0 and not self._stop.is_set():
+            try:
+                async with asyncio.timeout(seconds):
+                    await self._stop.wait()
+            except TimeoutError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()

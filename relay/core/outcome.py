@@ -1,0 +1,86 @@
+"""What one attempt came to, as a value the scheduler branches on."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+# What is kept of a target's answer: enough to read an error message, never
+# so much that a huge response can fill the database.
+RESPONSE_EXCERPT_BYTES = 2048
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """The request an attempt sent, as a person may see it: kept with the
+    attempt beside the answer. The scheduler masks secrets and cuts the body
+    to RESPONSE_EXCERPT_BYTES before it is stored."""
+
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+class Verdict(StrEnum):
+    SUCCESS = "success"
+    RETRY = "retry"  # worth trying again later: 5xx, 429, network trouble
+    FAIL = "fail"  # trying again will not help: 4xx, redirects, a broken template
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    status: int | None = None
+    error: str | None = None
+    response: bytes = b""
+    # Seconds the target asked us to wait (Retry-After, Telegram retry_after).
+    retry_after: float | None = None
+    # False when the event, not the target, is why it failed (a template whose
+    # output cannot be sent): the target's failure streak and alerts ignore it.
+    target_at_fault: bool = True
+    # What was sent, when the target says (the http target does).
+    request: SentRequest | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            # The error quotes what a target said (its message, a Location, a
+            # status line): it goes to log lines, `last_error` and alerts, so a
+            # control character in it (ESC: a terminal's escape sequences, a
+            # line break: a forged log line) is written as an escape instead.
+            object.__setattr__(self, "error", printable(self.error))
+
+    @classmethod
+    def success(cls, status: int | None = None, response: bytes = b"") -> Outcome:
+        return cls(Verdict.SUCCESS, status=status, response=response)
+
+    @classmethod
+    def retry(
+        cls,
+        error: str,
+        status: int | None = None,
+        response: bytes = b"",
+        retry_after: float | None = None,
+    ) -> Outcome:
+        return cls(Verdict.RETRY, status, error, response, retry_after)
+
+    @classmethod
+    def fail(cls, error: str, status: int | None = None, response: bytes = b"") -> Outcome:
+        return cls(Verdict.FAIL, status, error, response)
+
+    @classmethod
+    def unsendable(cls, error: str) -> Outcome:
+        """This event cannot be sent as rendered: dead at once, the target not blamed."""
+        return cls(Verdict.FAIL, error=error, target_at_fault=False)
+
+
+# C0 and C1 controls and DEL; \t is kept (harmless, and readable).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape ("\\x1b")."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)

@@ -1,0 +1,53 @@
+"""One vocabulary for a delivery's life: its words are the values stored and shown.
+
+    pending ──leased──▶ in_flight ──attempt──▶ delivered
+       ▲                    │
+       └──── retry ─────────┤
+                            └──────────────▶ dead ──a corrected copy delivered──▶ resolved
+    skipped: never sent (its route's `when` said no, or a person skipped it)
+
+`Status` is a delivery's state: the `status` column of both backends, the
+API's and the CLI's `status`, `relay events --status`. What an attempt leads
+to (`Next`, decided by relay.delivery.retry) is one of three of those states.
+What a target says of one attempt is its `Verdict` (relay.core.outcome: the
+attempts' `outcome` column). Logs and metrics say what an attempt came to in
+ATTEMPT_OUTCOMES: the verdict's words, but the attempt that ends a delivery
+is said as the state it leaves it in, dead.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from relay.core.outcome import Verdict
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+    SKIPPED = "skipped"
+    # Dead, then a person's corrected copy of its event was delivered to the
+    # same target: nothing is left to do for it (DeliveryView.resolved_by).
+    RESOLVED = "resolved"
+
+
+# What follows an attempt: delivered, pending again (a retry, at a time the
+# decision gives) or dead.
+Next = Literal[Status.DELIVERED, Status.PENDING, Status.DEAD]
+
+# What an attempt came to, in logs (outcome=) and metrics (relay_attempts_total):
+# success, retry (it will be tried again), dead (the attempt that ended it).
+ATTEMPT_OUTCOMES = (Verdict.SUCCESS.value, Verdict.RETRY.value, Status.DEAD.value)
+
+
+def attempt_outcome(verdict: Verdict, next: Next) -> str:
+    """An attempt in ATTEMPT_OUTCOMES' words: the attempt that ends a delivery
+    is "dead" (a permanent failure or the last retry), never "fail" in one
+    place and "dead" in another; the stored attempt keeps the target's verdict
+    (`fail`: no retry could help), which `relay show` prints."""
+    if verdict is Verdict.SUCCESS:
+        return Verdict.SUCCESS.value
+    return Status.DEAD.value if next is Status.DEAD else Verdict.RETRY.value

@@ -1,0 +1,761 @@
+"""The scheduler: lease what is due, send it, record the attempt, decide what follows.
+
+It sleeps until the next due time, a wake-up (new event, finished attempt) or
+the poll interval, whichever comes first; the poll picks up changes made by
+other processes (the CLI). Time comes from an injected `Clock`, so tests can
+run a whole retry cycle without waiting for it (`drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
+
+from relay.config import Config, RetryPolicy
+from relay.core.clock import Clock
+from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest
+from relay.core.payload import Payload, strip_form_fields
+from relay.core.secrets import Masker, inbound_secrets, mask_fields, shown_body
+from relay.core.status import attempt_outcome
+from relay.core.units import format_duration
+from relay.delivery.ratelimit import Pacer
+from relay.delivery.retry import (
+    Decision,
+    ManualRetry,
+    cycle_length,
+    decide_attempt,
+    decide_probe,
+    probe_delay,
+    receiver_wait,
+)
+from relay.store import (
+    AttemptKind,
+    AttemptRecord,
+    ClaimedDelivery,
+    Dead,
+    Delivered,
+    DownState,
+    FailureStreak,
+    Hold,
+    Queue,
+    RetryAt,
+    Status,
+    StoreError,
+    Transition,
+    Waits,
+)
+from relay.targets import Envelope, Target
+
+log = logging.getLogger("relay.scheduler")
+
+# A lease outlives the attempt it covers by this much: if it expires, the
+# attempt's process is gone and another may claim the delivery.
+LEASE_MARGIN = 60.0
+# While the store keeps failing, the scheduler says so again this often (seconds).
+STORE_FAILING_REMINDER = 60.0
+
+
+@dataclass
+class _Lane:
+    """One target's room to send: attempts in flight against its concurrency,
+    and the pacers (its own rate, a rate shared with other targets)."""
+
+    concurrency: int
+    own: Pacer | None = None
+    shared: list[Pacer] = field(default_factory=list)
+    in_flight: int = 0
+
+    @property
+    def pacers(self) -> list[Pacer]:
+        return [*self.shared, self.own] if self.own is not None else self.shared
+
+    @property
+    def free(self) -> int:
+        return self.concurrency - self.in_flight
+
+    def allowed(self, now: float) -> int:
+        return min([self.free, *(pacer.available(now) for pacer in self.pacers)])
+
+    def take(self, count: int, now: float) -> None:
+        for pacer in self.pacers:
+            pacer.take(count, now)
+
+    def ready_at(self, now: float) -> float:
+        return max([now, *(pacer.ready_at(now) for pacer in self.pacers)])
+
+    def hold(self, until: float) -> None:
+        for pacer in self.pacers:
+            pacer.hold(until)
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """One finished attempt, for logs and metrics."""
+
+    delivery: ClaimedDelivery
+    number: int  # of all the delivery's attempts, this one included
+    kind: AttemptKind
+    # Its step in the current retry cycle (None for a manual retry or a
+    # probe, which are none), of the cycle's `cycle_length`: a count a person
+    # can read, never "5/4" after a manual retry or "6/9" after a requeue.
+    cycle_step: int | None
+    cycle_length: int
+    outcome: Outcome
+    decision: Decision
+    duration: float
+    streak: FailureStreak  # the target's failed attempts in a row, before and after
+    # The target's answer as kept (the first 2 KiB, secrets masked): alerts quote it.
+    answer: bytes = b""
+
+    @property
+    def said(self) -> str:
+        """The attempt's outcome in the one vocabulary of logs and metrics."""
+        return attempt_outcome(self.outcome.verdict, self.decision.next)
+
+
+@dataclass
+class _State:
+    config: Config
+    targets: Mapping[str, Target]
+    lanes: dict[str, _Lane] = field(default_factory=dict)
+    # How long a claim holds a delivery: the longest attempt this config allows,
+    # plus the margin. Fixed per config, so worked out once, not per claim.
+    lease: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        config = self.config
+        timeouts = [t.retry.timeout for t in config.targets.values()]
+        timeouts += [rt.retry.timeout for route in config.routes.values() for rt in route.targets]
+        self.lease = max(timeouts, default=0.0) + LEASE_MARGIN
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Queue,
+        config: Config,
+        targets: Mapping[str, Target],
+        clock: Clock,
+        *,
+        masker: Masker | None = None,
+        rng: random.Random | None = None,
+        poll_interval: float = 1.0,
+        batch_size: int = 100,
+        on_attempt: Callable[[AttemptReport], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._masker = masker or config.masker
+        self._rng = rng or random.Random()
+        self._poll_interval = poll_interval
+        self._batch_size = batch_size
+        self._on_attempt = on_attempt
+        self._state = _State(config, targets)
+        self._shared_pacers: dict[str, Pacer] = {}
+        self._sync_lanes()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._task_targets: dict[asyncio.Task[None], Target] = {}
+        self._paused: frozenset[str] = frozenset()
+        self._down: dict[str, DownState] = {}
+        self._paused_read_at: float | None = None
+        # While the store fails: (since when, when that was last said).
+        self._store_failing: tuple[float, float] | None = None
+        self._running = False
+        self.last_tick: float | None = None
+        self._ticked = time.monotonic()
+
+    # Control
+
+    def wake(self) -> None:
+        """Something may be due now (a new event, a retry asked for)."""
+        self._wake.set()
+
+    def targets_changed(self) -> None:
+        """A target was paused or resumed in this process: re-read at once."""
+        self._paused_read_at = None
+        self._wake.set()
+
+    @property
+    def paused(self) -> frozenset[str]:
+        return self._paused
+
+    @property
+    def down(self) -> Mapping[str, DownState]:
+        """hold_when_down targets that are down now (as last read or learnt)."""
+        targets = self._state.config.targets
+        return {
+            name: state
+            for name, state in self._down.items()
+            if name in targets and targets[name].hold_when_down
+        }
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def running(self) -> bool:
+        return self._running and not self._stopping
+
+    async def run(self) -> None:
+        """Run until `stop()`; never gives up on store errors, it waits and tries again."""
+        self._running = True
+        try:
+            await self._loop()
+        finally:
+            self._running = False
+
+    async def _loop(self) -> None:
+        woken = True  # the first turn claims at once
+        due: float | None = None
+        while not self._stopping:
+            now = self._clock.now()
+            self.last_tick = now
+            self._ticked = time.monotonic()
+            until = now + self._poll_interval
+            try:
+                await self._refresh_paused(now)
+                if not woken and (due is None or due > now):
+                    # A poll with nothing known due: look (a read) before
+                    # claiming (a write transaction), so an idle relay reads
+                    # once a second and writes nothing.
+                    due = await self._look_first(now)
+                started = 0
+                if woken or (due is not None and due <= now):
+                    started = await self._dispatch(now)
+                    due = await self._next_wake(now)
+            except StoreError as error:
+                self._store_failed(now, error)
+                started, due = 0, None
+            else:
+                self._store_answered(now)
+            if due is not None and (due > now or started):
+                until = min(until, due)
+            await self._clock.wait(self._wake, until)
+            woken = self._wake.is_set()
+            self._wake.clear()
+
+    async def _look_first(self, now: float) -> float | None:
+        """The next due time, read; `now` when the store cannot foresee its claims."""
+        if not self._store.next_due_foresees_claims:
+            return now
+        return await self._next_wake(now)
+
+    async def run_once(self) -> int:
+        """Start every attempt that is due now; returns how many were started."""
+        self._paused_read_at = None
+        await self._refresh_paused(self._clock.now())
+        return await self._dispatch(self._clock.now())
+
+    async def step(self) -> int:
+        """One turn of `run`'s loop at the clock's now: the held targets re-read
+        only once the poll interval has passed, then what is due started.
+        For tests that drive several schedulers (instances of one cluster)
+        turn by turn, as their loops interleave; returns how many started."""
+        now = self._clock.now()
+        await self._refresh_paused(now)
+        return await self._dispatch(now)
+
+    async def wait_idle(self) -> None:
+        """Wait until every attempt started so far has been recorded."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def drain(self) -> None:
+        """Deliver until nothing is due or in flight, jumping the clock between due times.
+
+        For tests: with a FakeClock a whole retry cycle passes at once; with
+        the system clock it waits in real time (use a short schedule).
+        """
+        while True:
+            self._paused_read_at = None
+            await self._refresh_paused(self._clock.now())
+            await self._dispatch(self._clock.now())
+            if self._tasks:
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            due = await self._next_wake(self._clock.now())
+            if due is None:
+                return
+            await self._clock.wait(self._wake, due)
+            self._wake.clear()
+
+    async def stop(self, grace: float) -> None:
+        """Stop claiming; let attempts in flight finish for `grace` seconds, then
+        cancel the rest and give their leases back without counting an attempt."""
+        self._stopping = True
+        self._wake.set()
+        tasks = dict(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=grace)
+        unfinished = {did: task for did, task in tasks.items() if not task.done()}
+        for task in unfinished.values():
+            task.cancel()
+        if unfinished:
+            await asyncio.gather(*unfinished.values(), return_exceptions=True)
+            try:
+                await self._store.release(unfinished.keys(), self._clock.now())
+            except StoreError as error:
+                log.warning("could not release %d leases: %s", len(unfinished), error)
+
+    def alive(self, within: float) -> bool:
+        """Running, and ticked within the last `within` seconds (for the watchdog)."""
+        return self.running and time.monotonic() - self._ticked < within
+
+    def reconfigure(self, config: Config, targets: Mapping[str, Target]) -> None:
+        """Switch to a new config; attempts in flight finish on the one they started with."""
+        self._state = _State(config, targets, self._state.lanes)
+        self._masker = config.masker
+        self._sync_lanes()
+        self._wake.set()
+
+    async def until_unused(self, target: Target) -> None:
+        """Wait until no attempt in flight is using this target object."""
+        while True:
+            using = [task for task, used in self._task_targets.items() if used is target]
+            if not using:
+                return
+            await asyncio.gather(*using, return_exceptions=True)
+
+    # Internals
+
+    def _sync_lanes(self) -> None:
+        state = self._state
+        now = self._clock.now()
+        for name, target in state.config.targets.items():
+            lane = state.lanes.setdefault(name, _Lane(target.concurrency))
+            lane.concurrency = target.concurrency
+            if target.rate is None:
+                lane.own = None
+            elif lane.own is None or lane.own.rate != target.rate:
+                lane.own = Pacer(target.rate, now)
+            lane.shared = []
+            for group, rate in target.shared_rates:
+                shared = self._shared_pacers.get(group)
+                if shared is None or shared.rate != rate:
+                    shared = self._shared_pacers[group] = Pacer(rate, now)
+                lane.shared.append(shared)
+
+    def _store_failed(self, now: float, error: StoreError) -> None:
+        """One line when the store stops answering, then one a minute while it
+        does not (a database restart must not write a line a second)."""
+        since, said = self._store_failing or (now, None)
+        if said is None or now - said >= STORE_FAILING_REMINDER or now < said:
+            log.warning("scheduler cannot read the store: %s", error)
+            said = now
+        self._store_failing = (since, said)
+
+    def _store_answered(self, now: float) -> None:
+        if self._store_failing is not None:
+            since, _ = self._store_failing
+            self._store_failing = None
+            log.warning("scheduler reads the store again, after %s", format_duration(now - since))
+
+    async def _refresh_paused(self, now: float) -> None:
+        # Pause state lives in the store (the CLI may change it): read it at
+        # the poll interval, not on every wake-up.
+        last = self._paused_read_at
+        if last is None or now - last >= self._poll_interval or now < last:
+            # Down state lives there too: a restart, or another process, sees it.
+            held = await self._store.held_targets()
+            self._paused, self._down = held.paused, held.down
+            self._paused_read_at = now
+
+    def _eligible(self) -> dict[str, _Lane]:
+        """Targets that may send now but for their pace: configured, unpaused, with
+        room; a down target only when nothing of it is in flight (its one probe)."""
+        state = self._state
+        down = self.down
+        return {
+            name: lane
+            for name, lane in state.lanes.items()
+            if name in state.targets
+            and lane.free > 0
+            and name not in self._paused
+            and (name not in down or lane.in_flight == 0)
+        }
+
+    async def _claimable(self, now: float) -> dict[str, int]:
+        down = self.down
+        limits = {}
+        for name, lane in self._eligible().items():
+            if name in down:
+                # One probe, when its time has come: the oldest due delivery.
+                limits[name] = min(lane.allowed(now), 1) if now >= down[name].probe_at else 0
+            else:
+                limits[name] = min(lane.allowed(now), self._batch_size)
+        limits = {name: limit for name, limit in limits.items() if limit > 0}
+        return await self._share_pacers(limits, now)
+
+    async def _share_pacers(self, limits: dict[str, int], now: float) -> dict[str, int]:
+        """Targets sharing a pacer (one bot, one chat, one portal) each see it
+        free, but it lets one send go per turn: that send goes to the target
+        whose delivery has waited longest."""
+        lanes = self._state.lanes
+        sharing: dict[int, list[str]] = {}
+        for name in limits:
+            for pacer in lanes[name].shared:
+                sharing.setdefault(id(pacer), []).append(name)
+        contested = {name for names in sharing.values() if len(names) > 1 for name in names}
+        if not contested:
+            return limits
+        due = await self._store.next_due(sorted(contested))
+        promised: set[int] = set()
+        for name in sorted(contested, key=lambda name: (due.get(name, math.inf), name)):
+            pacers = {id(pacer) for pacer in lanes[name].shared}
+            if due.get(name, math.inf) > now or pacers & promised:
+                del limits[name]
+            else:
+                promised |= pacers
+        return limits
+
+    async def _next_wake(self, now: float) -> float | None:
+        """When something can next be sent: its due time, or later if its pace
+        (or, for a down target, its next probe) says so."""
+        lanes = self._eligible()
+        down = self.down
+        due = await self._store.next_due(list(lanes))
+        times = [
+            max(at, lanes[name].ready_at(now), down[name].probe_at if name in down else at)
+            for name, at in due.items()
+        ]
+        return min(times, default=None)
+
+    async def _dispatch(self, now: float) -> int:
+        if self._stopping:
+            return 0
+        limits = await self._claimable(now)
+        if not limits:
+            return 0
+        claimed = await self._store.claim_due(
+            now, now + self._state.lease, limits, exclude=list(self._tasks)
+        )
+        # Read after the claim: a reload may have swapped the targets meanwhile.
+        state = self._state
+        down = self.down
+        for delivery in claimed:
+            target = state.targets.get(delivery.target)
+            if target is None:  # reconfigured away while we were claiming
+                await self._store.release([delivery.id], now)
+                continue
+            lane = state.lanes[delivery.target]
+            lane.in_flight += 1
+            lane.take(1, now)
+            probe = self._probe(delivery, down)
+            task = asyncio.create_task(
+                self._attempt(delivery, target, state, probe), name=f"relay-attempt-{delivery.id}"
+            )
+            self._tasks[delivery.id] = task
+            self._task_targets[task] = target
+            task.add_done_callback(self._task_targets.pop)
+        return len(claimed)
+
+    def _probe(self, delivery: ClaimedDelivery, down: Mapping[str, DownState]) -> DownState | None:
+        """The down state when this claimed delivery is its target's probe.
+        A store shared by several processes says so itself: another instance
+        may have made the target down, or up, since this one last read it,
+        and a probe taken for an ordinary attempt would spend a retry."""
+        if not self._store.claims_probes:
+            return down.get(delivery.target)
+        if delivery.probe is not None:
+            self._down[delivery.target] = delivery.probe
+        else:
+            self._down.pop(delivery.target, None)
+        return delivery.probe
+
+    def _policy(self, state: _State, delivery: ClaimedDelivery) -> RetryPolicy:
+        route = state.config.routes.get(delivery.route)
+        policy = route.policy_for(delivery.target) if route is not None else None
+        if policy is None:
+            target = state.config.targets.get(delivery.target)
+            policy = target.retry if target is not None else state.config.retry
+        return policy
+
+    async def _attempt(
+        self,
+        delivery: ClaimedDelivery,
+        target: Target,
+        state: _State,
+        probe: DownState | None = None,
+    ) -> None:
+        """One attempt; `probe` is the down state when this is a down target's probe."""
+        try:
+            policy = self._policy(state, delivery)
+            number = delivery.attempts + 1
+            started_at = self._clock.now()
+            began = time.perf_counter()
+            lane = state.lanes.get(delivery.target)
+            envelope = _envelope(delivery, number, started_at, state)
+            outcome = await self._send(
+                target, envelope, policy.timeout, lane.pacers if lane is not None else []
+            )
+            duration = time.perf_counter() - began
+            now = self._clock.now()
+            decision, then = self._decide(policy, delivery, outcome, now)
+            hold = self._hold(state, delivery, probe, now)
+            if probe is not None and hold is not None:
+                probed = decide_probe(
+                    decision, outcome, next_probe_at=hold.probe_at, manual=delivery.manual
+                )
+                if probed is not None:
+                    decision, then = probed, Waits()
+            wait = receiver_wait(policy, outcome)
+            if wait is not None:
+                decision, then = self._flood_wait(state, delivery, decision, then, now + wait)
+            kind = _kind(delivery, probe)
+            attempt = AttemptRecord(
+                number=number,
+                started_at=started_at,
+                duration=duration,
+                outcome=outcome.verdict.value,
+                http_status=outcome.status,
+                error=self._masker.optional(outcome.error),
+                response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
+                request=self._kept(outcome.request),
+                target_at_fault=outcome.target_at_fault,
+                # A probe is no step of the cycle, whatever its outcome.
+                in_cycle=decision.in_cycle and kind is AttemptKind.CYCLE,
+                kind=kind,
+            )
+            streak = await self._record(delivery, attempt, then, now, hold)
+            if streak is not None:
+                self._learn(delivery.target, streak, hold, now)
+            if self._on_attempt is not None and streak is not None:
+                self._on_attempt(
+                    AttemptReport(
+                        delivery=delivery,
+                        number=number,
+                        kind=attempt.kind,
+                        cycle_step=delivery.attempts_in_cycle + 1 if attempt.in_cycle else None,
+                        cycle_length=cycle_length(policy),
+                        outcome=outcome,
+                        decision=decision,
+                        duration=duration,
+                        streak=streak,
+                        answer=attempt.response,
+                    )
+                )
+        finally:
+            lane = state.lanes.get(delivery.target)
+            if lane is not None:
+                lane.in_flight -= 1
+            self._tasks.pop(delivery.id, None)
+            self._wake.set()
+
+    def _flood_wait(
+        self,
+        state: _State,
+        delivery: ClaimedDelivery,
+        decision: Decision,
+        then: Transition,
+        until: float,
+    ) -> tuple[Decision, Transition]:
+        """A receiver's wait (a 429's Retry-After, Telegram's retry_after) is
+        about the sender, not this one message: it holds every pace of the
+        target (its own rate, its rate group; Telegram's chat and bot, since
+        the answer does not say which is limited), so the deliveries queued
+        behind wait without meeting another 429 and spending a retry. This one
+        lines up by arrival (next_attempt_at = received_at), the rule for a
+        down target too: when the wait ends it goes first, and the chat keeps
+        its order. A target without a pace keeps its own retry time (nothing
+        else would hold it), as does a person's retry."""
+        lane = state.lanes.get(delivery.target)
+        if lane is None or not lane.pacers:
+            return decision, then
+        lane.hold(until)
+        if not isinstance(then, RetryAt):
+            return decision, then
+        if delivery.manual:
+            return decision, RetryAt(then.at, hold_until=until)
+        return replace(decision, at=until), RetryAt(delivery.received_at, hold_until=until)
+
+    def _hold(
+        self, state: _State, delivery: ClaimedDelivery, probe: DownState | None, now: float
+    ) -> Hold | None:
+        """The hold_when_down rule for this attempt, with its next probe time."""
+        config = state.config.targets.get(delivery.target)
+        if config is None or not config.hold_when_down:
+            return None
+        # Going down schedules probe 1; probe k failing schedules probe k + 1.
+        number = probe.probes + 2 if probe is not None else 1
+        delay = probe_delay(config.retry, number, self._rng)
+        return Hold(config.down_after, now + delay, probe=probe is not None)
+
+    def _kept(self, request: SentRequest | None) -> SentRequest | None:
+        """The request as the attempt keeps it: the config's secrets and
+        credential headers masked, the body cut as the answer is."""
+        if request is None:
+            return None
+        # Masked before it is cut (a secret across the cut is masked whole), on
+        # twice the excerpt at most: bounded work whatever the body's size.
+        head = request.body[: 2 * RESPONSE_EXCERPT_BYTES]
+        url = urlsplit(request.url)
+        content_type = next(
+            (value for name, value in request.headers if name.lower() == "content-type"), None
+        )
+        # The request's own credentials too (an api_key field, a ?token=), by
+        # name; most requests have none, and keep the config's compiled masker.
+        own = frozenset(inbound_secrets(url.query, content_type, head))
+        masker = _merged(self._masker, own) if own else self._masker
+        shown = shown_body(head.decode("utf-8", "replace"), content_type, masker)
+        return SentRequest(
+            method=request.method,
+            url=masker.text(url._replace(query=mask_fields(url.query)).geturl()),
+            headers=tuple(masker.headers(request.headers)),
+            body=shown.encode()[:RESPONSE_EXCERPT_BYTES],
+        )
+
+    def _learn(self, target: str, streak: FailureStreak, hold: Hold | None, now: float) -> None:
+        """Keep the cached down state in step with what the store just recorded."""
+        if streak.came_up:
+            self._down.pop(target, None)
+            log.warning("target %s is up again; %d deliveries waited", target, streak.waited)
+        elif streak.went_down and hold is not None:
+            self._down[target] = DownState(now, hold.probe_at, 0)
+            log.warning("target %s is down: its deliveries wait, probing it", target)
+        elif hold is not None and hold.probe and target in self._down:
+            previous = self._down[target]
+            self._down[target] = DownState(previous.since, hold.probe_at, previous.probes + 1)
+        elif hold is not None and streak.down and target not in self._down:
+            # Made down by another process's attempt: read its state at the
+            # next turn rather than a poll later.
+            self._paused_read_at = None
+
+    async def _send(
+        self, target: Target, envelope: Envelope, time_limit: float, pacers: list[Pacer]
+    ) -> Outcome:
+        """`target.send` for at most `time_limit` seconds, not counting a paced
+        target's wait for its turn (Envelope.paced)."""
+        loop = asyncio.get_running_loop()
+        # The status in hand, a body still coming is not waited for to the
+        # limit: a tenth of it (at most a second) is left for the target to
+        # return what it has (a 200 whose body stalls was delivered).
+        grace = min(time_limit / 10, 1.0)
+        answer_by = [loop.time() + time_limit - grace]
+        try:
+            async with asyncio.timeout(time_limit) as limit:
+                if pacers:
+
+                    async def paced() -> None:
+                        await self._turn(pacers)
+                        # The time limit is the request's: its turn is not part of it.
+                        limit.reschedule(loop.time() + time_limit)
+                        answer_by[0] = loop.time() + time_limit - grace
+
+                    envelope = replace(envelope, paced=paced)
+                envelope = replace(envelope, answer_by=lambda: answer_by[0])
+                return await target.send(envelope)
+        except TimeoutError:
+            return Outcome.retry(f"timeout after {time_limit:g}s")
+        except Exception as error:
+            # A bug in one target must not stop the scheduler; the delivery is
+            # kept and retried like any other failure.
+            log.exception("target %s raised while sending", target.name)
+            return Outcome.retry(f"internal error: {type(error).__name__}")
+
+    async def _turn(self, pacers: list[Pacer]) -> None:
+        """Wait until this request may be written, then say it was: spaced from
+        when the previous one of each pace really went out, not from when it
+        was claimed (a slow template or a new connection delays a send after
+        its claim; the next one must not follow it too soon). The claim's pace
+        already spaced them, so this waits at most what the previous one was
+        late by. Check and record run without a pause between them: of two
+        requests waiting, one goes and the other waits a full interval."""
+        while True:
+            now = self._clock.now()
+            ready = max(pacer.send_at(now) for pacer in pacers)
+            if ready <= now:
+                for pacer in pacers:
+                    pacer.sent(now)
+                return
+            await self._clock.wait(asyncio.Event(), ready)
+
+    def _decide(
+        self, policy: RetryPolicy, delivery: ClaimedDelivery, outcome: Outcome, now: float
+    ) -> tuple[Decision, Transition]:
+        manual = (
+            ManualRetry(
+                was_dead=delivery.resume_status is Status.DEAD, resume_at=delivery.resume_at
+            )
+            if delivery.manual
+            else None
+        )
+        decision = decide_attempt(
+            policy,
+            outcome,
+            attempts=delivery.attempts,
+            attempts_in_cycle=delivery.attempts_in_cycle,
+            now=now,
+            manual=manual,
+            rng=self._rng,
+        )
+        if decision.next is Status.DELIVERED:
+            return decision, Delivered()
+        if decision.next is Status.PENDING:
+            assert decision.at is not None
+            return decision, RetryAt(decision.at)
+        return decision, Dead(self._masker.text(decision.reason or "failed"))
+
+    async def _record(
+        self,
+        delivery: ClaimedDelivery,
+        attempt: AttemptRecord,
+        then: Transition,
+        now: float,
+        hold: Hold | None,
+    ) -> FailureStreak | None:
+        # The attempt happened; losing its record would resend it after the
+        # lease expires. Keep trying while the store is unavailable.
+        delay = 0.05
+        said = False  # once per attempt: the store's outage has its own lines
+        while True:
+            try:
+                return await self._store.record_attempt(delivery, attempt, then, now, hold)
+            except StoreError as error:
+                if self._stopping:
+                    log.warning("attempt of delivery %d not recorded: %s", delivery.id, error)
+                    return None
+                level = logging.DEBUG if said else logging.WARNING
+                log.log(level, "cannot record attempt of delivery %d yet: %s", delivery.id, error)
+                said = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _merged(masker: Masker, own: frozenset[str]) -> Masker:
+    """The config's masker with a request's own credentials: compiled once for
+    credentials that come back (a target's token on every request)."""
+    return masker.merged(Masker(own))
+
+
+def _kind(delivery: ClaimedDelivery, probe: DownState | None) -> AttemptKind:
+    """A person's retry now is manual even when it is what probes a down target."""
+    if delivery.manual:
+        return AttemptKind.MANUAL
+    return AttemptKind.PROBE if probe is not None else AttemptKind.CYCLE
+
+
+def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:
+    route = state.config.routes.get(delivery.route)
+    strip = route.strip_fields if route is not None else ()
+    forwarded = _forwarded(delivery.payload, strip)
+    if forwarded is not delivery.payload:
+        delivery = replace(delivery, payload=forwarded)
+    return Envelope(delivery=delivery, attempt=number, sent_at=now)
+
+
+def _forwarded(payload: Payload, strip: tuple[str, ...]) -> Payload:
+    """The payload as targets get it: the route's `strip_fields` left out of a form."""
+    body = strip_form_fields(payload.content_type, payload.body, strip)
+    return payload if body is payload.body else replace(payload, body=body)

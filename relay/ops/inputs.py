@@ -1,0 +1,84 @@
+"""What relay accepts from a person — through the admin API, the dashboard or
+the CLI: numbers, ids, names and times, each checked here so that every bad
+value is an answer that names its field (a 400, or the CLI's one line) — never
+a 500 or a traceback (`"²".isdigit()` is true, `int("²")` fails) nor a 503 or a
+"database error" (an id too large for SQLite's 64-bit integers)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+from relay.core.localtime import Zone, parse_local_instant
+
+# SQLite's INTEGER is a signed 64-bit number: no row has an id above this.
+MAX_ID = 2**63 - 1
+
+
+class BadRequest(Exception):
+    """Bad input from the operator: the message starts with the field's name."""
+
+
+def whole_number(value: Any, field: str, *, minimum: int = 1, maximum: int = MAX_ID) -> int:
+    """An integer written in ASCII digits (a JSON integer is accepted too), in range."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
+        number = int(value)
+    else:
+        number = None
+    if number is None or not minimum <= number <= maximum:
+        raise BadRequest(f"{field}: expected a whole number from {minimum} to {maximum}")
+    return number
+
+
+def row_id(value: Any, field: str) -> int:
+    return whole_number(value, field, minimum=1, maximum=MAX_ID)
+
+
+def optional_text(value: Any, field: str) -> str | None:
+    """A name such as a route or a target: a string, or absent."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"{field}: expected a string")
+    return value
+
+
+def instant(value: Any, field: str, now: float, zone: Zone = None) -> float | None:
+    """A time as a person writes it (relay.core.localtime: a date, a local or ISO
+    time, an age like "2h", "yesterday"), or absent.
+
+    Never ignored when it does not parse: a requeue "since" that is dropped
+    would requeue everything."""
+    if value is None or value == "":
+        return None
+    try:
+        return parse_local_instant(str(value), now, zone)
+    except ValueError as problem:
+        raise BadRequest(f"{field}: {problem}") from None
+
+
+def unknown_name(kind: str, value: str, known: Iterable[str]) -> str:
+    """ "no route tidla (did you mean tilda?); the routes are: shop, tilda" """
+    names = sorted(set(known))
+    close = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    listed = f"the {kind}es are" if kind.endswith("s") else f"the {kind}s are"
+    listing = f"{listed}: {', '.join(names)}" if names else f"no {kind} is configured"
+    return f"no {kind} {value[:100]}{hint}; {listing}"
+
+
+def known_name(value: Any, field: str, kind: str, known: Iterable[str]) -> str | None:
+    """A route, target or status name that exists, or absent (None, "").
+
+    A typo is an error naming the valid ones, never a filter that silently
+    matches nothing ("(none)", "requeued 0")."""
+    text = optional_text(value, field)
+    if text is None:
+        return None
+    names = set(known)
+    if text not in names:
+        raise BadRequest(f"{field}: {unknown_name(kind, text, names)}")
+    return text
