@@ -155,7 +155,7 @@ def wait_for_port(port: int, timeout: float = 15.0) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def cpu_prefix(cpu: int | None) -> list[str]:
+def cpu_prefix(cpu: int | str | None) -> list[str]:
     if cpu is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         return []
     return ["taskset", "-c", str(cpu)]
@@ -167,7 +167,7 @@ def run_wrk(
     connections: int,
     seconds: float,
     prefix: int,
-    cpu: int | None,
+    cpu: int | str | None,
     rate: float | None = None,
     threads: int = 1,
 ) -> WrkResult:
@@ -225,7 +225,7 @@ def load_webhooks(
     connections: int,
     seconds: float,
     prefix: int,
-    cpu: int | None,
+    cpu: int | str | None,
     threads: int = 1,
 ) -> tuple[WrkResult, float]:
     """wrk flat out at the server's /hooks/orders: its result, and the CPU
@@ -250,7 +250,7 @@ class Server:
         command: list[str],
         port: int,
         *,
-        cpu: int | None,
+        cpu: int | str | None,
         cwd: Path | None = None,
         env: dict[str, str] | None = None,
     ) -> None:

@@ -1,11 +1,12 @@
-"""PostgreSQL beside SQLite: ingest and end to end, one and two relay instances.
+"""PostgreSQL beside SQLite: ingest and end to end, one and three relay instances.
 
     python bench/postgres.py [--seconds 10] [--connections 64] [--rounds 1]
+        [--pin-db CPU] [--setups sqlite,"postgres x1","postgres x3"] [--modes ingest,end-to-end]
 
 Needs Debian's postgresql (a throwaway cluster is started as in the tests:
 tests/pgcluster.py, a unix socket, no TCP) and wrk. For each setup (SQLite;
-PostgreSQL with one instance; with two instances, wrk's connections split
-between them) two runs:
+PostgreSQL with one instance; with three, wrk's connections split between
+them) two runs:
 
 - ingest: the target never answers (concurrency 1), so only accepting is
   measured: acknowledged per second, p99, and CPU seconds per 1,000 events of
@@ -16,7 +17,12 @@ between them) two runs:
   per second over the whole run, ingest-to-delivery p99, the same CPU split.
 
 Every acknowledged event must be in the database afterwards (a benchmark that
-loses events fails). From the PostgreSQL CPU per event it projects how many
+loses events fails). With `--pin-db CPU` the PostgreSQL server (postmaster,
+its helpers and every backend it forks) runs on that CPU alone and relay,
+the sink and wrk on the others: the database as its own host, so that what
+more instances deliver is not bought with its CPU. PostgreSQL's statements
+per delivered event are counted by pg_stat_statements (preloaded in the
+throwaway cluster). From the PostgreSQL CPU per event it projects how many
 events a second a database host with N cores could take, CPU-bound.
 
 This machine has 2 shared cores: run it only on a quiet machine.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sqlite3
 import statistics
@@ -56,7 +63,7 @@ from ingest import black_hole
 
 from pgcluster import Cluster, create_cluster, remove_cluster
 
-SETUPS = ("sqlite", "postgres x1", "postgres x2")
+SETUPS = ("sqlite", "postgres x1", "postgres x3")
 
 
 def pg_cpu_seconds(cluster: Cluster) -> float:
@@ -108,7 +115,9 @@ def delivered_count(folder: Path, url: str | None) -> int:
     return int(asyncio.run(_pg(url, sql))[0][0])
 
 
-def wrk_all(ports: list[int], connections: int, seconds: float, prefix: int) -> list[WrkResult]:
+def wrk_all(
+    ports: list[int], connections: int, seconds: float, prefix: int, cpu: str | None
+) -> list[WrkResult]:
     """wrk against each instance at once, the connections split between them."""
     results: list[WrkResult] = []
     share = max(1, connections // len(ports))
@@ -120,7 +129,7 @@ def wrk_all(ports: list[int], connections: int, seconds: float, prefix: int) -> 
                 connections=share,
                 seconds=seconds,
                 prefix=prefix * 10 + index,
-                cpu=None,
+                cpu=cpu,
             )
         )
 
@@ -132,10 +141,45 @@ def wrk_all(ports: list[int], connections: int, seconds: float, prefix: int) -> 
     return results
 
 
+def pin_server(cluster: Cluster, cpu: int) -> None:
+    """The postmaster and its children on `cpu`; backends forked later inherit it."""
+    postmaster = cluster.postmaster_pid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if int(entry) == postmaster or parent == postmaster:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(entry), {cpu})
+
+
+def others(cpu: int | None) -> str | None:
+    """Every CPU but `cpu`, as taskset reads a list."""
+    if cpu is None:
+        return None
+    return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if c != cpu)
+
+
+def statements(url: str) -> int:
+    """Statements PostgreSQL ran so far (pg_stat_statements), ours excluded."""
+    rows = asyncio.run(
+        _pg(
+            url,
+            "SELECT COALESCE(SUM(calls), 0) FROM pg_stat_statements"
+            " WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE 'SELECT COUNT(*)%'",
+        )
+    )
+    return int(rows[0][0])
+
+
 def run_setup(
     setup: str, mode: str, cluster: Cluster, args: argparse.Namespace, round_number: int
 ) -> dict[str, float]:
-    count = 2 if setup.endswith("x2") else 1
+    count = int(setup.rsplit("x", 1)[1]) if "x" in setup else 1
+    cpu = others(args.pin_db)
     with tempfile.TemporaryDirectory(prefix="relay-bench-pg-") as tmp:
         folder = Path(tmp)
         if cluster.as_postgres:
@@ -146,6 +190,7 @@ def run_setup(
             asyncio.run(_pg(cluster.url("postgres"), f"DROP DATABASE IF EXISTS {name}"))
             asyncio.run(_pg(cluster.url("postgres"), f"CREATE DATABASE {name}"))
             url = cluster.url(name)
+            asyncio.run(_pg(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
         sink = None
         arrivals = folder / "arrivals.txt"
         if mode == "ingest":
@@ -160,7 +205,7 @@ def run_setup(
                     str(arrivals),
                 ],
                 target_port,
-                cpu=None,
+                cpu=cpu,
             )
         relays = []
         try:
@@ -180,15 +225,16 @@ def run_setup(
                     Server(
                         [*relay_command(), "serve", "--config", str(path)],
                         port,
-                        cpu=None,
+                        cpu=cpu,
                         cwd=folder,
                     )
                 )
             relay_before = sum(r.cpu_seconds() for r in relays)
             pg_before = pg_cpu_seconds(cluster)
+            statements_before = statements(url) if url else 0
             started = time.monotonic()
             results = wrk_all(
-                [r.port for r in relays], args.connections, args.seconds, round_number
+                [r.port for r in relays], args.connections, args.seconds, round_number, cpu
             )
             acked = sum(r.acked for r in results)
             if mode == "end-to-end":
@@ -198,6 +244,7 @@ def run_setup(
             elapsed = time.monotonic() - started
             relay_cpu = sum(r.cpu_seconds() for r in relays) - relay_before
             pg_cpu = pg_cpu_seconds(cluster) - pg_before if url else 0.0
+            ran = statements(url) - statements_before if url else 0
         finally:
             for relay in relays:
                 relay.stop()
@@ -218,6 +265,7 @@ def run_setup(
         "p99_ms": max(r.p99 for r in results) if mode == "ingest" else _p99(latencies) * 1000,
         "relay_cpu_per_1k": relay_cpu / max(acked, 1) * 1000,
         "pg_cpu_per_1k": pg_cpu / max(acked, 1) * 1000,
+        "statements_per_event": ran / max(acked, 1),
         "acked": float(acked),
         "lost": float(lost),
     }
@@ -234,20 +282,32 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pin-db", type=int, default=None, metavar="CPU")
+    parser.add_argument("--setups", default=",".join(SETUPS))
+    parser.add_argument("--modes", default="ingest,end-to-end")
     args = parser.parse_args()
 
     cluster = create_cluster()
+    # pg_stat_statements, for the statements each delivered event costs.
+    with (cluster.directory / "data" / "postgresql.conf").open("a") as conf:
+        conf.write("\nshared_preload_libraries = 'pg_stat_statements'\n")
+    cluster.stop()
+    cluster.start()
+    if args.pin_db is not None:
+        pin_server(cluster, args.pin_db)
     results: dict[str, list[dict[str, float]]] = {}
     try:
         for round_number in range(args.rounds):
-            for mode in ("ingest", "end-to-end"):
-                for setup in SETUPS:
+            for mode in args.modes.split(","):
+                for setup in args.setups.split(","):
                     result = run_setup(setup, mode, cluster, args, round_number)
                     results.setdefault(f"{mode} {setup}", []).append(result)
                     print(
                         f"round {round_number + 1} {mode:10} {setup:12}: {result['rate']:7.0f}/s"
                         f"  p99 {result['p99_ms']:7.1f} ms  relay {result['relay_cpu_per_1k']:.3f}"
-                        f"  pg {result['pg_cpu_per_1k']:.3f} CPU s/1k  lost {result['lost']:.0f}",
+                        f"  pg {result['pg_cpu_per_1k']:.3f} CPU s/1k"
+                        f"  {result['statements_per_event']:.2f} statements/event"
+                        f"  lost {result['lost']:.0f}",
                         flush=True,
                     )
     finally:
@@ -262,15 +322,16 @@ def main() -> int:
                 f"{statistics.median(r['p99_ms'] for r in runs):.1f}",
                 f"{statistics.median(r['relay_cpu_per_1k'] for r in runs):.3f}",
                 f"{statistics.median(r['pg_cpu_per_1k'] for r in runs):.3f}",
+                f"{statistics.median(r['statements_per_event'] for r in runs):.2f}",
             ]
         )
     print_table(
         f"PostgreSQL beside SQLite, {args.connections} connections, ~1 KiB JSON,"
         f" median of {args.rounds} rounds of {args.seconds:g}s",
-        ["run", "events/s", "p99 ms", "relay CPU s/1k", "PostgreSQL CPU s/1k"],
+        ["run", "events/s", "p99 ms", "relay CPU s/1k", "PostgreSQL CPU s/1k", "statements/event"],
         rows,
     )
-    ingest_pg = results.get("ingest postgres x2") or results.get("ingest postgres x1") or []
+    ingest_pg = results.get("ingest postgres x3") or results.get("ingest postgres x1") or []
     per_1k = statistics.median(r["pg_cpu_per_1k"] for r in ingest_pg) if ingest_pg else 0.0
     if per_1k > 0:
         for cores in (2, 4, 8, 16):
