@@ -163,6 +163,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._dispatching = asyncio.Lock()
         self._task_targets: dict[asyncio.Task[None], Target] = {}
         self._paused: frozenset[str] = frozenset()
         self._down: dict[str, DownState] = {}
@@ -295,7 +296,8 @@ class Scheduler:
         cancel the rest and give their leases back without counting an attempt."""
         self._stopping = True
         self._wake.set()
-        tasks = dict(self._tasks)
+        async with self._dispatching:
+            tasks = dict(self._tasks)
         if tasks:
             await asyncio.wait(tasks.values(), timeout=grace)
         unfinished = {did: task for did, task in tasks.items() if not task.done()}
@@ -432,6 +434,12 @@ class Scheduler:
         return min(times, default=None)
 
     async def _dispatch(self, now: float) -> int:
+        # stop() waits for a dispatch under way: once it returns, no attempt
+        # starts (the store closes next, and would lose its record).
+        async with self._dispatching:
+            return await self._dispatch_now(now)
+
+    async def _dispatch_now(self, now: float) -> int:
         if self._stopping:
             return 0
         limits = await self._claimable(now)
@@ -440,6 +448,12 @@ class Scheduler:
         claimed = await self._store.claim_due(
             now, now + self._state.lease, limits, exclude=list(self._tasks)
         )
+        if self._stopping:
+            # Stop began during the claim: sending now would start requests
+            # after SIGTERM; the leases go back for the next process.
+            if claimed:
+                await self._store.release([d.id for d in claimed], now)
+            return 0
         # Read after the claim: a reload may have swapped the targets meanwhile.
         state = self._state
         down = self.down

@@ -316,6 +316,45 @@ async def test_stop_gives_back_leases_of_unfinished_attempts(
     assert (delivery.status, delivery.attempts) == (Status.PENDING, 0)
 
 
+async def test_a_claim_in_flight_when_stop_begins_is_given_back_and_starts_nothing(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The loop can be inside a claim (a database round trip) when stop()
+    # begins. An attempt it started after stop() returned would run while the
+    # store closes under it: its record lost, its lease held until it expires.
+    sink, url = await start_sink([200])
+    relay = await start_relay(make_config(one_target(url), ROUTES), background=False)
+    event_id = await post(relay, http)
+    store = relay.store
+    claim_due = store.claim_due
+    claiming, go_on = asyncio.Event(), asyncio.Event()
+
+    async def claim_when_told(*args: Any, **kwargs: Any) -> Any:
+        claiming.set()
+        await go_on.wait()
+        return await claim_due(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim_due", claim_when_told)
+    step = asyncio.create_task(relay.scheduler.step())
+    await claiming.wait()
+    stopping = asyncio.create_task(relay.scheduler.stop(grace=5.0))
+    await asyncio.sleep(0.01)
+    assert not stopping.done()  # it waits for the claim under way
+    go_on.set()
+    await stopping
+    assert relay.scheduler.in_flight == 0
+    assert await step == 0
+    assert sink.requests == []
+    # Given back: due again at once, for this process or the next.
+    now = relay.clock.now()
+    [again] = await claim_due(now, now + 60, {"crm": 1})
+    assert again.event_id == event_id
+
+
 async def test_the_attempt_log_counts_within_the_cycle_and_names_manual_retries(
     make_config: ConfigFactory,
     start_relay: RelayFactory,
