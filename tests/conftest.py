@@ -116,8 +116,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-# PostgreSQL (tests marked `postgres`, run by .ci/run): one throwaway cluster
-# for the session, a database per test copied from a migrated template.
+# PostgreSQL: one throwaway cluster for the session (skipped, with the
+# reason, where the server's binaries are missing). Tests marked `postgres`
+# (run by .ci/run) get a database each, copied from a migrated template; the
+# store contract, in the default run, shares one (ContractDatabase).
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +158,100 @@ def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     _in_thread(_admin(pg_cluster, f"CREATE DATABASE {name} TEMPLATE {PG_TEMPLATE}"))
     yield pg_cluster.url(name)
     _in_thread(_admin(pg_cluster, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+PG_CONTRACT = "relay_contract"
+
+
+class ContractDatabase:
+    """One migrated database the store contract shares across the session.
+
+    The contract's PostgreSQL tests run in the default suite, where a
+    database copied for each (`CREATE DATABASE ... TEMPLATE`, then DROP)
+    costs ten times what emptying one does; so each starts from the same
+    database emptied back to what the migrations left: every table but
+    schema_migrations deleted, the rows the migrations seed put back,
+    identities restarted, and any session a failed test left behind ended
+    (its advisory locks and LISTENs with it).
+    """
+
+    def __init__(self, url: str, reset: list[str], seeds: dict[str, list[Any]]) -> None:
+        self.url = url
+        self._reset = reset
+        self._seeds = seeds
+
+    @classmethod
+    async def create(cls, cluster: Cluster) -> ContractDatabase:
+        import asyncpg
+
+        await _admin(cluster, f"CREATE DATABASE {PG_CONTRACT} TEMPLATE {PG_TEMPLATE}")
+        url = cluster.url(PG_CONTRACT)
+        connection = await asyncpg.connect(url)
+        try:
+            tables = [
+                row["table_name"]
+                for row in await connection.fetch(
+                    "SELECT table_name FROM information_schema.tables"
+                    " WHERE table_schema = 'public' AND table_type = 'BASE TABLE'"
+                    " AND table_name <> 'schema_migrations' ORDER BY table_name"
+                )
+            ]
+            identities = await connection.fetch(
+                "SELECT table_name, column_name FROM information_schema.columns"
+                " WHERE table_schema = 'public' AND is_identity = 'YES'"
+            )
+            seeds = {
+                table: rows
+                for table in tables
+                if (rows := list(await connection.fetch(f"SELECT * FROM {table}")))
+            }
+        finally:
+            await connection.close()
+        reset = [
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{PG_CONTRACT}' AND pid <> pg_backend_pid()",
+            *(f"DELETE FROM {table}" for table in tables),
+            *(
+                f"ALTER TABLE {row['table_name']} ALTER COLUMN {row['column_name']} RESTART"
+                for row in identities
+            ),
+        ]
+        return cls(url, reset, seeds)
+
+    async def empty(self) -> None:
+        import asyncpg
+
+        connection = await asyncpg.connect(self.url)
+        try:
+            async with connection.transaction():
+                for statement in self._reset:
+                    await connection.execute(statement)
+                for table, rows in self._seeds.items():
+                    await connection.copy_records_to_table(
+                        table,
+                        records=[tuple(row.values()) for row in rows],
+                        columns=list(rows[0].keys()),
+                    )
+        finally:
+            await connection.close()
+
+
+@pytest.fixture(scope="session")
+def pg_contract(pg_cluster: Cluster) -> ContractDatabase:
+    result: list[ContractDatabase] = []
+
+    async def create() -> None:
+        result.append(await ContractDatabase.create(pg_cluster))
+
+    _in_thread(create())
+    return result[0]
+
+
+@pytest.fixture
+def pg_contract_url(pg_contract: ContractDatabase) -> str:
+    """The contract's shared database, as freshly migrated."""
+    _in_thread(pg_contract.empty())
+    return pg_contract.url
 
 
 @pytest.fixture

@@ -29,9 +29,14 @@ SECRETS = {
 }
 
 
-# The same operator's day on either backend (PostgreSQL: pytest -m postgres).
+# The same operator's day on either backend: a relay serve and some thirty
+# CLI runs, the longest test there is (pytest -m slow; -m postgres).
 @pytest.mark.parametrize(
-    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+    "backend",
+    [
+        pytest.param("sqlite", marks=pytest.mark.slow),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
 )
 async def test_cli_and_api_drive_a_running_relay_and_never_show_a_secret(
     tmp_path: Path, aiohttp_server: AiohttpServer, backend: str, request: pytest.FixtureRequest
