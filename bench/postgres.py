@@ -2,6 +2,7 @@
 
     python bench/postgres.py [--seconds 10] [--connections 64] [--rounds 1]
         [--pin-db CPU] [--setups sqlite,"postgres x1","postgres x3"] [--modes ingest,end-to-end]
+        [--concurrency 32] [--top N]
 
 Needs Debian's postgresql (a throwaway cluster is started as in the tests:
 tests/pgcluster.py, a unix socket, no TCP) and wrk. For each setup (SQLite;
@@ -235,7 +236,7 @@ def run_setup(
                     port,
                     free_port(),
                     target_port,
-                    32,
+                    args.concurrency,
                     log_level="warning",
                     storage_url=url,
                     name=f"relay-{port}.toml",
@@ -309,6 +310,13 @@ def main() -> int:
     parser.add_argument("--modes", default="ingest,end-to-end")
     parser.add_argument(
         "--top", type=int, default=0, metavar="N", help="list each run's N most run statements"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="the target's concurrency, a limit for the whole cluster: while it binds, more"
+        " instances cannot deliver more (raise it to see what the instances themselves can)",
     )
     args = parser.parse_args()
 
