@@ -18,7 +18,6 @@ As on SQLite (relay.store.record); only the I/O differs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,19 +25,12 @@ from typing import Any
 import relay.store.rows as rows
 from relay.core.outcome import Verdict
 from relay.store.base import FailureStreak, RetryAt, Status, Transition
+from relay.store.dialect import numbered
 from relay.store.health import HEALTH_COLUMNS, HealthChange, fails_alone, health_after
 from relay.store.pg_cluster import TargetLimits
 from relay.store.pg_errors import Connection
 from relay.store.record import RecordJob
 from relay.store.rows import ATTEMPT_COLUMNS_INSERTED
-
-
-def numbered(sql: str, start: int = 1) -> str:
-    """SQLite's `?` placeholders as PostgreSQL's `$1, $2...` (the shared SQL
-    fragments hold no `?` inside literals)."""
-    counter = iter(range(start, start + sql.count("?") + 1))
-    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
-
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)

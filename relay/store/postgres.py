@@ -48,23 +48,10 @@ from relay.store.base import (
     Accepted,
     AlertNote,
     AttemptRecord,
-    Attention,
-    AuditEntry,
-    BodyHead,
     ClaimedDelivery,
     DeliveryView,
-    DownState,
-    EventDetail,
-    EventQuery,
-    EventView,
     FailureStreak,
-    Gauges,
-    HeldBehind,
-    HeldKey,
-    HeldTargets,
     Hold,
-    HourlyActivity,
-    IndexSource,
     InstanceState,
     NewDelivery,
     NewEvent,
@@ -72,18 +59,15 @@ from relay.store.base import (
     Rejection,
     Resend,
     SearchDocument,
-    SearchProgress,
     SearchTooSlow,
     Selection,
-    Stats,
     Status,
     StoreError,
     StoreUnavailable,
-    TargetState,
-    TextSearch,
     Transition,
     Waits,
 )
+from relay.store.dialect import POSTGRES, numbered
 from relay.store.pg_batch import GroupCommit
 from relay.store.pg_cluster import (
     ALIVE,
@@ -108,30 +92,19 @@ from relay.store.pg_cluster import (
 )
 from relay.store.pg_errors import DRIVER_ERRORS, Connection, at, unavailable
 from relay.store.pg_intake import store_batch
-from relay.store.pg_record import NEXT_IN_LINE, Record, insert_log, numbered, record_batch
+from relay.store.pg_record import NEXT_IN_LINE, Record, insert_log, record_batch
 from relay.store.pg_schema import LATEST, migrate
+from relay.store.reads import Fetch, Reads, purgeable, selection_where
 from relay.store.record import RecordJob
 from relay.store.rows import (
-    ATTEMPT_COLUMNS,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
-    HELD_TARGETS,
-    LOG_COLUMNS,
-    RESEND_COLUMNS,
-    TARGET_STATE_COLUMNS,
-    Row,
     claimed_delivery,
     copy_event,
-    decode_headers,
     delivery_after,
     delivery_view,
     describe_selection,
-    event_detail,
-    event_view,
-    held_targets,
     resend_subject,
-    selection_where,
-    target_state,
 )
 from relay.store.verbs import (
     Missing,
@@ -198,7 +171,6 @@ CLAIMED = len(CLAIM_RETURNING.removeprefix("RETURNING").split(","))
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
-NEXT_PROBE = numbered(rows.NEXT_PROBE)  # (target)
 LINK_COPY = numbered(rows.LINK_COPY)  # (original event, copy event)
 
 
@@ -211,7 +183,8 @@ def default_instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class PostgresStore:
+class PostgresStore(Reads):
+    dialect = POSTGRES
     # claim_due also takes over the leases of an instance whose heartbeats
     # stopped, before those leases run out: next_due does not read heartbeats.
     next_due_foresees_claims = False
@@ -381,7 +354,7 @@ class PostgresStore:
         await self._write_settled(job, ("notes", tuple(notes)))
 
     async def alert_notes(self) -> list[AlertNote]:
-        rows = await self._read("SELECT id, noted_at, note FROM alert_notes ORDER BY id")
+        rows = await self._rows("SELECT id, noted_at, note FROM alert_notes ORDER BY id")
         return [AlertNote(row[0], row[1], bytes(row[2])) for row in rows]
 
     async def send_alert(
@@ -548,7 +521,7 @@ class PostgresStore:
             f"the database cannot say whether transaction {txid} committed ({status})"
         )
 
-    async def _read(self, sql: str, *params: Any) -> list[asyncpg.Record]:
+    async def _rows(self, sql: str, *params: Any) -> list[asyncpg.Record]:
         async with self._connection() as connection:
             rows: list[asyncpg.Record] = await connection.fetch(sql, *params)
             return rows
@@ -561,6 +534,31 @@ class PostgresStore:
             connection.transaction(isolation="repeatable_read", readonly=True),
         ):
             yield connection
+
+    async def _read(
+        self, sql: str, params: Sequence[Any] = (), *, slow: bool = False
+    ) -> list[asyncpg.Record]:
+        return await self._rows(numbered(sql), *params)
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[Fetch]:
+        async with self._snapshot() as connection:
+
+            async def fetch(sql: str, params: Sequence[Any] = (), /) -> list[asyncpg.Record]:
+                rows: list[asyncpg.Record] = await connection.fetch(numbered(sql), *params)
+                return rows
+
+            yield fetch
+
+    async def _search(self, sql: str, params: Sequence[Any]) -> list[asyncpg.Record]:
+        """A search's statement, stopped at SEARCH_SECONDS (in its transaction only)."""
+        async with self._snapshot() as connection:
+            await connection.execute(f"SET LOCAL statement_timeout = {int(SEARCH_SECONDS * 1000)}")
+            try:
+                rows: list[asyncpg.Record] = await connection.fetch(numbered(sql), *params)
+            except asyncpg.exceptions.QueryCanceledError:
+                raise SearchTooSlow from None
+            return rows
 
     async def notify(self, what: str) -> None:
         """Wake every instance's scheduler (an operator action, a new event)."""
@@ -668,7 +666,7 @@ class PostgresStore:
     async def next_due(self, targets: Collection[str]) -> dict[str, float]:
         if not targets:
             return {}
-        rows = await self._read(
+        rows = await self._rows(
             "SELECT t, (SELECT MIN(next_attempt_at) FROM deliveries"
             "  WHERE status = 'pending' AND target = t),"
             " (SELECT MIN(lease_until) FROM deliveries WHERE status = 'in_flight' AND target = t)"
@@ -695,7 +693,7 @@ class PostgresStore:
         names = sorted({name for names in paces.values() for name in names})
         next_at = {
             row[0]: float(row[1])
-            for row in await self._read(
+            for row in await self._rows(
                 "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[])", names
             )
         }
@@ -765,85 +763,6 @@ class PostgresStore:
 
     # Reading
 
-    async def list_events(self, query: EventQuery) -> list[EventView]:
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (
-            ("events.route = ?", query.route),
-            ("events.received_at >= ?", query.since),
-            ("events.received_at < ?", query.until),
-            ("events.idempotency_key = ?", query.key),
-            ("events.id < ?", query.before_id),
-        ):
-            if value is not None:
-                where.append(column)
-                params.append(value)
-        if query.status is not None or query.target is not None:
-            conditions = ["d.event_id = events.id"]
-            if query.status is not None:
-                conditions.append("d.status = ?")
-                params.append(query.status.value)
-            if query.target is not None:
-                conditions.append("d.target = ?")
-                params.append(query.target)
-            where.append(f"EXISTS (SELECT 1 FROM deliveries d WHERE {' AND '.join(conditions)})")
-        source = "events"
-        if query.search is not None:
-            source = "events JOIN event_search s ON s.event_id = events.id"
-            # LIKE '%...%' rather than strpos(): the pg_trgm GIN indexes answer it.
-            if query.search.digits is not None:
-                where.append("s.digits LIKE ?")
-                params.append(_substring(query.search.digits))
-            for word in query.search.words:
-                where.append("s.text LIKE ?")
-                params.append(_substring(word))
-        sql = (
-            "SELECT events.id, events.route, events.idempotency_key, events.received_at,"
-            f" events.remote_addr, events.conflict_of FROM {source}"
-        )
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY events.id DESC LIMIT ?"
-        params.append(query.limit)
-        async with self._snapshot() as connection:
-            if query.search is None:
-                rows = await connection.fetch(numbered(sql), *params)
-            else:
-                rows = await _timed_search(connection, numbered(sql), params)
-            deliveries = await _deliveries_of(connection, [row[0] for row in rows])
-        return [event_view(row, deliveries.get(row[0], ())) for row in rows]
-
-    async def search_progress(self) -> SearchProgress:
-        rows = await self._read(
-            "SELECT (SELECT indexed_through FROM search_progress WHERE id = 1),"
-            " coalesce((SELECT MAX(id) FROM events), 0)"
-        )
-        return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
-
-    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
-        if not event_ids:
-            return {}
-        rows = await self._read(
-            "SELECT id, content_type, query, substr(body, 1, $1), length(body) FROM events"
-            " WHERE id = ANY($2::bigint[])",
-            size,
-            list(event_ids),
-        )
-        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
-
-    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
-        rows = await self._read(
-            "SELECT id, headers, query, content_type, substr(body, 1, $1) FROM events"
-            " WHERE id > (SELECT indexed_through FROM search_progress WHERE id = 1)"
-            " ORDER BY id LIMIT $2",
-            body_limit,
-            limit,
-        )
-        return [
-            IndexSource(row[0], decode_headers(row[1]), row[2], row[3], bytes(row[4] or b""))
-            for row in rows
-        ]
-
     async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
         async def job(connection: Connection) -> None:
             if documents:
@@ -865,19 +784,6 @@ class PostgresStore:
             )
 
         await self._write(job)
-
-    async def get_event(self, event_id: int) -> EventDetail | None:
-        async with self._snapshot() as connection:
-            return await _event_detail(connection, event_id)
-
-    async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
-        async with self._connection() as connection:
-            row = await connection.fetchrow(
-                f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
-            )
-            if row is None:
-                return None
-            return (await _with_holds(connection, [delivery_view(tuple(row))]))[0]
 
     # Operator verbs
 
@@ -1006,7 +912,7 @@ class PostgresStore:
     async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
-        where, params = selection_where(selection, _search)
+        where, params = selection_where(selection, POSTGRES)
 
         async def job(connection: Connection) -> list[int]:
             ids = [
@@ -1039,23 +945,12 @@ class PostgresStore:
             await self._wake("requeue")
         return ids
 
-    async def count(self, selection: Selection) -> int:
-        where, params = selection_where(selection, _search)
-        rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {numbered(where)}", *params)
-        return int(rows[0][0])
-
-    async def select(self, selection: Selection, limit: int) -> list[int]:
-        where, params = selection_where(selection, _search)
-        sql = numbered(f"SELECT id FROM deliveries WHERE {where} ORDER BY id LIMIT ?")
-        rows = await self._read(sql, *params, limit)
-        return [int(row[0]) for row in rows]
-
     async def skip_selected(
         self, selection: Selection, now: float, *, by: str = UNKNOWN
     ) -> list[int]:
         if selection.status not in (Status.PENDING, Status.DEAD):
             return []
-        where, params = selection_where(selection, _search)
+        where, params = selection_where(selection, POSTGRES)
         was = selection.status.value
 
         async def job(connection: Connection) -> list[int]:
@@ -1087,28 +982,6 @@ class PostgresStore:
             await self._wake("skip")
         return ids
 
-    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
-        start = since - since % 3600
-        rows = await self._read(
-            "SELECT floor((started_at - $1) / 3600)::int AS slot, COUNT(*),"
-            " COUNT(*) FILTER (WHERE outcome <> 'success'),"
-            " COUNT(*) FILTER (WHERE outcome <> 'success' AND next_attempt_at IS NULL)"
-            " FROM attempts WHERE started_at >= $1 AND started_at < $2 GROUP BY slot",
-            start,
-            until,
-        )
-        found = {row[0]: row for row in rows}
-        hours = int((until - start) // 3600) + 1
-        return [
-            HourlyActivity(
-                hour=start + slot * 3600,
-                attempts=found[slot][1] if slot in found else 0,
-                failed=found[slot][2] if slot in found else 0,
-                dead=found[slot][3] if slot in found else 0,
-            )
-            for slot in range(hours)
-        ]
-
     async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         async def job(connection: Connection) -> None:
             action = "pause" if paused else "resume"
@@ -1133,101 +1006,19 @@ class PostgresStore:
         await self._write(job)
         await self._wake("pause")
 
-    async def attention(self, dead_since: float, limit: int) -> Attention:
-        async with self._snapshot() as connection:
-            dead = await connection.fetchval(numbered(rows.DEAD_SINCE), dead_since)
-            held = await connection.fetch(numbered(rows.HELD_KEYS), limit)
-        return Attention(
-            int(dead), tuple(HeldKey(int(r[0]), int(r[1]), r[2], r[3], int(r[4])) for r in held)
-        )
-
-    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
-        found = await self._read(
-            f"SELECT {rows.AUDIT_COLUMNS} FROM audit WHERE id < $1 ORDER BY id DESC LIMIT $2",
-            before_id if before_id is not None else 2**63 - 1,
-            limit,
-        )
-        return [rows.audit_entry(tuple(row)) for row in found]
-
-    async def paused_targets(self) -> frozenset[str]:
-        rows = await self._read("SELECT name FROM targets WHERE paused")
-        return frozenset(row[0] for row in rows)
-
-    async def down_targets(self) -> dict[str, DownState]:
-        return (await self.held_targets()).down
-
-    async def held_targets(self) -> HeldTargets:
-        return held_targets([tuple(row) for row in await self._read(HELD_TARGETS)])
-
-    async def target_states(self) -> dict[str, TargetState]:
-        async with self._connection() as connection:
-            return await _target_states(connection)
-
-    async def gauges(self) -> Gauges:
-        async with self._snapshot() as connection:
-            counts: dict[tuple[str, Status], int] = {}
-            for target, status, count in await connection.fetch(
-                "SELECT target, status, COUNT(*) FROM deliveries"
-                " WHERE status IN ('pending', 'in_flight', 'dead') GROUP BY target, status"
-            ):
-                counts[(target, Status(status))] = count
-            held = {t: n for t, n in await connection.fetch(rows.HELD_BEHIND_DEAD)}
-            return Gauges(
-                counts=counts, oldest_pending_received_at=await _oldest(connection), held=held
-            )
-
-    async def stats(self) -> Stats:
-        async with self._snapshot() as connection:
-            by_route: dict[str, dict[Status, int]] = {}
-            by_target: dict[str, dict[Status, int]] = {}
-            for route, target, status, count in await connection.fetch(
-                "SELECT route, target, status, COUNT(*) FROM deliveries"
-                " GROUP BY route, target, status"
-            ):
-                state = Status(status)
-                route_counts = by_route.setdefault(route, {})
-                route_counts[state] = route_counts.get(state, 0) + count
-                target_counts = by_target.setdefault(target, {})
-                target_counts[state] = target_counts.get(state, 0) + count
-            late = await connection.fetchval(
-                "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0"
-            )
-            return Stats(
-                counts_by_route=by_route,
-                counts_by_target=by_target,
-                oldest_pending_received_at=await _oldest(connection),
-                pending_after_first_attempt=int(late),
-                dead=sum(counts.get(Status.DEAD, 0) for counts in by_target.values()),
-                targets=await _target_states(connection),
-            )
-
     async def purge(
         self, cutoffs: Mapping[str, float], default_cutoff: float, *, limit: int, dry_run: bool
     ) -> int:
-        bound = "received_at < ?"
-        params: list[Any] = [default_cutoff]
-        if cutoffs:
-            cases = " ".join("WHEN ? THEN ?::float8" for _ in cutoffs)
-            bound += f" AND received_at < CASE route {cases} ELSE ?::float8 END"
-            for route, cutoff in cutoffs.items():
-                params += [route, cutoff]
-            params.append(default_cutoff)
-        finished = (
-            "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
-            " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
-        )
         if dry_run:
-            rows = await self._read(
-                numbered(f"SELECT COUNT(*) FROM events WHERE {bound} AND {finished}"), *params
-            )
-            return int(rows[0][0])
+            return await self._purgeable(cutoffs, default_cutoff)
+        where, params = purgeable(POSTGRES, cutoffs, default_cutoff)
 
         async def job(connection: Connection) -> int:
             event_ids = [
                 row[0]
                 for row in await connection.fetch(
                     numbered(
-                        f"SELECT id FROM events WHERE {bound} AND {finished}"
+                        f"SELECT id FROM events WHERE {where}"
                         " ORDER BY received_at LIMIT ? FOR UPDATE SKIP LOCKED"
                     ),
                     *params,
@@ -1299,29 +1090,6 @@ class PostgresStore:
 
         await self._write(job)
 
-    async def list_rejections(
-        self,
-        route: str | None,
-        limit: int,
-        *,
-        since: float | None = None,
-        until: float | None = None,
-    ) -> list[Rejection]:
-        rows = await self._read(
-            "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
-            " WHERE ($1::text IS NULL OR route = $1)"
-            " AND ($3::double precision IS NULL OR at >= $3)"
-            " AND ($4::double precision IS NULL OR at < $4) ORDER BY id DESC LIMIT $2",
-            route,
-            limit,
-            since,
-            until,
-        )
-        return [
-            Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))
-            for row in rows
-        ]
-
     async def backup(self, destination: Path) -> int:
         raise StoreError(
             "relay backup copies a SQLite file; on PostgreSQL use pg_dump"
@@ -1342,7 +1110,7 @@ class PostgresStore:
             )
 
     async def instances(self) -> list[InstanceState]:
-        rows = await self._read(
+        rows = await self._rows(
             INSTANCES,
             LEADER_LOCK >> 32,
             LEADER_LOCK & 0xFFFFFFFF,
@@ -1372,7 +1140,7 @@ class PostgresStore:
 
     async def server_settings(self) -> dict[str, str]:
         """The server's durability settings, for `relay check`."""
-        rows = await self._read(
+        rows = await self._rows(
             "SELECT name, setting FROM pg_settings"
             " WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')"
         )
@@ -1412,29 +1180,6 @@ async def _reset(connection: asyncpg.Connection) -> None:
     trip per transaction."""
 
 
-def _search(search: TextSearch) -> tuple[str, list[Any]]:
-    """The events a search matches, as a condition on deliveries (as list_events)."""
-    conditions = []
-    params: list[Any] = []
-    if search.digits is not None:
-        conditions.append("digits LIKE ?")
-        params.append(_substring(search.digits))
-    for word in search.words:
-        conditions.append("text LIKE ?")
-        params.append(_substring(word))
-    return (
-        "event_id IN (SELECT event_id FROM event_search"
-        f" WHERE {' AND '.join(conditions) or 'true'})",
-        params,
-    )
-
-
-def _substring(text: str) -> str:
-    """A LIKE pattern matching `text` anywhere, its own % _ and \\ taken literally."""
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 def _text(value: str) -> str:
     # PostgreSQL text cannot hold NUL; the search text never needs one.
     return value.replace("\x00", " ")
@@ -1459,87 +1204,3 @@ async def _insert_audit(
     await connection.execute(
         numbered(rows.INSERT_AUDIT), *rows.audit_values(now, by, action, subject, delivery_ids)
     )
-
-
-async def _oldest(connection: Connection) -> float | None:
-    value = await connection.fetchval(
-        "SELECT e.received_at FROM events e JOIN deliveries d ON d.event_id = e.id"
-        " WHERE d.id = (SELECT MIN(id) FROM deliveries WHERE status = 'pending')"
-    )
-    return float(value) if value is not None else None
-
-
-async def _target_states(connection: Connection) -> dict[str, TargetState]:
-    states = {}
-    for row in await connection.fetch(f"SELECT {TARGET_STATE_COLUMNS} FROM targets"):
-        # Down: which delivery its next probe takes.
-        probe = await connection.fetchval(NEXT_PROBE, row[0]) if row[6] is not None else None
-        states[row[0]] = target_state(tuple(row), probe)
-    return states
-
-
-async def _timed_search(connection: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
-    """A search's statement, stopped at SEARCH_SECONDS (in its transaction only)."""
-    await connection.execute(f"SET LOCAL statement_timeout = {int(SEARCH_SECONDS * 1000)}")
-    try:
-        rows = await connection.fetch(sql, *params)
-    except asyncpg.exceptions.QueryCanceledError:
-        raise SearchTooSlow from None
-    await connection.execute("SET LOCAL statement_timeout = 0")
-    return list(rows)
-
-
-async def _deliveries_of(
-    connection: Connection, event_ids: Sequence[int]
-) -> dict[int, list[DeliveryView]]:
-    result: dict[int, list[DeliveryView]] = {}
-    if not event_ids:
-        return result
-    views: list[DeliveryView] = []
-    for row in await connection.fetch(
-        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE event_id = ANY($1::bigint[]) ORDER BY id",
-        list(event_ids),
-    ):
-        views.append(delivery_view(tuple(row)))
-    for view in await _with_holds(connection, views):
-        result.setdefault(view.event_id, []).append(view)
-    return result
-
-
-async def _with_holds(connection: Connection, views: list[DeliveryView]) -> list[DeliveryView]:
-    """Say what each delivery waiting its turn waits for (one index probe each)."""
-    result = []
-    for view in views:
-        if view.waiting_turn:
-            head = await connection.fetchrow(HEAD_OF_LINE, view.target, view.order_key)
-            if head is not None and head[0] != view.id:
-                view = replace(view, held_behind=HeldBehind(head[0], Status(head[1]), head[2]))
-        result.append(view)
-    return result
-
-
-async def _event_detail(connection: Connection, event_id: int) -> EventDetail | None:
-    row = await connection.fetchrow(f"SELECT {EVENT_COLUMNS} FROM events WHERE id = $1", event_id)
-    if row is None:
-        return None
-    deliveries = tuple((await _deliveries_of(connection, [event_id])).get(event_id, ()))
-    ids = [delivery.id for delivery in deliveries]
-    attempts: Sequence[Row] = ()
-    log: Sequence[Row] = ()
-    if ids:
-        attempts = await connection.fetch(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id = ANY($1::bigint[])"
-            " ORDER BY id",
-            ids,
-        )
-        log = await connection.fetch(
-            f"SELECT {LOG_COLUMNS} FROM delivery_log WHERE delivery_id = ANY($1::bigint[])"
-            " ORDER BY id",
-            ids,
-        )
-    links = await connection.fetch(
-        f"SELECT {RESEND_COLUMNS} FROM resends"
-        " WHERE copy_id = $1 OR original_id = $1 ORDER BY copy_id",
-        event_id,
-    )
-    return event_detail(row, deliveries, attempts, log, links)

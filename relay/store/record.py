@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 from relay.core.outcome import Verdict
 from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Status
+from relay.store.dialect import placeholders
 from relay.store.rows import (
     ATTEMPT_COLUMNS_INSERTED,
     NEXT_IN_LINE,
     attempt_values,
     line_up_by_arrival,
-    placeholders,
     resolve_originals,
     update_health,
 )

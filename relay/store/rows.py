@@ -4,7 +4,7 @@ the row mapping (same columns, same order) by the PostgreSQL store too."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -37,7 +37,6 @@ from relay.store.base import (
     Selection,
     Status,
     TargetState,
-    TextSearch,
     Transition,
     Waits,
 )
@@ -139,7 +138,7 @@ NEXT_PROBE = (
 )
 
 
-def held_targets(rows: Sequence[Sequence[Any]]) -> HeldTargets:
+def held_targets(rows: Iterable[Row]) -> HeldTargets:
     return HeldTargets(
         paused=frozenset(row[0] for row in rows if row[1]),
         down={
@@ -156,63 +155,6 @@ def target_state(row: Row, next_probe: int | None = None) -> TargetState:
     if row[6] is not None:
         down = DownState(row[6], row[7], row[8], last_probe=row[9], next_probe=next_probe)
     return TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5], down=down)
-
-
-def placeholders(count: int) -> str:
-    return ",".join("?" * count)
-
-
-def sqlite_search(search: TextSearch) -> tuple[str, list[Any]]:
-    """The events a search matches, as a condition on deliveries (SQLite's FTS5)."""
-    return (
-        "event_id IN (SELECT rowid FROM event_search WHERE event_search MATCH ?)",
-        [match_expression(search)],
-    )
-
-
-def selection_where(
-    selection: Selection,
-    search: Callable[[TextSearch], tuple[str, list[Any]]] = sqlite_search,
-) -> tuple[str, list[Any]]:
-    """The WHERE of the deliveries `selection` takes, `?` placeholders;
-    `search` makes a content search's condition in the backend's own terms."""
-    where = ["status = ?"]
-    params: list[Any] = [selection.status.value]
-    for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
-        if value is not None:
-            where.append(clause)
-            params.append(value)
-    if selection.ids:
-        where.append(f"id IN ({placeholders(len(selection.ids))})")
-        params += selection.ids
-    if selection.since is not None or selection.until is not None:
-        where.append(
-            "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
-        )
-        params += [
-            selection.since if selection.since is not None else float("-inf"),
-            selection.until if selection.until is not None else float("inf"),
-        ]
-    if selection.key is not None:
-        where.append("event_id IN (SELECT id FROM events WHERE idempotency_key = ?)")
-        params.append(selection.key)
-    if selection.search is not None:
-        clause, values = search(selection.search)
-        where.append(clause)
-        params += values
-    return " AND ".join(where), params
-
-
-def match_expression(search: TextSearch) -> str:
-    """An FTS5 query: each word a quoted phrase (a substring, for the trigram
-    tokenizer) of the text column, all required; or the digits as one phrase."""
-    if search.digits is not None:
-        return "{digits}: " + _phrase(search.digits)
-    return " AND ".join("{text}: " + _phrase(word) for word in search.words)
-
-
-def _phrase(text: str) -> str:
-    return '"' + text.replace('"', '""') + '"'
 
 
 def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
@@ -472,7 +414,7 @@ def decode_headers(raw: bytes) -> list[Header]:
     return [(str(name), str(value)) for name, value in orjson.loads(raw)]
 
 
-def delivery_view(row: Sequence[Any]) -> DeliveryView:
+def delivery_view(row: Row) -> DeliveryView:
     return DeliveryView(
         id=row[0],
         event_id=row[1],
@@ -494,9 +436,10 @@ class Row(Protocol):
 
     def __getitem__(self, index: int, /) -> Any: ...
 
+    def __iter__(self) -> Iterator[Any]: ...
+
 
 # Columns the mappings below read, in this order.
-EVENT_LIST_COLUMNS = "id, route, idempotency_key, received_at, remote_addr, conflict_of"
 ATTEMPT_COLUMNS = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
     " next_attempt_at, kind, cycle_number, request, request_body"

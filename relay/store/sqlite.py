@@ -11,9 +11,8 @@ import pwd
 import sqlite3
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -27,80 +26,44 @@ from relay.store.base import (
     UNKNOWN,
     Accepted,
     AttemptRecord,
-    Attention,
-    AuditEntry,
-    BodyHead,
     ClaimedDelivery,
     DeliveryView,
-    DownState,
-    EventDetail,
-    EventQuery,
-    EventView,
     FailureStreak,
-    Gauges,
-    HeldBehind,
-    HeldKey,
-    HeldTargets,
     Hold,
-    HourlyActivity,
-    IndexSource,
     NewDelivery,
     NewEvent,
     NotFound,
     Rejection,
     Resend,
     SearchDocument,
-    SearchProgress,
     SearchTooSlow,
     Selection,
-    Stats,
     Status,
     StoreError,
     StoreUnavailable,
-    TargetState,
     Transition,
     Waits,
 )
+from relay.store.dialect import SQLITE, placeholders
 from relay.store.migrations import LATEST, migrate
+from relay.store.reads import Fetch, Reads, purgeable, selection_where
 from relay.store.record import RecordJob
 from relay.store.rows import (
-    ATTEMPT_COLUMNS,
-    AUDIT_COLUMNS,
     CLAIM_DUE,
     CLAIM_EXPIRED,
-    DEAD_SINCE,
-    DELIVERY_COLUMNS,
     EVENT_COLUMNS,
-    EVENT_LIST_COLUMNS,
     HEAD_OF_LINE,
-    HELD_BEHIND_DEAD,
-    HELD_KEYS,
-    HELD_TARGETS,
     LINK_COPY,
-    LOG_COLUMNS,
     NEXT_IN_LINE,
-    NEXT_PROBE,
-    RESEND_COLUMNS,
-    TARGET_STATE_COLUMNS,
-    Row,
-    audit_entry,
     claimed_delivery,
     copy_event,
-    decode_headers,
     delivery_after,
     delivery_view,
     describe_selection,
-    event_detail,
-    event_view,
-    held_targets,
     insert_audit,
     insert_log,
-    match_expression,
-    placeholders,
     resend_subject,
     select_delivery,
-    selection_where,
-    target_state,
 )
 from relay.store.verbs import (
     Missing,
@@ -122,7 +85,8 @@ READER_CACHE_KIB = 512
 T = TypeVar("T")
 
 
-class SqliteStore:
+class SqliteStore(Reads):
+    dialect = SQLITE
     # next_due reads the very conditions claim_due leases by.
     next_due_foresees_claims = True
     # One process: its scheduler's memory of the down state is the whole truth.
@@ -300,6 +264,14 @@ class SqliteStore:
                 with contextlib.suppress(sqlite3.Error):
                     await reader.execute("COMMIT")
 
+    @asynccontextmanager
+    async def _reading(self) -> AsyncIterator[Fetch]:
+        async with self._snapshot():
+            yield self._slow_read
+
+    async def _slow_read(self, sql: str, params: Sequence[Any] = (), /) -> list[sqlite3.Row]:
+        return await self._read(sql, params, slow=True)
+
     async def _read(
         self, sql: str, params: Sequence[Any] = (), *, slow: bool = False
     ) -> list[sqlite3.Row]:
@@ -457,94 +429,7 @@ class SqliteStore:
         result: int = await self._write(job)
         return result
 
-    # Reading
-
-    async def list_events(self, query: EventQuery) -> list[EventView]:
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (
-            ("route = ?", query.route),
-            ("received_at >= ?", query.since),
-            ("received_at < ?", query.until),
-            ("idempotency_key = ?", query.key),
-            # With a search the index walks the ids: the cursor must bound its walk.
-            ("id < ?" if query.search is None else "event_search.rowid < ?", query.before_id),
-        ):
-            if value is not None:
-                where.append(column)
-                params.append(value)
-        if query.status in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD):
-            # Rare states have partial indexes: collect their events directly.
-            sub = "SELECT event_id FROM deliveries WHERE status = ?"
-            params.append(query.status.value)
-            if query.target is not None:
-                sub += " AND target = ?"
-                params.append(query.target)
-            where.append(f"id IN ({sub})")
-        elif query.status is not None or query.target is not None:
-            conditions = ["d.event_id = events.id"]
-            if query.status is not None:
-                conditions.append("d.status = ?")
-                params.append(query.status.value)
-            if query.target is not None:
-                conditions.append("d.target = ?")
-                params.append(query.target)
-            where.append(f"EXISTS (SELECT 1 FROM deliveries d WHERE {' AND '.join(conditions)})")
-        source, order = "events", "id"
-        if query.search is not None:
-            # The index drives: CROSS JOIN keeps it the outer loop, walking its
-            # matches newest first and stopping at the page's end.
-            source = "event_search CROSS JOIN events ON events.id = event_search.rowid"
-            order = "event_search.rowid"
-            where.insert(0, "event_search MATCH ?")
-            params.insert(0, match_expression(query.search))
-        sql = f"SELECT {EVENT_LIST_COLUMNS} FROM {source}"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY {order} DESC LIMIT ?"
-        params.append(query.limit)
-        if query.search is not None:
-            rows = await self._search(sql, params)
-            async with self._snapshot():
-                deliveries = await self._deliveries_of([row[0] for row in rows])
-        else:
-            async with self._snapshot():
-                rows = await self._read(sql, params, slow=True)
-                deliveries = await self._deliveries_of([row[0] for row in rows])
-        return [event_view(row, deliveries.get(row[0], ())) for row in rows]
-
-    async def search_progress(self) -> SearchProgress:
-        rows = await self._read(
-            "SELECT (SELECT indexed_through FROM search_progress WHERE id = 1),"
-            " coalesce((SELECT MAX(id) FROM events), 0)"
-        )
-        return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
-
-    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
-        if not event_ids:
-            return {}
-        rows = await self._read(
-            "SELECT id, content_type, query, substr(body, 1, ?), length(body) FROM events"
-            f" WHERE id IN ({placeholders(len(event_ids))})",
-            [size, *event_ids],
-            slow=True,
-        )
-        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
-
-    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
-        # Only the body's first bytes leave the database: a batch of huge
-        # bodies costs bounded memory.
-        rows = await self._read(
-            "SELECT id, headers, query, content_type, substr(body, 1, ?) FROM events"
-            " WHERE id > (SELECT indexed_through FROM search_progress WHERE id = 1)"
-            " ORDER BY id LIMIT ?",
-            (body_limit, limit),
-            slow=True,
-        )
-        return [
-            IndexSource(row[0], decode_headers(row[1]), row[2], row[3], bytes(row[4] or b""))
-            for row in rows
-        ]
+    # Indexing
 
     async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
         rows = [(doc.event_id, doc.text, doc.digits, doc.event_id) for doc in documents]
@@ -562,60 +447,6 @@ class SqliteStore:
 
         # Made again from the events if a power cut undoes it: no fsync of its own.
         await self._write(job, durable=False)
-
-    async def get_event(self, event_id: int) -> EventDetail | None:
-        async with self._snapshot():
-            return await self._event_detail(event_id)
-
-    async def _event_detail(self, event_id: int) -> EventDetail | None:
-        rows = await self._read(
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,), slow=True
-        )
-        if not rows:
-            return None
-        deliveries = tuple((await self._deliveries_of([event_id])).get(event_id, ()))
-        ids = [delivery.id for delivery in deliveries]
-        attempts: Sequence[Row] = ()
-        log: Sequence[Row] = ()
-        if ids:
-            marks = placeholders(len(ids))
-            attempts = await self._read(
-                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id IN ({marks})"
-                " ORDER BY id",
-                ids,
-                slow=True,
-            )
-            log = await self._read(
-                f"SELECT {LOG_COLUMNS} FROM delivery_log WHERE delivery_id IN ({marks})"
-                " ORDER BY id",
-                ids,
-                slow=True,
-            )
-        links = await self._read(
-            f"SELECT {RESEND_COLUMNS} FROM resends"
-            " WHERE copy_id = ? OR original_id = ? ORDER BY copy_id",
-            (event_id, event_id),
-            slow=True,
-        )
-        return event_detail(rows[0], deliveries, attempts, log, links)
-
-    async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
-        rows = await self._read(
-            f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,), slow=True
-        )
-        return (await self._with_holds([delivery_view(rows[0])]))[0] if rows else None
-
-    async def _with_holds(self, views: list[DeliveryView]) -> list[DeliveryView]:
-        """Say what each delivery waiting its turn waits for (one index probe each)."""
-        result = []
-        for view in views:
-            if view.waiting_turn:
-                head = await self._read(HEAD_OF_LINE, (view.target, view.order_key), slow=True)
-                if head and head[0][0] != view.id:
-                    held = HeldBehind(head[0][0], Status(head[0][1]), head[0][2])
-                    view = replace(view, held_behind=held)
-            result.append(view)
-        return result
 
     # Operator verbs
 
@@ -733,7 +564,7 @@ class SqliteStore:
     async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         if selection.status in (Status.PENDING, Status.IN_FLIGHT):
             return []
-        where, params = selection_where(selection)
+        where, params = selection_where(selection, SQLITE)
 
         def job(connection: sqlite3.Connection) -> list[int]:
             ids = [
@@ -759,27 +590,12 @@ class SqliteStore:
         result: list[int] = await self._write(job)
         return result
 
-    async def count(self, selection: Selection) -> int:
-        where, params = selection_where(selection)
-        rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {where}", params, slow=True)
-        count: int = rows[0][0]
-        return count
-
-    async def select(self, selection: Selection, limit: int) -> list[int]:
-        where, params = selection_where(selection)
-        rows = await self._read(
-            f"SELECT id FROM deliveries WHERE {where} ORDER BY id LIMIT ?",
-            [*params, limit],
-            slow=True,
-        )
-        return [row[0] for row in rows]
-
     async def skip_selected(
         self, selection: Selection, now: float, *, by: str = UNKNOWN
     ) -> list[int]:
         if selection.status not in (Status.PENDING, Status.DEAD):
             return []
-        where, params = selection_where(selection)
+        where, params = selection_where(selection, SQLITE)
 
         def job(connection: sqlite3.Connection) -> list[int]:
             ids = [
@@ -806,28 +622,6 @@ class SqliteStore:
         result: list[int] = await self._write(job)
         return result
 
-    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
-        start = since - since % 3600
-        rows = await self._read(
-            "SELECT CAST((started_at - ?) / 3600 AS INTEGER) AS slot, COUNT(*),"
-            " SUM(outcome != 'success'),"
-            " SUM(outcome != 'success' AND next_attempt_at IS NULL)"
-            " FROM attempts WHERE started_at >= ? AND started_at < ? GROUP BY slot",
-            (start, start, until),
-            slow=True,
-        )
-        found = {row[0]: row for row in rows}
-        hours = int((until - start) // 3600) + 1
-        return [
-            HourlyActivity(
-                hour=start + slot * 3600,
-                attempts=found[slot][1] if slot in found else 0,
-                failed=found[slot][2] if slot in found else 0,
-                dead=found[slot][3] if slot in found else 0,
-            )
-            for slot in range(hours)
-        ]
-
     async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
         def job(connection: sqlite3.Connection) -> None:
             action = "pause" if paused else "resume"
@@ -848,127 +642,18 @@ class SqliteStore:
 
         await self._write(job)
 
-    async def attention(self, dead_since: float, limit: int) -> Attention:
-        async with self._snapshot():
-            dead = await self._read(DEAD_SINCE, (dead_since,), slow=True)
-            held = await self._read(HELD_KEYS, (limit,), slow=True)
-        return Attention(dead[0][0], tuple(HeldKey(*row) for row in held))
-
-    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
-        rows = await self._read(
-            f"SELECT {AUDIT_COLUMNS} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?",
-            (before_id if before_id is not None else 2**63 - 1, limit),
-            slow=True,
-        )
-        return [audit_entry(row) for row in rows]
-
-    async def paused_targets(self) -> frozenset[str]:
-        rows = await self._read("SELECT name FROM targets WHERE paused")
-        return frozenset(row[0] for row in rows)
-
-    async def down_targets(self) -> dict[str, DownState]:
-        return (await self.held_targets()).down
-
-    async def held_targets(self) -> HeldTargets:
-        return held_targets(await self._read(HELD_TARGETS))
-
-    async def target_states(self) -> dict[str, TargetState]:
-        rows = await self._read(f"SELECT {TARGET_STATE_COLUMNS} FROM targets", slow=True)
-        states = {}
-        for row in rows:
-            probe = None
-            if row[6] is not None:  # down: which delivery its next probe takes
-                found = await self._read(NEXT_PROBE, (row[0],), slow=True)
-                probe = found[0][0] if found else None
-            states[row[0]] = target_state(row, probe)
-        return states
-
-    async def gauges(self) -> Gauges:
-        async with self._snapshot():
-            return await self._gauges()
-
-    async def _gauges(self) -> Gauges:
-        counts: dict[tuple[str, Status], int] = {}
-        # One query per status, each reading only that status's partial index.
-        for status in (Status.PENDING, Status.IN_FLIGHT, Status.DEAD):
-            for target, count in await self._read(
-                "SELECT target, COUNT(*) FROM deliveries WHERE status = ? GROUP BY target",
-                (status.value,),
-                slow=True,
-            ):
-                counts[(target, status)] = count
-        held = {target: count for target, count in await self._read(HELD_BEHIND_DEAD, slow=True)}
-        return Gauges(
-            counts=counts, oldest_pending_received_at=await self._oldest_pending(), held=held
-        )
-
-    async def _oldest_pending(self) -> float | None:
-        # Delivery ids grow with arrival, and the partial due index holds
-        # them: the smallest is the longest-waiting, found without the table.
-        rows = await self._read(
-            "SELECT e.received_at FROM events e JOIN deliveries d ON d.event_id = e.id"
-            " WHERE d.id = (SELECT MIN(id) FROM deliveries WHERE status = 'pending')",
-            slow=True,
-        )
-        return rows[0][0] if rows else None
-
-    async def stats(self) -> Stats:
-        async with self._snapshot():
-            return await self._stats()
-
-    async def _stats(self) -> Stats:
-        by_route: dict[str, dict[Status, int]] = {}
-        by_target: dict[str, dict[Status, int]] = {}
-        for route, target, status, count in await self._read(
-            "SELECT route, target, status, COUNT(*) FROM deliveries GROUP BY route, target, status",
-            slow=True,
-        ):
-            state = Status(status)
-            route_counts = by_route.setdefault(route, {})
-            route_counts[state] = route_counts.get(state, 0) + count
-            target_counts = by_target.setdefault(target, {})
-            target_counts[state] = target_counts.get(state, 0) + count
-        late = await self._read(
-            "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0", slow=True
-        )
-        return Stats(
-            counts_by_route=by_route,
-            counts_by_target=by_target,
-            oldest_pending_received_at=await self._oldest_pending(),
-            pending_after_first_attempt=late[0][0],
-            dead=sum(counts.get(Status.DEAD, 0) for counts in by_target.values()),
-            targets=await self.target_states(),
-        )
-
     async def purge(
         self, cutoffs: Mapping[str, float], default_cutoff: float, *, limit: int, dry_run: bool
     ) -> int:
-        # A route with a longer window has an earlier cutoff; the default is the latest.
-        bound = "received_at < ?"
-        params: list[Any] = [default_cutoff]
-        if cutoffs:
-            cases = " ".join("WHEN ? THEN ?" for _ in cutoffs)
-            bound += f" AND received_at < CASE route {cases} ELSE ? END"
-            for route, cutoff in cutoffs.items():
-                params += [route, cutoff]
-            params.append(default_cutoff)
-        finished = (
-            "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
-            " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
-        )
         if dry_run:
-            rows = await self._read(
-                f"SELECT COUNT(*) FROM events WHERE {bound} AND {finished}", params, slow=True
-            )
-            count: int = rows[0][0]
-            return count
+            return await self._purgeable(cutoffs, default_cutoff)
+        where, params = purgeable(SQLITE, cutoffs, default_cutoff)
 
         def job(connection: sqlite3.Connection) -> int:
             event_ids = [
                 row[0]
                 for row in connection.execute(
-                    f"SELECT id FROM events WHERE {bound} AND {finished}"
-                    " ORDER BY received_at LIMIT ?",
+                    f"SELECT id FROM events WHERE {where} ORDER BY received_at LIMIT ?",
                     [*params, limit],
                 )
             ]
@@ -1042,30 +727,6 @@ class SqliteStore:
 
         await self._write(job)
 
-    async def list_rejections(
-        self,
-        route: str | None,
-        limit: int,
-        *,
-        since: float | None = None,
-        until: float | None = None,
-    ) -> list[Rejection]:
-        sql = "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
-        where: list[str] = []
-        params: list[Any] = []
-        for clause, value in (("route = ?", route), ("at >= ?", since), ("at < ?", until)):
-            if value is not None:
-                where.append(clause)
-                params.append(value)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC LIMIT ?"
-        params.append(limit)
-        return [
-            Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))
-            for row in await self._read(sql, params, slow=True)
-        ]
-
     async def backup(self, destination: Path) -> int:
         return await asyncio.to_thread(self._backup, destination)
 
@@ -1137,21 +798,6 @@ class SqliteStore:
         await self._read("PRAGMA shrink_memory")
         async with self._snapshot_lock:  # not in the middle of a snapshot's reads
             await self._read("PRAGMA shrink_memory", slow=True)
-
-    async def _deliveries_of(self, event_ids: Iterable[int]) -> dict[int, list[DeliveryView]]:
-        ids = list(event_ids)
-        result: dict[int, list[DeliveryView]] = {}
-        if not ids:
-            return result
-        rows = await self._read(
-            f"SELECT {DELIVERY_COLUMNS} FROM deliveries"
-            f" WHERE event_id IN ({placeholders(len(ids))}) ORDER BY id",
-            ids,
-            slow=True,
-        )
-        for view in await self._with_holds([delivery_view(row) for row in rows]):
-            result.setdefault(view.event_id, []).append(view)
-        return result
 
 
 def _forget_prepared(connection: sqlite3.Connection) -> None:
