@@ -16,7 +16,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
+import orjson
+
+from relay.core.outcome import SentRequest
 from relay.store.base import (
+    AttemptKind,
+    AttemptView,
     Attention,
     AuditEntry,
     BodyHead,
@@ -31,7 +36,9 @@ from relay.store.base import (
     HeldTargets,
     HourlyActivity,
     IndexSource,
+    LogEntry,
     Rejection,
+    ResendLink,
     SearchProgress,
     Selection,
     Stats,
@@ -40,27 +47,13 @@ from relay.store.base import (
 )
 from relay.store.dialect import Dialect
 from relay.store.rows import (
-    ATTEMPT_COLUMNS,
-    AUDIT_COLUMNS,
-    DEAD_SINCE,
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     HEAD_OF_LINE,
-    HELD_BEHIND_DEAD,
-    HELD_KEYS,
-    HELD_TARGETS,
-    LOG_COLUMNS,
-    NEXT_PROBE,
-    RESEND_COLUMNS,
-    TARGET_STATE_COLUMNS,
     Row,
-    audit_entry,
     decode_headers,
     delivery_view,
-    event_detail,
-    event_view,
-    held_targets,
-    target_state,
+    payload_of,
 )
 
 
@@ -70,6 +63,58 @@ class Fetch(Protocol):
     async def __call__(self, sql: str, params: Sequence[Any] = (), /) -> Sequence[Row]: ...
 
 
+# Per target, pending deliveries waiting behind a dead one of their ordering key
+# (the relay_deliveries_held gauge); read through the ordering lines' index.
+HELD_BEHIND_DEAD = """
+SELECT p.target, COUNT(*) FROM deliveries p
+WHERE p.order_key IS NOT NULL AND p.status = 'pending' AND EXISTS (
+    SELECT 1 FROM deliveries d
+    WHERE d.target = p.target AND d.order_key = p.order_key
+    AND d.status = 'dead' AND d.id < p.id
+)
+GROUP BY p.target
+"""
+# Deliveries gone dead since a time, and still dead (attention).
+DEAD_SINCE = "SELECT COUNT(*) FROM deliveries WHERE status = 'dead' AND updated_at >= ?"
+# Ordering keys whose first unfinished delivery is dead, with how many wait.
+HELD_KEYS = """
+SELECT d.id, d.event_id, d.target, d.order_key,
+    (SELECT COUNT(*) FROM deliveries n WHERE n.target = d.target
+     AND n.order_key = d.order_key AND n.status = 'pending' AND n.id > d.id)
+FROM deliveries d
+WHERE d.status = 'dead' AND d.order_key IS NOT NULL
+AND d.id = (SELECT h.id FROM deliveries h WHERE h.target = d.target
+    AND h.order_key = d.order_key AND h.status IN ('pending', 'in_flight', 'dead')
+    ORDER BY h.id LIMIT 1)
+AND EXISTS (SELECT 1 FROM deliveries w WHERE w.target = d.target
+    AND w.order_key = d.order_key AND w.status = 'pending' AND w.id > d.id)
+ORDER BY d.id LIMIT ?
+"""
+# Paused or down targets, one row each (held_targets).
+HELD_TARGETS = (
+    "SELECT name, paused, down_since, probe_at, probes, probe_delivery FROM targets"
+    " WHERE paused OR down_since IS NOT NULL"
+)
+# Every target's state (target_states), read by target_state().
+TARGET_STATE_COLUMNS = (
+    "name, paused, last_success_at, last_error_at, last_error,"
+    " consecutive_failures, down_since, probe_at, probes, probe_delivery"
+)
+# The delivery a down target's next probe takes: the one under way, else
+# the first in line (as claim_due orders them).
+NEXT_PROBE = (
+    "SELECT id FROM deliveries WHERE target = ? AND status IN ('pending', 'in_flight')"
+    " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
+    " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
+)
+AUDIT_COLUMNS = "id, at, by, action, subject, count, deliveries"
+# Columns the mappings below read, in this order.
+ATTEMPT_COLUMNS = (
+    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
+    " next_attempt_at, kind, cycle_number, request, request_body"
+)
+LOG_COLUMNS = "delivery_id, at, kind, detail, by"
+RESEND_COLUMNS = "original_id, copy_id, at, by"
 # An event listing's columns, in the order event_view reads them.
 EVENT_LIST_COLUMNS = (
     "events.id, events.route, events.idempotency_key, events.received_at,"
@@ -470,3 +515,112 @@ async def _target_states(fetch: Fetch) -> dict[str, TargetState]:
 async def _oldest_pending(fetch: Fetch) -> float | None:
     rows = await fetch(OLDEST_PENDING)
     return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+def held_targets(rows: Iterable[Row]) -> HeldTargets:
+    return HeldTargets(
+        paused=frozenset(row[0] for row in rows if row[1]),
+        down={
+            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
+            for row in rows
+            if row[2] is not None
+        },
+    )
+
+
+def target_state(row: Row, next_probe: int | None = None) -> TargetState:
+    """A target's state from a row of TARGET_STATE_COLUMNS."""
+    down = None
+    if row[6] is not None:
+        down = DownState(row[6], row[7], row[8], last_probe=row[9], next_probe=next_probe)
+    return TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5], down=down)
+
+
+def audit_entry(row: Row) -> AuditEntry:
+    """One operator action, from a row of AUDIT_COLUMNS."""
+    ids = tuple(int(i) for i in orjson.loads(row[6]))
+    return AuditEntry(row[0], row[1], row[2], row[3], row[4], row[5], ids)
+
+
+def sent_request(head: str | None, body: bytes | None) -> SentRequest | None:
+    if head is None:
+        return None
+    values = orjson.loads(head)
+    headers = tuple((str(name), str(value)) for name, value in values["headers"])
+    return SentRequest(values["method"], values["url"], headers, bytes(body or b""))
+
+
+def event_view(row: Row, deliveries: Iterable[DeliveryView]) -> EventView:
+    """An event in a listing, from a row of EVENT_LIST_COLUMNS."""
+    return EventView(
+        id=row[0],
+        route=row[1],
+        idempotency_key=row[2],
+        received_at=row[3],
+        remote_addr=row[4],
+        deliveries=tuple(deliveries),
+        conflict_of=row[5],
+    )
+
+
+def attempt_view(row: Row) -> AttemptView:
+    """One attempt, from a row of ATTEMPT_COLUMNS."""
+    return AttemptView(
+        delivery_id=row[0],
+        number=row[1],
+        started_at=row[2],
+        duration=row[3],
+        outcome=row[4],
+        http_status=row[5],
+        error=row[6],
+        response=bytes(row[7] or b""),
+        next_attempt_at=row[8],
+        kind=AttemptKind(row[9]),
+        cycle_number=row[10],
+        request=sent_request(row[11], row[12]),
+    )
+
+
+def log_entry(row: Row) -> LogEntry:
+    """One history line, from a row of LOG_COLUMNS."""
+    return LogEntry(row[0], row[1], row[2], row[3], row[4])
+
+
+def resend_link(row: Row) -> ResendLink:
+    """A corrected copy and its original, from a row of RESEND_COLUMNS."""
+    return ResendLink(original_id=row[0], copy_id=row[1], at=row[2], by=row[3])
+
+
+def event_detail(
+    row: Row,
+    deliveries: Sequence[DeliveryView],
+    attempts: Iterable[Row],
+    log: Iterable[Row],
+    links: Iterable[Row],
+) -> EventDetail:
+    """One event with everything about it: `row` of EVENT_COLUMNS, then rows of
+    ATTEMPT_COLUMNS and LOG_COLUMNS (oldest first) and of RESEND_COLUMNS."""
+    by_attempt: dict[int, list[AttemptView]] = {delivery.id: [] for delivery in deliveries}
+    by_log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
+    for attempt in attempts:
+        by_attempt[attempt[0]].append(attempt_view(attempt))
+    for entry in log:
+        by_log[entry[0]].append(log_entry(entry))
+    event_id = row[0]
+    resends = [resend_link(link) for link in links]
+    return EventDetail(
+        event=EventView(
+            id=event_id,
+            route=row[1],
+            idempotency_key=row[2],
+            received_at=row[3],
+            remote_addr=row[4],
+            deliveries=tuple(deliveries),
+            conflict_of=row[11],
+        ),
+        payload=payload_of(row),
+        attempts={key: tuple(value) for key, value in by_attempt.items()},
+        log={key: tuple(value) for key, value in by_log.items()},
+        resent_from=next((link for link in resends if link.copy_id == event_id), None),
+        resent_as=tuple(link for link in resends if link.original_id == event_id),
+    )

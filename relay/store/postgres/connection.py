@@ -9,13 +9,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Hashable,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg

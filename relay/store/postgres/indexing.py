@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 
-from relay.store.base import (
-    SearchDocument,
-)
+from relay.store.base import SearchDocument
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 

@@ -4,9 +4,7 @@ and refused requests."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 
 import orjson
 

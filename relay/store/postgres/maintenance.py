@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Mapping,
-)
+from collections.abc import Mapping
 from pathlib import Path
 
-from relay.store.base import (
-    StoreError,
-)
+from relay.store.base import StoreError
 from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 
 import relay.store.rows as rows
 from relay.store.accept import AcceptJob
-from relay.store.base import (
-    UNKNOWN,
-    DeliveryView,
-    NewDelivery,
-    NotFound,
-    Resend,
-    Selection,
-    Status,
-)
+from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
 from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.connection import PostgresConnection

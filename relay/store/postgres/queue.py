@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import (
-    Collection,
-    Mapping,
-)
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 import relay.store.rows as rows
@@ -34,11 +31,7 @@ from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 from relay.store.postgres.record import Record
 from relay.store.record import RecordJob
-from relay.store.rows import (
-    EVENT_COLUMNS,
-    claimed_delivery,
-    delivery_after,
-)
+from relay.store.rows import EVENT_COLUMNS, claimed_delivery, delivery_after
 
 UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 CLAIM_RETURNING = rows.CLAIM_RETURNING

@@ -3,22 +3,11 @@ alerts noted by all and sent by the leader, wake-ups, the list of instances."""
 
 from __future__ import annotations
 
-from collections.abc import (
-    Callable,
-    Collection,
-    Mapping,
-    Sequence,
-)
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from relay.config import Config
 from relay.store.accept import AcceptJob
-from relay.store.base import (
-    Accepted,
-    AlertNote,
-    InstanceState,
-    NewDelivery,
-    NewEvent,
-)
+from relay.store.base import Accepted, AlertNote, InstanceState, NewDelivery, NewEvent
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.cluster import (
     INSTANCES,

@@ -18,12 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import aiosqlite
 
-from relay.store.base import (
-    SEARCH_SECONDS,
-    SearchTooSlow,
-    StoreError,
-    StoreUnavailable,
-)
+from relay.store.base import SEARCH_SECONDS, SearchTooSlow, StoreError, StoreUnavailable
 from relay.store.dialect import SQLITE
 from relay.store.migrations import LATEST, migrate
 from relay.store.reads import Fetch, Reads

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from relay.store.base import (
-    StoreUnavailable,
-)
+from relay.store.base import StoreUnavailable
 from relay.store.sqlite.connection import SqliteConnection
 
 

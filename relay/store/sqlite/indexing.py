@@ -5,9 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from relay.store.base import (
-    SearchDocument,
-)
+from relay.store.base import SearchDocument
 from relay.store.sqlite.connection import SqliteConnection
 
 

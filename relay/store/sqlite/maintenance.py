@@ -9,9 +9,7 @@ import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 
-from relay.store.base import (
-    StoreError,
-)
+from relay.store.base import StoreError
 from relay.store.dialect import SQLITE, placeholders
 from relay.store.reads import purgeable
 from relay.store.sqlite.connection import SqliteConnection

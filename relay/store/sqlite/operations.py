@@ -6,15 +6,7 @@ import sqlite3
 from collections.abc import Callable
 
 from relay.store.accept import AcceptJob
-from relay.store.base import (
-    UNKNOWN,
-    DeliveryView,
-    NewDelivery,
-    NotFound,
-    Resend,
-    Selection,
-    Status,
-)
+from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
 from relay.store.dialect import SQLITE
 from relay.store.reads import selection_where
 from relay.store.rows import (

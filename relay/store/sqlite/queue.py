@@ -6,14 +6,7 @@ import sqlite3
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from relay.store.base import (
-    AttemptRecord,
-    ClaimedDelivery,
-    FailureStreak,
-    Hold,
-    Transition,
-    Waits,
-)
+from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Transition, Waits
 from relay.store.dialect import placeholders
 from relay.store.record import RecordJob
 from relay.store.rows import (
