@@ -50,6 +50,8 @@ class Dialect:
     integer: str
     # A float parameter where the server cannot tell the type from the context.
     real: str
+    # The smaller of two values (SQLite's scalar min(), PostgreSQL's LEAST).
+    least: str
     # The deliveries whose event a search matches, as a condition on deliveries.
     search: Callable[[TextSearch], tuple[str, list[Any]]]
     # An event listing's search (SearchJoin).
@@ -68,6 +70,14 @@ class Dialect:
         if self.numbered:
             return f"{column} = ANY(?::{kind}[])", [list(values)]
         return f"{column} IN ({placeholders(len(values))})", list(values)
+
+    def none_of(
+        self, column: str, values: Sequence[Any], kind: str = "text"
+    ) -> tuple[str, list[Any]]:
+        """`column` is none of `values` (as any_of; SQLite takes an empty list)."""
+        if self.numbered:
+            return f"{column} <> ALL(?::{kind}[])", [list(values)]
+        return f"{column} NOT IN ({placeholders(len(values))})", list(values)
 
 
 def match_expression(search: TextSearch) -> str:
@@ -144,6 +154,7 @@ SQLITE = Dialect(
     # Truncation, which is the floor for what it is asked of (never negative).
     integer="CAST({} AS INTEGER)",
     real="?",
+    least="min",
     search=_fts5_search,
     listing_search=_fts5_listing,
 )
@@ -153,6 +164,7 @@ POSTGRES = Dialect(
     # (A cast alone would round.)
     integer="floor({})::int",
     real="?::float8",
+    least="LEAST",
     search=_trigram_search,
     listing_search=_trigram_listing,
 )

@@ -34,6 +34,7 @@ from relay.store.base import (
     Transition,
     Waits,
 )
+from relay.store.dialect import Dialect
 from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
 
 EVENT_COLUMNS = (
@@ -109,6 +110,66 @@ UPDATE deliveries SET resolves = (
     ORDER BY o.id LIMIT 1)
 WHERE event_id = ?
 """
+INSERT_RESEND = "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)"
+
+# What a person's verbs write (relay.store.verbs decides which applies).
+# One more attempt now, then back to its schedule: (now, now, delivery id).
+RETRY_FROM_PENDING = (
+    "UPDATE deliveries SET resume_status = 'pending', resume_at = next_attempt_at,"
+    " next_attempt_at = ?, updated_at = ? WHERE id = ?"
+)
+# One more attempt now, dead again if it fails: (now, now, delivery id).
+RETRY_FROM_DEAD = (
+    "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
+    " resume_at = NULL, next_attempt_at = ?, updated_at = ? WHERE id = ?"
+)
+# Not to be sent: (last_error, now, delivery id).
+SKIP = (
+    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+    " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"
+    " WHERE id = ?"
+)
+# (name, paused, paused_at)
+SET_PAUSED = (
+    "INSERT INTO targets (name, paused, paused_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
+    " paused_at = excluded.paused_at"
+)
+# A person resuming a down target wants to know now: probe at once. {least}:
+# the dialect's smaller of two; (now, name).
+PROBE_NOW = (
+    "UPDATE targets SET probe_at = {least}(probe_at, ?) WHERE name = ? AND down_since IS NOT NULL"
+)
+# Deliveries kept pending for a target no longer configured say why:
+# (UNCONFIGURED of the target, now, target).
+UNCONFIGURED = "target {target} is not configured: kept pending until it is"
+FLAG_UNCONFIGURED = (
+    "UPDATE deliveries SET last_error = ?, updated_at = ?"
+    " WHERE status IN ('pending', 'in_flight') AND target = ?"
+)
+
+
+def unconfigured(dialect: Dialect, configured: Sequence[str]) -> tuple[str, list[Any]]:
+    """Per target not among `configured`, how many of its deliveries are
+    pending or in flight: (target, count) rows."""
+    outside, params = dialect.none_of("target", configured)
+    return (
+        "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
+        f" AND {outside} GROUP BY target",
+        params,
+    )
+
+
+# A refused request, then the route's beyond the newest REJECTIONS_KEPT
+# dropped: (route, at, remote_addr, reason, detail, headers), (route, route, kept).
+INSERT_REJECTION = (
+    "INSERT INTO rejections (route, at, remote_addr, reason, detail, headers)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+PRUNE_REJECTIONS = (
+    "DELETE FROM rejections WHERE route = ? AND id <= (SELECT id FROM rejections"
+    " WHERE route = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
+)
 # How deep a chain of copies of copies is followed (a loop cannot be made,
 # a copy being a new event; the bound is only a guard).
 RESOLVE_DEPTH = 20

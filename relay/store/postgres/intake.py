@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import orjson
 
+import relay.store.rows as rows
 from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
@@ -17,8 +18,13 @@ from relay.store.base import (
     Rejection,
     StoreUnavailable,
 )
+from relay.store.dialect import numbered
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
+
+# A refused request is kept as on SQLite.
+INSERT_REJECTION = numbered(rows.INSERT_REJECTION)
+PRUNE_REJECTIONS = numbered(rows.PRUNE_REJECTIONS)
 
 
 class PostgresIntake(PostgresConnection):
@@ -39,8 +45,7 @@ class PostgresIntake(PostgresConnection):
     async def record_rejection(self, rejection: Rejection) -> None:
         async def job(connection: Connection) -> None:
             await connection.execute(
-                "INSERT INTO rejections (route, at, remote_addr, reason, detail, headers)"
-                " VALUES ($1, $2, $3, $4, $5, $6)",
+                INSERT_REJECTION,
                 rejection.route,
                 rejection.at,
                 rejection.remote_addr,
@@ -49,10 +54,7 @@ class PostgresIntake(PostgresConnection):
                 orjson.dumps(rejection.headers),
             )
             await connection.execute(
-                "DELETE FROM rejections WHERE route = $1 AND id <= (SELECT id FROM rejections"
-                " WHERE route = $1 ORDER BY id DESC LIMIT 1 OFFSET $2)",
-                rejection.route,
-                REJECTIONS_KEPT,
+                PRUNE_REJECTIONS, rejection.route, rejection.route, REJECTIONS_KEPT
             )
 
         await self._write(job)

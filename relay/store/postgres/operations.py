@@ -28,13 +28,24 @@ from relay.store.verbs import (
     VerbResult,
     may_skip,
     outcome,
+    requeued,
+    retried,
     retry_now_step,
+    skipped,
+    skipped_error,
     waiting_behind,
 )
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
 LINK_COPY = numbered(rows.LINK_COPY)  # (original event, copy event)
+# A person's verbs write what SQLite's do.
+INSERT_RESEND = numbered(rows.INSERT_RESEND)
+RETRY_FROM_PENDING = numbered(rows.RETRY_FROM_PENDING)
+RETRY_FROM_DEAD = numbered(rows.RETRY_FROM_DEAD)
+SKIP = numbered(rows.SKIP)
+SET_PAUSED = numbered(rows.SET_PAUSED)
+PROBE_NOW = numbered(rows.PROBE_NOW.format(least=POSTGRES.least))
 
 
 class PostgresOperations(PostgresConnection):
@@ -49,11 +60,7 @@ class PostgresOperations(PostgresConnection):
             deliveries = [NewDelivery(target) for target in resend.targets]
             [accepted] = await store_batch(connection, [AcceptJob(event, deliveries, now)])
             await connection.execute(
-                "INSERT INTO resends (copy_id, original_id, at, by) VALUES ($1, $2, $3, $4)",
-                accepted.event_id,
-                resend.original_id,
-                now,
-                resend.by,
+                INSERT_RESEND, accepted.event_id, resend.original_id, now, resend.by
             )
             await connection.execute(LINK_COPY, resend.original_id, accepted.event_id)
             copies = [
@@ -91,30 +98,12 @@ class PostgresOperations(PostgresConnection):
                 assert head is not None  # it is in its line, so the line has a head
                 return waiting_behind(head[0], head[1])
             if step is RetryNow.FROM_PENDING:
-                await connection.execute(
-                    "UPDATE deliveries SET resume_status = 'pending',"
-                    " resume_at = next_attempt_at, next_attempt_at = $1, updated_at = $1"
-                    " WHERE id = $2",
-                    now,
-                    delivery_id,
-                )
+                await connection.execute(RETRY_FROM_PENDING, now, now, delivery_id)
             elif step is RetryNow.FROM_DEAD:
-                await connection.execute(
-                    "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
-                    " resume_at = NULL, next_attempt_at = $1, updated_at = $1 WHERE id = $2",
-                    now,
-                    delivery_id,
-                )
+                await connection.execute(RETRY_FROM_DEAD, now, now, delivery_id)
             else:
                 return await _select_delivery(connection, delivery_id)
-            await insert_log(
-                connection,
-                [delivery_id],
-                now,
-                "retry",
-                f"one more attempt (was {status.value})",
-                by,
-            )
+            await insert_log(connection, [delivery_id], now, "retry", retried(status), by)
             await _insert_audit(
                 connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id]
             )
@@ -134,22 +123,8 @@ class PostgresOperations(PostgresConnection):
             status = Status(status_text)
             if (refused := may_skip(status)) is not None:
                 return refused
-            await connection.execute(
-                "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
-                " resume_status = NULL, resume_at = NULL, last_error = $1, updated_at = $2"
-                " WHERE id = $3",
-                f"skipped by an operator (was {status.value})",
-                now,
-                delivery_id,
-            )
-            await insert_log(
-                connection,
-                [delivery_id],
-                now,
-                "skip",
-                f"not to be sent (was {status.value})",
-                by,
-            )
+            await connection.execute(SKIP, skipped_error(status), now, delivery_id)
+            await insert_log(connection, [delivery_id], now, "skip", skipped(status), by)
             await _insert_audit(
                 connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id]
             )
@@ -183,9 +158,7 @@ class PostgresOperations(PostgresConnection):
                 )
             ]
             ids.sort()
-            await insert_log(
-                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})", by
-            )
+            await insert_log(connection, ids, now, "requeue", requeued(selection.status), by)
             subject = describe_selection(selection)
             await _insert_audit(connection, now, by, "requeue", subject, ids)
             return ids
@@ -214,16 +187,9 @@ class PostgresOperations(PostgresConnection):
                 )
             ]
             for delivery_id in ids:
-                await connection.execute(
-                    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
-                    " resume_status = NULL, resume_at = NULL, last_error = $1, updated_at = $2"
-                    " WHERE id = $3",
-                    f"skipped by an operator (was {was})",
-                    now,
-                    delivery_id,
-                )
+                await connection.execute(SKIP, skipped_error(was), now, delivery_id)
                 await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
-            await insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
+            await insert_log(connection, ids, now, "skip", skipped(was), by)
             subject = describe_selection(selection)
             await _insert_audit(connection, now, by, "skip", subject, ids)
             return ids
@@ -237,22 +203,9 @@ class PostgresOperations(PostgresConnection):
         async def job(connection: Connection) -> None:
             action = "pause" if paused else "resume"
             await _insert_audit(connection, now, by, action, f"target {target}")
-            await connection.execute(
-                "INSERT INTO targets (name, paused, paused_at) VALUES ($1, $2, $3)"
-                " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
-                " paused_at = excluded.paused_at",
-                target,
-                paused,
-                now if paused else None,
-            )
+            await connection.execute(SET_PAUSED, target, paused, now if paused else None)
             if not paused:
-                # A person resuming a down target wants to know now: probe at once.
-                await connection.execute(
-                    "UPDATE targets SET probe_at = LEAST(probe_at, $1)"
-                    " WHERE name = $2 AND down_since IS NOT NULL",
-                    now,
-                    target,
-                )
+                await connection.execute(PROBE_NOW, now, target)
 
         await self._write(job)
         await self._wake("pause")

@@ -16,8 +16,8 @@ from relay.store.base import (
     StoreError,
     StoreUnavailable,
     Transition,
-    Waits,
 )
+from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.cluster import (
     ALIVE,
     STARTED,
@@ -31,9 +31,9 @@ from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 from relay.store.postgres.record import Record
 from relay.store.record import RecordJob
-from relay.store.rows import EVENT_COLUMNS, claimed_delivery, delivery_after
+from relay.store.rows import EVENT_COLUMNS, UNCONFIGURED, claimed_delivery, unconfigured
 
-UNCONFIGURED = "target {target} is not configured: kept pending until it is"
+FLAG_UNCONFIGURED = numbered(rows.FLAG_UNCONFIGURED)  # (why, now, target)
 CLAIM_RETURNING = rows.CLAIM_RETURNING
 
 
@@ -211,10 +211,7 @@ class PostgresQueue(PostgresConnection):
     ) -> FailureStreak:
         if self._records is None:
             raise StoreUnavailable("store is not open")
-        waits = isinstance(then, Waits)
-        cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
-        status, next_at, error = delivery_after(then, attempt)
-        job = RecordJob(delivery, attempt, status, next_at, error, waits, cycle, now, hold)
+        job = RecordJob.of(delivery, attempt, then, now, hold)
         record = Record(job, then, self.instance_id, self._limits)
         record.first = self._unanswered_records.get(record.key)
         try:
@@ -262,23 +259,15 @@ class PostgresQueue(PostgresConnection):
         return int(result.split()[-1])
 
     async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
-        names = list(configured)
+        sql, params = unconfigured(POSTGRES, list(configured))
 
         async def job(connection: Connection) -> dict[str, int]:
             counts: dict[str, int] = {}
-            for target, count in await connection.fetch(
-                "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
-                " AND target <> ALL($1::text[]) GROUP BY target",
-                names,
-            ):
+            for target, count in await connection.fetch(numbered(sql), *params):
                 counts[target] = count
-                await connection.execute(
-                    "UPDATE deliveries SET last_error = $1, updated_at = $2"
-                    " WHERE status IN ('pending', 'in_flight') AND target = $3",
-                    UNCONFIGURED.format(target=target),
-                    now,
-                    target,
-                )
+                # In flight too: a lease given back unused keeps the note.
+                why = UNCONFIGURED.format(target=target)
+                await connection.execute(FLAG_UNCONFIGURED, why, now, target)
             return counts
 
         return await self._write(job)

@@ -17,6 +17,7 @@ from relay.store.base import (
     Rejection,
     StoreUnavailable,
 )
+from relay.store.rows import INSERT_REJECTION, PRUNE_REJECTIONS
 from relay.store.sqlite.connection import SqliteConnection
 
 
@@ -46,8 +47,7 @@ class SqliteIntake(SqliteConnection):
 
         def job(connection: sqlite3.Connection) -> None:
             connection.execute(
-                "INSERT INTO rejections (route, at, remote_addr, reason, detail, headers)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                INSERT_REJECTION,
                 (
                     rejection.route,
                     rejection.at,
@@ -58,9 +58,7 @@ class SqliteIntake(SqliteConnection):
                 ),
             )
             connection.execute(
-                "DELETE FROM rejections WHERE route = ? AND id <= (SELECT id FROM rejections"
-                " WHERE route = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                (rejection.route, rejection.route, REJECTIONS_KEPT),
+                PRUNE_REJECTIONS, (rejection.route, rejection.route, REJECTIONS_KEPT)
             )
 
         await self._write(job)

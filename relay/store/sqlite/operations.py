@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+import relay.store.rows as rows
 from relay.store.accept import AcceptJob
 from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
 from relay.store.dialect import SQLITE
@@ -12,8 +13,13 @@ from relay.store.reads import selection_where
 from relay.store.rows import (
     EVENT_COLUMNS,
     HEAD_OF_LINE,
+    INSERT_RESEND,
     LINK_COPY,
     NEXT_IN_LINE,
+    RETRY_FROM_DEAD,
+    RETRY_FROM_PENDING,
+    SET_PAUSED,
+    SKIP,
     copy_event,
     delivery_view,
     describe_selection,
@@ -30,9 +36,15 @@ from relay.store.verbs import (
     VerbResult,
     may_skip,
     outcome,
+    requeued,
+    retried,
     retry_now_step,
+    skipped,
+    skipped_error,
     waiting_behind,
 )
+
+PROBE_NOW = rows.PROBE_NOW.format(least=SQLITE.least)  # (now, target)
 
 
 class SqliteOperations(SqliteConnection):
@@ -46,10 +58,7 @@ class SqliteOperations(SqliteConnection):
             event = copy_event(row, resend, now)
             deliveries = [NewDelivery(target) for target in resend.targets]
             copy_id = AcceptJob(event, deliveries, now)(connection).event_id
-            connection.execute(
-                "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)",
-                (copy_id, resend.original_id, now, resend.by),
-            )
+            connection.execute(INSERT_RESEND, (copy_id, resend.original_id, now, resend.by))
             connection.execute(LINK_COPY, (resend.original_id, copy_id))
             copies = [
                 row[0]
@@ -83,27 +92,12 @@ class SqliteOperations(SqliteConnection):
                 head = connection.execute(HEAD_OF_LINE, (row[3], row[4])).fetchone()
                 return waiting_behind(head[0], head[1])
             if step is RetryNow.FROM_PENDING:
-                connection.execute(
-                    "UPDATE deliveries SET resume_status = 'pending', resume_at = next_attempt_at,"
-                    " next_attempt_at = ?, updated_at = ? WHERE id = ?",
-                    (now, now, delivery_id),
-                )
+                connection.execute(RETRY_FROM_PENDING, (now, now, delivery_id))
             elif step is RetryNow.FROM_DEAD:
-                connection.execute(
-                    "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
-                    " resume_at = NULL, next_attempt_at = ?, updated_at = ? WHERE id = ?",
-                    (now, now, delivery_id),
-                )
+                connection.execute(RETRY_FROM_DEAD, (now, now, delivery_id))
             else:
                 return delivery_view(select_delivery(connection, delivery_id))
-            insert_log(
-                connection,
-                [delivery_id],
-                now,
-                "retry",
-                f"one more attempt (was {status.value})",
-                by,
-            )
+            insert_log(connection, [delivery_id], now, "retry", retried(status), by)
             insert_audit(connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id])
             return delivery_view(select_delivery(connection, delivery_id))
 
@@ -127,20 +121,8 @@ class SqliteOperations(SqliteConnection):
             status = Status(row[0])
             if (refused := may_skip(status)) is not None:
                 return refused
-            connection.execute(
-                "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
-                " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"
-                " WHERE id = ?",
-                (f"skipped by an operator (was {status.value})", now, delivery_id),
-            )
-            insert_log(
-                connection,
-                [delivery_id],
-                now,
-                "skip",
-                f"not to be sent (was {status.value})",
-                by,
-            )
+            connection.execute(SKIP, (skipped_error(status), now, delivery_id))
+            insert_log(connection, [delivery_id], now, "skip", skipped(status), by)
             insert_audit(connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id])
             connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
             return delivery_view(select_delivery(connection, delivery_id))
@@ -167,9 +149,7 @@ class SqliteOperations(SqliteConnection):
                 ).fetchall()
             ]
             ids.sort()
-            insert_log(
-                connection, ids, now, "requeue", f"fresh retry cycle (was {selection.status})", by
-            )
+            insert_log(connection, ids, now, "requeue", requeued(selection.status), by)
             insert_audit(connection, now, by, "requeue", describe_selection(selection), ids)
             return ids
 
@@ -192,16 +172,11 @@ class SqliteOperations(SqliteConnection):
             ]
             was = selection.status.value
             for delivery_id in ids:
-                connection.execute(
-                    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
-                    " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"
-                    " WHERE id = ?",
-                    (f"skipped by an operator (was {was})", now, delivery_id),
-                )
+                connection.execute(SKIP, (skipped_error(was), now, delivery_id))
                 # In id order: skipping the head of a key lets the next go,
                 # unless it is skipped too, which lets the one after it go.
                 connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
-            insert_log(connection, ids, now, "skip", f"not to be sent (was {was})", by)
+            insert_log(connection, ids, now, "skip", skipped(was), by)
             insert_audit(connection, now, by, "skip", describe_selection(selection), ids)
             return ids
 
@@ -212,18 +187,8 @@ class SqliteOperations(SqliteConnection):
         def job(connection: sqlite3.Connection) -> None:
             action = "pause" if paused else "resume"
             insert_audit(connection, now, by, action, f"target {target}")
-            connection.execute(
-                "INSERT INTO targets (name, paused, paused_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
-                " paused_at = excluded.paused_at",
-                (target, int(paused), now if paused else None),
-            )
+            connection.execute(SET_PAUSED, (target, int(paused), now if paused else None))
             if not paused:
-                # A person resuming a down target wants to know now: probe at once.
-                connection.execute(
-                    "UPDATE targets SET probe_at = min(probe_at, ?)"
-                    " WHERE name = ? AND down_since IS NOT NULL",
-                    (now, target),
-                )
+                connection.execute(PROBE_NOW, (now, target))
 
         await self._write(job)

@@ -6,19 +6,19 @@ import sqlite3
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Transition, Waits
-from relay.store.dialect import placeholders
+from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Transition
+from relay.store.dialect import SQLITE, placeholders
 from relay.store.record import RecordJob
 from relay.store.rows import (
     CLAIM_DUE,
     CLAIM_EXPIRED,
     EVENT_COLUMNS,
+    FLAG_UNCONFIGURED,
+    UNCONFIGURED,
     claimed_delivery,
-    delivery_after,
+    unconfigured,
 )
 from relay.store.sqlite.connection import SqliteConnection
-
-UNCONFIGURED = "target {target} is not configured: kept pending until it is"
 
 
 class SqliteQueue(SqliteConnection):
@@ -94,13 +94,7 @@ class SqliteQueue(SqliteConnection):
         now: float,
         hold: Hold | None = None,
     ) -> FailureStreak:
-        # A manual attempt is one more try, not a step of the schedule; nor is
-        # a probe of a down target.
-        waits = isinstance(then, Waits)
-        cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
-        status, next_at, error = delivery_after(then, attempt)
-        job = RecordJob(delivery, attempt, status, next_at, error, waits, cycle, now, hold)
-        streak: FailureStreak = await self._write(job)
+        streak: FailureStreak = await self._write(RecordJob.of(delivery, attempt, then, now, hold))
         return streak
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
@@ -130,22 +124,15 @@ class SqliteQueue(SqliteConnection):
         return result
 
     async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
-        names = list(configured)
+        sql, params = unconfigured(SQLITE, list(configured))
 
         def job(connection: sqlite3.Connection) -> dict[str, int]:
             counts: dict[str, int] = {}
-            for target, count in connection.execute(
-                "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
-                f" AND target NOT IN ({placeholders(len(names))}) GROUP BY target",
-                names,
-            ).fetchall():
+            for target, count in connection.execute(sql, params).fetchall():
                 counts[target] = count
                 # In flight too: a lease given back unused keeps the note.
-                connection.execute(
-                    "UPDATE deliveries SET last_error = ?, updated_at = ?"
-                    " WHERE status IN ('pending', 'in_flight') AND target = ?",
-                    (UNCONFIGURED.format(target=target), now, target),
-                )
+                why = UNCONFIGURED.format(target=target)
+                connection.execute(FLAG_UNCONFIGURED, (why, now, target))
             return counts
 
         result: dict[str, int] = await self._write(job)
