@@ -19,14 +19,14 @@ HOT_PATH = (
     "relay.ingress.keys",
     "relay.core.canonical",
     "relay.store.accept",
-    "relay.store.writer",
+    "relay.store.sqlite.writer",
 )
 
 _PACKAGE = Path(__file__).resolve().parent
 
 
 def module_file(name: str, package: Path = _PACKAGE) -> Path:
-    """Where module `name` (relay.store.writer) lives in `package` (the relay
+    """Where module `name` (relay.store.sqlite.writer) lives in `package` (the relay
     folder), without a suffix: writer.py beside it is the source, writer
     plus an extension suffix the compiled module."""
     return package.joinpath(*name.split(".")[1:])

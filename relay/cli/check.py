@@ -179,7 +179,7 @@ def database_warnings(config: Config) -> list[str]:
     said, found = connection_budget(config.storage.pool_size, connections)
     print(said)
     if pooled:
-        from relay.store.pg_cluster import SESSION_POOLING_NEEDED
+        from relay.store.postgres.cluster import SESSION_POOLING_NEEDED
 
         found.append(f"relay serve will refuse this database: {SESSION_POOLING_NEEDED}")
     return [*durability_warnings(settings), *found]
@@ -198,7 +198,7 @@ class ServerConnections:
 def connection_budget(pool_size: int, server: ServerConnections) -> tuple[str, list[str]]:
     """The cluster's connection need (each instance up to pool_size plus its
     own few) against what the server has for it: a line, and warnings."""
-    from relay.store.pg_cluster import CONNECTIONS_BESIDES_POOL
+    from relay.store.postgres.cluster import CONNECTIONS_BESIDES_POOL
 
     each = pool_size + CONNECTIONS_BESIDES_POOL
     instances = server.running + 1
@@ -243,7 +243,7 @@ async def _server_facts(config: Config) -> tuple[dict[str, str], ServerConnectio
     in transaction mode is in between (two connections, one session)."""
     import asyncpg  # only a PostgreSQL config needs the driver
 
-    from relay.store.pg_cluster import SERVER_NOW, sessions_shared
+    from relay.store.postgres.cluster import SERVER_NOW, sessions_shared
 
     storage = config.storage
     assert storage.url is not None

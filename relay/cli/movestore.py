@@ -56,7 +56,7 @@ def migrate_store(args: argparse.Namespace) -> int:
             " so that nothing arrives after the copy"
         ) from None
     # asyncpg: imported by the command that copies, not by every `relay` command.
-    from relay.store.pg_copy import copy_into, open_source
+    from relay.store.postgres.copy import copy_into, open_source
 
     try:
         source = open_source(path)

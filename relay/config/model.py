@@ -69,7 +69,7 @@ class StorageConfig:
     # over, and, if it led, its session (and the lead) is ended by the server.
     dead_after: float = 10.0
     # PostgreSQL: the most connections an instance's pool opens; it opens
-    # CONNECTIONS_BESIDES_POOL (relay.store.pg_cluster) more of its own.
+    # CONNECTIONS_BESIDES_POOL (relay.store.postgres.cluster) more of its own.
     pool_size: int = 10
 
     def describe(self) -> str:

@@ -19,13 +19,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.core.outcome import Verdict
-from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Status
+from relay.store.base import (
+    AttemptRecord,
+    ClaimedDelivery,
+    FailureStreak,
+    Hold,
+    Status,
+    Transition,
+    Waits,
+)
+from relay.store.dialect import placeholders
 from relay.store.rows import (
     ATTEMPT_COLUMNS_INSERTED,
     NEXT_IN_LINE,
     attempt_values,
+    delivery_after,
     line_up_by_arrival,
-    placeholders,
     resolve_originals,
     update_health,
 )
@@ -55,6 +64,23 @@ class RecordJob:
     cycle: int  # attempts in the cycle after this one
     now: float
     hold: Hold | None
+
+    @classmethod
+    def of(
+        cls,
+        delivery: ClaimedDelivery,
+        attempt: AttemptRecord,
+        then: Transition,
+        now: float,
+        hold: Hold | None,
+    ) -> RecordJob:
+        """The record of `attempt`, whose delivery goes on to `then`. A manual
+        attempt is one more try, not a step of the schedule; nor is a probe of
+        a down target."""
+        status, next_at, error = delivery_after(then, attempt)
+        cycle = delivery.attempts_in_cycle + (1 if attempt.in_cycle else 0)
+        waits = isinstance(then, Waits)
+        return cls(delivery, attempt, status, next_at, error, waits, cycle, now, hold)
 
     def __call__(self, connection: sqlite3.Connection) -> FailureStreak:
         return self.one(connection)

@@ -1,10 +1,14 @@
-"""SQL text and row mapping shared by the SQLite store's reads and write jobs;
-the row mapping (same columns, same order) by the PostgreSQL store too."""
+"""The write side's shared SQL text and rows: claims, ordering lines, the
+history and audit rows, an attempt's row, a delivery and an event as written
+and claimed. SQLite's write jobs run the SQL as it is (the helpers taking a
+sqlite3 connection are theirs); PostgreSQL's numbered (relay.store.dialect)
+or in statements of its own, with the same columns in the same order. The
+reads' SQL and mapping are relay.store.reads."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -15,32 +19,22 @@ from relay.core.payload import Payload
 from relay.core.units import format_instant
 from relay.store.base import (
     AUDIT_IDS_KEPT,
-    AttemptKind,
     AttemptRecord,
-    AttemptView,
-    AuditEntry,
     ClaimedDelivery,
     Delivered,
     DeliveryView,
-    DownState,
-    EventDetail,
-    EventView,
     FailureStreak,
     Header,
-    HeldTargets,
     Hold,
-    LogEntry,
     NewEvent,
     Resend,
-    ResendLink,
     RetryAt,
     Selection,
     Status,
-    TargetState,
-    TextSearch,
     Transition,
     Waits,
 )
+from relay.store.dialect import Dialect
 from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
 
 EVENT_COLUMNS = (
@@ -51,17 +45,6 @@ DELIVERY_COLUMNS = (
     "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
     " updated_at, order_key, resolves, resolved_by"
 )
-# Per target, pending deliveries waiting behind a dead one of their ordering key
-# (the relay_deliveries_held gauge); read through the ordering lines' index.
-HELD_BEHIND_DEAD = """
-SELECT p.target, COUNT(*) FROM deliveries p
-WHERE p.order_key IS NOT NULL AND p.status = 'pending' AND EXISTS (
-    SELECT 1 FROM deliveries d
-    WHERE d.target = p.target AND d.order_key = p.order_key
-    AND d.status = 'dead' AND d.id < p.id
-)
-GROUP BY p.target
-"""
 # The first unfinished delivery of a key: the only one of its line that may go.
 HEAD_OF_LINE = """
 SELECT id, status, event_id FROM deliveries
@@ -103,117 +86,6 @@ WHERE id IN (
 {CLAIM_RETURNING}
 """
 
-# Deliveries gone dead since a time, and still dead (attention).
-DEAD_SINCE = "SELECT COUNT(*) FROM deliveries WHERE status = 'dead' AND updated_at >= ?"
-# Ordering keys whose first unfinished delivery is dead, with how many wait.
-HELD_KEYS = """
-SELECT d.id, d.event_id, d.target, d.order_key,
-    (SELECT COUNT(*) FROM deliveries n WHERE n.target = d.target
-     AND n.order_key = d.order_key AND n.status = 'pending' AND n.id > d.id)
-FROM deliveries d
-WHERE d.status = 'dead' AND d.order_key IS NOT NULL
-AND d.id = (SELECT h.id FROM deliveries h WHERE h.target = d.target
-    AND h.order_key = d.order_key AND h.status IN ('pending', 'in_flight', 'dead')
-    ORDER BY h.id LIMIT 1)
-AND EXISTS (SELECT 1 FROM deliveries w WHERE w.target = d.target
-    AND w.order_key = d.order_key AND w.status = 'pending' AND w.id > d.id)
-ORDER BY d.id LIMIT ?
-"""
-
-# Paused or down targets, one row each (held_targets).
-HELD_TARGETS = (
-    "SELECT name, paused, down_since, probe_at, probes, probe_delivery FROM targets"
-    " WHERE paused OR down_since IS NOT NULL"
-)
-# Every target's state (target_states), read by target_state().
-TARGET_STATE_COLUMNS = (
-    "name, paused, last_success_at, last_error_at, last_error,"
-    " consecutive_failures, down_since, probe_at, probes, probe_delivery"
-)
-# The delivery a down target's next probe takes: the one under way, else
-# the first in line (as claim_due orders them).
-NEXT_PROBE = (
-    "SELECT id FROM deliveries WHERE target = ? AND status IN ('pending', 'in_flight')"
-    " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
-    " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
-)
-
-
-def held_targets(rows: Sequence[Sequence[Any]]) -> HeldTargets:
-    return HeldTargets(
-        paused=frozenset(row[0] for row in rows if row[1]),
-        down={
-            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
-            for row in rows
-            if row[2] is not None
-        },
-    )
-
-
-def target_state(row: Row, next_probe: int | None = None) -> TargetState:
-    """A target's state from a row of TARGET_STATE_COLUMNS."""
-    down = None
-    if row[6] is not None:
-        down = DownState(row[6], row[7], row[8], last_probe=row[9], next_probe=next_probe)
-    return TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5], down=down)
-
-
-def placeholders(count: int) -> str:
-    return ",".join("?" * count)
-
-
-def sqlite_search(search: TextSearch) -> tuple[str, list[Any]]:
-    """The events a search matches, as a condition on deliveries (SQLite's FTS5)."""
-    return (
-        "event_id IN (SELECT rowid FROM event_search WHERE event_search MATCH ?)",
-        [match_expression(search)],
-    )
-
-
-def selection_where(
-    selection: Selection,
-    search: Callable[[TextSearch], tuple[str, list[Any]]] = sqlite_search,
-) -> tuple[str, list[Any]]:
-    """The WHERE of the deliveries `selection` takes, `?` placeholders;
-    `search` makes a content search's condition in the backend's own terms."""
-    where = ["status = ?"]
-    params: list[Any] = [selection.status.value]
-    for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
-        if value is not None:
-            where.append(clause)
-            params.append(value)
-    if selection.ids:
-        where.append(f"id IN ({placeholders(len(selection.ids))})")
-        params += selection.ids
-    if selection.since is not None or selection.until is not None:
-        where.append(
-            "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
-        )
-        params += [
-            selection.since if selection.since is not None else float("-inf"),
-            selection.until if selection.until is not None else float("inf"),
-        ]
-    if selection.key is not None:
-        where.append("event_id IN (SELECT id FROM events WHERE idempotency_key = ?)")
-        params.append(selection.key)
-    if selection.search is not None:
-        clause, values = search(selection.search)
-        where.append(clause)
-        params += values
-    return " AND ".join(where), params
-
-
-def match_expression(search: TextSearch) -> str:
-    """An FTS5 query: each word a quoted phrase (a substring, for the trigram
-    tokenizer) of the text column, all required; or the digits as one phrase."""
-    if search.digits is not None:
-        return "{digits}: " + _phrase(search.digits)
-    return " AND ".join("{text}: " + _phrase(word) for word in search.words)
-
-
-def _phrase(text: str) -> str:
-    return '"' + text.replace('"', '""') + '"'
-
 
 def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
     row: Sequence[Any] = connection.execute(
@@ -238,6 +110,66 @@ UPDATE deliveries SET resolves = (
     ORDER BY o.id LIMIT 1)
 WHERE event_id = ?
 """
+INSERT_RESEND = "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)"
+
+# What a person's verbs write (relay.store.verbs decides which applies).
+# One more attempt now, then back to its schedule: (now, now, delivery id).
+RETRY_FROM_PENDING = (
+    "UPDATE deliveries SET resume_status = 'pending', resume_at = next_attempt_at,"
+    " next_attempt_at = ?, updated_at = ? WHERE id = ?"
+)
+# One more attempt now, dead again if it fails: (now, now, delivery id).
+RETRY_FROM_DEAD = (
+    "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
+    " resume_at = NULL, next_attempt_at = ?, updated_at = ? WHERE id = ?"
+)
+# Not to be sent: (last_error, now, delivery id).
+SKIP = (
+    "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
+    " resume_status = NULL, resume_at = NULL, last_error = ?, updated_at = ?"
+    " WHERE id = ?"
+)
+# (name, paused, paused_at)
+SET_PAUSED = (
+    "INSERT INTO targets (name, paused, paused_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused,"
+    " paused_at = excluded.paused_at"
+)
+# A person resuming a down target wants to know now: probe at once. {least}:
+# the dialect's smaller of two; (now, name).
+PROBE_NOW = (
+    "UPDATE targets SET probe_at = {least}(probe_at, ?) WHERE name = ? AND down_since IS NOT NULL"
+)
+# Deliveries kept pending for a target no longer configured say why:
+# (UNCONFIGURED of the target, now, target).
+UNCONFIGURED = "target {target} is not configured: kept pending until it is"
+FLAG_UNCONFIGURED = (
+    "UPDATE deliveries SET last_error = ?, updated_at = ?"
+    " WHERE status IN ('pending', 'in_flight') AND target = ?"
+)
+
+
+def unconfigured(dialect: Dialect, configured: Sequence[str]) -> tuple[str, list[Any]]:
+    """Per target not among `configured`, how many of its deliveries are
+    pending or in flight: (target, count) rows."""
+    outside, params = dialect.none_of("target", configured)
+    return (
+        "SELECT target, COUNT(*) FROM deliveries WHERE status IN ('pending', 'in_flight')"
+        f" AND {outside} GROUP BY target",
+        params,
+    )
+
+
+# A refused request, then the route's beyond the newest REJECTIONS_KEPT
+# dropped: (route, at, remote_addr, reason, detail, headers), (route, route, kept).
+INSERT_REJECTION = (
+    "INSERT INTO rejections (route, at, remote_addr, reason, detail, headers)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+PRUNE_REJECTIONS = (
+    "DELETE FROM rejections WHERE route = ? AND id <= (SELECT id FROM rejections"
+    " WHERE route = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
+)
 # How deep a chain of copies of copies is followed (a loop cannot be made,
 # a copy being a new event; the bound is only a guard).
 RESOLVE_DEPTH = 20
@@ -282,7 +214,6 @@ def insert_log(
 INSERT_AUDIT = (
     "INSERT INTO audit (at, by, action, subject, count, deliveries) VALUES (?, ?, ?, ?, ?, ?)"
 )
-AUDIT_COLUMNS = "id, at, by, action, subject, count, deliveries"
 
 
 def audit_values(
@@ -302,12 +233,6 @@ def insert_audit(
     delivery_ids: Sequence[int] = (),
 ) -> None:
     connection.execute(INSERT_AUDIT, audit_values(now, by, action, subject, delivery_ids))
-
-
-def audit_entry(row: Row) -> AuditEntry:
-    """One operator action, from a row of AUDIT_COLUMNS."""
-    ids = tuple(int(i) for i in orjson.loads(row[6]))
-    return AuditEntry(row[0], row[1], row[2], row[3], row[4], row[5], ids)
 
 
 def resend_subject(resend: Resend, copy_id: int) -> str:
@@ -454,14 +379,6 @@ def request_values(request: SentRequest | None) -> tuple[str | None, bytes | Non
     return orjson.dumps(head).decode(), request.body
 
 
-def sent_request(head: str | None, body: bytes | None) -> SentRequest | None:
-    if head is None:
-        return None
-    values = orjson.loads(head)
-    headers = tuple((str(name), str(value)) for name, value in values["headers"])
-    return SentRequest(values["method"], values["url"], headers, bytes(body or b""))
-
-
 ATTEMPT_COLUMNS_INSERTED = (
     "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
     " next_attempt_at, kind, cycle_number, request, request_body"
@@ -472,7 +389,7 @@ def decode_headers(raw: bytes) -> list[Header]:
     return [(str(name), str(value)) for name, value in orjson.loads(raw)]
 
 
-def delivery_view(row: Sequence[Any]) -> DeliveryView:
+def delivery_view(row: Row) -> DeliveryView:
     return DeliveryView(
         id=row[0],
         event_id=row[1],
@@ -494,91 +411,7 @@ class Row(Protocol):
 
     def __getitem__(self, index: int, /) -> Any: ...
 
-
-# Columns the mappings below read, in this order.
-EVENT_LIST_COLUMNS = "id, route, idempotency_key, received_at, remote_addr, conflict_of"
-ATTEMPT_COLUMNS = (
-    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at, kind, cycle_number, request, request_body"
-)
-LOG_COLUMNS = "delivery_id, at, kind, detail, by"
-RESEND_COLUMNS = "original_id, copy_id, at, by"
-
-
-def event_view(row: Row, deliveries: Iterable[DeliveryView]) -> EventView:
-    """An event in a listing, from a row of EVENT_LIST_COLUMNS."""
-    return EventView(
-        id=row[0],
-        route=row[1],
-        idempotency_key=row[2],
-        received_at=row[3],
-        remote_addr=row[4],
-        deliveries=tuple(deliveries),
-        conflict_of=row[5],
-    )
-
-
-def attempt_view(row: Row) -> AttemptView:
-    """One attempt, from a row of ATTEMPT_COLUMNS."""
-    return AttemptView(
-        delivery_id=row[0],
-        number=row[1],
-        started_at=row[2],
-        duration=row[3],
-        outcome=row[4],
-        http_status=row[5],
-        error=row[6],
-        response=bytes(row[7] or b""),
-        next_attempt_at=row[8],
-        kind=AttemptKind(row[9]),
-        cycle_number=row[10],
-        request=sent_request(row[11], row[12]),
-    )
-
-
-def log_entry(row: Row) -> LogEntry:
-    """One history line, from a row of LOG_COLUMNS."""
-    return LogEntry(row[0], row[1], row[2], row[3], row[4])
-
-
-def resend_link(row: Row) -> ResendLink:
-    """A corrected copy and its original, from a row of RESEND_COLUMNS."""
-    return ResendLink(original_id=row[0], copy_id=row[1], at=row[2], by=row[3])
-
-
-def event_detail(
-    row: Row,
-    deliveries: Sequence[DeliveryView],
-    attempts: Iterable[Row],
-    log: Iterable[Row],
-    links: Iterable[Row],
-) -> EventDetail:
-    """One event with everything about it: `row` of EVENT_COLUMNS, then rows of
-    ATTEMPT_COLUMNS and LOG_COLUMNS (oldest first) and of RESEND_COLUMNS."""
-    by_attempt: dict[int, list[AttemptView]] = {delivery.id: [] for delivery in deliveries}
-    by_log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
-    for attempt in attempts:
-        by_attempt[attempt[0]].append(attempt_view(attempt))
-    for entry in log:
-        by_log[entry[0]].append(log_entry(entry))
-    event_id = row[0]
-    resends = [resend_link(link) for link in links]
-    return EventDetail(
-        event=EventView(
-            id=event_id,
-            route=row[1],
-            idempotency_key=row[2],
-            received_at=row[3],
-            remote_addr=row[4],
-            deliveries=tuple(deliveries),
-            conflict_of=row[11],
-        ),
-        payload=payload_of(row),
-        attempts={key: tuple(value) for key, value in by_attempt.items()},
-        log={key: tuple(value) for key, value in by_log.items()},
-        resent_from=next((link for link in resends if link.copy_id == event_id), None),
-        resent_as=tuple(link for link in resends if link.original_id == event_id),
-    )
+    def __iter__(self) -> Iterator[Any]: ...
 
 
 def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDelivery:

@@ -74,3 +74,21 @@ def waiting_behind(delivery_id: int, status: str) -> NotApplicable:
 def may_skip(status: Status) -> NotApplicable | None:
     """Only a pending or dead delivery can be set aside."""
     return None if status in (Status.PENDING, Status.DEAD) else NotApplicable(status.value)
+
+
+# What the history and the delivery say of a person's verb; `was`: the
+# state it was in (a Status is its own value).
+def retried(was: str) -> str:
+    return f"one more attempt (was {was})"
+
+
+def skipped(was: str) -> str:
+    return f"not to be sent (was {was})"
+
+
+def skipped_error(was: str) -> str:
+    return f"skipped by an operator (was {was})"
+
+
+def requeued(was: str) -> str:
+    return f"fresh retry cycle (was {was})"

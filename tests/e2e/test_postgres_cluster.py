@@ -28,8 +28,8 @@ from pytest_aiohttp import AiohttpServer
 
 from relay.core.payload import Payload
 from relay.store import AttemptRecord, Delivered, NewDelivery, NewEvent, Status
-from relay.store.pg_cluster import LEADER_LOCK
 from relay.store.postgres import PostgresStore
+from relay.store.postgres.cluster import LEADER_LOCK
 
 from helpers import RelayProcess, Sink, eventually, relay_cli, write_config
 from pgcluster import Cluster, create_cluster, remove_cluster, server_bin

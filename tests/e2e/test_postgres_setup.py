@@ -18,8 +18,8 @@ import pytest
 from pgbouncer import pgbouncer, pgbouncer_bin
 
 from relay.store import SqliteStore, StoreError
-from relay.store.pg_copy import connect_destination
 from relay.store.postgres import PostgresStore
+from relay.store.postgres.copy import connect_destination
 
 from helpers import RelayProcess, arelay_cli, relay_cli, write_config
 from pgcluster import Cluster, commits_off, database_of, run_sql

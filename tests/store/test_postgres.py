@@ -43,9 +43,9 @@ from relay.store import (
     StoreUnavailable,
     Waits,
 )
-from relay.store.pg_cluster import TargetLimits
-from relay.store.pg_schema import LATEST
 from relay.store.postgres import PostgresStore
+from relay.store.postgres.cluster import TargetLimits
+from relay.store.postgres.schema import LATEST
 from relay.targets import Target
 
 from conftest import ConfigFactory

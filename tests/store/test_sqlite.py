@@ -20,8 +20,8 @@ from relay.store import (
     StoreUnavailable,
     TextSearch,
 )
-from relay.store.checkpointer import BACKSTOP_PAGES
 from relay.store.migrations import MIGRATIONS
+from relay.store.sqlite.checkpointer import BACKSTOP_PAGES
 
 from helpers import eventually
 from samples import T0, TWO, event
@@ -188,7 +188,7 @@ async def test_the_database_file_takes_the_commits_soon_beside_the_writer(
     # A few commits, far below any wal_autocheckpoint: SQLite alone would
     # leave them in the WAL until one commit grew it past the threshold and
     # checkpointed inside itself, holding up that commit's senders
-    # (relay.store.checkpointer). Here the file has them soon after, though
+    # (relay.store.sqlite.checkpointer). Here the file has them soon after, though
     # no commit checkpointed.
     path = tmp_path / "relay.db"
     store = SqliteStore(path)

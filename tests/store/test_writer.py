@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from relay.store.writer import GroupCommitWriter
+from relay.store.sqlite.writer import GroupCommitWriter
 
 
 def counter(database: Path) -> Callable[[], sqlite3.Connection]:

@@ -36,9 +36,9 @@ def test_a_module_counts_as_compiled_by_its_extension_file(tmp_path: Path) -> No
         source.parent.mkdir(parents=True, exist_ok=True)
         source.write_text("")
     assert compiled_modules(package) == []
-    writer = package / "store" / f"writer{EXTENSION_SUFFIXES[0]}"
+    writer = package / "store" / "sqlite" / f"writer{EXTENSION_SUFFIXES[0]}"
     writer.write_bytes(b"")
-    assert compiled_modules(package) == ["relay.store.writer"]
+    assert compiled_modules(package) == ["relay.store.sqlite.writer"]
 
 
 @pytest.mark.skipif(EXPECT_COMPILED, reason="the compiled build's run (RELAY_EXPECT_COMPILED)")

@@ -173,3 +173,42 @@ def test_the_layering_check_sees_an_upward_import() -> None:
         " (relay.background)",
         "relay.store.base (relay.store) imports relay.delivery.scheduler (relay.delivery)",
     ]
+
+
+# The store's backends, each a package; what both share sits beside them.
+BACKENDS = ("relay.store.sqlite", "relay.store.postgres")
+# The only shared modules that know the backends: they pick one by the config.
+CHOOSERS = ("relay.store", "relay.store.backends")
+
+
+def across_backends(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one backend's package into another's, and from the
+    shared store modules into a backend (but the choosers')."""
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        if not module.startswith("relay.store"):
+            continue
+        own = next((b for b in BACKENDS if module == b or module.startswith(b + ".")), None)
+        for target in sorted(imported):
+            backend = next((b for b in BACKENDS if target == b or target.startswith(b + ".")), None)
+            if backend is None or backend == own or (own is None and module in CHOOSERS):
+                continue
+            wrong.append(f"{module} imports {target}")
+    return wrong
+
+
+def test_a_backend_imports_no_other_and_the_shared_store_neither() -> None:
+    assert across_backends(import_graph()) == []
+
+
+def test_the_backend_check_sees_a_sideways_import() -> None:
+    graph = {
+        "relay.store.postgres.copy": {"relay.store.sqlite.schema", "relay.store.dialect"},
+        "relay.store.reads": {"relay.store.sqlite.connection"},
+        "relay.store.backends": {"relay.store.postgres"},
+        "relay.store.sqlite.queue": {"relay.store.sqlite.connection"},
+    }
+    assert across_backends(graph) == [
+        "relay.store.postgres.copy imports relay.store.sqlite.schema",
+        "relay.store.reads imports relay.store.sqlite.connection",
+    ]

@@ -1,4 +1,4 @@
-"""Recording attempts on PostgreSQL, a batch per transaction (relay.store.pg_batch).
+"""Recording attempts on PostgreSQL, a batch per transaction (relay.store.postgres.batch).
 
 Every attempt writes its row, its delivery's new state and its target's
 health, under the target's row lock: instances record attempts of one target
@@ -18,7 +18,6 @@ As on SQLite (relay.store.record); only the I/O differs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,19 +25,12 @@ from typing import Any
 import relay.store.rows as rows
 from relay.core.outcome import Verdict
 from relay.store.base import FailureStreak, RetryAt, Status, Transition
+from relay.store.dialect import numbered
 from relay.store.health import HEALTH_COLUMNS, HealthChange, fails_alone, health_after
-from relay.store.pg_cluster import TargetLimits
-from relay.store.pg_errors import Connection
+from relay.store.postgres.cluster import TargetLimits
+from relay.store.postgres.errors import Connection
 from relay.store.record import RecordJob
 from relay.store.rows import ATTEMPT_COLUMNS_INSERTED
-
-
-def numbered(sql: str, start: int = 1) -> str:
-    """SQLite's `?` placeholders as PostgreSQL's `$1, $2...` (the shared SQL
-    fragments hold no `?` inside literals)."""
-    counter = iter(range(start, start + sql.count("?") + 1))
-    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
-
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
@@ -234,7 +226,7 @@ async def _one(connection: Connection, record: Record) -> FailureStreak:
 
 async def _hold_paces(connection: Connection, limits: TargetLimits | None, until: float) -> None:
     """A receiver's wait holds the target's paces for every instance: none
-    claims for them before `until` (pg_cluster.allowed reads these rows)."""
+    claims for them before `until` (cluster.allowed reads these rows)."""
     names = [name for name, _ in limits.paces] if limits is not None else []
     if names:
         await connection.execute(

@@ -21,8 +21,8 @@ import asyncpg
 from relay.core.pgurl import masked_url
 from relay.store.base import StoreError
 from relay.store.migrations import LATEST as SQLITE_LATEST
-from relay.store.pg_errors import DRIVER_ERRORS, at
-from relay.store.pg_schema import migrate
+from relay.store.postgres.errors import DRIVER_ERRORS, at
+from relay.store.postgres.schema import migrate
 
 BATCH = 5000
 

@@ -25,7 +25,7 @@ from typing import Generic, TypeVar
 import asyncpg
 
 from relay.store.base import StoreUnavailable
-from relay.store.pg_errors import Connection, is_environmental, unavailable
+from relay.store.postgres.errors import Connection, is_environmental, unavailable
 
 log = logging.getLogger("relay.store")
 

@@ -36,7 +36,7 @@ import asyncpg
 
 from relay.config import Config
 from relay.store.base import DownState, StoreError
-from relay.store.pg_errors import DRIVER_ERRORS, POOLER, Connection
+from relay.store.postgres.errors import DRIVER_ERRORS, POOLER, Connection
 
 log = logging.getLogger("relay.store")
 

@@ -1,4 +1,4 @@
-"""Accepting events on PostgreSQL, a batch per transaction (relay.store.pg_batch).
+"""Accepting events on PostgreSQL, a batch per transaction (relay.store.postgres.batch).
 
 Requests hand in their event; a batch of them is written in one transaction
 (multi-row inserts from arrays) and each request answered, after the commit,
@@ -20,7 +20,7 @@ from typing import Any
 
 from relay.store.accept import AcceptJob, Holder, ToStore, decide, message_tag
 from relay.store.base import Accepted, Status
-from relay.store.pg_errors import Connection
+from relay.store.postgres.errors import Connection
 
 EVENT_INSERT = """
 INSERT INTO events (id, route, idempotency_key, received_at, remote_addr, method, path,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from relay.store.base import StoreError, StoreUnavailable
-from relay.store.checkpointer import BACKSTOP_PAGES, Checkpointer
+from relay.store.sqlite.checkpointer import BACKSTOP_PAGES, Checkpointer
 
 T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], T]
@@ -109,7 +109,7 @@ class GroupCommitWriter:
     ) -> None:
         self._connect = connect
         # Checkpoints on a connection of their own, beside the commits
-        # (relay.store.checkpointer); without one, SQLite's inside them.
+        # (relay.store.sqlite.checkpointer); without one, SQLite's inside them.
         self._checkpointer = Checkpointer(checkpoints) if checkpoints is not None else None
         self._max_batch = max_batch
         self._linger_from = linger_from

@@ -1,0 +1,232 @@
+"""The PostgreSQL store's operations: what a person does to deliveries and events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import relay.store.rows as rows
+from relay.store.accept import AcceptJob
+from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
+from relay.store.dialect import POSTGRES, numbered
+from relay.store.postgres.accept import store_batch
+from relay.store.postgres.connection import PostgresConnection
+from relay.store.postgres.errors import Connection
+from relay.store.postgres.record import NEXT_IN_LINE, insert_log
+from relay.store.reads import selection_where
+from relay.store.rows import (
+    DELIVERY_COLUMNS,
+    EVENT_COLUMNS,
+    copy_event,
+    delivery_view,
+    describe_selection,
+    resend_subject,
+)
+from relay.store.verbs import (
+    Missing,
+    NotApplicable,
+    RetryNow,
+    VerbResult,
+    may_skip,
+    outcome,
+    requeued,
+    retried,
+    retry_now_step,
+    skipped,
+    skipped_error,
+    waiting_behind,
+)
+
+# The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
+HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
+LINK_COPY = numbered(rows.LINK_COPY)  # (original event, copy event)
+# A person's verbs write what SQLite's do.
+INSERT_RESEND = numbered(rows.INSERT_RESEND)
+RETRY_FROM_PENDING = numbered(rows.RETRY_FROM_PENDING)
+RETRY_FROM_DEAD = numbered(rows.RETRY_FROM_DEAD)
+SKIP = numbered(rows.SKIP)
+SET_PAUSED = numbered(rows.SET_PAUSED)
+PROBE_NOW = numbered(rows.PROBE_NOW.format(least=POSTGRES.least))
+
+
+class PostgresOperations(PostgresConnection):
+    async def resend(self, resend: Resend, now: float) -> int:
+        async def job(connection: Connection) -> int | None:
+            row = await connection.fetchrow(
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE id = $1", resend.original_id
+            )
+            if row is None:
+                return None
+            event = copy_event(row, resend, now)
+            deliveries = [NewDelivery(target) for target in resend.targets]
+            [accepted] = await store_batch(connection, [AcceptJob(event, deliveries, now)])
+            await connection.execute(
+                INSERT_RESEND, accepted.event_id, resend.original_id, now, resend.by
+            )
+            await connection.execute(LINK_COPY, resend.original_id, accepted.event_id)
+            copies = [
+                int(row[0])
+                for row in await connection.fetch(
+                    "SELECT id FROM deliveries WHERE event_id = $1 ORDER BY id", accepted.event_id
+                )
+            ]
+            subject = resend_subject(resend, accepted.event_id)
+            await _insert_audit(connection, now, resend.by, "resend", subject, copies)
+            return accepted.event_id
+
+        # Made twice, a resend is two copies: two orders in the CRM.
+        copy_id = await self._write_settled(job, ("resend", resend))
+        if copy_id is None:
+            raise NotFound(f"no event {resend.original_id}")
+        await self._wake("resend")
+        return copy_id
+
+    async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
+        async def job(connection: Connection) -> VerbResult:
+            row = await connection.fetchrow(
+                "SELECT status, resume_status, next_attempt_at, target, order_key"
+                " FROM deliveries WHERE id = $1 FOR UPDATE",
+                delivery_id,
+            )
+            if row is None:
+                return Missing()
+            status = Status(row[0])
+            step = retry_now_step(status, row[1], row[2], row[4])
+            if isinstance(step, NotApplicable):
+                return step
+            if step is RetryNow.WAITING_TURN:
+                head = await connection.fetchrow(HEAD_OF_LINE, row[3], row[4])
+                assert head is not None  # it is in its line, so the line has a head
+                return waiting_behind(head[0], head[1])
+            if step is RetryNow.FROM_PENDING:
+                await connection.execute(RETRY_FROM_PENDING, now, now, delivery_id)
+            elif step is RetryNow.FROM_DEAD:
+                await connection.execute(RETRY_FROM_DEAD, now, now, delivery_id)
+            else:
+                return await _select_delivery(connection, delivery_id)
+            await insert_log(connection, [delivery_id], now, "retry", retried(status), by)
+            await _insert_audit(
+                connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id]
+            )
+            return await _select_delivery(connection, delivery_id)
+
+        result = outcome(delivery_id, await self._write(job))
+        await self._wake("retry")
+        return result
+
+    async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
+        async def job(connection: Connection) -> VerbResult:
+            status_text = await connection.fetchval(
+                "SELECT status FROM deliveries WHERE id = $1 FOR UPDATE", delivery_id
+            )
+            if status_text is None:
+                return Missing()
+            status = Status(status_text)
+            if (refused := may_skip(status)) is not None:
+                return refused
+            await connection.execute(SKIP, skipped_error(status), now, delivery_id)
+            await insert_log(connection, [delivery_id], now, "skip", skipped(status), by)
+            await _insert_audit(
+                connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id]
+            )
+            await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
+            return await _select_delivery(connection, delivery_id)
+
+        result = outcome(delivery_id, await self._write(job))
+        await self._wake("skip")
+        return result
+
+    async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
+        if selection.status in (Status.PENDING, Status.IN_FLIGHT):
+            return []
+        where, params = selection_where(selection, POSTGRES)
+
+        async def job(connection: Connection) -> list[int]:
+            ids = [
+                row[0]
+                for row in await connection.fetch(
+                    # A delivered or skipped one sent again is a person's resend,
+                    # outside its key's order (it would otherwise cut in line).
+                    "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
+                    " fails_alone = false, next_attempt_at = $1, lease_until = NULL,"
+                    " lease_owner = NULL,"
+                    " resume_status = NULL, resume_at = NULL, updated_at = $1,"
+                    " order_key = CASE WHEN status IN ('delivered', 'skipped', 'resolved')"
+                    " THEN NULL ELSE order_key END"
+                    f" WHERE {numbered(where, 2)} RETURNING id",
+                    now,
+                    *params,
+                )
+            ]
+            ids.sort()
+            await insert_log(connection, ids, now, "requeue", requeued(selection.status), by)
+            subject = describe_selection(selection)
+            await _insert_audit(connection, now, by, "requeue", subject, ids)
+            return ids
+
+        # Made twice, a requeue of delivered deliveries sends them twice more.
+        ids = await self._write_settled(job, ("requeue", selection))
+        if ids:
+            await self._wake("requeue")
+        return ids
+
+    async def skip_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> list[int]:
+        if selection.status not in (Status.PENDING, Status.DEAD):
+            return []
+        where, params = selection_where(selection, POSTGRES)
+        was = selection.status.value
+
+        async def job(connection: Connection) -> list[int]:
+            # Locked, in id order: an attempt's record or another skip waits.
+            ids = [
+                int(row[0])
+                for row in await connection.fetch(
+                    f"SELECT id FROM deliveries WHERE {numbered(where)} ORDER BY id FOR UPDATE",
+                    *params,
+                )
+            ]
+            for delivery_id in ids:
+                await connection.execute(SKIP, skipped_error(was), now, delivery_id)
+                await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
+            await insert_log(connection, ids, now, "skip", skipped(was), by)
+            subject = describe_selection(selection)
+            await _insert_audit(connection, now, by, "skip", subject, ids)
+            return ids
+
+        ids = await self._write(job)
+        if ids:
+            await self._wake("skip")
+        return ids
+
+    async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:
+        async def job(connection: Connection) -> None:
+            action = "pause" if paused else "resume"
+            await _insert_audit(connection, now, by, action, f"target {target}")
+            await connection.execute(SET_PAUSED, target, paused, now if paused else None)
+            if not paused:
+                await connection.execute(PROBE_NOW, now, target)
+
+        await self._write(job)
+        await self._wake("pause")
+
+
+async def _select_delivery(connection: Connection, delivery_id: int) -> DeliveryView:
+    row = await connection.fetchrow(
+        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
+    )
+    assert row is not None  # the caller holds its lock
+    return delivery_view(tuple(row))
+
+
+async def _insert_audit(
+    connection: Connection,
+    now: float,
+    by: str,
+    action: str,
+    subject: str,
+    delivery_ids: Sequence[int] = (),
+) -> None:
+    await connection.execute(
+        numbered(rows.INSERT_AUDIT), *rows.audit_values(now, by, action, subject, delivery_ids)
+    )

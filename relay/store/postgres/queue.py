@@ -1,0 +1,273 @@
+"""The PostgreSQL store's queue: claims leased to this instance, records of attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Collection, Mapping
+from dataclasses import replace
+
+import relay.store.rows as rows
+from relay.store.base import (
+    AttemptRecord,
+    ClaimedDelivery,
+    FailureStreak,
+    Hold,
+    StoreError,
+    StoreUnavailable,
+    Transition,
+)
+from relay.store.dialect import POSTGRES, numbered
+from relay.store.postgres.cluster import (
+    ALIVE,
+    STARTED,
+    allowed,
+    heartbeats,
+    lapsed,
+    lease_expires,
+    took,
+)
+from relay.store.postgres.connection import PostgresConnection
+from relay.store.postgres.errors import Connection
+from relay.store.postgres.record import Record
+from relay.store.record import RecordJob
+from relay.store.rows import EVENT_COLUMNS, UNCONFIGURED, claimed_delivery, unconfigured
+
+FLAG_UNCONFIGURED = numbered(rows.FLAG_UNCONFIGURED)  # (why, now, target)
+CLAIM_RETURNING = rows.CLAIM_RETURNING
+
+
+# A claim of one target, in one statement: first the leases that may be taken
+# over (cluster.lapsed: its own expired by its clock; another's when that
+# instance is gone, or by the server's clock), then what is due, up to $5 in
+# all; each with its event. A lease taken over is an attempt interrupted,
+# counted as on SQLite (rows.CLAIM_EXPIRED); not one of this instance's claims
+# whose answer was lost: nothing was sent for those.
+CLAIM = f"""
+WITH expired AS (
+    UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
+        lease_expires = {lease_expires("$3", "$1")},
+        attempts = attempts + CASE WHEN (id, updated_at) IN
+            (SELECT * FROM unnest($8::bigint[], $9::float8[])) THEN 0 ELSE 1 END
+    WHERE id IN (
+        SELECT id FROM deliveries
+        WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
+        AND {lapsed("$2", "$3", "$7", ("$8::bigint[]", "$9::float8[]"))}
+        ORDER BY lease_until LIMIT $5
+        FOR UPDATE SKIP LOCKED)
+    {CLAIM_RETURNING}
+), due AS (
+    UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2,
+        updated_at = $3, lease_expires = {lease_expires("$3", "$1")}
+    WHERE id IN (
+        SELECT id FROM deliveries
+        WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
+        ORDER BY next_attempt_at, id LIMIT $5 - (SELECT COUNT(*) FROM expired)
+        FOR UPDATE SKIP LOCKED)
+    {CLAIM_RETURNING}
+)
+SELECT c.*, {", ".join("e." + column.strip() for column in EVENT_COLUMNS.split(","))}
+FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c
+JOIN events e ON e.id = c.event_id
+ORDER BY c.id
+"""
+
+
+# Columns of CLAIM_RETURNING: a claimed row's event columns follow them.
+CLAIMED = len(CLAIM_RETURNING.removeprefix("RETURNING").split(","))
+
+
+class PostgresQueue(PostgresConnection):
+    # claim_due also takes over the leases of an instance whose heartbeats
+    # stopped, before those leases run out: next_due does not read heartbeats.
+    next_due_foresees_claims = False
+    claims_probes = True
+
+    async def claim_due(
+        self,
+        now: float,
+        lease_until: float,
+        limits: Mapping[str, int],
+        exclude: Collection[int] = (),
+    ) -> list[ClaimedDelivery]:
+        wanted = {target: limit for target, limit in limits.items() if limit > 0}
+        if not wanted:
+            return []
+        skip = list(exclude)
+        self._unanswered_claims = {
+            delivery_id: claim
+            for delivery_id, claim in self._unanswered_claims.items()
+            if claim[1] > now
+        }
+        unanswered = {delivery_id: at for delivery_id, (at, _) in self._unanswered_claims.items()}
+        leased: list[int] = []  # by the job, once it ran to its end
+
+        async def job(connection: Connection) -> list[ClaimedDelivery]:
+            if not self._claimed:
+                # Alive with its first lease (the heartbeats may not have spoken
+                # yet): no other instance takes it for an unknown owner's.
+                await connection.execute(ALIVE, self.instance_id)
+            claimed: list[ClaimedDelivery] = []
+            counts: dict[str, int] = {}
+            room, probing = await allowed(
+                connection, wanted, self._limits, now, self.instance_id, self.dead_after, unanswered
+            )
+            for target, limit in room.items():
+                found = await connection.fetch(
+                    CLAIM,
+                    lease_until,
+                    self.instance_id,
+                    now,
+                    target,
+                    limit,
+                    skip,
+                    self.dead_after,
+                    list(unanswered),
+                    list(unanswered.values()),
+                )
+                # A down target's one delivery is its probe, whatever the
+                # instance last read of the target (cluster.allowed).
+                claimed += (
+                    replace(
+                        claimed_delivery(tuple(row[:CLAIMED]), tuple(row[CLAIMED:])),
+                        probe=probing.get(target),
+                    )
+                    for row in found
+                )
+                counts[target] = len(found)
+            await took(connection, counts, self._limits, now)
+            leased.extend(delivery.id for delivery in claimed)
+            return claimed
+
+        try:
+            claimed = await self._write(job)
+        except StoreError:
+            for delivery_id in leased:
+                self._unanswered_claims[delivery_id] = (now, lease_until)
+            raise
+        for delivery_id in leased:
+            # Handed out: under way, the caller's (its `exclude` from now on).
+            self._unanswered_claims.pop(delivery_id, None)
+        self._claimed = True
+        self._beat()
+        return claimed
+
+    def _beat(self) -> None:
+        """Heartbeats from here on: once this store works the queue (recovers
+        orphans at a start, or claims). A store that never does (an operator
+        command) holds no lease another instance would wait for, and left a
+        row in `instances` for ever, one per command."""
+        if self._heartbeats is None and self._pool is not None:
+            self._heartbeats = asyncio.create_task(
+                heartbeats(self.url, self.instance_id, self._command_timeout, self.dead_after / 5),
+                name="relay-pg-heartbeat",
+            )
+
+    async def next_due(self, targets: Collection[str]) -> dict[str, float]:
+        if not targets:
+            return {}
+        rows = await self._rows(
+            "SELECT t, (SELECT MIN(next_attempt_at) FROM deliveries"
+            "  WHERE status = 'pending' AND target = t),"
+            " (SELECT MIN(lease_until) FROM deliveries WHERE status = 'in_flight' AND target = t)"
+            " FROM unnest($1::text[]) AS t",
+            list(targets),
+        )
+        due: dict[str, float] = {}
+        for target, pending, leased in rows:
+            moments = [float(m) for m in (pending, leased) if m is not None]
+            if moments:
+                due[target] = min(moments)
+        return await self._paced(due)
+
+    async def _paced(self, due: dict[str, float]) -> dict[str, float]:
+        """Not before the cluster's pace lets the target send again (another
+        instance may have taken the slot): the scheduler sleeps until then."""
+        paces = {
+            target: [name for name, _ in self._limits[target].paces]
+            for target in due
+            if target in self._limits and self._limits[target].paces
+        }
+        if not paces:
+            return due
+        names = sorted({name for names in paces.values() for name in names})
+        next_at = {
+            row[0]: float(row[1])
+            for row in await self._rows(
+                "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[])", names
+            )
+        }
+        for target, names in paces.items():
+            due[target] = max([due[target], *(next_at.get(name, 0.0) for name in names)])
+        return due
+
+    async def record_attempt(
+        self,
+        delivery: ClaimedDelivery,
+        attempt: AttemptRecord,
+        then: Transition,
+        now: float,
+        hold: Hold | None = None,
+    ) -> FailureStreak:
+        if self._records is None:
+            raise StoreUnavailable("store is not open")
+        job = RecordJob.of(delivery, attempt, then, now, hold)
+        record = Record(job, then, self.instance_id, self._limits)
+        record.first = self._unanswered_records.get(record.key)
+        try:
+            streak = await self._records.submit(record)
+        except StoreError:
+            if record.answer is not None:  # its batch ran to its end: it may have committed
+                self._unanswered_records[record.key] = record.answer
+            raise
+        self._unanswered_records.pop(record.key, None)
+        return streak
+
+    async def release(self, delivery_ids: Collection[int], now: float) -> None:
+        ids = list(delivery_ids)
+        if not ids:
+            return
+        async with self._connection() as connection:
+            # This instance's leases only: one taken over is another's attempt.
+            await connection.execute(
+                "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
+                " lease_owner = NULL, updated_at = $1"
+                " WHERE status = 'in_flight' AND id = ANY($2::bigint[]) AND lease_owner = $3",
+                now,
+                ids,
+                self.instance_id,
+            )
+
+    async def recover_orphans(self, now: float) -> int:
+        """Give back this instance's own leases and every one that may be taken
+        over; leases other live instances hold are theirs until they run out
+        (by the server's clock)."""
+        self._beat()  # `relay serve` starts here: it is one of the cluster now
+        async with self._connection() as connection:
+            await connection.execute(STARTED, self.instance_id, socket.gethostname())
+            result = await connection.execute(
+                # Each was an attempt interrupted: counted (CLAIM).
+                "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
+                " lease_owner = NULL, lease_expires = NULL, updated_at = $1,"
+                " attempts = attempts + 1"
+                " WHERE status = 'in_flight' AND (lease_owner = $2"
+                f" OR {lapsed('$2', '$1', '$3')})",
+                now,
+                self.instance_id,
+                self.dead_after,
+            )
+        return int(result.split()[-1])
+
+    async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
+        sql, params = unconfigured(POSTGRES, list(configured))
+
+        async def job(connection: Connection) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for target, count in await connection.fetch(numbered(sql), *params):
+                counts[target] = count
+                # In flight too: a lease given back unused keeps the note.
+                why = UNCONFIGURED.format(target=target)
+                await connection.execute(FLAG_UNCONFIGURED, why, now, target)
+            return counts
+
+        return await self._write(job)

@@ -1,0 +1,626 @@
+"""The reads both backends do, written once: their SQL (in `?` placeholders,
+turned into a backend's by its Dialect) and the mapping of their rows.
+
+`Reads` is the read side of the store contract (the Queries role, and the
+reads of the queue, operations and indexing roles). A backend inherits it and
+supplies only the execution: `_read` (one statement), `_reading` (several
+that must agree, in one read transaction) and `_search` (a content search,
+stopped at its time limit).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
+from typing import Any, ClassVar, Protocol
+
+import orjson
+
+from relay.core.outcome import SentRequest
+from relay.store.base import (
+    AttemptKind,
+    AttemptView,
+    Attention,
+    AuditEntry,
+    BodyHead,
+    DeliveryView,
+    DownState,
+    EventDetail,
+    EventQuery,
+    EventView,
+    Gauges,
+    HeldBehind,
+    HeldKey,
+    HeldTargets,
+    HourlyActivity,
+    IndexSource,
+    LogEntry,
+    Rejection,
+    ResendLink,
+    SearchProgress,
+    Selection,
+    Stats,
+    Status,
+    TargetState,
+)
+from relay.store.dialect import Dialect
+from relay.store.rows import (
+    DELIVERY_COLUMNS,
+    EVENT_COLUMNS,
+    HEAD_OF_LINE,
+    Row,
+    decode_headers,
+    delivery_view,
+    payload_of,
+)
+
+
+class Fetch(Protocol):
+    """One statement of the shared SQL (`?` placeholders) and its rows."""
+
+    async def __call__(self, sql: str, params: Sequence[Any] = (), /) -> Sequence[Row]: ...
+
+
+# Per target, pending deliveries waiting behind a dead one of their ordering key
+# (the relay_deliveries_held gauge); read through the ordering lines' index.
+HELD_BEHIND_DEAD = """
+SELECT p.target, COUNT(*) FROM deliveries p
+WHERE p.order_key IS NOT NULL AND p.status = 'pending' AND EXISTS (
+    SELECT 1 FROM deliveries d
+    WHERE d.target = p.target AND d.order_key = p.order_key
+    AND d.status = 'dead' AND d.id < p.id
+)
+GROUP BY p.target
+"""
+# Deliveries gone dead since a time, and still dead (attention).
+DEAD_SINCE = "SELECT COUNT(*) FROM deliveries WHERE status = 'dead' AND updated_at >= ?"
+# Ordering keys whose first unfinished delivery is dead, with how many wait.
+HELD_KEYS = """
+SELECT d.id, d.event_id, d.target, d.order_key,
+    (SELECT COUNT(*) FROM deliveries n WHERE n.target = d.target
+     AND n.order_key = d.order_key AND n.status = 'pending' AND n.id > d.id)
+FROM deliveries d
+WHERE d.status = 'dead' AND d.order_key IS NOT NULL
+AND d.id = (SELECT h.id FROM deliveries h WHERE h.target = d.target
+    AND h.order_key = d.order_key AND h.status IN ('pending', 'in_flight', 'dead')
+    ORDER BY h.id LIMIT 1)
+AND EXISTS (SELECT 1 FROM deliveries w WHERE w.target = d.target
+    AND w.order_key = d.order_key AND w.status = 'pending' AND w.id > d.id)
+ORDER BY d.id LIMIT ?
+"""
+# Paused or down targets, one row each (held_targets).
+HELD_TARGETS = (
+    "SELECT name, paused, down_since, probe_at, probes, probe_delivery FROM targets"
+    " WHERE paused OR down_since IS NOT NULL"
+)
+# Every target's state (target_states), read by target_state().
+TARGET_STATE_COLUMNS = (
+    "name, paused, last_success_at, last_error_at, last_error,"
+    " consecutive_failures, down_since, probe_at, probes, probe_delivery"
+)
+# The delivery a down target's next probe takes: the one under way, else
+# the first in line (as claim_due orders them).
+NEXT_PROBE = (
+    "SELECT id FROM deliveries WHERE target = ? AND status IN ('pending', 'in_flight')"
+    " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
+    " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
+)
+AUDIT_COLUMNS = "id, at, by, action, subject, count, deliveries"
+# Columns the mappings below read, in this order.
+ATTEMPT_COLUMNS = (
+    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
+    " next_attempt_at, kind, cycle_number, request, request_body"
+)
+LOG_COLUMNS = "delivery_id, at, kind, detail, by"
+RESEND_COLUMNS = "original_id, copy_id, at, by"
+# An event listing's columns, in the order event_view reads them.
+EVENT_LIST_COLUMNS = (
+    "events.id, events.route, events.idempotency_key, events.received_at,"
+    " events.remote_addr, events.conflict_of"
+)
+# The longest-waiting pending delivery's event: delivery ids grow with
+# arrival, and the partial due index holds them, so the smallest is found
+# without the table.
+OLDEST_PENDING = (
+    "SELECT e.received_at FROM events e JOIN deliveries d ON d.event_id = e.id"
+    " WHERE d.id = (SELECT MIN(id) FROM deliveries WHERE status = 'pending')"
+)
+# An event with nothing left to deliver (retention removes only those).
+FINISHED = (
+    "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
+    " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
+)
+# The states with partial indexes: a listing collects their events directly.
+RARE = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
+
+
+class Reads(ABC):
+    dialect: ClassVar[Dialect]
+
+    @abstractmethod
+    async def _read(
+        self, sql: str, params: Sequence[Any] = (), *, slow: bool = False
+    ) -> Sequence[Row]:
+        """One statement; `slow`: an operator's read, kept off the way of the
+        scheduler's quick lookups where the backend can."""
+
+    @abstractmethod
+    def _reading(self) -> AbstractAsyncContextManager[Fetch]:
+        """Several statements that must agree (an event, its deliveries, their
+        attempts): one read transaction."""
+
+    @abstractmethod
+    async def _search(self, sql: str, params: Sequence[Any]) -> Sequence[Row]:
+        """A content search's statement, stopped at the search's time limit
+        (SearchTooSlow)."""
+
+    # The queue's
+
+    async def paused_targets(self) -> frozenset[str]:
+        rows = await self._read("SELECT name FROM targets WHERE paused")
+        return frozenset(row[0] for row in rows)
+
+    async def down_targets(self) -> dict[str, DownState]:
+        return (await self.held_targets()).down
+
+    async def held_targets(self) -> HeldTargets:
+        return held_targets(await self._read(HELD_TARGETS))
+
+    # Queries
+
+    async def list_events(self, query: EventQuery) -> list[EventView]:
+        sql, params = event_listing(self.dialect, query)
+        if query.search is not None:
+            # On its own (one search at a time, under its time limit): a long
+            # search holds no other reader's transaction behind it.
+            rows = await self._search(sql, params)
+            async with self._reading() as fetch:
+                deliveries = await deliveries_of(fetch, self.dialect, [row[0] for row in rows])
+        else:
+            async with self._reading() as fetch:
+                rows = await fetch(sql, params)
+                deliveries = await deliveries_of(fetch, self.dialect, [row[0] for row in rows])
+        return [event_view(row, deliveries.get(row[0], ())) for row in rows]
+
+    async def get_event(self, event_id: int) -> EventDetail | None:
+        async with self._reading() as fetch:
+            return await _event_detail(fetch, self.dialect, event_id)
+
+    async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
+        async with self._reading() as fetch:
+            rows = await fetch(
+                f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
+            )
+            if not rows:
+                return None
+            return (await _with_holds(fetch, [delivery_view(rows[0])]))[0]
+
+    async def target_states(self) -> dict[str, TargetState]:
+        async with self._reading() as fetch:
+            return await _target_states(fetch)
+
+    async def gauges(self) -> Gauges:
+        async with self._reading() as fetch:
+            counts: dict[tuple[str, Status], int] = {}
+            # One query per status, each reading only that status's partial index.
+            for status in RARE:
+                sql = "SELECT target, COUNT(*) FROM deliveries WHERE status = ? GROUP BY target"
+                for target, count in await fetch(sql, (status.value,)):
+                    counts[(target, status)] = count
+            held = {target: count for target, count in await fetch(HELD_BEHIND_DEAD)}
+            return Gauges(
+                counts=counts, oldest_pending_received_at=await _oldest_pending(fetch), held=held
+            )
+
+    async def stats(self) -> Stats:
+        async with self._reading() as fetch:
+            by_route: dict[str, dict[Status, int]] = {}
+            by_target: dict[str, dict[Status, int]] = {}
+            for route, target, status, count in await fetch(
+                "SELECT route, target, status, COUNT(*) FROM deliveries"
+                " GROUP BY route, target, status"
+            ):
+                state = Status(status)
+                route_counts = by_route.setdefault(route, {})
+                route_counts[state] = route_counts.get(state, 0) + count
+                target_counts = by_target.setdefault(target, {})
+                target_counts[state] = target_counts.get(state, 0) + count
+            late = await fetch(
+                "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0"
+            )
+            return Stats(
+                counts_by_route=by_route,
+                counts_by_target=by_target,
+                oldest_pending_received_at=await _oldest_pending(fetch),
+                pending_after_first_attempt=int(late[0][0]),
+                dead=sum(counts.get(Status.DEAD, 0) for counts in by_target.values()),
+                targets=await _target_states(fetch),
+            )
+
+    async def activity(self, since: float, until: float) -> list[HourlyActivity]:
+        start = since - since % 3600
+        slot = self.dialect.integer.format("(started_at - ?) / 3600")
+        rows = await self._read(
+            f"SELECT {slot} AS slot, COUNT(*),"
+            " SUM(CASE WHEN outcome <> 'success' THEN 1 ELSE 0 END),"
+            " SUM(CASE WHEN outcome <> 'success' AND next_attempt_at IS NULL THEN 1 ELSE 0 END)"
+            " FROM attempts WHERE started_at >= ? AND started_at < ? GROUP BY slot",
+            (start, start, until),
+            slow=True,
+        )
+        found = {row[0]: row for row in rows}
+        hours = int((until - start) // 3600) + 1
+        return [
+            HourlyActivity(
+                hour=start + slot * 3600,
+                attempts=found[slot][1] if slot in found else 0,
+                failed=found[slot][2] if slot in found else 0,
+                dead=found[slot][3] if slot in found else 0,
+            )
+            for slot in range(hours)
+        ]
+
+    async def list_rejections(
+        self,
+        route: str | None,
+        limit: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[Rejection]:
+        sql = "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
+        where: list[str] = []
+        params: list[Any] = []
+        for clause, value in (("route = ?", route), ("at >= ?", since), ("at < ?", until)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT ?"
+        params.append(limit)
+        return [
+            Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))
+            for row in await self._read(sql, params, slow=True)
+        ]
+
+    async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+        rows = await self._read(
+            f"SELECT {AUDIT_COLUMNS} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?",
+            (before_id if before_id is not None else 2**63 - 1, limit),
+            slow=True,
+        )
+        return [audit_entry(row) for row in rows]
+
+    async def attention(self, dead_since: float, limit: int) -> Attention:
+        async with self._reading() as fetch:
+            dead = await fetch(DEAD_SINCE, (dead_since,))
+            held = await fetch(HELD_KEYS, (limit,))
+        return Attention(int(dead[0][0]), tuple(HeldKey(*row) for row in held))
+
+    async def search_progress(self) -> SearchProgress:
+        rows = await self._read(
+            "SELECT (SELECT indexed_through FROM search_progress WHERE id = 1),"
+            " coalesce((SELECT MAX(id) FROM events), 0)"
+        )
+        return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
+
+    async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
+        if not event_ids:
+            return {}
+        among, ids = self.dialect.any_of("id", event_ids)
+        rows = await self._read(
+            "SELECT id, content_type, query, substr(body, 1, ?), length(body)"
+            f" FROM events WHERE {among}",
+            [size, *ids],
+            slow=True,
+        )
+        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
+
+    # The operations'
+
+    async def count(self, selection: Selection) -> int:
+        where, params = selection_where(selection, self.dialect)
+        rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {where}", params, slow=True)
+        return int(rows[0][0])
+
+    async def select(self, selection: Selection, limit: int) -> list[int]:
+        where, params = selection_where(selection, self.dialect)
+        rows = await self._read(
+            f"SELECT id FROM deliveries WHERE {where} ORDER BY id LIMIT ?",
+            [*params, limit],
+            slow=True,
+        )
+        return [int(row[0]) for row in rows]
+
+    # Indexing's
+
+    async def events_to_index(self, limit: int, body_limit: int) -> list[IndexSource]:
+        # Only the body's first bytes leave the database: a batch of huge
+        # bodies costs bounded memory.
+        rows = await self._read(
+            "SELECT id, headers, query, content_type, substr(body, 1, ?) FROM events"
+            " WHERE id > (SELECT indexed_through FROM search_progress WHERE id = 1)"
+            " ORDER BY id LIMIT ?",
+            (body_limit, limit),
+            slow=True,
+        )
+        return [
+            IndexSource(row[0], decode_headers(row[1]), row[2], row[3], bytes(row[4] or b""))
+            for row in rows
+        ]
+
+    # Maintenance's
+
+    async def _purgeable(self, cutoffs: Mapping[str, float], default_cutoff: float) -> int:
+        """How many events purge() would remove (its dry run)."""
+        where, params = purgeable(self.dialect, cutoffs, default_cutoff)
+        rows = await self._read(f"SELECT COUNT(*) FROM events WHERE {where}", params, slow=True)
+        return int(rows[0][0])
+
+
+def event_listing(dialect: Dialect, query: EventQuery) -> tuple[str, list[Any]]:
+    """The page of events `query` asks for: EVENT_LIST_COLUMNS, newest first."""
+    where: list[str] = []
+    params: list[Any] = []
+    source, key = "events", "events.id"
+    if query.search is not None:
+        found = dialect.listing_search(query.search)
+        source, key = found.source, found.key
+        where += found.conditions
+        params += found.params
+    for column, value in (
+        ("events.route = ?", query.route),
+        ("events.received_at >= ?", query.since),
+        ("events.received_at < ?", query.until),
+        ("events.idempotency_key = ?", query.key),
+        # With a search the index walks the ids: the cursor must bound its walk.
+        (f"{key} < ?", query.before_id),
+    ):
+        if value is not None:
+            where.append(column)
+            params.append(value)
+    if query.status in RARE:
+        sub = "SELECT event_id FROM deliveries WHERE status = ?"
+        params.append(query.status.value)
+        if query.target is not None:
+            sub += " AND target = ?"
+            params.append(query.target)
+        where.append(f"events.id IN ({sub})")
+    elif query.status is not None or query.target is not None:
+        conditions = ["d.event_id = events.id"]
+        if query.status is not None:
+            conditions.append("d.status = ?")
+            params.append(query.status.value)
+        if query.target is not None:
+            conditions.append("d.target = ?")
+            params.append(query.target)
+        where.append(f"EXISTS (SELECT 1 FROM deliveries d WHERE {' AND '.join(conditions)})")
+    sql = f"SELECT {EVENT_LIST_COLUMNS} FROM {source}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY {key} DESC LIMIT ?"
+    params.append(query.limit)
+    return sql, params
+
+
+def selection_where(selection: Selection, dialect: Dialect) -> tuple[str, list[Any]]:
+    """The WHERE of the deliveries `selection` takes (`?` placeholders)."""
+    where = ["status = ?"]
+    params: list[Any] = [selection.status.value]
+    for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
+    if selection.ids:
+        among, ids = dialect.any_of("id", selection.ids)
+        where.append(among)
+        params += ids
+    if selection.since is not None or selection.until is not None:
+        where.append(
+            "event_id IN (SELECT id FROM events WHERE received_at >= ? AND received_at < ?)"
+        )
+        params += [
+            selection.since if selection.since is not None else float("-inf"),
+            selection.until if selection.until is not None else float("inf"),
+        ]
+    if selection.key is not None:
+        where.append("event_id IN (SELECT id FROM events WHERE idempotency_key = ?)")
+        params.append(selection.key)
+    if selection.search is not None:
+        clause, values = dialect.search(selection.search)
+        where.append(clause)
+        params += values
+    return " AND ".join(where), params
+
+
+def purgeable(
+    dialect: Dialect, cutoffs: Mapping[str, float], default_cutoff: float
+) -> tuple[str, list[Any]]:
+    """The WHERE of the events retention removes: received before their
+    route's cutoff (a route with a longer window has an earlier one; the
+    default is the latest) and finished."""
+    bound = "received_at < ?"
+    params: list[Any] = [default_cutoff]
+    if cutoffs:
+        cases = " ".join(f"WHEN ? THEN {dialect.real}" for _ in cutoffs)
+        bound += f" AND received_at < CASE route {cases} ELSE {dialect.real} END"
+        for route, cutoff in cutoffs.items():
+            params += [route, cutoff]
+        params.append(default_cutoff)
+    return f"{bound} AND {FINISHED}", params
+
+
+async def deliveries_of(
+    fetch: Fetch, dialect: Dialect, event_ids: Sequence[int]
+) -> dict[int, list[DeliveryView]]:
+    """The deliveries of these events, by event, each with what it waits for."""
+    result: dict[int, list[DeliveryView]] = {}
+    if not event_ids:
+        return result
+    among, ids = dialect.any_of("event_id", event_ids)
+    rows = await fetch(f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE {among} ORDER BY id", ids)
+    for view in await _with_holds(fetch, [delivery_view(row) for row in rows]):
+        result.setdefault(view.event_id, []).append(view)
+    return result
+
+
+async def _with_holds(fetch: Fetch, views: Iterable[DeliveryView]) -> list[DeliveryView]:
+    """Say what each delivery waiting its turn waits for (one index probe each)."""
+    result = []
+    for view in views:
+        if view.waiting_turn:
+            head = await fetch(HEAD_OF_LINE, (view.target, view.order_key))
+            if head and head[0][0] != view.id:
+                held = HeldBehind(head[0][0], Status(head[0][1]), head[0][2])
+                view = replace(view, held_behind=held)
+        result.append(view)
+    return result
+
+
+async def _event_detail(fetch: Fetch, dialect: Dialect, event_id: int) -> EventDetail | None:
+    rows = await fetch(f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,))
+    if not rows:
+        return None
+    deliveries = tuple((await deliveries_of(fetch, dialect, [event_id])).get(event_id, ()))
+    attempts: Sequence[Row] = ()
+    log: Sequence[Row] = ()
+    if deliveries:
+        among, ids = dialect.any_of("delivery_id", [delivery.id for delivery in deliveries])
+        attempts = await fetch(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {among} ORDER BY id", ids
+        )
+        log = await fetch(f"SELECT {LOG_COLUMNS} FROM delivery_log WHERE {among} ORDER BY id", ids)
+    links = await fetch(
+        f"SELECT {RESEND_COLUMNS} FROM resends"
+        " WHERE copy_id = ? OR original_id = ? ORDER BY copy_id",
+        (event_id, event_id),
+    )
+    return event_detail(rows[0], deliveries, attempts, log, links)
+
+
+async def _target_states(fetch: Fetch) -> dict[str, TargetState]:
+    states = {}
+    for row in await fetch(f"SELECT {TARGET_STATE_COLUMNS} FROM targets"):
+        probe = None
+        if row[6] is not None:  # down: which delivery its next probe takes
+            found = await fetch(NEXT_PROBE, (row[0],))
+            probe = found[0][0] if found else None
+        states[row[0]] = target_state(row, probe)
+    return states
+
+
+async def _oldest_pending(fetch: Fetch) -> float | None:
+    rows = await fetch(OLDEST_PENDING)
+    return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+def held_targets(rows: Iterable[Row]) -> HeldTargets:
+    return HeldTargets(
+        paused=frozenset(row[0] for row in rows if row[1]),
+        down={
+            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
+            for row in rows
+            if row[2] is not None
+        },
+    )
+
+
+def target_state(row: Row, next_probe: int | None = None) -> TargetState:
+    """A target's state from a row of TARGET_STATE_COLUMNS."""
+    down = None
+    if row[6] is not None:
+        down = DownState(row[6], row[7], row[8], last_probe=row[9], next_probe=next_probe)
+    return TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5], down=down)
+
+
+def audit_entry(row: Row) -> AuditEntry:
+    """One operator action, from a row of AUDIT_COLUMNS."""
+    ids = tuple(int(i) for i in orjson.loads(row[6]))
+    return AuditEntry(row[0], row[1], row[2], row[3], row[4], row[5], ids)
+
+
+def sent_request(head: str | None, body: bytes | None) -> SentRequest | None:
+    if head is None:
+        return None
+    values = orjson.loads(head)
+    headers = tuple((str(name), str(value)) for name, value in values["headers"])
+    return SentRequest(values["method"], values["url"], headers, bytes(body or b""))
+
+
+def event_view(row: Row, deliveries: Iterable[DeliveryView]) -> EventView:
+    """An event in a listing, from a row of EVENT_LIST_COLUMNS."""
+    return EventView(
+        id=row[0],
+        route=row[1],
+        idempotency_key=row[2],
+        received_at=row[3],
+        remote_addr=row[4],
+        deliveries=tuple(deliveries),
+        conflict_of=row[5],
+    )
+
+
+def attempt_view(row: Row) -> AttemptView:
+    """One attempt, from a row of ATTEMPT_COLUMNS."""
+    return AttemptView(
+        delivery_id=row[0],
+        number=row[1],
+        started_at=row[2],
+        duration=row[3],
+        outcome=row[4],
+        http_status=row[5],
+        error=row[6],
+        response=bytes(row[7] or b""),
+        next_attempt_at=row[8],
+        kind=AttemptKind(row[9]),
+        cycle_number=row[10],
+        request=sent_request(row[11], row[12]),
+    )
+
+
+def log_entry(row: Row) -> LogEntry:
+    """One history line, from a row of LOG_COLUMNS."""
+    return LogEntry(row[0], row[1], row[2], row[3], row[4])
+
+
+def resend_link(row: Row) -> ResendLink:
+    """A corrected copy and its original, from a row of RESEND_COLUMNS."""
+    return ResendLink(original_id=row[0], copy_id=row[1], at=row[2], by=row[3])
+
+
+def event_detail(
+    row: Row,
+    deliveries: Sequence[DeliveryView],
+    attempts: Iterable[Row],
+    log: Iterable[Row],
+    links: Iterable[Row],
+) -> EventDetail:
+    """One event with everything about it: `row` of EVENT_COLUMNS, then rows of
+    ATTEMPT_COLUMNS and LOG_COLUMNS (oldest first) and of RESEND_COLUMNS."""
+    by_attempt: dict[int, list[AttemptView]] = {delivery.id: [] for delivery in deliveries}
+    by_log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
+    for attempt in attempts:
+        by_attempt[attempt[0]].append(attempt_view(attempt))
+    for entry in log:
+        by_log[entry[0]].append(log_entry(entry))
+    event_id = row[0]
+    resends = [resend_link(link) for link in links]
+    return EventDetail(
+        event=EventView(
+            id=event_id,
+            route=row[1],
+            idempotency_key=row[2],
+            received_at=row[3],
+            remote_addr=row[4],
+            deliveries=tuple(deliveries),
+            conflict_of=row[11],
+        ),
+        payload=payload_of(row),
+        attempts={key: tuple(value) for key, value in by_attempt.items()},
+        log={key: tuple(value) for key, value in by_log.items()},
+        resent_from=next((link for link in resends if link.copy_id == event_id), None),
+        resent_as=tuple(link for link in resends if link.original_id == event_id),
+    )

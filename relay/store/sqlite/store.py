@@ -1,0 +1,20 @@
+"""The SQLite store: WAL, group-committed writes, reads on their own connections.
+
+One class a role of the contract (relay/store/base.py), each over the same
+connections (connection.py); the reads are the shared ones (relay.store.reads).
+"""
+
+from __future__ import annotations
+
+from relay.store.sqlite.health import SqliteHealth
+from relay.store.sqlite.indexing import SqliteIndexing
+from relay.store.sqlite.intake import SqliteIntake
+from relay.store.sqlite.maintenance import SqliteMaintenance
+from relay.store.sqlite.operations import SqliteOperations
+from relay.store.sqlite.queue import SqliteQueue
+
+
+class SqliteStore(
+    SqliteIntake, SqliteQueue, SqliteOperations, SqliteIndexing, SqliteHealth, SqliteMaintenance
+):
+    pass
