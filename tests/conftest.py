@@ -169,9 +169,10 @@ class ContractDatabase:
     The contract's PostgreSQL tests run in the default suite, where a
     database copied for each (`CREATE DATABASE ... TEMPLATE`, then DROP)
     costs ten times what emptying one does; so each starts from the same
-    database emptied back to what the migrations left: every table but schema_migrations deleted, the rows the
-    migrations seed put back, identities restarted, and any session a
-    failed test left behind ended (its advisory locks and LISTENs with it).
+    database emptied back to what the migrations left: every table but
+    schema_migrations deleted, the rows the migrations seed put back,
+    identities restarted, and any session a failed test left behind ended
+    (its advisory locks and LISTENs with it).
     """
 
     def __init__(self, url: str, reset: list[str], seeds: dict[str, list[Any]]) -> None:
