@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from relay.admin import Operator, admin_application
+from relay.admin.site import CappedSite
 from relay.background.alerts import Alerter
 from relay.background.dbwatch import DatabaseWatch
 from relay.background.indexer import SearchIndexer
@@ -30,7 +31,7 @@ from relay.core.clock import Clock, SystemClock
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
 from relay.delivery.scheduler import AttemptReport, Scheduler
-from relay.ingress.guard import CappedSite, ConnectionCap, connection_limits
+from relay.ingress.guard import ConnectionCap, connection_limits
 from relay.ingress.httplog import server_log
 from relay.ingress.listener import Ingress
 from relay.kinds.registry import build_target

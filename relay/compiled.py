@@ -14,6 +14,7 @@ from pathlib import Path
 
 HOT_PATH = (
     "relay.ingress.http1",
+    "relay.ingress.guard",
     "relay.ingress.listener",
     "relay.ingress.incoming",
     "relay.ingress.keys",

@@ -30,8 +30,6 @@ import resource
 import time
 from typing import Any, cast
 
-from aiohttp import web
-
 log = logging.getLogger("relay.http")
 
 # Descriptors kept for everything but listeners: the database (file, WAL and
@@ -354,43 +352,3 @@ class _Counted(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._admitted:
             self._inner.resume_writing()
-
-
-class CappedSite(web.TCPSite):
-    """aiohttp's TCPSite with the runner's protocol factory wrapped in a ConnectionCap."""
-
-    def __init__(
-        self,
-        runner: web.BaseRunner,
-        host: str,
-        port: int,
-        *,
-        limit: int,
-        name: str,
-        head_timeout: float | None = None,
-        probes: bool = False,
-    ):
-        super().__init__(runner, host, port, backlog=1024)
-        self._cap_limit = limit
-        self._cap_name = name
-        self._head_timeout = head_timeout
-        self._probes = probes
-        self.cap: ConnectionCap | None = None
-
-    async def start(self) -> None:
-        await web.BaseSite.start(self)
-        server = self._runner.server
-        assert server is not None
-        self.cap = ConnectionCap(
-            server,
-            self._cap_limit,
-            self._cap_name,
-            head_timeout=self._head_timeout,
-            probes=self._probes,
-        )
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self.cap, self._host, self._port, backlog=self._backlog
-        )
-        sockets = self._server.sockets
-        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port

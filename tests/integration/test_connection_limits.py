@@ -14,8 +14,9 @@ import time
 import aiohttp
 from aiohttp import web
 
+from relay.admin.site import CappedSite
 from relay.app import Relay
-from relay.ingress.guard import HEAD_GRACE, QUIET_SECONDS, CappedSite
+from relay.ingress.guard import HEAD_GRACE, QUIET_SECONDS
 from relay.ingress.listener import BODIES_IN_FLIGHT
 
 from conftest import ConfigFactory, RelayFactory
