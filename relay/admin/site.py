@@ -1,7 +1,7 @@
 """The admin listener's site: aiohttp's TCPSite behind a ConnectionCap.
 
-Apart from relay.ingress.guard, which runs compiled on the ingress's hot
-path: mypyc cannot subclass TCPSite (a class with __slots__).
+Kept apart from relay.ingress.guard, which runs compiled on the ingress's
+hot path, because mypyc cannot subclass TCPSite (a class with __slots__).
 """
 
 from __future__ import annotations
