@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -32,6 +32,8 @@ for _name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROX
     os.environ.pop(_name, None)
 
 PG_TEMPLATE = "relay_template"
+
+T = TypeVar("T")
 
 ConfigFactory = Callable[..., Config]
 
@@ -134,10 +136,10 @@ def pg_cluster() -> Iterator[Cluster]:
         remove_cluster(cluster)
 
 
-def _in_thread(work: Coroutine[Any, Any, None]) -> None:
+def _in_thread(work: Coroutine[Any, Any, T]) -> T:
     """Run `work` on a loop of its own: fixtures here are set up inside tests' loops."""
     with ThreadPoolExecutor(1) as thread:
-        thread.submit(asyncio.run, work).result()
+        return thread.submit(asyncio.run, work).result()
 
 
 async def _admin(cluster: Cluster, sql: str) -> None:
@@ -175,7 +177,9 @@ class ContractDatabase:
     (its advisory locks and LISTENs with it).
     """
 
-    def __init__(self, url: str, reset: list[str], seeds: dict[str, list[Any]]) -> None:
+    def __init__(
+        self, url: str, reset: list[str], seeds: dict[str, tuple[list[str], list[tuple[Any, ...]]]]
+    ) -> None:
         self.url = url
         self._reset = reset
         self._seeds = seeds
@@ -200,10 +204,11 @@ class ContractDatabase:
                 "SELECT table_name, column_name FROM information_schema.columns"
                 " WHERE table_schema = 'public' AND is_identity = 'YES'"
             )
+            # table -> (its columns, the rows the migrations put in it)
             seeds = {
-                table: rows
+                table: (list(rows[0].keys()), [tuple(row.values()) for row in rows])
                 for table in tables
-                if (rows := list(await connection.fetch(f"SELECT * FROM {table}")))
+                if (rows := await connection.fetch(f"SELECT * FROM {table}"))
             }
         finally:
             await connection.close()
@@ -226,25 +231,15 @@ class ContractDatabase:
             async with connection.transaction():
                 for statement in self._reset:
                     await connection.execute(statement)
-                for table, rows in self._seeds.items():
-                    await connection.copy_records_to_table(
-                        table,
-                        records=[tuple(row.values()) for row in rows],
-                        columns=list(rows[0].keys()),
-                    )
+                for table, (columns, records) in self._seeds.items():
+                    await connection.copy_records_to_table(table, records=records, columns=columns)
         finally:
             await connection.close()
 
 
 @pytest.fixture(scope="session")
 def pg_contract(pg_cluster: Cluster) -> ContractDatabase:
-    result: list[ContractDatabase] = []
-
-    async def create() -> None:
-        result.append(await ContractDatabase.create(pg_cluster))
-
-    _in_thread(create())
-    return result[0]
+    return _in_thread(ContractDatabase.create(pg_cluster))
 
 
 @pytest.fixture
