@@ -14,7 +14,11 @@ from relay.core.outcome import Verdict
 from relay.store.base import AttemptRecord, FailureStreak, Hold
 
 # What the rule reads of the target's row, in this order.
-HEALTH_COLUMNS = "consecutive_failures, down_streak, down_since, probes, successes"
+HEALTH_COLUMNS = "consecutive_failures, down_streak, down_since, probes, successes, last_success_at"
+# How far behind a target's last success the time shown may be (one write a
+# second, not one a batch: on PostgreSQL each write holds the row locked to
+# its commit, which every instance recording that target waits for).
+SUCCESS_SHOWN_WITHIN = 1.0
 
 
 def fails_alone(*, flagged: bool, seen: int | None, successes: int) -> bool:
@@ -45,14 +49,30 @@ def health_after(
     down_since: float | None,
     probes: int,
     successes: int = 0,
+    last_success_at: float | None = None,
     alone: bool = False,
     delivery_id: int | None = None,
 ) -> HealthChange:
     """What this attempt (of delivery `delivery_id`) changes of its target's
-    row (read as HEALTH_COLUMNS); `alone`: it failed alone (`fails_alone`)."""
+    row (read as HEALTH_COLUMNS); `alone`: it failed alone (`fails_alone`).
+
+    A success after a success, with none of the target's failures between
+    (`before` 0: every failure it is at fault for counts), changes nothing
+    the rules read: `successes` only has to grow once after each failure, for
+    the deliveries that failed (`fails_alone`). Its time is written when the
+    one shown is SUCCESS_SHOWN_WITHIN old. Nothing to write, no row to lock."""
     if not attempt.target_at_fault:
         # The event could not be sent as rendered: nothing was learnt about the target.
         return HealthChange(FailureStreak(before, before, down=down_since is not None))
+    if (
+        attempt.outcome == Verdict.SUCCESS
+        and before == 0
+        and down_streak == 0
+        and down_since is None
+        and last_success_at is not None
+        and now - last_success_at < SUCCESS_SHOWN_WITHIN
+    ):
+        return HealthChange(FailureStreak(0, 0))
     # A retry outcome (network, timeout, 5xx, 429) says the target may be down;
     # any answer about the payload (success, a 4xx) says it is up.
     down_signal = attempt.outcome == Verdict.RETRY

@@ -5,11 +5,11 @@ health. Done one attempt at a time that is six statements each, and every
 statement hands the GIL between the writer thread and the event loop. A run
 of attempts waiting for the same group commit that all succeeded, on
 targets that are not held down, is written in bulk instead: one INSERT for
-their rows, one executemany for their deliveries, one health write per
-target. What the health rule (relay.store.health) decides for such a run is
-known without asking it attempt by attempt: the first success on a target
-resets its failures, the next ones find none. Anything else (a failure, a
-probe, a target coming back up) is recorded attempt by attempt, in order.
+their rows, one executemany for their deliveries, and the health rule
+(relay.store.health) asked attempt by attempt in memory: a target's row is
+written once if any of them changed it (most change nothing: a success after
+a success). Anything else (a failure, a probe, a target coming back up) is
+recorded attempt by attempt, in order.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from relay.core.outcome import Verdict
 from relay.store.base import (
@@ -29,6 +30,7 @@ from relay.store.base import (
     Waits,
 )
 from relay.store.dialect import placeholders
+from relay.store.health import HEALTH_COLUMNS, health_after
 from relay.store.rows import (
     ATTEMPT_COLUMNS_INSERTED,
     NEXT_IN_LINE,
@@ -37,6 +39,7 @@ from relay.store.rows import (
     line_up_by_arrival,
     resolve_originals,
     update_health,
+    write_health,
 )
 
 ATTEMPT_INSERT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED}) VALUES "
@@ -90,13 +93,14 @@ class RecordJob:
         if len(jobs) == 1 or not all(job.simple_success for job in jobs):
             return [job.one(connection) for job in jobs]
         targets = sorted({job.delivery.target for job in jobs})
-        health = dict(
-            connection.execute(
-                "SELECT name, consecutive_failures FROM targets WHERE name IN"
+        health = {
+            row[0]: tuple(row[1:])
+            for row in connection.execute(
+                f"SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name IN"
                 f" ({placeholders(len(targets))}) AND down_since IS NULL",
                 targets,
-            ).fetchall()
-        )
+            )
+        }
         if any(target not in health for target in targets):
             # New, or down: the health rule decides attempt by attempt.
             return [job.one(connection) for job in jobs]
@@ -108,21 +112,9 @@ class RecordJob:
             )
         connection.executemany(DELIVERY_UPDATE, [job.delivery_row() for job in jobs])
         connection.executemany(NEXT_IN_LINE, [(job.now, job.now, job.delivery.id) for job in jobs])
-        streaks = []
-        last: dict[str, RecordJob] = {}
-        for job in jobs:
-            target = job.delivery.target
-            streaks.append(FailureStreak(health[target], 0))
-            health[target] = 0
-            last[target] = job
-        successes = {target: 0 for target in last}
-        for job in jobs:
-            successes[job.delivery.target] += 1
-        connection.executemany(
-            "UPDATE targets SET last_success_at = ?, consecutive_failures = 0, down_streak = 0,"
-            " successes = successes + ? WHERE name = ?",
-            [(job.now, successes[target], target) for target, job in last.items()],
-        )
+        streaks, changed = successes_health(jobs, health)
+        for target, columns in changed.items():
+            write_health(connection, target, columns)
         return streaks
 
     @property
@@ -169,3 +161,36 @@ class RecordJob:
         elif streak.down and self.status is Status.PENDING and not self.waits:
             line_up_by_arrival(connection, target, self.delivery.id)
         return streak
+
+
+def successes_health(
+    jobs: Sequence[RecordJob], health: dict[str, tuple[Any, ...]]
+) -> tuple[list[FailureStreak], dict[str, dict[str, Any]]]:
+    """The health rule (relay.store.health) asked for a run of simple
+    successes in turn, in memory, from their targets' rows (`health`, as
+    HEALTH_COLUMNS, updated in place): each one's streak, and the columns to
+    write of each target's row (none for most: a success after a success)."""
+    names = HEALTH_COLUMNS.split(", ")
+    streaks = []
+    changed: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        target = job.delivery.target
+        row = dict(zip(names, health[target], strict=True))
+        change = health_after(
+            job.attempt,
+            job.now,
+            None,
+            before=row["consecutive_failures"],
+            down_streak=row["down_streak"],
+            down_since=row["down_since"],
+            probes=row["probes"],
+            successes=row["successes"],
+            last_success_at=row["last_success_at"],
+            delivery_id=job.delivery.id,
+        )
+        assert not change.count_waiting  # the target was up
+        if change.columns:
+            changed.setdefault(target, {}).update(change.columns)
+            health[target] = tuple(change.columns.get(name, row[name]) for name in names)
+        streaks.append(change.streak)
+    return streaks, changed

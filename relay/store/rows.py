@@ -277,7 +277,9 @@ def update_health(
     row = connection.execute(
         f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
     ).fetchone()
-    before, down_streak, down_since, probes, successes = row if row else (0, 0, None, 0, 0)
+    before, down_streak, down_since, probes, successes, last_success_at = (
+        row if row else (0, 0, None, 0, 0, None)
+    )
     connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
     alone = False
     if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
@@ -298,20 +300,26 @@ def update_health(
         down_since=down_since,
         probes=probes,
         successes=successes,
+        last_success_at=last_success_at,
         alone=alone,
         delivery_id=delivery_id,
     )
-    if change.columns:
-        assignments = ", ".join(f"{column} = ?" for column in change.columns)
-        connection.execute(
-            f"UPDATE targets SET {assignments} WHERE name = ?", (*change.columns.values(), target)
-        )
+    write_health(connection, target, change.columns)
     if not change.count_waiting:
         return change.streak
     waited = connection.execute(
         "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
     ).fetchone()[0]
     return replace(change.streak, waited=waited)
+
+
+def write_health(connection: sqlite3.Connection, target: str, columns: dict[str, Any]) -> None:
+    """Set these columns of the target's row (nothing when there are none)."""
+    if columns:
+        assignments = ", ".join(f"{column} = ?" for column in columns)
+        connection.execute(
+            f"UPDATE targets SET {assignments} WHERE name = ?", (*columns.values(), target)
+        )
 
 
 # While a target is down its deliveries' retry times mean nothing (none is

@@ -181,6 +181,20 @@ async def test_the_failure_streak_counts_failures_in_a_row_per_target(store: Sto
     assert (state.consecutive_failures, state.last_success_at) == (0, T0 + 9)
 
 
+async def test_the_last_success_shown_lags_by_at_most_a_second(store: Store) -> None:
+    # A success after a success writes nothing of its target's row
+    # (relay.store.health): the time shown is at most SUCCESS_SHOWN_WITHIN old.
+    for i in range(4):
+        await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], T0)
+    claims = await store.claim_due(T0, T0 + 60, {"crm": 4})
+    shown = []
+    for claim, at in zip(claims, (T0 + 1, T0 + 1.5, T0 + 2.2, T0 + 2.3), strict=True):
+        streak = await store.record_attempt(claim, OK, Delivered(), at)
+        assert (streak.before, streak.after) == (0, 0)
+        shown.append((await store.target_states())["crm"].last_success_at)
+    assert shown == [T0 + 1, T0 + 1, T0 + 2.2, T0 + 2.2]
+
+
 async def test_attempts_recorded_in_one_group_commit_keep_every_row_and_the_streaks(
     store: Store,
 ) -> None:

@@ -865,6 +865,40 @@ async def test_a_claim_waits_for_an_attempt_being_recorded_to_say_whether_the_ta
         await recording.close()
 
 
+async def test_a_success_after_a_success_waits_for_no_other_instances_record(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    # Another instance recording an attempt of the same target holds its row
+    # (FOR UPDATE) to its commit. A success after a success changes nothing of
+    # that row (relay.store.health), so it takes no lock: recorded meanwhile,
+    # not after. Three instances' successes used to take turns on that lock.
+    a, _ = two
+    for _ in range(3):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+    first, second, third = await a.claim_due(T0, T0 + 60, {"crm": 3})
+    ok = AttemptRecord(1, T0, 0.01, "success", 200)
+    await a.record_attempt(first, ok, Delivered(), T0 + 1)
+    recording = await asyncpg.connect(pg_url)
+    try:
+        async with recording.transaction():
+            await recording.execute("SELECT 1 FROM targets WHERE name = 'crm' FOR UPDATE")
+            streak = await asyncio.wait_for(a.record_attempt(second, ok, Delivered(), T0 + 1.5), 5)
+            assert (streak.before, streak.after) == (0, 0)
+            # The time shown would lag a second: this one writes, so it waits.
+            late = asyncio.create_task(a.record_attempt(third, ok, Delivered(), T0 + 2.5))
+            await asyncio.sleep(0.3)
+            assert not late.done()
+        await asyncio.wait_for(late, 5)
+    finally:
+        await recording.close()
+    states = await a.target_states()
+    assert states["crm"].last_success_at == T0 + 2.5
+    for claim in (second, third):
+        view = await a.get_delivery(claim.id)
+        assert view is not None
+        assert view.status is Status.DELIVERED
+
+
 async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(
     two: tuple[PostgresStore, PostgresStore],
 ) -> None:

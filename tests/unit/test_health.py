@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from relay.store.base import AttemptRecord, FailureStreak, Hold
-from relay.store.health import HealthChange, fails_alone, health_after
+from relay.store.health import SUCCESS_SHOWN_WITHIN, HealthChange, fails_alone, health_after
 
 NOW = 1_000.0
 OK = AttemptRecord(1, NOW, 0.1, "success", 200)
@@ -161,3 +163,77 @@ def test_a_delivery_fails_alone_once_others_were_delivered_since_its_last_failur
     flagged: bool, seen: int | None, successes: int, alone: bool
 ) -> None:
     assert fails_alone(flagged=flagged, seen=seen, successes=successes) is alone
+
+
+@pytest.mark.parametrize(
+    ("row", "now", "writes"),
+    [
+        # After a success shown less than SUCCESS_SHOWN_WITHIN ago: nothing.
+        ((0, 0, None, 0, 9, NOW - 0.5), NOW, False),
+        # The time shown would lag more: it is written, and the count.
+        ((0, 0, None, 0, 9, NOW - SUCCESS_SHOWN_WITHIN), NOW, True),
+        # A failure since (of any delivery, alone or not): the count must grow,
+        # for the deliveries that failed (fails_alone).
+        ((1, 0, None, 0, 9, NOW - 0.5), NOW, True),
+        ((1, 1, None, 0, 9, NOW - 0.5), NOW, True),
+        # Never a success yet, or down: written.
+        ((0, 0, None, 0, 0, None), NOW, True),
+        ((0, 0, NOW - 60, 1, 9, NOW - 0.5), NOW, True),
+    ],
+)
+def test_a_success_after_a_success_changes_nothing_to_write(
+    row: tuple[int, int, float | None, int, int, float | None], now: float, writes: bool
+) -> None:
+    before, down_streak, down_since, probes, successes, last_success_at = row
+    change = health_after(
+        OK,
+        now,
+        None,
+        before=before,
+        down_streak=down_streak,
+        down_since=down_since,
+        probes=probes,
+        successes=successes,
+        last_success_at=last_success_at,
+        delivery_id=7,
+    )
+    assert bool(change.columns) is writes
+    assert change.streak.after == 0
+    if writes:
+        assert change.columns["successes"] == successes + 1
+
+
+def test_a_delivery_failing_again_after_unwritten_successes_still_fails_alone() -> None:
+    # The row as the rule leaves it, attempt after attempt: a poison payload
+    # fails, others are delivered (the first success is written, the next ones
+    # change nothing), it fails again: the count grew since, so it fails alone.
+    row: dict[str, Any] = {
+        "consecutive_failures": 0,
+        "down_streak": 0,
+        "down_since": None,
+        "probes": 0,
+        "successes": 5,
+        "last_success_at": NOW - 0.1,
+    }
+
+    def record(attempt: AttemptRecord, at: float) -> None:
+        change = health_after(
+            attempt,
+            at,
+            HOLD,
+            before=row["consecutive_failures"],
+            down_streak=row["down_streak"],
+            down_since=row["down_since"],
+            probes=row["probes"],
+            successes=row["successes"],
+            last_success_at=row["last_success_at"],
+            delivery_id=7,
+        )
+        row.update((k, v) for k, v in change.columns.items() if k in row)
+
+    record(DOWN, NOW)
+    seen = row["successes"]
+    for n in range(5):
+        record(OK, NOW + n / 10)
+    assert row["successes"] == 6  # grew once, not five times
+    assert fails_alone(flagged=False, seen=seen, successes=row["successes"])

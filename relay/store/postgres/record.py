@@ -1,17 +1,22 @@
 """Recording attempts on PostgreSQL, a batch per transaction (relay.store.postgres.batch).
 
-Every attempt writes its row, its delivery's new state and its target's
-health, under the target's row lock: instances record attempts of one target
-at once, and the health rule (relay.store.health) must see them in turn.
-Recorded one transaction each, every attempt waited for the previous one's
-commit on that lock. A batch locks the targets it touches once, in name
-order (two batches never wait on each other in a cycle), then:
+Every attempt writes its row, its delivery's new state and what it changed
+of its target's health, under the target's row lock: instances record
+attempts of one target at once, and the health rule (relay.store.health)
+must see them in turn. Recorded one transaction each, every attempt waited
+for the previous one's commit on that lock. So:
 
 - a run of successes on targets that are up is written in bulk: one INSERT
-  of their rows, one UPDATE of their deliveries, one health write a target,
-  the rule asked attempt by attempt in memory;
+  of their rows, one UPDATE of their deliveries, the rule asked attempt by
+  attempt in memory. Most change nothing of their targets' rows (a success
+  after a success): such a run locks none, and waits for no other instance.
+  The others write each changed row once, having locked them;
 - anything else (a failure, a probe, a target coming back up, a record made
-  again after its answer was lost) attempt by attempt, in order, as alone.
+  again after its answer was lost) attempt by attempt, in order, as alone,
+  under the locks of its targets' rows.
+
+A batch locks its targets' rows in name order (two batches never wait on
+each other in a cycle).
 
 As on SQLite (relay.store.record); only the I/O differs.
 """
@@ -29,7 +34,7 @@ from relay.store.dialect import numbered
 from relay.store.health import HEALTH_COLUMNS, HealthChange, fails_alone, health_after
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.errors import Connection
-from relay.store.record import RecordJob
+from relay.store.record import RecordJob, successes_health
 from relay.store.rows import ATTEMPT_COLUMNS_INSERTED
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
@@ -87,9 +92,8 @@ AND status = 'pending' AND next_attempt_at IS NULL
 """
 # The success columns health_after sets, in SUCCESSES's order.
 SUCCESS_COLUMNS = ("last_success_at", "successes")
-LOCK_TARGETS = f"""
-SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE
-"""
+HEALTH = f"SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name = ANY($1::text[])"
+LOCK_TARGETS = f"{HEALTH} ORDER BY name FOR UPDATE"
 
 
 @dataclass(eq=False)
@@ -114,23 +118,43 @@ async def record_batch(connection: Connection, records: Sequence[Record]) -> lis
     for record in records:
         record.answer = None
     targets = sorted({record.job.delivery.target for record in records})
-    health = await _lock_targets(connection, targets)
-    if all(record.first is None and record.job.simple_success for record in records) and all(
-        health[target][2] is None
-        for target in targets  # none is down
-    ):
-        streaks = await _successes(connection, records, health)
+    simple = all(record.first is None and record.job.simple_success for record in records)
+    if simple:
+        # Successes after successes change nothing of their targets' rows
+        # (relay.store.health): read unlocked, they take no lock, and wait for
+        # no other instance's records. Were a failure recorded meanwhile, they
+        # are the successes just before it.
+        health = await _health(connection, targets, HEALTH)
+        if _all_up(health, targets):
+            streaks, changed = successes_health([record.job for record in records], health)
+            if not changed:
+                return _answered(records, await _successes(connection, records, streaks, {}))
+    health = await _health(connection, targets, LOCK_TARGETS)
+    if simple and _all_up(health, targets):
+        streaks, changed = successes_health([record.job for record in records], health)
+        streaks = await _successes(connection, records, streaks, changed)
     else:
         streaks = [await _one(connection, record) for record in records]
+    return _answered(records, streaks)
+
+
+def _answered(records: Sequence[Record], streaks: list[FailureStreak]) -> list[FailureStreak]:
     for record, streak in zip(records, streaks, strict=True):
         record.answer = streak
     return streaks
 
 
-async def _lock_targets(connection: Connection, targets: list[str]) -> dict[str, tuple[Any, ...]]:
-    """Lock the targets' rows, in name order; their health (HEALTH_COLUMNS)."""
-    rows_now = await connection.fetch(LOCK_TARGETS, targets)
-    if len(rows_now) < len(targets):  # a target's first attempt
+def _all_up(health: dict[str, tuple[Any, ...]], targets: list[str]) -> bool:
+    return len(health) == len(targets) and all(health[t][2] is None for t in targets)
+
+
+async def _health(
+    connection: Connection, targets: list[str], query: str
+) -> dict[str, tuple[Any, ...]]:
+    """The targets' health (HEALTH_COLUMNS), by HEALTH or LOCK_TARGETS (which
+    locks their rows in name order, making those missing first)."""
+    rows_now = await connection.fetch(query, targets)
+    if len(rows_now) < len(targets) and query is LOCK_TARGETS:  # a target's first attempt
         await connection.execute(
             "INSERT INTO targets (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
             targets,
@@ -140,34 +164,14 @@ async def _lock_targets(connection: Connection, targets: list[str]) -> dict[str,
 
 
 async def _successes(
-    connection: Connection, records: Sequence[Record], health: dict[str, tuple[Any, ...]]
+    connection: Connection,
+    records: Sequence[Record],
+    streaks: list[FailureStreak],
+    changed: dict[str, dict[str, Any]],
 ) -> list[FailureStreak]:
-    """Successes on targets that are up (RecordJob.simple_success), in one statement."""
+    """Successes on targets that are up (RecordJob.simple_success), in one
+    statement, with the targets' rows that changed (successes_health)."""
     jobs = [record.job for record in records]
-    streaks = []
-    changed: dict[str, dict[str, Any]] = {}
-    for job in jobs:
-        target = job.delivery.target
-        before, down_streak, down_since, probes, successes = health[target]
-        change = health_after(
-            job.attempt,
-            job.now,
-            None,
-            before=before,
-            down_streak=down_streak,
-            down_since=down_since,
-            probes=probes,
-            successes=successes,
-            delivery_id=job.delivery.id,
-        )
-        assert not change.count_waiting  # the target was up
-        columns = changed.setdefault(target, {})
-        columns.update(change.columns)
-        health[target] = tuple(
-            columns.get(name, value)
-            for name, value in zip(HEALTH_COLUMNS.split(", "), health[target], strict=True)
-        )
-        streaks.append(change.streak)
     attempts = [list(values) for values in zip(*(job.attempt_row() for job in jobs), strict=True)]
     updates = [list(values) for values in zip(*(job.delivery_row() for job in jobs), strict=True)]
     names = sorted(changed)
@@ -265,6 +269,7 @@ async def _update_health(connection: Connection, record: Record) -> FailureStrea
         down_since=row[2],
         probes=row[3],
         successes=row[4],
+        last_success_at=row[5],
         alone=alone,
         delivery_id=delivery_id,
     )
