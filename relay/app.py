@@ -207,7 +207,7 @@ class Relay:
         return self.leadership.leading
 
     def _accepted(self) -> None:
-        self.scheduler.wake()
+        self.scheduler.arrived()
         self.indexer.noticed()  # it indexes once arrivals pause, not amid them
 
     def _stop_listening(self) -> None:

@@ -180,6 +180,14 @@ class Scheduler:
         """Something may be due now (a new event, a retry asked for)."""
         self._wake.set()
 
+    def arrived(self) -> None:
+        """A webhook was stored (called for each): wake, unless no target can
+        take another attempt now (each full, paused, or down with its probe
+        out). An attempt that ends wakes the loop, which then claims what
+        arrived meanwhile; a target that hangs costs ingest nothing."""
+        if not self._wake.is_set() and self._eligible():
+            self._wake.set()
+
     def targets_changed(self) -> None:
         """A target was paused or resumed in this process: re-read at once."""
         self._paused_read_at = None

@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import aiohttp
+from aiohttp import web
 
 from relay.app import Relay
 from relay.background.indexer import SETTLE
@@ -79,3 +80,40 @@ async def test_the_poll_picks_up_a_retry_asked_for_by_another_process(
         await other.close()
     assert await settled(relay, event_id, Status.DELIVERED) == delivery_id
     assert len(sink.requests) == 2
+
+
+async def test_webhooks_arriving_while_the_target_is_full_do_not_turn_the_scheduler(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # A CRM that hangs holds its lane full: each webhook stored meanwhile used
+    # to wake the scheduler for a turn that could claim nothing (a few µs of
+    # the event loop a webhook, in the ingest benchmark). The attempt that ends
+    # wakes it, and it claims what came meanwhile.
+    release = asyncio.Event()
+
+    async def hang_first(request: web.Request, number: int) -> web.Response:
+        if number == 0:
+            await release.wait()
+        return web.Response(text="ok")
+
+    sink, url = await start_sink(hang_first)
+    relay = await start_relay(
+        make_config({"crm": {"type": "http", "url": url, "concurrency": 1}}, ROUTES),
+        poll_interval=60.0,
+    )
+    first = await post(relay, http)
+    try:
+        await sink.wait_for(1)
+        await asyncio.sleep(0.05)  # the turn after the claim has ended
+        ticked = relay.scheduler.last_tick
+        later = [await post(relay, http) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        assert relay.scheduler.last_tick == ticked
+    finally:
+        release.set()
+    await settled(relay, first, Status.DELIVERED)
+    for event_id in later:
+        await settled(relay, event_id, Status.DELIVERED)
