@@ -154,12 +154,16 @@ class RequestParts(Protocol):
     def query_fields(self) -> dict[str, str]: ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class Payload:
     """A webhook's request as received and as stored: the one value every record
     of it carries (the new event, a claimed delivery, an event's detail, a
     target's envelope). Its parsed views are built on first use, once, however
-    many templates or pages read them."""
+    many templates or pages read them.
+
+    Never changed once made (its views would no longer match it): `replace`
+    makes another. Not a frozen dataclass only because one is made for every
+    webhook, and a frozen one costs 2.5 times as much to make."""
 
     method: str
     path: str

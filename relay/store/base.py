@@ -105,8 +105,7 @@ class NewEvent(NamedTuple):  # made for every webhook: a tuple is the cheapest t
     digest: bytes | None = None
 
 
-@dataclass(frozen=True)
-class NewDelivery:
+class NewDelivery(NamedTuple):  # made for every webhook and target: a tuple, as NewEvent
     target: str
     status: Status = Status.PENDING
     # Why a delivery starts skipped or dead (a `when` filter, a broken template).
