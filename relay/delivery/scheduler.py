@@ -181,11 +181,11 @@ class Scheduler:
         self._wake.set()
 
     def arrived(self) -> None:
-        """A webhook was stored (called for each): wake, unless no target can
-        take another attempt now (each full, paused, or down with its probe
-        out). An attempt that ends wakes the loop, which then claims what
-        arrived meanwhile; a target that hangs costs ingest nothing."""
-        if not self._wake.is_set() and self._eligible():
+        """A webhook was stored (called for each): wake, unless no target has
+        room for another attempt. An attempt that ends wakes the loop, which
+        then claims what arrived meanwhile: a target that hangs costs ingest
+        nothing."""
+        if not self._wake.is_set() and any(lane.free > 0 for lane in self._state.lanes.values()):
             self._wake.set()
 
     def targets_changed(self) -> None:

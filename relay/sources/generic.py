@@ -11,7 +11,7 @@ from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
 from relay.sources.base import (
-    Accept,
+    ACCEPT,
     Check,
     Reject,
     Source,
@@ -75,7 +75,7 @@ class Generic:
                 )
             if not matches_any(given, settings.tokens):
                 return Reject("bad_token")
-        return Accept()
+        return ACCEPT
 
     def key(self, incoming: Incoming) -> str | None:
         return None

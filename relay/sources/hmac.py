@@ -11,7 +11,7 @@ from relay.config.reader import Section
 from relay.config.sources import secret_list
 from relay.kinds.base import SourceKind
 from relay.sources.base import (
-    Accept,
+    ACCEPT,
     Check,
     Reject,
     Source,
@@ -78,7 +78,7 @@ class Hmac:
             given = given.lower()
         if not matches_any(given, expected):
             return Reject("bad_signature")
-        return Accept()
+        return ACCEPT
 
     def key(self, incoming: Incoming) -> str | None:
         return None

@@ -15,7 +15,6 @@ import itertools
 import secrets
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,17 +26,28 @@ from relay.store.base import Accepted, NewDelivery, NewEvent, Status
 _LOOKUP_CHUNK = 500
 
 
-@dataclass(slots=True)
+# The classes made for every webhook here are plain, not dataclasses: mypyc
+# compiles their __init__, and not one that a dataclass generates.
+
+
 class Holder:
     """A stored event (or one earlier in this batch) that holds a key."""
 
-    event_id: int
-    variant: int
-    _digest: bytes | None
-    # Only for rows stored before digests were kept: the digest is worked out
-    # from them once, when a key they hold comes again.
-    _body: bytes = b""
-    _content_type: str | None = None
+    def __init__(
+        self,
+        event_id: int,
+        variant: int,
+        digest: bytes | None,
+        # Only for rows stored before digests were kept: the digest is worked
+        # out from them once, when a key they hold comes again.
+        body: bytes = b"",
+        content_type: str | None = None,
+    ) -> None:
+        self.event_id = event_id
+        self.variant = variant
+        self._digest = digest
+        self._body = body
+        self._content_type = content_type
 
     @property
     def digest(self) -> bytes:
@@ -46,16 +56,25 @@ class Holder:
         return self._digest
 
 
-@dataclass(slots=True)
 class AcceptJob:
-    event: NewEvent
-    deliveries: Sequence[NewDelivery]
-    now: float
-    refuse_conflict: bool = False
-    # Raises StoreUnavailable when the events must not be acknowledged (the
-    # database file was deleted or replaced): asked once per batch, in the
-    # transaction, rather than once per request.
-    guard: Callable[[], None] | None = None
+    """An event to store with its deliveries."""
+
+    def __init__(
+        self,
+        event: NewEvent,
+        deliveries: Sequence[NewDelivery],
+        now: float,
+        refuse_conflict: bool = False,
+        guard: Callable[[], None] | None = None,
+    ) -> None:
+        self.event = event
+        self.deliveries = deliveries
+        self.now = now
+        self.refuse_conflict = refuse_conflict
+        # Raises StoreUnavailable when the events must not be acknowledged (the
+        # database file was deleted or replaced): asked once per batch, in the
+        # transaction, rather than once per request.
+        self.guard = guard
 
     def __call__(self, connection: sqlite3.Connection) -> Accepted:
         return self.run_many(connection, [self])[0]
@@ -122,14 +141,16 @@ class AcceptJob:
         return results
 
 
-@dataclass(slots=True)
 class ToStore:
     """An event the batch stores: its id, and its key's variant and first holder."""
 
-    job: AcceptJob
-    event_id: int
-    variant: int
-    conflict_of: int | None
+    def __init__(
+        self, job: AcceptJob, event_id: int, variant: int, conflict_of: int | None
+    ) -> None:
+        self.job = job
+        self.event_id = event_id
+        self.variant = variant
+        self.conflict_of = conflict_of
 
     def event_row(self) -> tuple[Any, ...]:
         event = self.job.event

@@ -24,7 +24,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from relay.store.base import StoreError, StoreUnavailable
@@ -63,14 +62,24 @@ def unavailable(error: BaseException) -> StoreError:
     return StoreError(f"database error: {error}")
 
 
-@dataclass(eq=False, slots=True)
 class _Pending:
-    job: Job[Any]
-    future: asyncio.Future[Any]
-    deadline: float  # loop time after which, still untaken, the job gives up
-    sender: bool  # a webhook to acknowledge (its sender comes back once answered)
-    durable: bool  # its commit must be fsynced before it is answered
-    taken: bool = field(default=False)
+    """A job in the queue. (A plain class, one made for every webhook: mypyc
+    compiles its __init__, not one a dataclass generates.)"""
+
+    def __init__(
+        self,
+        job: Job[Any],
+        future: asyncio.Future[Any],
+        deadline: float,  # loop time after which, still untaken, the job gives up
+        sender: bool,  # a webhook to acknowledge (its sender comes back once answered)
+        durable: bool,  # its commit must be fsynced before it is answered
+    ) -> None:
+        self.job = job
+        self.future = future
+        self.deadline = deadline
+        self.sender = sender
+        self.durable = durable
+        self.taken = False
 
 
 class _Failed:
