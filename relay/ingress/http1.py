@@ -236,9 +236,11 @@ def _error(status: int, message: str) -> Response:
 def split_target(target: bytes) -> tuple[str, str]:
     """(path, query) of a request-target: the path percent-decoded (a byte
     sequence that is not UTF-8 stays encoded), the query as sent."""
-    if b"%" not in target and target.startswith(b"/"):  # nearly always: /hooks/x?a=b
+    # find(), not `in`: bytes.__contains__ first tries its argument as an
+    # integer, and raises and clears a TypeError for every bytes one.
+    if target.find(b"%") < 0 and target.startswith(b"/"):  # nearly always: /hooks/x?a=b
         path_bytes, _, query_bytes = target.partition(b"?")
-        if b"#" in query_bytes:
+        if query_bytes.find(b"#") >= 0:
             query_bytes = query_bytes.partition(b"#")[0]
         return (
             path_bytes.decode("utf-8", "surrogateescape"),
