@@ -128,11 +128,12 @@ async def record_batch(connection: Connection, records: Sequence[Record]) -> lis
         if _all_up(health, targets):
             streaks, changed = successes_health([record.job for record in records], health)
             if not changed:
-                return _answered(records, await _successes(connection, records, streaks, {}))
+                await _successes(connection, records, {})
+                return _answered(records, streaks)
     health = await _health(connection, targets, LOCK_TARGETS)
     if simple and _all_up(health, targets):
         streaks, changed = successes_health([record.job for record in records], health)
-        streaks = await _successes(connection, records, streaks, changed)
+        await _successes(connection, records, changed)
     else:
         streaks = [await _one(connection, record) for record in records]
     return _answered(records, streaks)
@@ -164,11 +165,8 @@ async def _health(
 
 
 async def _successes(
-    connection: Connection,
-    records: Sequence[Record],
-    streaks: list[FailureStreak],
-    changed: dict[str, dict[str, Any]],
-) -> list[FailureStreak]:
+    connection: Connection, records: Sequence[Record], changed: dict[str, dict[str, Any]]
+) -> None:
     """Successes on targets that are up (RecordJob.simple_success), in one
     statement, with the targets' rows that changed (successes_health)."""
     jobs = [record.job for record in records]
@@ -184,7 +182,6 @@ async def _successes(
         *([changed[name][column] for name in names] for column in SUCCESS_COLUMNS),
         max(job.now for job in jobs),
     )
-    return streaks
 
 
 async def _one(connection: Connection, record: Record) -> FailureStreak:
