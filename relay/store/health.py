@@ -8,13 +8,29 @@ deliveries that waited for it. Only the I/O differs between them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from relay.core.outcome import Verdict
 from relay.store.base import AttemptRecord, FailureStreak, Hold
 
-# What the rule reads of the target's row, in this order.
-HEALTH_COLUMNS = "consecutive_failures, down_streak, down_since, probes, successes, last_success_at"
+
+class TargetHealth(NamedTuple):
+    """What the rule reads of a target's row (HEALTH_COLUMNS, in this order;
+    a target never attempted: the defaults)."""
+
+    consecutive_failures: int = 0
+    down_streak: int = 0
+    down_since: float | None = None
+    probes: int = 0
+    successes: int = 0
+    last_success_at: float | None = None
+
+    def written(self, columns: dict[str, Any]) -> TargetHealth:
+        """This row once a HealthChange's columns are written."""
+        return self._replace(**{k: v for k, v in columns.items() if k in self._fields})
+
+
+HEALTH_COLUMNS = ", ".join(TargetHealth._fields)
 # How far behind a target's last success the time shown may be (one write a
 # second, not one a batch: on PostgreSQL each write holds the row locked to
 # its commit, which every instance recording that target waits for).
@@ -43,24 +59,20 @@ def health_after(
     attempt: AttemptRecord,
     now: float,
     hold: Hold | None,
+    health: TargetHealth,
     *,
-    before: int,
-    down_streak: int,
-    down_since: float | None,
-    probes: int,
-    successes: int = 0,
-    last_success_at: float | None = None,
     alone: bool = False,
     delivery_id: int | None = None,
 ) -> HealthChange:
     """What this attempt (of delivery `delivery_id`) changes of its target's
-    row (read as HEALTH_COLUMNS); `alone`: it failed alone (`fails_alone`).
+    row (`health`); `alone`: it failed alone (`fails_alone`).
 
     A success after a success, with none of the target's failures between
     (`before` 0: every failure it is at fault for counts), changes nothing
     the rules read: `successes` only has to grow once after each failure, for
     the deliveries that failed (`fails_alone`). Its time is written when the
     one shown is SUCCESS_SHOWN_WITHIN old. Nothing to write, no row to lock."""
+    before, down_streak, down_since, probes, successes, last_success_at = health
     if not attempt.target_at_fault:
         # The event could not be sent as rendered: nothing was learnt about the target.
         return HealthChange(FailureStreak(before, before, down=down_since is not None))

@@ -30,7 +30,7 @@ from relay.store.base import (
     Waits,
 )
 from relay.store.dialect import placeholders
-from relay.store.health import HEALTH_COLUMNS, health_after
+from relay.store.health import HEALTH_COLUMNS, TargetHealth, health_after
 from relay.store.rows import (
     ATTEMPT_COLUMNS_INSERTED,
     NEXT_IN_LINE,
@@ -94,7 +94,7 @@ class RecordJob:
             return [job.one(connection) for job in jobs]
         targets = sorted({job.delivery.target for job in jobs})
         health = {
-            row[0]: tuple(row[1:])
+            row[0]: TargetHealth(*row[1:])
             for row in connection.execute(
                 f"SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name IN"
                 f" ({placeholders(len(targets))}) AND down_since IS NULL",
@@ -164,33 +164,22 @@ class RecordJob:
 
 
 def successes_health(
-    jobs: Sequence[RecordJob], health: dict[str, tuple[Any, ...]]
+    jobs: Sequence[RecordJob], health: dict[str, TargetHealth]
 ) -> tuple[list[FailureStreak], dict[str, dict[str, Any]]]:
     """The health rule (relay.store.health) asked for a run of simple
-    successes in turn, in memory, from their targets' rows (`health`, as
-    HEALTH_COLUMNS, updated in place): each one's streak, and the columns to
-    write of each target's row (none for most: a success after a success)."""
-    names = HEALTH_COLUMNS.split(", ")
+    successes in turn, in memory, from their targets' rows (`health`, updated
+    in place): each one's streak, and the columns to write of each target's
+    row (none for most: a success after a success)."""
     streaks = []
     changed: dict[str, dict[str, Any]] = {}
     for job in jobs:
         target = job.delivery.target
-        row = dict(zip(names, health[target], strict=True))
         change = health_after(
-            job.attempt,
-            job.now,
-            None,
-            before=row["consecutive_failures"],
-            down_streak=row["down_streak"],
-            down_since=row["down_since"],
-            probes=row["probes"],
-            successes=row["successes"],
-            last_success_at=row["last_success_at"],
-            delivery_id=job.delivery.id,
+            job.attempt, job.now, None, health[target], delivery_id=job.delivery.id
         )
         assert not change.count_waiting  # the target was up
         if change.columns:
             changed.setdefault(target, {}).update(change.columns)
-            health[target] = tuple(change.columns.get(name, row[name]) for name in names)
+            health[target] = health[target].written(change.columns)
         streaks.append(change.streak)
     return streaks, changed

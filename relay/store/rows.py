@@ -35,7 +35,7 @@ from relay.store.base import (
     Waits,
 )
 from relay.store.dialect import Dialect
-from relay.store.health import HEALTH_COLUMNS, fails_alone, health_after
+from relay.store.health import HEALTH_COLUMNS, TargetHealth, fails_alone, health_after
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
@@ -277,33 +277,19 @@ def update_health(
     row = connection.execute(
         f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
     ).fetchone()
-    before, down_streak, down_since, probes, successes, last_success_at = (
-        row if row else (0, 0, None, 0, 0, None)
-    )
+    health = TargetHealth(*row) if row else TargetHealth()
     connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
     alone = False
     if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
         seen, flagged = connection.execute(
             "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
         ).fetchone()
-        alone = fails_alone(flagged=bool(flagged), seen=seen, successes=successes)
+        alone = fails_alone(flagged=bool(flagged), seen=seen, successes=health.successes)
         connection.execute(
             "UPDATE deliveries SET seen_successes = ?, fails_alone = ? WHERE id = ?",
-            (successes, int(alone), delivery_id),
+            (health.successes, int(alone), delivery_id),
         )
-    change = health_after(
-        attempt,
-        now,
-        hold,
-        before=before,
-        down_streak=down_streak,
-        down_since=down_since,
-        probes=probes,
-        successes=successes,
-        last_success_at=last_success_at,
-        alone=alone,
-        delivery_id=delivery_id,
-    )
+    change = health_after(attempt, now, hold, health, alone=alone, delivery_id=delivery_id)
     write_health(connection, target, change.columns)
     if not change.count_waiting:
         return change.streak

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from relay.store.base import AttemptRecord, FailureStreak, Hold
-from relay.store.health import SUCCESS_SHOWN_WITHIN, HealthChange, fails_alone, health_after
+from relay.store.health import (
+    SUCCESS_SHOWN_WITHIN,
+    HealthChange,
+    TargetHealth,
+    fails_alone,
+    health_after,
+)
 
 NOW = 1_000.0
 OK = AttemptRecord(1, NOW, 0.1, "success", 200)
@@ -134,19 +138,8 @@ def test_health_after_one_attempt(
     row: tuple[int, int, float | None, int, int, bool],
     expected: HealthChange,
 ) -> None:
-    before, down_streak, down_since, probes, successes, alone = row
-    change = health_after(
-        attempt,
-        NOW,
-        hold,
-        before=before,
-        down_streak=down_streak,
-        down_since=down_since,
-        probes=probes,
-        successes=successes,
-        alone=alone,
-        delivery_id=7,
-    )
+    *health, alone = row
+    change = health_after(attempt, NOW, hold, TargetHealth(*health), alone=alone, delivery_id=7)
     assert change == expected
 
 
@@ -184,56 +177,22 @@ def test_a_delivery_fails_alone_once_others_were_delivered_since_its_last_failur
 def test_a_success_after_a_success_changes_nothing_to_write(
     row: tuple[int, int, float | None, int, int, float | None], now: float, writes: bool
 ) -> None:
-    before, down_streak, down_since, probes, successes, last_success_at = row
-    change = health_after(
-        OK,
-        now,
-        None,
-        before=before,
-        down_streak=down_streak,
-        down_since=down_since,
-        probes=probes,
-        successes=successes,
-        last_success_at=last_success_at,
-        delivery_id=7,
-    )
+    health = TargetHealth(*row)
+    change = health_after(OK, now, None, health, delivery_id=7)
     assert bool(change.columns) is writes
     assert change.streak.after == 0
     if writes:
-        assert change.columns["successes"] == successes + 1
+        assert change.columns["successes"] == health.successes + 1
 
 
 def test_a_delivery_failing_again_after_unwritten_successes_still_fails_alone() -> None:
     # The row as the rule leaves it, attempt after attempt: a poison payload
     # fails, others are delivered (the first success is written, the next ones
     # change nothing), it fails again: the count grew since, so it fails alone.
-    row: dict[str, Any] = {
-        "consecutive_failures": 0,
-        "down_streak": 0,
-        "down_since": None,
-        "probes": 0,
-        "successes": 5,
-        "last_success_at": NOW - 0.1,
-    }
-
-    def record(attempt: AttemptRecord, at: float) -> None:
-        change = health_after(
-            attempt,
-            at,
-            HOLD,
-            before=row["consecutive_failures"],
-            down_streak=row["down_streak"],
-            down_since=row["down_since"],
-            probes=row["probes"],
-            successes=row["successes"],
-            last_success_at=row["last_success_at"],
-            delivery_id=7,
-        )
-        row.update((k, v) for k, v in change.columns.items() if k in row)
-
-    record(DOWN, NOW)
-    seen = row["successes"]
+    health = TargetHealth(successes=5, last_success_at=NOW - 0.1)
+    health = health.written(health_after(DOWN, NOW, HOLD, health, delivery_id=7).columns)
+    seen = health.successes
     for n in range(5):
-        record(OK, NOW + n / 10)
-    assert row["successes"] == 6  # grew once, not five times
-    assert fails_alone(flagged=False, seen=seen, successes=row["successes"])
+        health = health.written(health_after(OK, NOW + n / 10, HOLD, health).columns)
+    assert health.successes == 6  # grew once, not five times
+    assert fails_alone(flagged=False, seen=seen, successes=health.successes)

@@ -31,7 +31,13 @@ import relay.store.rows as rows
 from relay.core.outcome import Verdict
 from relay.store.base import FailureStreak, RetryAt, Status, Transition
 from relay.store.dialect import numbered
-from relay.store.health import HEALTH_COLUMNS, HealthChange, fails_alone, health_after
+from relay.store.health import (
+    HEALTH_COLUMNS,
+    HealthChange,
+    TargetHealth,
+    fails_alone,
+    health_after,
+)
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.errors import Connection
 from relay.store.record import RecordJob, successes_health
@@ -145,13 +151,13 @@ def _answered(records: Sequence[Record], streaks: list[FailureStreak]) -> list[F
     return streaks
 
 
-def _all_up(health: dict[str, tuple[Any, ...]], targets: list[str]) -> bool:
-    return len(health) == len(targets) and all(health[t][2] is None for t in targets)
+def _all_up(health: dict[str, TargetHealth], targets: list[str]) -> bool:
+    return len(health) == len(targets) and all(health[t].down_since is None for t in targets)
 
 
 async def _health(
     connection: Connection, targets: list[str], query: str
-) -> dict[str, tuple[Any, ...]]:
+) -> dict[str, TargetHealth]:
     """The targets' health (HEALTH_COLUMNS), by HEALTH or LOCK_TARGETS (which
     locks their rows in name order, making those missing first)."""
     rows_now = await connection.fetch(query, targets)
@@ -161,7 +167,7 @@ async def _health(
             targets,
         )
         rows_now = await connection.fetch(LOCK_TARGETS, targets)
-    return {row[0]: tuple(row[1:]) for row in rows_now}
+    return {row[0]: TargetHealth(*row[1:]) for row in rows_now}
 
 
 async def _successes(
@@ -244,31 +250,22 @@ async def _update_health(connection: Connection, record: Record) -> FailureStrea
     target, delivery_id = job.delivery.target, job.delivery.id
     row = await connection.fetchrow(f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1", target)
     assert row is not None  # inserted by record_batch
+    health = TargetHealth(*row)
     alone = False
     if job.attempt.target_at_fault and job.attempt.outcome == Verdict.RETRY:
         seen = await connection.fetchrow(
             "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
         )
         assert seen is not None  # its lease is held: never purged
-        alone = fails_alone(flagged=seen[1], seen=seen[0], successes=row[4])
+        alone = fails_alone(flagged=seen[1], seen=seen[0], successes=health.successes)
         await connection.execute(
             "UPDATE deliveries SET seen_successes = $1, fails_alone = $2 WHERE id = $3",
-            row[4],
+            health.successes,
             alone,
             delivery_id,
         )
     change: HealthChange = health_after(
-        job.attempt,
-        job.now,
-        job.hold,
-        before=row[0],
-        down_streak=row[1],
-        down_since=row[2],
-        probes=row[3],
-        successes=row[4],
-        last_success_at=row[5],
-        alone=alone,
-        delivery_id=delivery_id,
+        job.attempt, job.now, job.hold, health, alone=alone, delivery_id=delivery_id
     )
     await _write_health(connection, target, change.columns)
     if not change.count_waiting:
