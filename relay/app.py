@@ -206,8 +206,8 @@ class Relay:
     def _leading(self) -> bool:
         return self.leadership.leading
 
-    def _accepted(self) -> None:
-        self.scheduler.arrived()
+    def _accepted(self, route: str) -> None:
+        self.scheduler.arrived(route)
         self.indexer.noticed()  # it indexes once arrivals pause, not amid them
 
     def _stop_listening(self) -> None:

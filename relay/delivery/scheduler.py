@@ -180,12 +180,19 @@ class Scheduler:
         """Something may be due now (a new event, a retry asked for)."""
         self._wake.set()
 
-    def arrived(self) -> None:
-        """A webhook was stored (called for each): wake, unless no target has
-        room for another attempt. An attempt that ends wakes the loop, which
-        then claims what arrived meanwhile: a target that hangs costs ingest
-        nothing."""
-        if not self._wake.is_set() and any(lane.free > 0 for lane in self._state.lanes.values()):
+    def arrived(self, route: str) -> None:
+        """A webhook was stored on this route (called for each): wake, unless
+        none of the route's targets has room for another attempt. An attempt
+        that ends wakes the loop, which then claims what arrived meanwhile: a
+        target that hangs costs ingest nothing."""
+        if self._wake.is_set():
+            return
+        state = self._state
+        config = state.config.routes.get(route)
+        if config is None or any(
+            (lane := state.lanes.get(target.target)) is None or lane.free > 0
+            for target in config.targets
+        ):
             self._wake.set()
 
     def targets_changed(self) -> None:

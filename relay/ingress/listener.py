@@ -89,7 +89,7 @@ class Ingress:
         clock: Clock,
         *,
         metrics: Metrics | None = None,
-        on_accepted: Callable[[], None] = lambda: None,
+        on_accepted: Callable[[str], None] = lambda route: None,  # the route's name
     ) -> None:
         self._store = store
         self._clock = clock
@@ -222,7 +222,7 @@ class Ingress:
         if accepted.conflict_of is not None:
             self._key_conflict(route, event, accepted)
         if not accepted.duplicate and not accepted.refused:
-            self._on_accepted()
+            self._on_accepted(route.name)
 
     def not_stored(self, route: str, error: StoreError) -> None:
         """An event its store did not take: answered 503. One line when events

@@ -82,7 +82,8 @@ def health_after(
         and down_streak == 0
         and down_since is None
         and last_success_at is not None
-        and now - last_success_at < SUCCESS_SHOWN_WITHIN
+        # Either way: one shown ahead of now (a clock stepped back) is written.
+        and abs(now - last_success_at) < SUCCESS_SHOWN_WITHIN
     ):
         return HealthChange(FailureStreak(0, 0))
     # A retry outcome (network, timeout, 5xx, 429) says the target may be down;

@@ -117,3 +117,44 @@ async def test_webhooks_arriving_while_the_target_is_full_do_not_turn_the_schedu
     await settled(relay, first, Status.DELIVERED)
     for event_id in later:
         await settled(relay, event_id, Status.DELIVERED)
+
+
+async def test_webhooks_for_a_full_target_do_not_turn_the_scheduler_beside_an_idle_one(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # Another target with room (idle here; or paused, or gone from the config)
+    # must not wake the scheduler for webhooks whose own targets are full.
+    release = asyncio.Event()
+
+    async def hang_first(request: web.Request, number: int) -> web.Response:
+        if number == 0:
+            await release.wait()
+        return web.Response(text="ok")
+
+    sink, url = await start_sink(hang_first)
+    relay = await start_relay(
+        make_config(
+            {
+                "crm": {"type": "http", "url": url, "concurrency": 1},
+                "mail": {"type": "http", "url": url},
+            },
+            ROUTES,
+        ),
+        poll_interval=60.0,
+    )
+    first = await post(relay, http)
+    try:
+        await sink.wait_for(1)
+        await asyncio.sleep(0.05)
+        ticked = relay.scheduler.last_tick
+        later = [await post(relay, http) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        assert relay.scheduler.last_tick == ticked
+    finally:
+        release.set()
+    await settled(relay, first, Status.DELIVERED)
+    for event_id in later:
+        await settled(relay, event_id, Status.DELIVERED)

@@ -169,6 +169,9 @@ def test_a_delivery_fails_alone_once_others_were_delivered_since_its_last_failur
         # for the deliveries that failed (fails_alone).
         ((1, 0, None, 0, 9, NOW - 0.5), NOW, True),
         ((1, 1, None, 0, 9, NOW - 0.5), NOW, True),
+        # Shown ahead of now (the clock stepped back, another instance's runs
+        # ahead): written, or it would stay in the future until then.
+        ((0, 0, None, 0, 9, NOW + 3600), NOW, True),
         # Never a success yet, or down: written.
         ((0, 0, None, 0, 0, None), NOW, True),
         ((0, 0, NOW - 60, 1, 9, NOW - 0.5), NOW, True),
