@@ -153,6 +153,8 @@ class ClaimedDelivery:
     # A corrected copy's delivery: the original's delivery to the same target,
     # which becomes resolved (if dead) when this one is delivered.
     resolves: int | None = None
+    # Its ordering key (order_by): the line it heads, which its end lets move on.
+    order_key: str | None = None
     # Its target's down state when the store leased it as that target's one
     # probe (a store that `claims_probes`); None: an ordinary attempt.
     probe: DownState | None = None

@@ -64,7 +64,7 @@ AND status = 'pending' AND next_attempt_at IS NULL
 """
 CLAIM_RETURNING = (
     "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
-    " message_tag, resolves"
+    " message_tag, resolves, order_key"
 )
 CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
@@ -425,6 +425,7 @@ def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDe
         received_at=event[3],
         payload=payload_of(event),
         resolves=delivery[9],
+        order_key=delivery[10],
     )
 
 

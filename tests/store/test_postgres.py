@@ -43,7 +43,9 @@ from relay.store import (
     StoreUnavailable,
     Waits,
 )
+from relay.store.accept import AcceptJob
 from relay.store.postgres import PostgresStore
+from relay.store.postgres.accept import store_batch
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.schema import LATEST
 from relay.targets import Target
@@ -897,6 +899,33 @@ async def test_a_success_after_a_success_waits_for_no_other_instances_record(
         view = await a.get_delivery(claim.id)
         assert view is not None
         assert view.status is Status.DELIVERED
+
+
+async def test_a_line_joined_while_its_head_is_recorded_delivered_moves_on(
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    # An event of ordering key A accepted on one instance while another
+    # records the line's head delivered: the accept saw the head in flight
+    # and stored its delivery waiting its turn; the record, not seeing that
+    # uncommitted delivery, let nothing go. The line then waited for ever.
+    # Both take the line's lock, so one sees the other's work.
+    a, _ = two
+    await a.accept_event(event("e1"), [NewDelivery("crm", order_key="A")], T0)
+    [head] = await a.claim_due(T0, T0 + 60, {"crm": 5})
+    accepting = await asyncpg.connect(pg_url)
+    try:
+        async with accepting.transaction():
+            [accepted] = await store_batch(
+                accepting, [AcceptJob(event("e2"), [NewDelivery("crm", order_key="A")], T0 + 1)]
+            )
+            ok = AttemptRecord(1, T0 + 1, 0.01, "success", 200)
+            recording = asyncio.create_task(a.record_attempt(head, ok, Delivered(), T0 + 1))
+            await asyncio.sleep(0.3)
+        await asyncio.wait_for(recording, 5)
+    finally:
+        await accepting.close()
+    [second] = await a.claim_due(T0 + 2, T0 + 62, {"crm": 5})
+    assert second.event_id == accepted.event_id
 
 
 async def test_one_leader_at_a_time_and_the_lead_moves_when_it_goes(

@@ -11,7 +11,7 @@ from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
-from relay.store.postgres.record import NEXT_IN_LINE, insert_log
+from relay.store.postgres.record import insert_log, next_in_line
 from relay.store.reads import selection_where
 from relay.store.rows import (
     DELIVERY_COLUMNS,
@@ -128,7 +128,7 @@ class PostgresOperations(PostgresConnection):
             await _insert_audit(
                 connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id]
             )
-            await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
+            await next_in_line(connection, [delivery_id], now)
             return await _select_delivery(connection, delivery_id)
 
         result = outcome(delivery_id, await self._write(job))
@@ -188,7 +188,7 @@ class PostgresOperations(PostgresConnection):
             ]
             for delivery_id in ids:
                 await connection.execute(SKIP, skipped_error(was), now, delivery_id)
-                await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
+            await next_in_line(connection, ids, now)
             await insert_log(connection, ids, now, "skip", skipped(was), by)
             subject = describe_selection(selection)
             await _insert_audit(connection, now, by, "skip", subject, ids)

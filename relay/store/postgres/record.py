@@ -45,6 +45,18 @@ from relay.store.rows import ATTEMPT_COLUMNS_INSERTED
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
+# The lines of these deliveries, locked as an accept joining them locks them
+# (relay.store.postgres.accept, LOCK_KEYS of "line:<target>", key), in one
+# order. A line's next is let go (NEXT_IN_LINE, SUCCESSES) only under it:
+# else an accept that saw the head unfinished stores its delivery waiting,
+# the head's record does not see that uncommitted delivery, and both commit
+# a line that waits for ever. Under the lock, whichever comes second sees
+# what the first committed.
+LOCK_LINES = """
+SELECT pg_advisory_xact_lock(h) FROM (
+    SELECT DISTINCT hashtextextended('line:' || target || '/' || order_key, 0) AS h
+    FROM deliveries WHERE id = ANY($1::bigint[]) AND order_key IS NOT NULL ORDER BY h) AS locks
+"""
 RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
 LINE_UP_BY_ARRIVAL = """
 UPDATE deliveries SET next_attempt_at =
@@ -123,6 +135,9 @@ async def record_batch(connection: Connection, records: Sequence[Record]) -> lis
     """Record a batch in the caller's transaction; each one's health streak, in order."""
     for record in records:
         record.answer = None
+    lined = [record.job.delivery.id for record in records if record.job.delivery.order_key]
+    if lined:
+        await connection.execute(LOCK_LINES, lined)
     targets = sorted({record.job.delivery.target for record in records})
     simple = all(record.first is None and record.job.simple_success for record in records)
     if simple:
@@ -301,7 +316,7 @@ async def resolve_originals(
             return
         detail = f"a corrected copy was delivered: delivery {delivery_id} of event {event_id}"
         await insert_log(connection, [original], now, "resolved", detail)
-        await connection.execute(NEXT_IN_LINE, now, now, original)
+        await next_in_line(connection, [original], now)
         original = row[0]
 
 
@@ -317,3 +332,11 @@ async def insert_log(
         "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES ($1, $2, $3, $4, $5)",
         [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
     )
+
+
+async def next_in_line(connection: Connection, delivery_ids: Sequence[int], now: float) -> None:
+    """These deliveries are finished: the next of each one's line is due (its
+    line locked first, see LOCK_LINES)."""
+    await connection.execute(LOCK_LINES, list(delivery_ids))
+    for delivery_id in delivery_ids:
+        await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
