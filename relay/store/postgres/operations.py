@@ -11,7 +11,7 @@ from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
-from relay.store.postgres.record import insert_log, next_in_line
+from relay.store.postgres.record import insert_log, lock_lines, next_in_line
 from relay.store.reads import selection_where
 from relay.store.rows import (
     DELIVERY_COLUMNS,
@@ -115,6 +115,7 @@ class PostgresOperations(PostgresConnection):
 
     async def skip(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         async def job(connection: Connection) -> VerbResult:
+            await lock_lines(connection, [delivery_id])
             status_text = await connection.fetchval(
                 "SELECT status FROM deliveries WHERE id = $1 FOR UPDATE", delivery_id
             )
@@ -178,7 +179,17 @@ class PostgresOperations(PostgresConnection):
         was = selection.status.value
 
         async def job(connection: Connection) -> list[int]:
-            # Locked, in id order: an attempt's record or another skip waits.
+            # Their lines first (record.lock_lines), then the rows, in id
+            # order: an attempt's record or another skip waits.
+            await lock_lines(
+                connection,
+                [
+                    int(row[0])
+                    for row in await connection.fetch(
+                        f"SELECT id FROM deliveries WHERE {numbered(where)}", *params
+                    )
+                ],
+            )
             ids = [
                 int(row[0])
                 for row in await connection.fetch(

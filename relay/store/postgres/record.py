@@ -137,7 +137,7 @@ async def record_batch(connection: Connection, records: Sequence[Record]) -> lis
         record.answer = None
     lined = [record.job.delivery.id for record in records if record.job.delivery.order_key]
     if lined:
-        await connection.execute(LOCK_LINES, lined)
+        await lock_lines(connection, lined)
     targets = sorted({record.job.delivery.target for record in records})
     simple = all(record.first is None and record.job.simple_success for record in records)
     if simple:
@@ -311,6 +311,7 @@ async def resolve_originals(
     for _ in range(rows.RESOLVE_DEPTH):
         if original is None:
             return
+        await lock_lines(connection, [original])  # before its row (RESOLVE)
         row = await connection.fetchrow(RESOLVE, delivery_id, now, original)
         if row is None:
             return
@@ -334,9 +335,15 @@ async def insert_log(
     )
 
 
+async def lock_lines(connection: Connection, delivery_ids: Sequence[int]) -> None:
+    """Lock these deliveries' lines (LOCK_LINES) to the transaction's end. Taken
+    before any delivery's row lock, wherever both are: one order, no deadlock."""
+    await connection.execute(LOCK_LINES, list(delivery_ids))
+
+
 async def next_in_line(connection: Connection, delivery_ids: Sequence[int], now: float) -> None:
     """These deliveries are finished: the next of each one's line is due (its
     line locked first, see LOCK_LINES)."""
-    await connection.execute(LOCK_LINES, list(delivery_ids))
+    await lock_lines(connection, delivery_ids)
     for delivery_id in delivery_ids:
         await connection.execute(NEXT_IN_LINE, now, now, delivery_id)
