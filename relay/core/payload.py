@@ -163,7 +163,7 @@ class Payload:
 
     Never changed once made (its views would no longer match it): `replace`
     makes another. Not a frozen dataclass only because one is made for every
-    webhook, and a frozen one costs 2.5 times as much to make."""
+    webhook, and a frozen one sets each field through object.__setattr__."""
 
     method: str
     path: str

@@ -92,10 +92,9 @@ async def test_webhooks_arriving_while_their_target_is_full_do_not_turn_the_sche
     start_sink: SinkFactory,
     http: aiohttp.ClientSession,
 ) -> None:
-    # A CRM that hangs holds its lane full: each webhook stored meanwhile used
-    # to wake the scheduler for a turn that could claim nothing (a few µs of
-    # the event loop a webhook, in the ingest benchmark). The attempt that ends
-    # wakes it, and it claims what came meanwhile. Another target with room
+    # A CRM that hangs holds its lane full: a webhook stored meanwhile must not
+    # wake the scheduler for a turn that can claim nothing. The attempt that
+    # ends wakes it, and it claims what came meanwhile. Another target with room
     # (`beside`, on no route here; or paused, or gone from the config) must
     # not wake it for webhooks whose own targets are full.
     release = asyncio.Event()
