@@ -45,7 +45,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Protocol, cast
@@ -68,20 +67,34 @@ MAX_AHEAD = 1
 MAX_PIPELINED = 100
 
 
-@dataclass(slots=True)
+# Head and Response are made for every request: plain classes, whose __init__
+# mypyc compiles (not one that a dataclass generates).
+
+
 class Head:
     """A request's head, as the handler reads it before any of its body."""
 
-    method: str
-    path: str  # percent-decoded, as routes are matched
-    query: str  # as sent (undecoded), after the "?"
-    raw_headers: list[tuple[bytes, bytes]]
-    remote: str | None
-    keep_alive: bool
-    content_length: int | None  # None: chunked, or no body
-    asked_keep_alive: bool = False  # `Connection: keep-alive` (an HTTP/1.0 client's way)
-    _fields: list[tuple[str, str]] | None = None
-    _headers: CIMultiDictProxy[str] | None = None
+    def __init__(
+        self,
+        method: str,
+        path: str,  # percent-decoded, as routes are matched
+        query: str,  # as sent (undecoded), after the "?"
+        raw_headers: list[tuple[bytes, bytes]],
+        remote: str | None,
+        keep_alive: bool,
+        content_length: int | None,  # None: chunked, or no body
+        asked_keep_alive: bool = False,  # `Connection: keep-alive` (an HTTP/1.0 client's way)
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.raw_headers = raw_headers
+        self.remote = remote
+        self.keep_alive = keep_alive
+        self.content_length = content_length
+        self.asked_keep_alive = asked_keep_alive
+        self._fields: list[tuple[str, str]] | None = None
+        self._headers: CIMultiDictProxy[str] | None = None
 
     @property
     def fields(self) -> list[tuple[str, str]]:
@@ -119,12 +132,20 @@ def _utf8(latin1: str) -> str:
     return latin1.encode("latin-1").decode("utf-8", "surrogateescape")
 
 
-@dataclass(frozen=True, slots=True)
 class Response:
-    status: int
-    body: bytes = b""
-    content_type: str | None = "application/json"
-    headers: tuple[tuple[str, str], ...] = ()
+    """An answer to send; never changed once made (some are shared constants)."""
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: str | None = "application/json",
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers
 
 
 class Exchange(Protocol):

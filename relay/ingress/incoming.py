@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDictProxy
@@ -34,14 +33,20 @@ if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
 KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key", "webhook-id")
 
 
-@dataclass
 class Incoming:
     """A request on its way in: its payload, who sent it, and the server's own
-    case-insensitive view of its headers when it has one."""
+    case-insensitive view of its headers when it has one. (A plain class, one
+    made for every webhook: mypyc compiles its __init__.)"""
 
-    payload: Payload
-    remote: str | None = None
-    header_view: CIMultiDictProxy[str] | None = None
+    def __init__(
+        self,
+        payload: Payload,
+        remote: str | None = None,
+        header_view: CIMultiDictProxy[str] | None = None,
+    ) -> None:
+        self.payload = payload
+        self.remote = remote
+        self.header_view = header_view
 
     @property
     def headers(self) -> CIMultiDictProxy[str]:

@@ -14,7 +14,7 @@ import functools
 import itertools
 import secrets
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -111,6 +111,7 @@ class AcceptJob:
         event_rows = []
         delivery_rows = []
         lines = _Lines(connection)
+        tags = message_tags(stores)
         for new in stores:
             event_rows.append(new.event_row())
             for delivery in new.job.deliveries:
@@ -129,7 +130,7 @@ class AcceptJob:
                         delivery.reason,
                         new.job.now,
                         key,
-                        message_tag(),
+                        next(tags),
                     )
                 )
                 next_delivery += 1
@@ -217,12 +218,20 @@ def decide(
     return results, stores
 
 
-def message_tag() -> str:
-    """A new delivery's random tag, stored with it: its webhook-id is
-    msg_relay_<id>_<tag>, the same on every attempt, and no other database (a
-    reinstall, a restored backup, a second relay) makes it again for another
-    message, as a receiver that remembers ids would drop that message."""
-    return secrets.token_hex(8)
+def message_tags(stores: Sequence[ToStore]) -> Iterator[str]:
+    """The random tags of the new deliveries of `stores`, in order. Each is
+    stored with its delivery: its webhook-id is msg_relay_<id>_<tag>, the same
+    on every attempt, and no other database (a reinstall, a restored backup, a
+    second relay) makes it again for another message, as a receiver that
+    remembers ids would drop that message. One read of the system's random
+    source for the whole batch, not a system call per delivery."""
+    count = sum(len(new.job.deliveries) for new in stores)
+    random = secrets.token_hex(_TAG_BYTES * count)
+    size = 2 * _TAG_BYTES
+    return (random[start : start + size] for start in range(0, size * count, size))
+
+
+_TAG_BYTES = 8
 
 
 def _digest_of(event: NewEvent) -> bytes:

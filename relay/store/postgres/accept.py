@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from relay.store.accept import AcceptJob, Holder, ToStore, decide, message_tag
+from relay.store.accept import AcceptJob, Holder, ToStore, decide, message_tags
 from relay.store.base import Accepted, Status
 from relay.store.postgres.errors import Connection
 
@@ -88,6 +88,7 @@ async def _insert(connection: Connection, stores: list[ToStore]) -> None:
     ]
     busy = await _busy_lines(connection, stores)
     rows = []
+    tags = message_tags(stores)
     for new in stores:
         for delivery in new.job.deliveries:
             pending = delivery.status is Status.PENDING
@@ -99,7 +100,7 @@ async def _insert(connection: Connection, stores: list[ToStore]) -> None:
                     due = None
                 busy.add((delivery.target, key))
             row = (new.event_id, new.job.event.route, delivery.target, delivery.status.value)
-            rows.append((*row, due, delivery.reason, new.job.now, key, message_tag()))
+            rows.append((*row, due, delivery.reason, new.job.now, key, next(tags)))
     if not rows:
         await connection.execute(EVENT_INSERT, *events)
         return
