@@ -54,6 +54,11 @@ class CommitCutter:
     def come_back(self) -> None:
         self.away = False
 
+    def go_away(self) -> None:
+        """The database out of reach now: every connection broken, new ones
+        refused until `come_back()`."""
+        self._go_away()
+
     def _go_away(self) -> None:
         self.away = True
         for side in list(self._open):

@@ -30,6 +30,7 @@ from relay.kinds.registry import build_target
 from relay.store import (
     AttemptKind,
     AttemptRecord,
+    ClaimedDelivery,
     Delivered,
     EventQuery,
     Hold,
@@ -735,6 +736,66 @@ async def test_a_dead_instances_leases_are_taken_over_before_they_expire(
     # a's attempt was interrupted: b's is the second (X-Relay-Attempt: 2),
     # its retry budget untouched.
     assert (taken.attempts, taken.attempts_in_cycle) == (1, 0)
+
+
+async def test_a_silence_the_claimer_shared_is_no_sign_that_another_instance_is_gone(
+    pg_cluster: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The database out of reach for longer than dead_after, for every
+    instance: each one's heartbeats stopped, so by the server's clock each
+    looks gone when it is back. The first back must not take the others'
+    leases as a dead instance's (seen with three instances after a 15 s
+    outage: a delivery sent by all three at once, up to 11 times; two probes
+    of a down target; an order_by line overtaken). Only once it has itself
+    been back for dead_after does another's silence mean that one is gone."""
+    dead_after = 1.0
+    cutters = [CommitCutter(pg_cluster.socket_dir, tmp_path / name) for name in "ab"]
+    for cutter in cutters:
+        cutter.socket_dir.mkdir()
+    async with cutters[0].running(), cutters[1].running():
+        a, b = (
+            PostgresStore(
+                cutter.url(pg_url), instance_id=name, dead_after=dead_after, command_timeout=2
+            )
+            for cutter, name in zip(cutters, "ab", strict=True)
+        )
+        await a.open()
+        await b.open()
+        try:
+            await a.accept_event(event(), [NewDelivery("crm")], T0)
+            [held] = await a.claim_due(T0, T0 + 3600, {"crm": 1})
+            assert await b.claim_due(T0, T0 + 3600, {"crm": 1}) == []  # a is alive
+            for cutter in cutters:
+                cutter.go_away()
+            await asyncio.sleep(dead_after * 1.5)  # silent for longer, by the server's clock
+            cutters[1].come_back()  # b is back; a is not yet
+            assert await claimed_when_back(b, T0 + 2, {"crm": 1}) == []
+            # b has been back for a minute, a silent all along: a is gone.
+            connection = await asyncpg.connect(pg_url)
+            try:
+                await connection.execute(
+                    "UPDATE instances SET back_at = back_at - 60 WHERE id = 'b'"
+                )
+            finally:
+                await connection.close()
+            [taken] = await b.claim_due(T0 + 3, T0 + 3600, {"crm": 1})
+            assert taken.id == held.id
+        finally:
+            cutters[0].come_back()
+            await a.close()
+            await b.close()
+
+
+async def claimed_when_back(
+    store: PostgresStore, now: float, limits: dict[str, int]
+) -> list[ClaimedDelivery]:
+    """The store's first claim once its pool has connected again."""
+    for _ in range(100):
+        try:
+            return await store.claim_due(now, now + 3600, limits)
+        except StoreUnavailable:
+            await asyncio.sleep(0.05)
+    pytest.fail("the store never came back")
 
 
 async def test_concurrency_is_a_total_across_instances(

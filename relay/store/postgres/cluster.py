@@ -15,7 +15,12 @@
   claimable before they expire (kill -9 costs seconds, not the lease's
   length). The server's clock, not the injected one: this is about processes
   being alive, which every instance must judge alike; so is the end of a
-  live instance's lease (`lapsed`).
+  live instance's lease (`lapsed`). A silence is a sign of death only to an
+  instance that was itself there to see it: one back from a silence of its
+  own (the database restarted, or out of reach for all) judges nobody gone
+  until it has been back for dead_after, and a claim marks its instance
+  alive in its own transaction when the heartbeats have not, so whoever
+  sees its leases sees it alive.
 - Leadership: retention, alert grouping and the queue gauges run on the
   instance holding a session advisory lock; when that instance dies its
   session ends and another takes the lock. A hung one's session is ended by
@@ -83,10 +88,17 @@ def lapsed(me: str, now: str, dead_after: str, unanswered: tuple[str, str] | Non
             f"({own} OR (deliveries.id, deliveries.updated_at) IN"
             f" (SELECT * FROM unnest({ids}, {moments})))"
         )
+    # The owner's silence, if it is one the claimer shared (back from its own
+    # less than dead_after ago), says nothing: the owner counts as alive.
+    # Stopped is stopped (alive_at NULL), whatever the claimer saw.
+    shared = (
+        f"(i.alive_at IS NOT NULL AND EXISTS (SELECT 1 FROM instances m WHERE m.id = {me}"
+        f" AND m.back_at > {SERVER_NOW} - {dead_after}))"
+    )
     return (
         f"(CASE WHEN deliveries.lease_owner = {me} THEN {own}"
         " WHEN EXISTS (SELECT 1 FROM instances i WHERE i.id = deliveries.lease_owner"
-        f" AND i.alive_at >= {SERVER_NOW} - {dead_after})"
+        f" AND (i.alive_at >= {SERVER_NOW} - {dead_after} OR {shared}))"
         f" THEN coalesce(deliveries.lease_expires <= {SERVER_NOW}, deliveries.lease_until <= {now})"
         " ELSE true END)"
     )
@@ -225,19 +237,23 @@ async def took(
             )
 
 
-# This instance is alive now (by the server's clock).
+# This instance ($1) is alive now (by the server's clock); back now, if it
+# was silent for dead_after ($2) or more, or stopped.
 ALIVE = (
-    f"INSERT INTO instances (id, started_at, seen_at, alive_at, beat_at)"
-    f" VALUES ($1, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
-    f" ON CONFLICT (id) DO UPDATE SET alive_at = {SERVER_NOW}, beat_at = {SERVER_NOW}"
+    f"INSERT INTO instances (id, started_at, seen_at, alive_at, beat_at, back_at)"
+    f" VALUES ($1, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
+    f" ON CONFLICT (id) DO UPDATE SET alive_at = {SERVER_NOW}, beat_at = {SERVER_NOW},"
+    f" back_at = CASE WHEN instances.alive_at >= {SERVER_NOW} - $2"
+    f" THEN coalesce(instances.back_at, {SERVER_NOW}) ELSE {SERVER_NOW} END"
 )
 # `relay serve` starts as this instance on this host ($2): a name used
-# before (a fixed one, a restart) starts anew.
+# before (a fixed one, a restart) starts anew, and is back now (it cannot
+# know what happened while it was not running).
 STARTED = (
-    f"INSERT INTO instances (id, host, started_at, seen_at, alive_at, beat_at)"
-    f" VALUES ($1, $2, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
+    f"INSERT INTO instances (id, host, started_at, seen_at, alive_at, beat_at, back_at)"
+    f" VALUES ($1, $2, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW}, {SERVER_NOW})"
     f" ON CONFLICT (id) DO UPDATE SET host = $2, started_at = {SERVER_NOW},"
-    f" alive_at = {SERVER_NOW}, beat_at = {SERVER_NOW}"
+    f" alive_at = {SERVER_NOW}, beat_at = {SERVER_NOW}, back_at = {SERVER_NOW}"
 )
 # The instances (relay stats): $1, $2 the leader lock's two halves as
 # pg_locks shows a bigint key, $3 NAME_LOCK; the leader is the instance whose
@@ -292,8 +308,16 @@ async def sessions_shared(first: Connection, second: Connection) -> bool:
     return bool(mine == await second.fetchval("SELECT pg_backend_pid()"))
 
 
-async def heartbeats(url: str, instance_id: str, command_timeout: float, every: float) -> None:
-    """Touch this instance's row until cancelled; errors are retried."""
+async def heartbeats(
+    url: str,
+    instance_id: str,
+    command_timeout: float,
+    dead_after: float,
+    beaten: Callable[[], None],
+) -> None:
+    """Touch this instance's row every fifth of dead_after until cancelled,
+    calling `beaten` after each touch; errors are retried."""
+    every = dead_after / 5
     while True:
         try:
             connection = await asyncpg.connect(
@@ -301,7 +325,10 @@ async def heartbeats(url: str, instance_id: str, command_timeout: float, every: 
             )
             try:
                 while True:
-                    await connection.execute(ALIVE, instance_id, timeout=command_timeout)
+                    await connection.execute(
+                        ALIVE, instance_id, dead_after, timeout=command_timeout
+                    )
+                    beaten()
                     await asyncio.sleep(every)
             finally:
                 with contextlib.suppress(Exception):

@@ -82,6 +82,7 @@ class PostgresConnection(Reads):
         self._limits: dict[str, TargetLimits] = {}
         self._heartbeats: asyncio.Task[None] | None = None
         self._claimed = False  # this store leased deliveries (relay serve's, not a command's)
+        self._beaten_at: float | None = None  # time.monotonic() of the last heartbeat
         # The deliveries each claim that failed once its transaction had run
         # leased, each with that claim's (now, lease_until): it may have
         # committed with its answer lost, leasing them to this instance while

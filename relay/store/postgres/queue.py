@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 
@@ -103,10 +104,11 @@ class PostgresQueue(PostgresConnection):
         leased: list[int] = []  # by the job, once it ran to its end
 
         async def job(connection: Connection) -> list[ClaimedDelivery]:
-            if not self._claimed:
-                # Alive with its first lease (the heartbeats may not have spoken
-                # yet): no other instance takes it for an unknown owner's.
-                await connection.execute(ALIVE, self.instance_id)
+            if not self._claimed or self._unbeaten():
+                # Alive with these leases, in their transaction, when the
+                # heartbeats have not said so lately (not yet, or the database
+                # was away): no other instance takes them for a gone one's.
+                await connection.execute(ALIVE, self.instance_id, self.dead_after)
             claimed: list[ClaimedDelivery] = []
             counts: dict[str, int] = {}
             room, probing = await allowed(
@@ -152,6 +154,15 @@ class PostgresQueue(PostgresConnection):
         self._beat()
         return claimed
 
+    def _unbeaten(self) -> bool:
+        """The heartbeats have not touched this instance's row for two of their
+        turns (each a fifth of dead_after), or never have."""
+        last = self._beaten_at
+        return last is None or time.monotonic() - last > 2 * self.dead_after / 5
+
+    def _beaten(self) -> None:
+        self._beaten_at = time.monotonic()
+
     def _beat(self) -> None:
         """Heartbeats from here on: once this store works the queue (recovers
         orphans at a start, or claims). A store that never does (an operator
@@ -159,7 +170,9 @@ class PostgresQueue(PostgresConnection):
         row in `instances` for ever, one per command."""
         if self._heartbeats is None and self._pool is not None:
             self._heartbeats = asyncio.create_task(
-                heartbeats(self.url, self.instance_id, self._command_timeout, self.dead_after / 5),
+                heartbeats(
+                    self.url, self.instance_id, self._command_timeout, self.dead_after, self._beaten
+                ),
                 name="relay-pg-heartbeat",
             )
 

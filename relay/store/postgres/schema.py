@@ -284,6 +284,12 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE attempts ADD COLUMN request_body BYTEA",
         ],
     ),
+    (
+        9,
+        "when each instance was last back after a silence (one it shared is no sign of death)",
+        # NULL until its next heartbeat: then that moment (cluster.ALIVE).
+        ["ALTER TABLE instances ADD COLUMN back_at DOUBLE PRECISION"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]
