@@ -21,6 +21,8 @@ import logging
 from relay.config import Config
 from relay.core.clock import Clock
 from relay.core.secrets import Masker
+from relay.core.spell import Spell
+from relay.core.units import format_duration
 from relay.ops.search import MAX_BODY_BYTES, documents
 from relay.store import Indexing, StoreError
 
@@ -67,16 +69,19 @@ class SearchIndexer:
         *,
         batch: int = BATCH,
         chunk: int = CHUNK,
+        retry_after_error: float = RETRY_AFTER_ERROR,
     ) -> None:
         self._store = store
         self._clock = clock
         self._masker = masker
         self._batch = batch
         self._chunk = chunk
+        self._retry_after_error = retry_after_error
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._arrived = False  # a webhook came since the indexer last looked
         self._arrivals = 0  # webhooks noticed so far
+        self._failing = Spell()  # the store refusing the index's reads or writes
         self.indexed = 0
 
     def reconfigure(self, config: Config) -> None:
@@ -127,9 +132,13 @@ class SearchIndexer:
             try:
                 count = await self.step(limit, give_way=True)
             except StoreError as error:
-                log.warning("search indexing failed, will try again: %s", error)
-                await self._sleep(RETRY_AFTER_ERROR)
+                if self._failing.failed(self._clock.now()):
+                    log.warning("search indexing failed, will try again: %s", error)
+                await self._sleep(self._retry_after_error)
                 continue
+            lasted = self._failing.ended(self._clock.now())
+            if lasted is not None:
+                log.warning("search indexing works again, after %s", format_duration(lasted))
             if count == limit:
                 await self._sleep(loop.time() - started)  # behind: rest as long as we worked
                 continue

@@ -23,6 +23,7 @@ from relay.core.clock import Clock
 from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest
 from relay.core.payload import Payload, strip_form_fields
 from relay.core.secrets import Masker, inbound_secrets, mask_fields, shown_body
+from relay.core.spell import Spell
 from relay.core.status import attempt_outcome
 from relay.core.units import format_duration
 from relay.delivery.ratelimit import Pacer
@@ -58,8 +59,6 @@ log = logging.getLogger("relay.scheduler")
 # A lease outlives the attempt it covers by this much: if it expires, the
 # attempt's process is gone and another may claim the delivery.
 LEASE_MARGIN = 60.0
-# While the store keeps failing, the scheduler says so again this often (seconds).
-STORE_FAILING_REMINDER = 60.0
 
 
 @dataclass
@@ -169,7 +168,7 @@ class Scheduler:
         self._down: dict[str, DownState] = {}
         self._paused_read_at: float | None = None
         # While the store fails: (since when, when that was last said).
-        self._store_failing: tuple[float, float] | None = None
+        self._store_failing = Spell()  # the store not answering its reads
         self._running = False
         self.last_tick: float | None = None
         self._ticked = time.monotonic()
@@ -364,19 +363,13 @@ class Scheduler:
                 lane.shared.append(shared)
 
     def _store_failed(self, now: float, error: StoreError) -> None:
-        """One line when the store stops answering, then one a minute while it
-        does not (a database restart must not write a line a second)."""
-        since, said = self._store_failing or (now, None)
-        if said is None or now - said >= STORE_FAILING_REMINDER or now < said:
+        if self._store_failing.failed(now):
             log.warning("scheduler cannot read the store: %s", error)
-            said = now
-        self._store_failing = (since, said)
 
     def _store_answered(self, now: float) -> None:
-        if self._store_failing is not None:
-            since, _ = self._store_failing
-            self._store_failing = None
-            log.warning("scheduler reads the store again, after %s", format_duration(now - since))
+        lasted = self._store_failing.ended(now)
+        if lasted is not None:
+            log.warning("scheduler reads the store again, after %s", format_duration(lasted))
 
     async def _refresh_paused(self, now: float) -> None:
         # Pause state lives in the store (the CLI may change it): read it at

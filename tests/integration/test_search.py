@@ -467,6 +467,46 @@ async def running_indexer(
         await store.close()
 
 
+async def test_an_index_that_cannot_be_written_says_so_once_a_minute_and_once_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # While the database is away the index fails every few seconds: a line
+    # each time wrote 14 warnings in 70 s beside the scheduler's 3 (issue 40).
+    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.05)
+    await store.open()
+    await store_leads(store, 5)
+    clock = FakeClock()
+    indexer = SearchIndexer(store, clock, Masker(), retry_after_error=0.01)
+    other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another writer holds the file: the index cannot write
+    running = asyncio.create_task(indexer.run())
+    try:
+
+        def said(text: str) -> int:
+            return sum(text in record.getMessage() for record in caplog.records)
+
+        async def said_times(text: str, times: int) -> bool:
+            return said(text) == times
+
+        async def all_indexed() -> bool:
+            return indexer.indexed == 5
+
+        await eventually(lambda: said_times("search indexing failed", 1))
+        await asyncio.sleep(0.3)  # it keeps trying, and says nothing more
+        assert said("search indexing failed") == 1
+        clock.advance(61)
+        await eventually(lambda: said_times("search indexing failed", 2))
+        other.execute("ROLLBACK")
+        await eventually(all_indexed)
+        assert said("search indexing works again, after 1m") == 1
+        assert said("search indexing failed") == 2
+    finally:
+        indexer.stop()
+        await running
+        other.close()
+        await store.close()
+
+
 async def test_amid_a_fast_flood_a_piece_every_flood_defer(tmp_path: Path) -> None:
     # Each piece holds up the webhook it meets by ~2 ms (its read, its text,
     # its write): one every MAX_DEFER met 0.8 % of a lone sender's ~1,200

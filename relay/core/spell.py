@@ -1,0 +1,33 @@
+"""A spell of failures, said in a few lines rather than one per try.
+
+Whatever retries on its own while the store is away (the scheduler, the
+search indexer) says once that it failed, again once a REMINDER while it
+still fails, and once that it works again, with how long it did not: a
+database restart must read as a handful of lines in the journal, not one
+per try.
+"""
+
+from __future__ import annotations
+
+REMINDER = 60.0  # seconds between two lines of one spell
+
+
+class Spell:
+    def __init__(self) -> None:
+        self._since: float | None = None  # when the spell began
+        self._said: float | None = None  # when it was last said
+
+    def failed(self, now: float) -> bool:
+        """A try failed at `now`: whether to say so now."""
+        if self._since is None:
+            self._since = now
+        said = self._said
+        if said is None or now - said >= REMINDER or now < said:
+            self._said = now
+            return True
+        return False
+
+    def ended(self, now: float) -> float | None:
+        """A try worked at `now`: how long the spell lasted, if one was under way."""
+        since, self._since, self._said = self._since, None, None
+        return None if since is None else max(0.0, now - since)
