@@ -363,7 +363,7 @@ def _stats_text(data: dict[str, Any], zone: Zone) -> str:
                         instance["host"] or "-",
                         instance["state"],
                         "yes" if instance["leader"] else "",
-                        instance["started_at"],
+                        format_iso_local(instance["started_at"], zone),
                         _heartbeat_text(instance),
                         str(instance["leases"]),
                     ]

@@ -89,13 +89,19 @@ def relay_headers(envelope: Envelope) -> dict[str, str]:
 
 
 # A preview renders an event not stored yet (`relay render`, the resend
-# preview) with the placeholder id 0, which no receiver ever sees.
+# preview) with the placeholder id 0, and its delivery with id 0 and no tag
+# (a signed request's webhook-id), which no receiver ever sees.
 _UNSTORED_EVENT_ID = re.compile(r"^(X-Relay-Event-Id:) 0$", re.MULTILINE | re.IGNORECASE)
+_UNSTORED_WEBHOOK_ID = re.compile(r"^(webhook-id:) msg_relay_0$", re.MULTILINE | re.IGNORECASE)
 
 
 def unstored_event_id(preview: str, said: str) -> str:
-    """A preview's `X-Relay-Event-Id: 0` said as what it will be."""
-    return _UNSTORED_EVENT_ID.sub(lambda match: f"{match.group(1)} {said}", preview)
+    """A preview's `X-Relay-Event-Id: 0` said as what it will be (`said`), and
+    its webhook-id as made once its delivery is stored."""
+    preview = _UNSTORED_EVENT_ID.sub(lambda match: f"{match.group(1)} {said}", preview)
+    return _UNSTORED_WEBHOOK_ID.sub(
+        lambda match: f"{match.group(1)} (the delivery's own, once stored)", preview
+    )
 
 
 def variables(templates: Iterable[Template | None]) -> frozenset[str]:

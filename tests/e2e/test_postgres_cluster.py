@@ -840,7 +840,11 @@ async def test_an_operator_sees_each_instance_its_connections_and_the_leader(
         tmp_path / "relay.toml",
         {
             "storage": {"url": "${RELAY_DB_URL}", "instance_id": "${RELAY_INSTANCE}"},
-            "admin": {"listen": "127.0.0.1:0", "token": "${RELAY_ADMIN_TOKEN}"},
+            "admin": {
+                "listen": "127.0.0.1:0",
+                "token": "${RELAY_ADMIN_TOKEN}",
+                "timezone": "Europe/Moscow",
+            },
             "targets": {"crm": {"type": "http", "url": str(server.make_url("/hook"))}},
             "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
         },
@@ -884,6 +888,8 @@ async def test_an_operator_sees_each_instance_its_connections_and_the_leader(
         table = result.stdout.split("instances:")[1]
         assert re.search(rf"\n{leader_name} +\S+ +alive +yes ", table), table
         assert len(re.findall(r"\nvps\d +\S+ +alive ", table)) == 3
+        # Started, in the config's zone as every other time shown.
+        assert len(re.findall(r"\nvps\d +\S+ +alive .*\+03:00 ", table)) == 3, table
 
         # The dashboard's overview lists them too.
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
@@ -893,6 +899,7 @@ async def test_an_operator_sees_each_instance_its_connections_and_the_leader(
         block = html.split('id="instances"')[1]
         assert all(name in block for name in names)
         assert f"{leader_name} (leader)" in block
+        assert block.split("</table>")[0].count("+03:00") == 6  # started, last heartbeat
 
         # Every connection says whose it is.
         connection = await asyncpg.connect(pg_url)

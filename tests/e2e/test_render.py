@@ -52,6 +52,7 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
                     "url": "https://amo.example/api/v4/leads",
                     "format": "json",
                     "body": '[{"name": {{ form.name | tojson }}, "price": 0}]',
+                    "sign": "whsec_c2lnbmluZy1zZWNyZXQtZm9yLXRlc3Rz",
                 },
             },
             "routes": {
@@ -92,6 +93,9 @@ def test_render_shows_each_target_and_masks_secrets(tmp_path: Path) -> None:
     assert "\\u0410" not in out
     assert "X-Relay-Event-Id: (the event's id once stored)" in out
     assert "X-Relay-Event-Id: 0" not in out
+    # The signed target's webhook-id, made from the delivery's id once stored.
+    assert "webhook-id: (the delivery's own, once stored)" in out
+    assert "msg_relay_0" not in out
     for secret in ENV.values():
         assert secret not in out
     assert not (tmp_path / "relay.db").exists()  # nothing stored
