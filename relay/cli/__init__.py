@@ -3,31 +3,50 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from relay import __version__, compiled
-from relay.cli import (
-    check,
-    completion,
-    events,
-    export,
-    movestore,
-    operate,
-    render,
-    resend,
-    serve,
-    setup,
-)
+from relay.cli import completion
 from relay.cli.common import CommandError, Parser, as_root_hint
 from relay.ops.inputs import BadRequest
 from relay.store import AlreadyRunning, Conflict, NotFound, StoreError
 
-COMMANDS = (serve, check, events, export, operate, render, resend, setup, movestore, completion)
+# Each subcommand's module (relay.cli.<module>, in the order help lists
+# them). Only the module of the command run is imported: `relay serve` does
+# not hold every other command's code for as long as it runs, and a command
+# starts without loading the rest. Help, a mistyped command and `relay
+# completion` (which writes the whole tree) import them all.
+COMMANDS = {
+    "serve": "serve",
+    "check": "check",
+    "events": "events",
+    "rejections": "events",
+    "show": "events",
+    "export": "export",
+    "retry": "operate",
+    "skip": "operate",
+    "requeue": "operate",
+    "pause": "operate",
+    "resume": "operate",
+    "audit": "operate",
+    "stats": "operate",
+    "purge": "operate",
+    "render": "render",
+    "resend": "resend",
+    "init": "setup",
+    "backup": "setup",
+    "migrate-store": "movestore",
+    "completion": "completion",
+}
+_WHOLE_TREE = {"completion"}
 
 
-def parser() -> Parser:
+def parser(command: str | None = None) -> Parser:
+    """The command line's parser: with `command`'s module alone when it is one
+    of COMMANDS (its module may register others beside it), else all."""
     root = Parser(
         prog="relay", description="A webhook relay: accept, keep on disk, deliver with retries."
     )
@@ -37,8 +56,12 @@ def parser() -> Parser:
     commands = root.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=Parser
     )
-    for module in COMMANDS:
-        module.register(commands)
+    if command in COMMANDS and command not in _WHOLE_TREE:
+        modules = [COMMANDS[command]]
+    else:
+        modules = list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
+        importlib.import_module(f"relay.cli.{name}").register(commands)
     for name, sub in commands.choices.items():
         completion.with_examples(sub, name)
     # `relay completion` writes a script for the whole tree: handed down, not
@@ -56,7 +79,10 @@ def _subcommand(root: Parser, name: str) -> Parser | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    root = parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    # The command is the first word that is not an option (`relay --version`
+    # has none: every module, as for help).
+    root = parser(next((word for word in words if not word.startswith("-")), None))
     args, extras = root.parse_known_args(argv)
     if extras:
         # Said under the subcommand's own usage, with the option it resembles.
