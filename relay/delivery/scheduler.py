@@ -167,7 +167,6 @@ class Scheduler:
         self._paused: frozenset[str] = frozenset()
         self._down: dict[str, DownState] = {}
         self._paused_read_at: float | None = None
-        # While the store fails: (since when, when that was last said).
         self._store_failing = Spell()  # the store not answering its reads
         self._running = False
         self.last_tick: float | None = None
