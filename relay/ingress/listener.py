@@ -26,6 +26,7 @@ from relay.core.budget import one_budget
 from relay.core.clock import Clock
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
+from relay.core.spell import Spell
 from relay.core.units import format_duration
 from relay.ingress.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
 from relay.ingress.http1 import Head, Http1Server, Response
@@ -37,8 +38,6 @@ from relay.sources import Ping, Reject, Source
 from relay.store import Accepted, Intake, NewEvent, Rejection, StoreError
 
 log = logging.getLogger("relay.ingress")
-# While events cannot be stored, ingress says so again this often (seconds).
-NOT_STORING_REMINDER = 60.0
 
 
 class IngressStore(Intake, Protocol):
@@ -97,9 +96,8 @@ class Ingress:
         self._on_accepted = on_accepted
         self._rejections_logged: dict[str, tuple[int, int]] = {}
         self._unlogged: dict[str, int] = {}  # refused since the route's last line
-        # Since when events cannot be stored, when that was last said, and how
-        # many were answered 503 since (None: they are stored).
-        self._not_storing: tuple[float, float, int] | None = None
+        # Events not stored, each answered 503 (its failures).
+        self._not_storing = Spell()
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.bodies_in_flight = 0
@@ -210,13 +208,13 @@ class Ingress:
 
     def stored(self, route: RouteConfig, event: NewEvent, accepted: Accepted) -> None:
         """An event's transaction is done: conflicts said, arrivals told."""
-        if self._not_storing is not None:
-            since, _, refused = self._not_storing
-            self._not_storing = None
+        refused = self._not_storing.failures  # read first: a cheap test per webhook
+        lasted = self._not_storing.ended(self._clock.now()) if refused else None
+        if lasted is not None:
             log.warning(
                 "events are stored again, after %s: %d answered 503 meanwhile (their senders"
                 " send them again)",
-                format_duration(max(0.0, self._clock.now() - since)),
+                format_duration(lasted),
                 refused,
             )
         if accepted.conflict_of is not None:
@@ -230,29 +228,24 @@ class Ingress:
         again (stored): a database restart answered hundreds of webhooks 503,
         and a line each buried what happened in the journal."""
         now = self._clock.now()
-        if self._not_storing is None:
+        spell = self._not_storing
+        if not spell.failed(now):
+            log.debug("route %s: event not stored, answering 503: %s", route, error)
+        elif spell.failures == 1:
             log.error(
                 "events cannot be stored, answering 503 with Retry-After until they can:"
                 " route %s: %s",
                 route,
                 error,
             )
-            self._not_storing = (now, now, 1)
-            return
-        since, said, refused = self._not_storing
-        refused += 1
-        if now - said >= NOT_STORING_REMINDER or now < said:
+        else:
             log.error(
                 "events still cannot be stored, for %s (%d answered 503): route %s: %s",
-                format_duration(max(0.0, now - since)),
-                refused,
+                format_duration(spell.lasted(now)),
+                spell.failures,
                 route,
                 error,
             )
-            said = now
-        else:
-            log.debug("route %s: event not stored, answering 503: %s", route, error)
-        self._not_storing = (since, said, refused)
 
     def observe_ack(self, seconds: float) -> None:
         self._counters.observe_ack(seconds)
