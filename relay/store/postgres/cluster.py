@@ -308,6 +308,12 @@ async def sessions_shared(first: Connection, second: Connection) -> bool:
     return bool(mine == await second.fetchval("SELECT pg_backend_pid()"))
 
 
+def beat_interval(dead_after: float) -> float:
+    """Seconds between two heartbeats: five within dead_after, so one or two
+    lost on a slow network do not make a live instance look gone."""
+    return dead_after / 5
+
+
 async def heartbeats(
     url: str,
     instance_id: str,
@@ -315,9 +321,9 @@ async def heartbeats(
     dead_after: float,
     beaten: Callable[[], None],
 ) -> None:
-    """Touch this instance's row every fifth of dead_after until cancelled,
-    calling `beaten` after each touch; errors are retried."""
-    every = dead_after / 5
+    """Touch this instance's row every beat_interval until cancelled, calling
+    `beaten` after each touch; errors are retried."""
+    every = beat_interval(dead_after)
     while True:
         try:
             connection = await asyncpg.connect(

@@ -23,6 +23,7 @@ from relay.store.postgres.cluster import (
     ALIVE,
     STARTED,
     allowed,
+    beat_interval,
     heartbeats,
     lapsed,
     lease_expires,
@@ -156,9 +157,9 @@ class PostgresQueue(PostgresConnection):
 
     def _unbeaten(self) -> bool:
         """The heartbeats have not touched this instance's row for two of their
-        turns (each a fifth of dead_after), or never have."""
+        turns, or never have."""
         last = self._beaten_at
-        return last is None or time.monotonic() - last > 2 * self.dead_after / 5
+        return last is None or time.monotonic() - last > 2 * beat_interval(self.dead_after)
 
     def _beaten(self) -> None:
         self._beaten_at = time.monotonic()
