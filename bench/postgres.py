@@ -2,7 +2,7 @@
 
     python bench/postgres.py [--seconds 10] [--connections 64] [--rounds 1]
         [--pin-db CPU] [--setups sqlite,"postgres x1","postgres x3"] [--modes ingest,end-to-end]
-        [--concurrency 32] [--top N]
+        [--concurrency 32] [--top N] [--instance-cpu CORES]
 
 Needs Debian's postgresql (a throwaway cluster is started as in the tests:
 tests/pgcluster.py, a unix socket, no TCP) and wrk. For each setup (SQLite;
@@ -25,6 +25,12 @@ more instances deliver is not bought with its CPU. PostgreSQL's statements
 per delivered event are counted by pg_stat_statements (preloaded in the
 throwaway cluster). From the PostgreSQL CPU per event it projects how many
 events a second a database host with N cores could take, CPU-bound.
+
+With `--instance-cpu CORES` each relay instance runs in a cgroup of its own
+held to that share of a CPU (root; cgroup v1 or v2): each instance as its own
+small host, so that three instances have three times the CPU of one even on
+a machine with a core or two. What they then deliver beyond one instance is
+what the shared database and its locks let through.
 
 This machine has 2 shared cores: run it only on a quiet machine.
 """
@@ -51,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from common import (
     ROOT,
+    CpuQuota,
     Server,
     WrkResult,
     free_port,
@@ -228,9 +235,14 @@ def run_setup(
                 cpu=cpu,
             )
         relays = []
+        quotas: list[CpuQuota] = []
         try:
             for _ in range(count):
                 port = free_port()
+                held: list[str] = []
+                if args.instance_cpu:
+                    quotas.append(CpuQuota(f"relay-bench-{port}", args.instance_cpu))
+                    held = quotas[-1].prefix()
                 path = relay_to_sink_config(
                     folder,
                     port,
@@ -243,7 +255,7 @@ def run_setup(
                 )
                 relays.append(
                     Server(
-                        [*relay_command(), "serve", "--config", str(path)],
+                        [*held, *relay_command(), "serve", "--config", str(path)],
                         port,
                         cpu=cpu,
                         cwd=folder,
@@ -272,6 +284,8 @@ def run_setup(
                 relay.stop()
             if sink is not None:
                 sink.stop()
+            for quota in quotas:
+                quota.remove()
         received = stored_events(folder, url)
         lost = max(0, acked - len(received))
         latencies = []
@@ -318,6 +332,13 @@ def main() -> int:
         help="the target's concurrency, a limit for the whole cluster: while it binds, more"
         " instances cannot deliver more (raise it to see what the instances themselves can)",
     )
+    parser.add_argument(
+        "--instance-cpu",
+        type=float,
+        default=0.0,
+        metavar="CORES",
+        help="hold each relay instance to this share of a CPU (a cgroup of its own)",
+    )
     args = parser.parse_args()
 
     cluster = create_cluster()
@@ -362,7 +383,8 @@ def main() -> int:
         )
     print_table(
         f"PostgreSQL beside SQLite, {args.connections} connections, ~1 KiB JSON,"
-        f" median of {args.rounds} rounds of {args.seconds:g}s",
+        f" median of {args.rounds} rounds of {args.seconds:g}s"
+        + (f", each instance held to {args.instance_cpu:g} of a CPU" if args.instance_cpu else ""),
         ["run", "events/s", "p99 ms", "relay CPU s/1k", "PostgreSQL CPU s/1k", "statements/event"],
         rows,
     )

@@ -108,7 +108,8 @@ class Relay:
         self.metrics = Metrics(cluster=shared is not None)
         self.metrics.configure(config)
         # On PostgreSQL one instance of the cluster runs retention, alert
-        # grouping and the queue gauges: the one leading. On SQLite, this one.
+        # grouping, the queue gauges and the search index: the one leading.
+        # On SQLite, this one.
         self.leadership = Leadership(
             shared.lead if shared is not None else None,
             # The leader speaks often enough that the server never takes it for
@@ -144,7 +145,8 @@ class Relay:
         self.leadership.on_gained(self.alerter.wake)
         if shared is not None:
             shared.reconfigure(config)
-        self.indexer = SearchIndexer(self.store, self.clock, config.masker)
+        self.indexer = SearchIndexer(self.store, self.clock, config.masker, leading=self._leading)
+        self.leadership.on_gained(self.indexer.lead_taken)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.memory = MemoryRelease(
             self.store,

@@ -11,12 +11,18 @@ moment (up to MAX_DEFER, then it does one piece; longer, up to FLOOD_DEFER,
 when they come faster than it could keep pace with); and after each batch it
 rests as long as the batch took, so it takes at most about half of the
 writer's time even when far behind.
+
+On a cluster the index is shared, so one instance fills it: the one leading.
+The others would only race it over the same events, each making their text
+again and writing it twice. When the lead moves, the new leader goes on from
+the mark the last one wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from relay.config import Config
 from relay.core.clock import Clock
@@ -70,14 +76,17 @@ class SearchIndexer:
         batch: int = BATCH,
         chunk: int = CHUNK,
         retry_after_error: float = RETRY_AFTER_ERROR,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
+        self._leading = leading
         self._clock = clock
         self._masker = masker
         self._batch = batch
         self._chunk = chunk
         self._retry_after_error = retry_after_error
         self._wake = asyncio.Event()
+        self._lead_taken = asyncio.Event()
         self._stop = asyncio.Event()
         self._arrived = False  # a webhook came since the indexer last looked
         self._arrivals = 0  # webhooks noticed so far
@@ -122,9 +131,18 @@ class SearchIndexer:
             total += count
         return total
 
+    def lead_taken(self) -> None:
+        """This instance has just taken the cluster's lead: index from now on."""
+        self._lead_taken.set()
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
+            if not self._leading():
+                # Waits for the lead, not for webhooks: every one sets the wake.
+                self._lead_taken.clear()
+                await self._clock.wait(self._lead_taken, self._clock.now() + IDLE_INTERVAL)
+                continue
             limit = self._batch if await self._quiet_moment(loop) else self._chunk
             if self._stop.is_set():
                 return
@@ -184,3 +202,4 @@ class SearchIndexer:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._lead_taken.set()

@@ -1,5 +1,5 @@
-"""Which instance of a cluster runs the singletons: retention, alert grouping
-and the queue gauges.
+"""Which instance of a cluster runs the singletons: retention, alert grouping,
+the queue gauges and the search index.
 
 On PostgreSQL the store decides (`Shared.lead()`: a session advisory lock,
 released by the server when the holder's session ends). One task per
@@ -57,7 +57,10 @@ class Leadership:
         if leading != self.leading:
             self.leading = leading
             if leading:
-                log.info("leading the cluster: this instance runs retention, alerts and gauges")
+                log.info(
+                    "leading the cluster: this instance runs retention, alerts, gauges"
+                    " and the search index"
+                )
                 for callback in self._on_gained:
                     callback()
             else:

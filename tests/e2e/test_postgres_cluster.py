@@ -723,6 +723,91 @@ async def test_kill_9_of_the_leader_moves_alerts_and_retention_to_another(
         assert took < 3  # docs/postgres.md: "within about a second"
 
 
+async def test_one_instance_indexes_for_search_and_another_when_it_dies(
+    tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
+) -> None:
+    # Every instance indexed every event for search, racing each other over
+    # the same ones: in bench/postgres.py's three instances, a sixth of an
+    # index write per event, and each instance's CPU to make its text.
+    connection = await asyncpg.connect(pg_url)
+    try:
+        await connection.execute(WHO_INDEXES)
+    finally:
+        await connection.close()
+    audit = Sink()
+    config = named_config(tmp_path, str((await aiohttp_server(audit.app())).make_url("/hook")))
+    names = [f"vps{n}" for n in range(3)]
+    relays = [named(config, tmp_path / f"{name}.log", pg_url, name) for name in names]
+    try:
+        for relay in relays:
+            await asyncio.to_thread(relay.start)
+        async with aiohttp.ClientSession() as http:
+            [leader] = await leading(http, relays)
+            # Spaced out, so that each instance has quiet moments to index in.
+            await post_spaced(relays, [f"a{i}" for i in range(24)])
+            await eventually(partial(indexed, pg_url, 24), timeout=20)
+            assert await indexers(pg_url) == [f"relay/{names[relays.index(leader)]}"]
+
+            await asyncio.to_thread(leader.kill)
+            survivors = [relay for relay in relays if relay is not leader]
+
+            async def taken_over() -> bool:
+                return len(await leading(http, survivors)) == 1
+
+            await eventually(taken_over, timeout=10)
+            [successor] = await leading(http, survivors)
+            await post_spaced(survivors, [f"b{i}" for i in range(12)])
+            await eventually(partial(indexed, pg_url, 36), timeout=20)
+        assert await indexers(pg_url) == sorted(
+            f"relay/{names[relays.index(r)]}" for r in (leader, successor)
+        )
+    finally:
+        for relay in relays:
+            await relay.astop()
+
+
+# A trigger noting which instance's connection wrote each search text.
+WHO_INDEXES = """
+CREATE TABLE index_writers (name text NOT NULL);
+CREATE FUNCTION note_index_writer() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO index_writers VALUES (current_setting('application_name'));
+    RETURN NEW;
+END $$;
+CREATE TRIGGER index_writers AFTER INSERT OR UPDATE ON event_search
+    FOR EACH ROW EXECUTE FUNCTION note_index_writer();
+"""
+
+
+async def indexed(url: str, events: int) -> bool:
+    connection = await asyncpg.connect(url)
+    try:
+        return bool(await connection.fetchval("SELECT COUNT(*) FROM event_search") >= events)
+    finally:
+        await connection.close()
+
+
+async def indexers(url: str) -> list[str]:
+    """Which instances wrote search text."""
+    connection = await asyncpg.connect(url)
+    try:
+        rows = await connection.fetch("SELECT DISTINCT name FROM index_writers ORDER BY name")
+    finally:
+        await connection.close()
+    return [row[0] for row in rows]
+
+
+async def post_spaced(relays: list[RelayProcess], keys: list[str]) -> None:
+    turn = itertools.cycle(relays)
+    async with aiohttp.ClientSession() as http:
+        for key in keys:
+            async with http.post(
+                f"{next(turn).url}/hooks/audit", json={"key": key}, headers={"Idempotency-Key": key}
+            ) as response:
+                assert response.status == 200, await response.text()
+            await asyncio.sleep(0.1)
+
+
 async def count_events(url: str, route: str) -> int:
     connection = await asyncpg.connect(url)
     try:

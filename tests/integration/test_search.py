@@ -18,7 +18,14 @@ import pytest
 
 from relay.app import Relay
 from relay.background import retention
-from relay.background.indexer import CHUNK, FLOOD_DEFER, MAX_DEFER, SETTLE, SearchIndexer
+from relay.background.indexer import (
+    CHUNK,
+    FLOOD_DEFER,
+    MAX_DEFER,
+    QUIET,
+    SETTLE,
+    SearchIndexer,
+)
 from relay.core.clock import FakeClock
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
@@ -461,6 +468,36 @@ async def running_indexer(
     running = asyncio.create_task(indexer.run())
     try:
         yield store, indexer
+    finally:
+        indexer.stop()
+        await running
+        await store.close()
+
+
+async def test_an_instance_that_does_not_lead_the_cluster_indexes_nothing_until_it_does(
+    tmp_path: Path,
+) -> None:
+    # On PostgreSQL every instance indexed every event, racing the others
+    # over the same ones; now only the leader does, and one that takes the
+    # lead goes on at once. tests/e2e/test_postgres_cluster.py runs three.
+    store = SqliteStore(tmp_path / "relay.db")
+    await store.open()
+    await store_leads(store, 10)
+    leads = False
+    indexer = SearchIndexer(store, FakeClock(), Masker(), leading=lambda: leads)
+    running = asyncio.create_task(indexer.run())
+    try:
+        for _ in range(5):
+            indexer.noticed()  # webhooks this instance took
+            await asyncio.sleep(2 * QUIET)
+        assert indexer.indexed == 0
+        leads = True
+        indexer.lead_taken()
+
+        async def all_indexed() -> bool:
+            return indexer.indexed == 10
+
+        await eventually(all_indexed, timeout=5.0)
     finally:
         indexer.stop()
         await running

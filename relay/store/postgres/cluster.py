@@ -21,10 +21,11 @@
   until it has been back for dead_after, and a claim marks its instance
   alive in its own transaction when the heartbeats have not, so whoever
   sees its leases sees it alive.
-- Leadership: retention, alert grouping and the queue gauges run on the
-  instance holding a session advisory lock; when that instance dies its
-  session ends and another takes the lock. A hung one's session is ended by
-  the server after dead_after of silence (idle_session_timeout).
+- Leadership: retention, alert grouping, the queue gauges and the search
+  index run on the instance holding a session advisory lock; when that
+  instance dies its session ends and another takes the lock. A hung one's
+  session is ended by the server after dead_after of silence
+  (idle_session_timeout).
 - Wake-ups: LISTEN on one channel; a broken connection is made again, and
   polling covers the gap.
 """
@@ -351,7 +352,7 @@ class NamesakeRunning(StoreError):
 
 class Leadership:
     """The instance holding LEADER_LOCK runs the singletons (retention, alerts,
-    gauges). relay.leadership.Leadership is its one caller, in `relay serve`
+    gauges, the search index). relay.leadership.Leadership is its one caller, in `relay serve`
     only, so its session also holds this instance's name (NAME_LOCK)."""
 
     def __init__(
