@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import difflib
 import errno
-import getpass
 import os
 import re
 import select
@@ -24,6 +22,7 @@ import orjson
 from relay.cli.envfile import parse_env_file
 from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
 from relay.core.clock import SystemClock
+from relay.core.closest import closest
 from relay.ops.actions import Actions
 from relay.ops.inputs import BadRequest, instant, row_id, whole_number
 from relay.store import Store, open_store
@@ -48,9 +47,9 @@ class Parser(argparse.ArgumentParser):
         match = _INVALID_CHOICE.search(message)
         if match:
             names = [name.strip(" '") for name in match["names"].split(",")]
-            close = difflib.get_close_matches(match["given"], names, n=1)
+            close = closest(match["given"], names)
             if close:
-                message += f"; did you mean {close[0]}?"
+                message += f"; did you mean {close}?"
         super().error(message)
 
     def unrecognized(self, extras: list[str]) -> NoReturn:
@@ -59,9 +58,9 @@ class Parser(argparse.ArgumentParser):
         hints = []
         for extra in extras:
             if extra.startswith("-"):
-                close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1)
+                close = closest(extra.split("=", 1)[0], options)
                 if close:
-                    hints.append(f"did you mean {close[0]}?")
+                    hints.append(f"did you mean {close}?")
         self.error("; ".join([f"unrecognized arguments: {' '.join(extras)}", *hints]))
 
 
@@ -303,6 +302,8 @@ async def acting(config: Config | OperatorConfig) -> AsyncIterator[Actions]:
 
 def who() -> str:
     """The person at the shell (through sudo, the one who ran sudo): who acts."""
+    import getpass  # only an operator's command asks (termios: not for `relay serve`)
+
     user = os.environ.get("SUDO_USER") or getpass.getuser()
     return f"cli user {user}"
 

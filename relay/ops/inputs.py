@@ -6,10 +6,10 @@ a 500 or a traceback (`"²".isdigit()` is true, `int("²")` fails) nor a 503 or 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import Any
 
+from relay.core.closest import closest
 from relay.core.localtime import Zone, parse_local_instant
 
 # SQLite's INTEGER is a signed 64-bit number: no row has an id above this.
@@ -63,8 +63,8 @@ def instant(value: Any, field: str, now: float, zone: Zone = None) -> float | No
 def unknown_name(kind: str, value: str, known: Iterable[str]) -> str:
     """ "no route tidla (did you mean tilda?); the routes are: shop, tilda" """
     names = sorted(set(known))
-    close = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    close = closest(value, names)
+    hint = f" (did you mean {close}?)" if close else ""
     listed = f"the {kind}es are" if kind.endswith("s") else f"the {kind}s are"
     listing = f"{listed}: {', '.join(names)}" if names else f"no {kind} is configured"
     return f"no {kind} {value[:100]}{hint}; {listing}"

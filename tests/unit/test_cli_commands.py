@@ -45,3 +45,21 @@ def test_a_command_run_imports_its_own_module_alone() -> None:
     ).stdout
     for other in set(COMMANDS.values()) - {"serve", "completion"}:
         assert f"'relay.cli.{other}'" not in loaded, loaded
+
+
+def test_serve_imports_nothing_only_a_mistake_or_a_named_zone_needs() -> None:
+    # Each is held for as long as relay runs: difflib (a fifth of a MiB) only
+    # says "did you mean ...?"; zoneinfo with its sysconfig (a quarter) only
+    # reads a zone the config names; getpass only names an operator.
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from relay.cli import parser; parser('serve'); import relay.app;"
+            " print(sorted(m for m in ('difflib', 'zoneinfo', 'getpass') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert loaded.strip() == "[]"
