@@ -633,7 +633,9 @@ async def leading(http: aiohttp.ClientSession, relays: list[RelayProcess]) -> li
 LEADS = "\nrelay_cluster_leader 1.0\n"
 
 
-async def post_keys(relays: list[RelayProcess], path: str, keys: list[str]) -> None:
+async def post_keys(
+    relays: list[RelayProcess], path: str, keys: list[str], pause: float = 0.0
+) -> None:
     turn = itertools.cycle(relays)
     async with aiohttp.ClientSession() as http:
         for key in keys:
@@ -641,6 +643,7 @@ async def post_keys(relays: list[RelayProcess], path: str, keys: list[str]) -> N
                 f"{next(turn).url}{path}", json={"key": key}, headers={"Idempotency-Key": key}
             ) as response:
                 assert response.status == 200, await response.text()
+            await asyncio.sleep(pause)
 
 
 async def slowly_refused(request: web.Request, number: int) -> web.Response:
@@ -744,7 +747,7 @@ async def test_one_instance_indexes_for_search_and_another_when_it_dies(
         async with aiohttp.ClientSession() as http:
             [leader] = await leading(http, relays)
             # Spaced out, so that each instance has quiet moments to index in.
-            await post_spaced(relays, [f"a{i}" for i in range(24)])
+            await post_keys(relays, "/hooks/audit", [f"a{i}" for i in range(24)], pause=0.1)
             await eventually(partial(indexed, pg_url, 24), timeout=20)
             assert await indexers(pg_url) == [f"relay/{names[relays.index(leader)]}"]
 
@@ -756,7 +759,7 @@ async def test_one_instance_indexes_for_search_and_another_when_it_dies(
 
             await eventually(taken_over, timeout=10)
             [successor] = await leading(http, survivors)
-            await post_spaced(survivors, [f"b{i}" for i in range(12)])
+            await post_keys(survivors, "/hooks/audit", [f"b{i}" for i in range(12)], pause=0.1)
             await eventually(partial(indexed, pg_url, 36), timeout=20)
         assert await indexers(pg_url) == sorted(
             f"relay/{names[relays.index(r)]}" for r in (leader, successor)
@@ -795,17 +798,6 @@ async def indexers(url: str) -> list[str]:
     finally:
         await connection.close()
     return [row[0] for row in rows]
-
-
-async def post_spaced(relays: list[RelayProcess], keys: list[str]) -> None:
-    turn = itertools.cycle(relays)
-    async with aiohttp.ClientSession() as http:
-        for key in keys:
-            async with http.post(
-                f"{next(turn).url}/hooks/audit", json={"key": key}, headers={"Idempotency-Key": key}
-            ) as response:
-                assert response.status == 200, await response.text()
-            await asyncio.sleep(0.1)
 
 
 async def count_events(url: str, route: str) -> int:
