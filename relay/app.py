@@ -145,7 +145,9 @@ class Relay:
         self.leadership.on_gained(self.alerter.wake)
         if shared is not None:
             shared.reconfigure(config)
-        self.indexer = SearchIndexer(self.store, self.clock, config.masker, leading=self._leading)
+        self.indexer = SearchIndexer(
+            self.store, self.clock, config.masker, leading=self._leading, one_writer=shared is None
+        )
         self.leadership.on_gained(self.indexer.lead_taken)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.memory = MemoryRelease(

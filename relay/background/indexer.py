@@ -15,7 +15,11 @@ writer's time even when far behind.
 On a cluster the index is shared, so one instance fills it: the one leading.
 The others would only race it over the same events, each making their text
 again and writing it twice. When the lead moves, the new leader goes on from
-the mark the last one wrote.
+the mark the last one wrote. There the store has no single writer that
+ingest waits behind (each write has a connection of its own), so the leader
+neither waits for quiet moments nor cuts a batch into pieces: it follows the
+whole cluster's webhooks as they come, resting after each batch as long as
+it took.
 """
 
 from __future__ import annotations
@@ -77,13 +81,17 @@ class SearchIndexer:
         chunk: int = CHUNK,
         retry_after_error: float = RETRY_AFTER_ERROR,
         leading: Callable[[], bool] = lambda: True,
+        one_writer: bool = True,
     ) -> None:
+        """`one_writer`: the store writes the index through the writer that
+        stores webhooks (SQLite), so the index gives way to them."""
         self._store = store
         self._leading = leading
         self._clock = clock
         self._masker = masker
         self._batch = batch
-        self._chunk = chunk
+        self._chunk = chunk if one_writer else batch
+        self._gives_way = one_writer
         self._retry_after_error = retry_after_error
         self._wake = asyncio.Event()
         self._lead_taken = asyncio.Event()
@@ -143,12 +151,16 @@ class SearchIndexer:
                 self._lead_taken.clear()
                 await self._clock.wait(self._lead_taken, self._clock.now() + IDLE_INTERVAL)
                 continue
-            limit = self._batch if await self._quiet_moment(loop) else self._chunk
+            if self._gives_way:
+                limit = self._batch if await self._quiet_moment(loop) else self._chunk
+            else:
+                self._arrived = False  # one that comes after this read wakes it again
+                limit = self._batch
             if self._stop.is_set():
                 return
             started = loop.time()
             try:
-                count = await self.step(limit, give_way=True)
+                count = await self.step(limit, give_way=self._gives_way)
             except StoreError as error:
                 if self._failing.failed(self._clock.now()):
                     log.warning("search indexing failed, will try again: %s", error)
@@ -164,7 +176,10 @@ class SearchIndexer:
                 # It gave way to a webhook, or one came as it found nothing
                 # left (its read missed that commit): on at the next quiet
                 # moment, not at the next idle look. Never a busy loop:
-                # _quiet_moment sleeps while webhooks come.
+                # _quiet_moment sleeps while webhooks come; without it, the
+                # cluster's next webhooks gather into a batch meanwhile.
+                if not self._gives_way:
+                    await self._sleep(MAX_DEFER)
                 continue
             self._wake.clear()
             if self._stop.is_set():  # stop() set the wake just cleared
