@@ -933,9 +933,9 @@ class Shared(AlertNotes, Protocol):
 
     async def lead(self) -> bool:
         """Whether this instance runs the singletons (retention, alert grouping,
-        gauges, the search index) now; takes the lead when it is free. One caller at a time, in
-        `relay serve` only: StoreError when another running instance has this
-        instance's id."""
+        gauges, the search index) now; takes the lead when it is free. One
+        caller at a time, in `relay serve` only: StoreError when another
+        running instance has this instance's id."""
         ...
 
     async def listen(self, callback: Callable[[str], None]) -> None:

@@ -729,9 +729,8 @@ async def test_kill_9_of_the_leader_moves_alerts_and_retention_to_another(
 async def test_one_instance_indexes_for_search_and_another_when_it_dies(
     tmp_path: Path, aiohttp_server: AiohttpServer, pg_url: str
 ) -> None:
-    # Every instance indexed every event for search, racing each other over
-    # the same ones: in bench/postgres.py's three instances, a sixth of an
-    # index write per event, and each instance's CPU to make its text.
+    # Only the leading instance indexes for search: the others would race it
+    # over the same events, each making their text and writing it again.
     connection = await asyncpg.connect(pg_url)
     try:
         await connection.execute(WHO_INDEXES)
@@ -746,7 +745,7 @@ async def test_one_instance_indexes_for_search_and_another_when_it_dies(
             await asyncio.to_thread(relay.start)
         async with aiohttp.ClientSession() as http:
             [leader] = await leading(http, relays)
-            # Spaced out, so that each instance has quiet moments to index in.
+            # Spaced out, so that each instance is woken to index more than once.
             await post_keys(relays, "/hooks/audit", [f"a{i}" for i in range(24)], pause=0.1)
             await eventually(partial(indexed, pg_url, 24), timeout=20)
             assert await indexers(pg_url) == [f"relay/{names[relays.index(leader)]}"]

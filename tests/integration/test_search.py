@@ -458,13 +458,14 @@ async def test_amid_a_flood_the_index_follows_in_small_slices(
 
 @contextlib.asynccontextmanager
 async def running_indexer(
-    tmp_path: Path, backlog: int
+    tmp_path: Path, backlog: int, **options: Any
 ) -> AsyncIterator[tuple[SqliteStore, SearchIndexer]]:
-    """A store holding `backlog` leads and an indexer running on it, stopped after."""
+    """A store holding `backlog` leads and an indexer running on it (with
+    SearchIndexer's `options`), stopped after."""
     store = SqliteStore(tmp_path / "relay.db")
     await store.open()
     await store_leads(store, backlog)
-    indexer = SearchIndexer(store, FakeClock(), Masker())
+    indexer = SearchIndexer(store, FakeClock(), Masker(), **options)
     running = asyncio.create_task(indexer.run())
     try:
         yield store, indexer
@@ -477,16 +478,11 @@ async def running_indexer(
 async def test_an_instance_that_does_not_lead_the_cluster_indexes_nothing_until_it_does(
     tmp_path: Path,
 ) -> None:
-    # On PostgreSQL every instance indexed every event, racing the others
-    # over the same ones; now only the leader does, and one that takes the
-    # lead goes on at once. tests/e2e/test_postgres_cluster.py runs three.
-    store = SqliteStore(tmp_path / "relay.db")
-    await store.open()
-    await store_leads(store, 10)
+    # On a cluster only the leading instance indexes (the others would race
+    # it over the same events), and one that takes the lead goes on at once.
+    # tests/e2e/test_postgres_cluster.py runs three.
     leads = False
-    indexer = SearchIndexer(store, FakeClock(), Masker(), leading=lambda: leads)
-    running = asyncio.create_task(indexer.run())
-    try:
+    async with running_indexer(tmp_path, 10, leading=lambda: leads) as (_, indexer):
         for _ in range(5):
             indexer.noticed()  # webhooks this instance took
             await asyncio.sleep(2 * QUIET)
@@ -498,35 +494,20 @@ async def test_an_instance_that_does_not_lead_the_cluster_indexes_nothing_until_
             return indexer.indexed == 10
 
         await eventually(all_indexed, timeout=5.0)
-    finally:
-        indexer.stop()
-        await running
-        await store.close()
 
 
 async def test_without_a_writer_shared_with_ingest_the_index_keeps_pace_amid_webhooks(
     tmp_path: Path,
 ) -> None:
-    # On PostgreSQL the index has connections of its own: waiting for quiet
-    # moments and cutting batches into pieces only left it behind. Three
-    # instances taking 150 webhooks a second between them: 1,534 events
-    # behind (median) while they came; with whole batches, 14.
-    store = SqliteStore(tmp_path / "relay.db")
-    await store.open()
-    await store_leads(store, 100)
-    indexer = SearchIndexer(store, FakeClock(), Masker(), one_writer=False)
-    running = asyncio.create_task(indexer.run())
-    try:
+    # On PostgreSQL the index has connections of its own, so it need not wait
+    # for a pause in webhooks, which under steady load never comes.
+    async with running_indexer(tmp_path, 100, one_writer=False) as (_, indexer):
         for _ in range(100):  # webhooks never pause for QUIET
             indexer.noticed()
             await asyncio.sleep(QUIET / 5)
             if indexer.indexed == 100:
                 break
         assert indexer.indexed == 100
-    finally:
-        indexer.stop()
-        await running
-        await store.close()
 
 
 async def test_an_index_that_cannot_be_written_says_so_once_a_minute_and_once_back(

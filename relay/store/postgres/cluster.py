@@ -352,8 +352,9 @@ class NamesakeRunning(StoreError):
 
 class Leadership:
     """The instance holding LEADER_LOCK runs the singletons (retention, alerts,
-    gauges, the search index). relay.leadership.Leadership is its one caller, in `relay serve`
-    only, so its session also holds this instance's name (NAME_LOCK)."""
+    gauges, the search index). relay.leadership.Leadership is its one caller,
+    in `relay serve` only, so its session also holds this instance's name
+    (NAME_LOCK)."""
 
     def __init__(
         self, url: str, timeout: float, dead_after: float = DEAD_AFTER, instance_id: str = ""

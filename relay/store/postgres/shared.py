@@ -41,7 +41,8 @@ class PostgresShared(PostgresConnection):
 
     async def lead(self) -> bool:
         """Whether this instance runs the singletons (retention, alert grouping,
-        gauges, the search index) now; takes the lead when it is free. One caller at a time."""
+        gauges, the search index) now; takes the lead when it is free. One
+        caller at a time."""
         return await self._leadership.lead()
 
     async def note_alerts(self, notes: Sequence[bytes], now: float) -> None:
