@@ -137,13 +137,20 @@ class RecordJob:
             self.status.value,
             self.attempt.number,
             self.cycle,
-            # A failed probe goes to the back of its target's line (see
-            # relay.store.rows.LINE_UP_BY_ARRIVAL): the next probe is another.
-            self.now if self.waits else self.next_at,
+            self.next_attempt_at,
             self.error,
             self.now,
             self.delivery.id,
         )
+
+    @property
+    def next_attempt_at(self) -> float | None:
+        if self.waits and self.hold is not None:
+            # A failed probe goes to the back of its target's line (see
+            # relay.store.rows.LINE_UP_BY_ARRIVAL): due at the next probe,
+            # after every delivery due by then, so the next probe is another.
+            return self.hold.probe_at
+        return self.now if self.waits else self.next_at
 
     def one(self, connection: sqlite3.Connection) -> FailureStreak:
         """This attempt alone, every rule asked in order."""
@@ -157,9 +164,9 @@ class RecordJob:
             connection, target, self.attempt, self.now, self.hold, self.delivery.id
         )
         if streak.went_down or streak.came_up:
-            line_up_by_arrival(connection, target)
+            line_up_by_arrival(connection, target, up=streak.came_up)
         elif streak.down and self.status is Status.PENDING and not self.waits:
-            line_up_by_arrival(connection, target, self.delivery.id)
+            line_up_by_arrival(connection, target, up=False, delivery_id=self.delivery.id)
         return streak
 
 

@@ -319,16 +319,30 @@ UPDATE deliveries SET next_attempt_at =
     (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
 WHERE status = 'pending' AND target = ? AND next_attempt_at IS NOT NULL {only}
 """
+# Coming back: every one, the backlog flows at once.
+LINE_UP_ALL = LINE_UP_BY_ARRIVAL.format(only="")
+# Going down, or failing while down: only those whose own retry time comes by
+# the next probe. One that failed just before with a longer backoff keeps its
+# time, so that no probe sends it again before its backoff is over.
+LINE_UP_BY_THE_PROBE = LINE_UP_BY_ARRIVAL.format(
+    only="AND next_attempt_at <= (SELECT probe_at FROM targets WHERE targets.name = ?) {only}"
+)
+LINE_UP_DOWN = LINE_UP_BY_THE_PROBE.format(only="")  # (target, target)
+LINE_UP_ONE_DOWN = LINE_UP_BY_THE_PROBE.format(only="AND id = ?")  # (target, target, id)
 
 
 def line_up_by_arrival(
-    connection: sqlite3.Connection, target: str, delivery_id: int | None = None
+    connection: sqlite3.Connection, target: str, *, up: bool, delivery_id: int | None = None
 ) -> None:
-    """Every pending delivery of a target that just went down, or one more."""
-    if delivery_id is None:
-        connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), (target,))
+    """Every pending delivery of a target that just came `up`; of one that
+    just went down, those due by its first probe; or one more, failed while
+    it is down."""
+    if up:
+        connection.execute(LINE_UP_ALL, (target,))
+    elif delivery_id is None:
+        connection.execute(LINE_UP_DOWN, (target, target))
     else:
-        connection.execute(LINE_UP_BY_ARRIVAL.format(only="AND id = ?"), (target, delivery_id))
+        connection.execute(LINE_UP_ONE_DOWN, (target, target, delivery_id))
 
 
 def delivery_after(

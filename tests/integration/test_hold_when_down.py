@@ -158,6 +158,51 @@ async def test_a_30_hour_outage_loses_nothing_and_delivers_the_backlog_in_order(
     assert "8 waiting deliveries" in up_alert["text"]
 
 
+async def test_no_probe_sends_a_delivery_again_before_its_own_backoff_is_over(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    # The operator's outage check: a delivery that failed twice just before
+    # the target went down waits 4 s for its third try; the target's first
+    # probe comes 2 s after it went down. The probe takes another delivery
+    # rather than send that one 1 s before its backoff is over.
+    clock = FakeClock()
+    start = clock.now()
+    crm = Crm(clock, back_at=start + 9)
+    _, url = await start_sink(crm)
+    config = make_config(targets(url, retry={"jitter": 0}), ROUTES)
+    relay = await start_relay(config, background=False, clock=clock)
+    policy = config.targets["crm"].retry
+
+    async def turn(at: float) -> None:
+        clock.set(start + at)
+        await relay.scheduler.run_once()
+        await relay.scheduler.wait_idle()
+
+    await post(relay, 0)
+    await turn(0)
+    await turn(delay_before_retry(policy, 1))  # 2: its second failure, the third at 6
+    clock.set(start + 3)
+    await post(relay, 1)
+    await turn(3)  # the third failure in a row: down, the first probe at 5
+    assert (await relay.store.down_targets())["crm"].probe_at == start + 5
+    await turn(5)  # the probe: order 1, lined up; order 0 is not due before 6
+    await relay.scheduler.drain()
+
+    tries: dict[int, list[float]] = {}
+    for at, n, _ in crm.seen:
+        tries.setdefault(n, []).append(at - start)
+    assert tries[0][:3] == [0, 2, 9]
+    assert tries[1][:2] == [3, 5]
+    # Every delivery's tries are at least its backoff apart: the policy's
+    # before the target went down, the probes' after.
+    for times in tries.values():
+        for number, (before, after) in enumerate(itertools.pairwise(times), start=1):
+            assert after - before >= delay_before_retry(policy, number), (times, number)
+    assert [n for _, n, status in crm.seen if status == 200] == [0, 1]
+    stats = await relay.store.stats()
+    assert stats.counts_by_target["crm"] == {Status.DELIVERED: 2}
+
+
 async def test_a_payload_the_target_rejects_kills_only_its_own_delivery(
     make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
 ) -> None:

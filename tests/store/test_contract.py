@@ -299,7 +299,7 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     assert view is not None
     assert (view.status, view.next_attempt_at, view.attempts, view.attempts_in_cycle) == (
         Status.PENDING,
-        now + 20,
+        now + 60,  # the next probe's moment: after every delivery due by then
         2,
         1,
     )
@@ -327,6 +327,36 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     # Up again, the backlog lines up by arrival: the rotated probe first again.
     claims = await store.claim_due(now + 60, now + 120, {"crm": 5})
     assert [c.id for c in claims] == [first.id, first.id + 2]
+
+
+async def test_a_target_going_down_lets_a_delivery_finish_its_backoff_before_a_probe(
+    store: Store,
+) -> None:
+    # The first in line failed just before with a backoff that ends after the
+    # first probe: the probe takes the next one, never sends it early.
+    early = await store.accept_event(event("k0", at=T0), [NewDelivery("crm")], T0)
+    await store.accept_event(event("k1", at=T0 + 1), [NewDelivery("crm")], T0 + 1)
+    now = T0 + 5
+    failed = AttemptRecord(1, now, 0.01, "retry", 503, "HTTP 503")
+    [first] = await store.claim_due(now, now + 60, {"crm": 1})
+    assert first.event_id == early.event_id
+    await store.record_attempt(first, failed, RetryAt(now + 30), now, Hold(2, now + 20))
+    [second] = await store.claim_due(now, now + 60, {"crm": 1})
+    streak = await store.record_attempt(second, failed, RetryAt(now + 2), now, Hold(2, now + 20))
+    assert streak.went_down
+    views = [await store.get_delivery(delivery_id) for delivery_id in (first.id, second.id)]
+    assert [v.next_attempt_at for v in views if v is not None] == [now + 30, T0 + 1]
+
+    [probe] = await store.claim_due(now + 20, now + 80, {"crm": 1})
+    assert probe.id == second.id
+    probe_failed = AttemptRecord(
+        2, now + 20, 0.01, "retry", 503, "HTTP 503", in_cycle=False, kind=AttemptKind.PROBE
+    )
+    next_probe = Hold(2, now + 60, probe=True)
+    await store.record_attempt(probe, probe_failed, Waits(), now + 20, next_probe)
+    # Its backoff over by the next probe, the first one is that probe.
+    [probe] = await store.claim_due(now + 60, now + 120, {"crm": 1})
+    assert probe.id == first.id
 
 
 async def test_a_delivery_that_fails_while_others_succeed_never_makes_its_target_down(

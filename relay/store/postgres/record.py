@@ -58,11 +58,10 @@ SELECT pg_advisory_xact_lock(h) FROM (
     FROM deliveries WHERE id = ANY($1::bigint[]) AND order_key IS NOT NULL ORDER BY h) AS locks
 """
 RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
-LINE_UP_BY_ARRIVAL = """
-UPDATE deliveries SET next_attempt_at =
-    (SELECT received_at FROM events WHERE events.id = deliveries.event_id)
-WHERE status = 'pending' AND target = $1 AND next_attempt_at IS NOT NULL {only}
-"""
+# A down target's line (rows.LINE_UP_BY_ARRIVAL), numbered.
+LINE_UP_ALL = numbered(rows.LINE_UP_ALL)  # (target)
+LINE_UP_DOWN = numbered(rows.LINE_UP_DOWN)  # (target, target)
+LINE_UP_ONE_DOWN = numbered(rows.LINE_UP_ONE_DOWN)  # (target, target, delivery id)
 # Only while the lease is still this instance's: one taken over (the attempt
 # outlived it) is the new owner's to decide, and its attempt may be under
 # way. The attempt itself happened all the same, and is kept.
@@ -237,12 +236,12 @@ async def _one(connection: Connection, record: Record) -> FailureStreak:
     if isinstance(then, RetryAt) and then.hold_until is not None:
         await _hold_paces(connection, record.limits.get(delivery.target), then.hold_until)
     streak = await _update_health(connection, record)
-    if streak.went_down or streak.came_up:
-        await connection.execute(LINE_UP_BY_ARRIVAL.format(only=""), delivery.target)
+    if streak.came_up:
+        await connection.execute(LINE_UP_ALL, delivery.target)
+    elif streak.went_down:
+        await connection.execute(LINE_UP_DOWN, delivery.target, delivery.target)
     elif held and streak.down and isinstance(then, RetryAt):
-        await connection.execute(
-            LINE_UP_BY_ARRIVAL.format(only="AND id = $2"), delivery.target, delivery.id
-        )
+        await connection.execute(LINE_UP_ONE_DOWN, delivery.target, delivery.target, delivery.id)
     return streak
 
 
