@@ -147,6 +147,9 @@ class SearchIndexer:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             if not self._leading():
+                # A failure while it led is no longer its to report: once it
+                # leads again, its first batch says nothing of "again".
+                self._failing.ended(self._clock.now())
                 # Waits for the lead, not for webhooks: every one sets the wake.
                 self._lead_taken.clear()
                 await self._clock.wait(self._lead_taken, self._clock.now() + IDLE_INTERVAL)

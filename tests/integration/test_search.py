@@ -550,6 +550,48 @@ async def test_an_index_that_cannot_be_written_says_so_once_a_minute_and_once_ba
         await store.close()
 
 
+async def test_an_instance_that_lost_the_lead_while_its_index_failed_does_not_say_it_works_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database restart: the leader's index fails, the lead moves on, and
+    # 26 s later it leads again. "works again, after 26s" told of a failure
+    # it had not had for most of that time (a black-box run, issue 40).
+    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.05)
+    await store.open()
+    await store_leads(store, 5)
+    clock = FakeClock()
+    leads = True
+    indexer = SearchIndexer(store, clock, Masker(), retry_after_error=0.01, leading=lambda: leads)
+    other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    running = asyncio.create_task(indexer.run())
+    try:
+
+        def said(text: str) -> int:
+            return sum(text in record.getMessage() for record in caplog.records)
+
+        async def failed_once() -> bool:
+            return said("search indexing failed") == 1
+
+        async def all_indexed() -> bool:
+            return indexer.indexed == 5
+
+        await eventually(failed_once)
+        leads = False
+        await asyncio.sleep(0.1)
+        other.execute("ROLLBACK")
+        clock.advance(26)
+        leads = True
+        indexer.lead_taken()
+        await eventually(all_indexed)
+        assert said("works again") == 0
+    finally:
+        indexer.stop()
+        await running
+        other.close()
+        await store.close()
+
+
 async def test_amid_a_fast_flood_a_piece_every_flood_defer(tmp_path: Path) -> None:
     # Each piece holds up the webhook it meets by ~2 ms (its read, its text,
     # its write): one every MAX_DEFER met 0.8 % of a lone sender's ~1,200
