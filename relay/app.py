@@ -28,6 +28,7 @@ from relay.background.retention import RetentionJob
 from relay.config import Config, ConfigError, Listen, load_config
 from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
+from relay.core.errors import describe
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
 from relay.delivery.scheduler import AttemptReport, Scheduler
@@ -566,7 +567,7 @@ async def _quietly(what: str, step: Callable[[], object]) -> bool:
                     break
                 log.warning("stopping: still %s", what)
     except Exception as error:
-        log.error("%s failed: %s", what, _describe(error))
+        log.error("%s failed: %s", what, describe(error))
         return False
     return True
 
@@ -669,7 +670,7 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
         needs_restart = await relay.reload(config)
     except Exception as error:
         # Whatever went wrong, the running config stays: one line, counted.
-        problem = str(error) if isinstance(error, ConfigError) else _describe(error)
+        problem = str(error) if isinstance(error, ConfigError) else describe(error)
         relay.metrics.reloads.labels("failed").inc()
         log.error("reload failed, still running the previous config: %s", problem)
         relay.reload_problem = problem
@@ -690,8 +691,3 @@ async def _status_or_trouble(relay: Relay) -> str:
         failed = relay.reload_problem
         kept = f"reload failed (previous config kept): {failed}; " if failed else ""
         return f"{kept}store unavailable: {error}"
-
-
-def _describe(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

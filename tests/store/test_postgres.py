@@ -25,6 +25,7 @@ from relay.background.alerts import Alerter
 from relay.config import AlertsConfig, Config
 from relay.core.clock import FakeClock
 from relay.core.payload import Payload
+from relay.core.pgurl import masked_url
 from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.kinds.registry import build_target
 from relay.store import (
@@ -265,6 +266,14 @@ async def test_a_server_that_goes_away_answers_unavailable_and_comes_back() -> N
             await store.accept_event(event("while down"), [NewDelivery("crm")], T0)
         with pytest.raises(StoreUnavailable):
             await store.claim_due(T0, T0 + 60, {"crm": 1})
+        # Its connections broken, the next try connects anew, and the error
+        # says where it found no server (the driver's names no socket).
+        with pytest.raises(StoreUnavailable) as away:
+            await store.accept_event(event("still down"), [NewDelivery("crm")], T0)
+        assert f"no PostgreSQL server answers at {masked_url(cluster.url('postgres'))}" in str(
+            away.value
+        )
+        assert "FileNotFoundError" in str(away.value)
         cluster.start()
         # No restart of relay: the pool connects again by itself.
         for _ in range(50):

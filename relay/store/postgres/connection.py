@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from relay.core.errors import describe
 from relay.core.pgurl import masked_url
 from relay.store.accept import AcceptJob
 from relay.store.base import (
@@ -166,7 +167,17 @@ class PostgresConnection(Reads):
         startup setting (a SET would not outlive the pool's RESET ALL). Any
         other level keeps the operator's.
         """
-        connection = await asyncpg.connect(*args, **kwargs)
+        try:
+            connection = await asyncpg.connect(*args, **kwargs)
+        except OSError as error:
+            if isinstance(error, TimeoutError):
+                raise
+            # The driver's error names neither the socket nor the port it
+            # tried ("[Errno 2] No such file or directory" when the server's
+            # socket is gone): the operator's next question is which.
+            raise ConnectionError(
+                f"no PostgreSQL server answers at {self.path} ({describe(error)})"
+            ) from None
         try:
             level = await connection.fetchval("SHOW synchronous_commit")
         except BaseException:

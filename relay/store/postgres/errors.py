@@ -15,6 +15,7 @@ from typing import TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from relay.core.errors import describe
 from relay.store.base import StoreError, StoreUnavailable
 
 # A connection of relay's own or one lent by the pool: the same verbs.
@@ -65,7 +66,7 @@ def unavailable(error: BaseException) -> StoreError:
     if isinstance(error, StoreError):
         return error
     if isinstance(error, _POOLED):
-        said = _describe(error).splitlines()[0]
+        said = describe(error).splitlines()[0]
         return StoreError(f"the session changed between two statements ({said}): {POOLER}")
     if isinstance(error, asyncpg.exceptions.InternalClientError):
         # The driver's own state machine ("cannot switch to state 15"), seen
@@ -75,8 +76,8 @@ def unavailable(error: BaseException) -> StoreError:
             "database cannot be reached or written: the connection broke during an operation"
         )
     if is_environmental(error):
-        return StoreUnavailable(f"database cannot be reached or written: {_describe(error)}")
-    return StoreError(f"database error: {_describe(error)}")
+        return StoreUnavailable(f"database cannot be reached or written: {describe(error)}")
+    return StoreError(f"database error: {describe(error)}")
 
 
 def at(where: str, error: BaseException) -> StoreError:
@@ -111,7 +112,7 @@ class OneLine(logging.Filter):
             if not logging.getLogger("relay").isEnabledFor(logging.DEBUG):
                 return False
         if record.exc_info and record.exc_info[1] is not None:
-            record.msg = f"{record.getMessage()}: {_describe(record.exc_info[1])}"
+            record.msg = f"{record.getMessage()}: {describe(record.exc_info[1])}"
             record.args = ()
             record.exc_info = None
             record.exc_text = None
@@ -119,8 +120,3 @@ class OneLine(logging.Filter):
 
 
 logging.getLogger("asyncpg.pool").addFilter(OneLine())
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
