@@ -168,6 +168,7 @@ class Scheduler:
         self._down: dict[str, DownState] = {}
         self._paused_read_at: float | None = None
         self._store_failing = Spell()  # the store not answering its reads
+        self._records_failing = Spell()  # nor taking the records of attempts made
         self._running = False
         self.last_tick: float | None = None
         self._ticked = time.monotonic()
@@ -738,19 +739,23 @@ class Scheduler:
         # The attempt happened; losing its record would resend it after the
         # lease expires. Keep trying while the store is unavailable.
         delay = 0.05
-        said = False  # once per attempt: the store's outage has its own lines
         while True:
             try:
-                return await self._store.record_attempt(delivery, attempt, then, now, hold)
+                streak = await self._store.record_attempt(delivery, attempt, then, now, hold)
             except StoreError as error:
                 if self._stopping:
                     log.warning("attempt of delivery %d not recorded: %s", delivery.id, error)
                     return None
-                level = logging.DEBUG if said else logging.WARNING
-                log.log(level, "cannot record attempt of delivery %d yet: %s", delivery.id, error)
-                said = True
+                # One line for every attempt under way when the store went
+                # away, not one each: the outage has its own lines.
+                if self._records_failing.failed(self._clock.now()):
+                    log.warning("attempts made wait to be recorded: %s", error)
+                log.debug("cannot record attempt of delivery %d yet: %s", delivery.id, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            self._records_failing.ended(self._clock.now())
+            return streak
 
 
 @functools.lru_cache(maxsize=64)
