@@ -510,44 +510,55 @@ async def test_without_a_writer_shared_with_ingest_the_index_keeps_pace_amid_web
         assert indexer.indexed == 100
 
 
+@contextlib.asynccontextmanager
+async def unwritable_index(
+    tmp_path: Path, clock: FakeClock, **options: Any
+) -> AsyncIterator[tuple[SearchIndexer, sqlite3.Connection]]:
+    """An indexer running over 5 leads while another connection holds the
+    file (its ROLLBACK frees it): the index cannot be written until then."""
+    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.05)
+    await store.open()
+    await store_leads(store, 5)
+    indexer = SearchIndexer(store, clock, Masker(), retry_after_error=0.01, **options)
+    other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    running = asyncio.create_task(indexer.run())
+    try:
+        yield indexer, other
+    finally:
+        indexer.stop()
+        await running
+        other.close()
+        await store.close()
+
+
+def said(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(text in record.getMessage() for record in caplog.records)
+
+
 async def test_an_index_that_cannot_be_written_says_so_once_a_minute_and_once_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # While the database is away the index fails every few seconds: a line
     # each time wrote 14 warnings in 70 s beside the scheduler's 3 (issue 40).
-    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.05)
-    await store.open()
-    await store_leads(store, 5)
     clock = FakeClock()
-    indexer = SearchIndexer(store, clock, Masker(), retry_after_error=0.01)
-    other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
-    other.execute("BEGIN EXCLUSIVE")  # another writer holds the file: the index cannot write
-    running = asyncio.create_task(indexer.run())
-    try:
-
-        def said(text: str) -> int:
-            return sum(text in record.getMessage() for record in caplog.records)
+    async with unwritable_index(tmp_path, clock) as (indexer, other):
 
         async def said_times(text: str, times: int) -> bool:
-            return said(text) == times
+            return said(caplog, text) == times
 
         async def all_indexed() -> bool:
             return indexer.indexed == 5
 
         await eventually(lambda: said_times("search indexing failed", 1))
         await asyncio.sleep(0.3)  # it keeps trying, and says nothing more
-        assert said("search indexing failed") == 1
+        assert said(caplog, "search indexing failed") == 1
         clock.advance(61)
         await eventually(lambda: said_times("search indexing failed", 2))
         other.execute("ROLLBACK")
         await eventually(all_indexed)
-        assert said("search indexing works again, after 1m") == 1
-        assert said("search indexing failed") == 2
-    finally:
-        indexer.stop()
-        await running
-        other.close()
-        await store.close()
+        assert said(caplog, "search indexing works again, after 1m") == 1
+        assert said(caplog, "search indexing failed") == 2
 
 
 async def test_an_instance_that_lost_the_lead_while_its_index_failed_does_not_say_it_works_again(
@@ -556,22 +567,12 @@ async def test_an_instance_that_lost_the_lead_while_its_index_failed_does_not_sa
     # A database restart: the leader's index fails, the lead moves on, and
     # 26 s later it leads again. "works again, after 26s" told of a failure
     # it had not had for most of that time (a black-box run, issue 40).
-    store = SqliteStore(tmp_path / "relay.db", busy_timeout=0.05)
-    await store.open()
-    await store_leads(store, 5)
     clock = FakeClock()
     leads = True
-    indexer = SearchIndexer(store, clock, Masker(), retry_after_error=0.01, leading=lambda: leads)
-    other = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
-    other.execute("BEGIN EXCLUSIVE")
-    running = asyncio.create_task(indexer.run())
-    try:
-
-        def said(text: str) -> int:
-            return sum(text in record.getMessage() for record in caplog.records)
+    async with unwritable_index(tmp_path, clock, leading=lambda: leads) as (indexer, other):
 
         async def failed_once() -> bool:
-            return said("search indexing failed") == 1
+            return said(caplog, "search indexing failed") == 1
 
         async def all_indexed() -> bool:
             return indexer.indexed == 5
@@ -584,12 +585,7 @@ async def test_an_instance_that_lost_the_lead_while_its_index_failed_does_not_sa
         leads = True
         indexer.lead_taken()
         await eventually(all_indexed)
-        assert said("works again") == 0
-    finally:
-        indexer.stop()
-        await running
-        other.close()
-        await store.close()
+        assert said(caplog, "works again") == 0
 
 
 async def test_amid_a_fast_flood_a_piece_every_flood_defer(tmp_path: Path) -> None:

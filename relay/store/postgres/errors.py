@@ -66,7 +66,7 @@ def unavailable(error: BaseException) -> StoreError:
     if isinstance(error, StoreError):
         return error
     if isinstance(error, _POOLED):
-        said = describe(error).splitlines()[0]
+        said = describe(error)
         return StoreError(f"the session changed between two statements ({said}): {POOLER}")
     if isinstance(error, asyncpg.exceptions.InternalClientError):
         # The driver's own state machine ("cannot switch to state 15"), seen
