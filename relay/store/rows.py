@@ -324,11 +324,10 @@ LINE_UP_ALL = LINE_UP_BY_ARRIVAL.format(only="")
 # Going down, or failing while down: only those whose own retry time comes by
 # the next probe. One that failed just before with a longer backoff keeps its
 # time, so that no probe sends it again before its backoff is over.
-LINE_UP_BY_THE_PROBE = LINE_UP_BY_ARRIVAL.format(
-    only="AND next_attempt_at <= (SELECT probe_at FROM targets WHERE targets.name = ?) {only}"
-)
-LINE_UP_DOWN = LINE_UP_BY_THE_PROBE.format(only="")  # (target, target)
-LINE_UP_ONE_DOWN = LINE_UP_BY_THE_PROBE.format(only="AND id = ?")  # (target, target, id)
+_BY_THE_PROBE = "AND next_attempt_at <= (SELECT probe_at FROM targets WHERE targets.name = ?)"
+# (target, target), and (target, target, delivery id)
+LINE_UP_DOWN = LINE_UP_BY_ARRIVAL.format(only=_BY_THE_PROBE)
+LINE_UP_ONE_DOWN = LINE_UP_BY_ARRIVAL.format(only=f"{_BY_THE_PROBE} AND id = ?")
 
 
 def line_up_by_arrival(

@@ -565,8 +565,8 @@ async def test_an_instance_that_lost_the_lead_while_its_index_failed_does_not_sa
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A database restart: the leader's index fails, the lead moves on, and
-    # 26 s later it leads again. "works again, after 26s" told of a failure
-    # it had not had for most of that time (a black-box run, issue 40).
+    # later it leads again. "works again" would tell of a failure it had not
+    # had while another instance indexed.
     clock = FakeClock()
     leads = True
     async with unwritable_index(tmp_path, clock, leading=lambda: leads) as (indexer, other):
