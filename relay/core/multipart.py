@@ -156,8 +156,23 @@ def _rfc2231(parts: list[tuple[bool, bytes]]) -> bytes:
 
 
 def _codec(charset: bytes) -> str:
-    name = charset.decode("ascii", "replace").strip().strip('"')
+    return text_codec(charset.decode("ascii", "replace")) or "utf-8"
+
+
+# Codecs whose decoding is linear C code: the Unicode forms, ASCII and the
+# code pages, ISO 8859, KOI8 and Mac families (and the CJK ones). A sender
+# names the charset: `punycode` and `idna` are pure Python and quadratic (a
+# 400 KiB part held the event loop for 7 s), the escape codecs read their
+# input as code, and the rest are not text.
+_TEXT_CODEC_PREFIXES = ("utf-", "cp", "iso8859-", "koi8-", "mac-", "latin-", "euc", "shift", "gb")
+_TEXT_CODECS = frozenset({"ascii", "big5", "hz", "johab", "tis-620", "kz1048", "ptcp154"})
+
+
+def text_codec(charset: str) -> str | None:
+    """Python's name for a declared charset (`"windows-1251"` -> `cp1251`), or
+    None when Python does not know it or it is not a plain text encoding."""
     try:
-        return codecs.lookup(name).name
-    except LookupError:  # a charset Python does not know
-        return "utf-8"
+        name = codecs.lookup(charset.strip().strip('"')).name
+    except (LookupError, ValueError):
+        return None
+    return name if name in _TEXT_CODECS or name.startswith(_TEXT_CODEC_PREFIXES) else None

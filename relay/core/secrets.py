@@ -32,8 +32,11 @@ _SENSITIVE = re.compile("|".join(_SENSITIVE_PARTS))
 # that could spell one, no field can be named like a credential: most bodies.
 _MAYBE_SENSITIVE = re.compile("|".join((*_SENSITIVE_PARTS, "api-key", "\\\\")))
 
-# user:password@ in a URL, whatever the config says.
-_URL_CREDENTIALS = re.compile(r"(\w+://)[^/\s:@]+(?::[^/\s@]*)?@")
+# user:password@ in a URL, whatever the config says. Linear on any text: a
+# scheme is tried only where a run of word characters starts (the lookbehind),
+# and possessive repeats never give back what they took, so each character is
+# read by at most one scheme and one authority ("@a…a://b…b" was quadratic).
+_URL_CREDENTIALS = re.compile(r"(?<!\w)(\w++://)[^/\s:@]++(?::[^/\s@]*+)?+@")
 
 # Shorter values would mask innocent text ("1", "yes") everywhere.
 _MIN_SECRET_LENGTH = 4

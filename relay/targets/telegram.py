@@ -140,7 +140,9 @@ MAX_TEXT = 4096
 CUT_MARKER = "\n… (cut: the message was longer than Telegram allows)"
 PERMANENT = {400, 401, 403, 404}
 # Tags Telegram's HTML mode knows; a cut inside one must close it again.
-_TAG = re.compile(r"<(/?)([a-zA-Z-]+)[^>]*>")
+# A tag ends before the next "<": each scan stops there, so a text of
+# unclosed "<a<a<a…" costs one pass, not one pass per "<".
+_TAG = re.compile(r"<(/?)([a-zA-Z-]++)[^<>]*+>")
 
 
 class TelegramTarget(SessionOwner):
@@ -263,7 +265,9 @@ def cut(text: str, *, html: bool, markdown_v2: bool = False, limit: int = MAX_TE
         if markdown_v2 and (len(head) - len(head.rstrip("\\"))) % 2:
             head = head[:-1]  # half an escape: "\\" without the character it escapes
         if html:
-            head = re.sub(r"<[^>]*$", "", head)  # half a tag
+            half_tag = head.find("<", head.rfind(">") + 1)
+            if half_tag >= 0:
+                head = head[:half_tag]
             head = re.sub(r"&[a-zA-Z0-9#]*$", "", head)  # half an entity
             open_tags: list[str] = []
             for closing, name in _TAG.findall(head):

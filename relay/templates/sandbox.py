@@ -88,17 +88,45 @@ def bound(tree: nodes.Template, environment: jinja2.Environment) -> nodes.Templa
     return bounded
 
 
-# %-format conversions: a width or precision, or "*" taking it from the arguments.
-_PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[a-zA-Z%]")
+# A %-conversion after its mapping key: flags, a width or precision ("*" takes
+# it from the arguments), a length modifier, the conversion. Matched at one
+# place at a time, possessive: a pass over the text, whatever it holds.
+_CONVERSION = re.compile(r"[-#0 +]*+(\*|\d++)?+(?:\.(\*|\d*+))?+[hlL]?+[a-zA-Z%]")
 
 
 def _percent_format(text: str) -> None:
-    for width, precision in _PERCENT.findall(text):
-        for number in (width, precision):
-            if number == "*":
-                raise TemplateError("template error: '*' widths are not supported")
-            if number:
-                check_size(int(number), "a %-format width")
+    """Refuses a width or precision that would build a huge string, reading
+    each conversion as CPython does (Objects/unicodeobject.c): a mapping key's
+    parentheses nest, so `%(a(b)c)9999999s` has the width 9999999."""
+    position = text.find("%")
+    while position >= 0:
+        spec = position + 1
+        if text.startswith("(", spec):
+            spec = _mapping_key_end(text, spec)
+            if spec < 0:
+                return  # no closing ")": formatting fails here, having built no more
+        conversion = _CONVERSION.match(text, spec)
+        if conversion is not None:
+            for number in conversion.groups():
+                if number == "*":
+                    raise TemplateError("template error: '*' widths are not supported")
+                if number:
+                    check_size(int(number), "a %-format width")
+            spec = conversion.end()
+        position = text.find("%", spec)
+
+
+def _mapping_key_end(text: str, opening: int) -> int:
+    """Where the mapping key opened at `opening` ends (after its ")"), or -1."""
+    depth = 1
+    position = opening + 1
+    while depth:
+        closing = text.find(")", position)
+        if closing < 0:
+            return -1
+        depth += text.count("(", position, closing) - 1
+        position = closing + 1
+    return position
 
 
 def _brace_format(text: str) -> None:

@@ -321,3 +321,43 @@ async def test_compressed_bodies_inflate_off_the_loop(
         {"inflated_bytes": len(inflated), "worst_loop_lag_ms": round(probe.worst * 1000, 1)},
     )
     assert probe.worst < LOOP_BLOCK_LIMIT
+
+
+@pytest.mark.usefixtures("served_gc")
+async def test_a_url_shaped_webhook_holds_no_view_and_not_the_indexer(
+    make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
+) -> None:
+    # The masker's URL-credential pattern was quadratic on "@a…a://b…b": one
+    # 58 KiB webhook held the loop past systemd's watchdog when the indexer
+    # masked it, and again after every restart; the event list, the event
+    # view and the Rejections page held it for seconds each.
+    config = make_config(
+        {"audit": {"type": "file", "path": "a.jsonl"}},
+        {
+            "open": {"path": "/open", "targets": ["audit"]},
+            "tilda": {"path": "/tilda", "source": "tilda", "api_key": "k", "targets": ["audit"]},
+        },
+    )
+    relay = await start_relay(config, background=False)
+    shaped = "@" + "a" * 29_000 + "://" + "b" * 29_000
+    header = "@" + "a" * 3_900 + "://" + "b" * 3_900
+    body = orjson.dumps({"name": shaped})
+    headers = {"X-Note": header, "X-Other": header}
+    async with http.post(relay.ingress_url + "/open", data=body, headers=headers) as answer:
+        assert answer.status == 200
+    for _ in range(4):
+        async with http.post(relay.ingress_url + "/tilda", data=b"a=1", headers=headers) as answer:
+            assert answer.status == 401
+    views = ["/api/v1/events", "/deliveries", "/events/1", "/api/v1/events/1", "/rejections"]
+    views += ["/api/v1/rejections"]
+    async with LagProbe() as probe:
+        assert await relay.indexer.catch_up() == 1
+        for path in views:
+            async with http.get(relay.admin_url + path) as page:
+                assert page.status == 200, path
+                await page.read()
+    record_figures(
+        "url_shaped_webhook",
+        {"body_bytes": len(body), "worst_loop_lag_ms": round(probe.worst * 1000, 1)},
+    )
+    assert probe.worst < LOOP_BLOCK_LIMIT

@@ -43,6 +43,8 @@ ATTACKS = {
     "big multiplication": "{% set n = 10 ** 4000 %}{{ (n * n * n * n)|string|length }}",
     "percent width": "{{ '%*d'|format(json.width, 1) }}",
     "percent width literal": "{{ '%999999999d' % 1 }}",
+    # CPython's mapping keys nest: this key is "a(b)c", its width 999999999.
+    "percent width behind a nested key": "{{ '%(a(b)c)999999999s' % {'a(b)c': 1} }}",
     "format width": "{{ '{:>999999999}'.format(json.name) }}",
     "replace everywhere": "{{ json.s.replace('', json.sep) }}",
     "replace filter": "{{ json.s|replace('a', json.sep) }}",
