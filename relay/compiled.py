@@ -17,7 +17,7 @@ HOT_PATH = (
     "relay.ingress.guard",
     "relay.ingress.listener",
     "relay.ingress.incoming",
-    "relay.ingress.keys",
+    "relay.core.exact",
     "relay.core.canonical",
     "relay.store.accept",
     "relay.store.sqlite.writer",

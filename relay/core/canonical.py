@@ -7,7 +7,9 @@ taken over a canonical form:
 - a JSON body (whatever its Content-Type says): the parsed value with object
   keys sorted, so whitespace, key order and escapes do not count;
 - a urlencoded form: its fields in order, every value, percent-decoding
-  undone (`a+b` and `a%20b` are one value);
+  undone (`a+b` and `a%20b` are one value), read exactly (relay.core.exact):
+  a cp1251 form's `status=оплачен` and `status=отменен` stay two payloads
+  (a form of more fields than any sender's is compared as raw bytes);
 - anything else (multipart, XML, text, broken JSON): the raw bytes. A
   multipart body is not parsed here: its boundary changes from one send to
   the next, so a re-send may look different (stored, flagged), but two
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any
-from urllib.parse import parse_qsl
 
 import orjson
+
+from relay.core.exact import exact_bytes, exact_fields
+from relay.core.payload import MAX_FORM_FIELDS
 
 DIGEST_SIZE = 16  # bytes: 128 bits, a collision is not a practical concern
 _FORM = "application/x-www-form-urlencoded"
@@ -48,9 +52,21 @@ def canonical_form(body: bytes, content_type: str | None, parsed_json: Any = Non
             text = body.decode("utf-8")
         except UnicodeDecodeError:
             return b"raw\0" + body
-        fields = parse_qsl(text, keep_blank_values=True)
-        return b"form\0" + orjson.dumps(fields)
+        try:
+            fields = exact_fields(text, MAX_FORM_FIELDS)
+        except ValueError:  # no sender's form has so many: its bytes, read in one pass
+            return b"raw\0" + body
+        try:
+            return b"form\0" + orjson.dumps(fields)
+        except orjson.JSONEncodeError:  # a value is not UTF-8 once percent-decoded
+            return b"form-bytes\0" + b"".join(
+                _sized(exact_bytes(part)) for f in fields for part in f
+            )
     return b"raw\0" + body
+
+
+def _sized(part: bytes) -> bytes:
+    return len(part).to_bytes(8, "big") + part
 
 
 def _json(body: bytes) -> Any:

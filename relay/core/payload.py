@@ -15,8 +15,9 @@ from urllib.parse import parse_qsl, unquote_plus
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from relay.core.exact import exact_fields, exact_text
 from relay.core.fields import FormFields
-from relay.core.multipart import MAX_PARTS, parse_multipart
+from relay.core.multipart import MAX_PARTS, parse_multipart, text_codec
 from relay.core.units import format_instant
 
 
@@ -54,32 +55,49 @@ def parse_json(body: bytes) -> Any:
 MAX_FORM_FIELDS = MAX_PARTS
 
 
+def declared_charset(content_type: str | None) -> str | None:
+    """The charset a Content-Type declares, as Python names it (`cp1251`);
+    None when it declares none, or one that is not a plain text encoding."""
+    for parameter in (content_type or "").split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            return text_codec(value)
+    return None
+
+
 def parse_form(
-    content_type: str | None, body: bytes, *, errors: str = "replace"
+    content_type: str | None, body: bytes, *, exact: bool = False
 ) -> dict[str, str] | None:
     """Form fields of a urlencoded or multipart body (first value of a repeated
     field; uploaded files are not fields), else None; None too for a body of
     more than MAX_FORM_FIELDS fields (no sender's form has that many).
 
-    Bytes that are not UTF-8 (a cp1251 form, raw or percent-encoded) become
-    U+FFFD; with `errors="surrogateescape"` each is kept as a surrogate
-    instead, as idempotency keys need (relay.ingress.keys): two orders must not
-    become one key."""
+    As people read them: in the charset the Content-Type declares (UTF-8 when
+    it declares none), each byte that cannot be decoded a U+FFFD. `exact`:
+    the exact reading instead (relay.core.exact), for what decides identity:
+    two orders must not become one key."""
     kind = media_type(content_type)
     if kind == "multipart/form-data":
+        errors = "surrogateescape" if exact else "replace"
         parsed = parse_multipart(content_type or "", body, errors)
         return FormFields(parsed) if parsed is not None else None
     if kind != "application/x-www-form-urlencoded":
         return None
+    charset = "utf-8" if exact else declared_charset(content_type) or "utf-8"
     try:
-        text = body.decode("utf-8", "strict" if errors == "replace" else errors)
-    except UnicodeDecodeError:
-        return None
-    try:  # parse_qsl counts the separators before it parses anything
-        pairs = parse_qsl(
-            text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS, errors=errors
-        )
-    except ValueError:
+        text = exact_text(body) if exact else body.decode(charset)
+        # parse_qsl counts the separators before it parses anything.
+        if exact:
+            pairs = exact_fields(text, MAX_FORM_FIELDS)
+        else:
+            pairs = parse_qsl(
+                text,
+                keep_blank_values=True,
+                max_num_fields=MAX_FORM_FIELDS,
+                encoding=charset,
+                errors="replace",
+            )
+    except (UnicodeDecodeError, ValueError):
         return None
     fields = FormFields()
     for name, value in pairs:
@@ -101,9 +119,12 @@ def strip_form_fields(content_type: str | None, body: bytes, names: Iterable[str
     return b"&".join(kept)
 
 
-def parse_query(query: str, *, errors: str = "replace") -> dict[str, str]:
+def parse_query(query: str, *, exact: bool = False) -> dict[str, str]:
+    """A query string's fields (the first value of a repeated one), as people
+    read them (U+FFFD for bytes that are not UTF-8) or `exact`ly."""
+    pairs = exact_fields(query) if exact else parse_qsl(query, keep_blank_values=True)
     fields: dict[str, str] = {}
-    for name, value in parse_qsl(query, keep_blank_values=True, errors=errors):
+    for name, value in pairs:
         fields.setdefault(name, value)
     return fields
 

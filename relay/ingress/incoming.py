@@ -16,6 +16,7 @@ from multidict import CIMultiDictProxy
 from relay.config import RouteConfig, RouteTarget
 from relay.core.budget import TemplateError
 from relay.core.canonical import payload_digest
+from relay.core.exact import exact_text, stored_key
 from relay.core.payload import (
     Payload,
     first_header,
@@ -24,7 +25,6 @@ from relay.core.payload import (
     storable,
     template_context,
 )
-from relay.ingress.keys import stored_key
 from relay.store import NewDelivery, Status
 
 if TYPE_CHECKING:  # Jinja2 is loaded by the first template a config holds
@@ -84,10 +84,10 @@ class Incoming:
         return self.payload.query_fields
 
     @functools.cached_property
-    def key_form(self) -> dict[str, str] | None:
-        """The form as keys read it: bytes that are not UTF-8 kept (as
-        surrogates, which `stored_key` escapes), not folded into U+FFFD."""
-        return parse_form(self.content_type, self.body, errors="surrogateescape")
+    def exact_form(self) -> dict[str, str] | None:
+        """The form as identity reads it (relay.core.exact): bytes that are not
+        UTF-8 kept (as surrogates, which `stored_key` escapes), not folded into U+FFFD."""
+        return parse_form(self.content_type, self.body, exact=True)
 
     @property
     def digest(self) -> bytes:
@@ -100,19 +100,20 @@ class Incoming:
     def render(self, template: Template) -> str:
         return template.render(self.context(template.variables))
 
-    def render_key(self, template: Template) -> str:
-        """A key template's output, keeping every byte: the raw body and query
-        values are decoded with undecodable bytes kept (as surrogates, which
-        `stored_key` escapes), where other templates see U+FFFD. Headers
-        keep theirs already (relay.ingress.http1); JSON holds only valid UTF-8."""
+    def render_exact(self, template: Template) -> str:
+        """What a key or an ordering key renders to, with every byte kept
+        (relay.core.exact), as `stored_key` stores it: the raw body and the
+        query and form values keep each byte that is not UTF-8, where other
+        templates see U+FFFD. Headers keep theirs already (relay.ingress.http1);
+        JSON holds only valid UTF-8."""
         values = self.context(template.variables)
         if "body" in values:
-            values["body"] = self.body.decode("utf-8", errors="surrogateescape")
+            values["body"] = exact_text(self.body)
         if "query" in values:
-            values["query"] = parse_query(self.query, errors="surrogateescape")
+            values["query"] = parse_query(self.query, exact=True)
         if "form" in values:
-            values["form"] = self.key_form
-        return template.render(values)
+            values["form"] = self.exact_form
+        return stored_key(template.render(values).strip())
 
 
 def idempotency_key(
@@ -123,12 +124,12 @@ def idempotency_key(
     the usual key headers. Ingress and `relay render` both ask here."""
     if route.idempotency_key is not None:
         try:
-            key = incoming.render_key(route.idempotency_key).strip()
+            key = incoming.render_exact(route.idempotency_key)
         except TemplateError:
             return None
     else:
-        key = source_key or first_header(incoming.headers, KEY_HEADERS) or ""
-    return stored_key(key) if key else None
+        key = stored_key(source_key or first_header(incoming.headers, KEY_HEADERS) or "")
+    return key or None
 
 
 def plan_deliveries(route: RouteConfig, incoming: Incoming) -> list[NewDelivery]:
@@ -167,12 +168,13 @@ MAX_ORDER_KEY = 200
 
 
 def _ordered(route_target: RouteTarget, incoming: Incoming) -> NewDelivery:
-    """A pending delivery with its ordering key; dead when the key cannot be
-    worked out (never sent out of order). An empty key orders nothing."""
+    """A pending delivery with its ordering key, read exactly (two orders whose
+    ids differ only in bytes that are not UTF-8 are two lines); dead when the
+    key cannot be worked out (never sent out of order). An empty key orders nothing."""
     if route_target.order_by is None:
         return NewDelivery(route_target.target)
     try:
-        key = incoming.render(route_target.order_by).strip()
+        key = incoming.render_exact(route_target.order_by)
     except TemplateError as error:
         return NewDelivery(route_target.target, Status.DEAD, storable(f"order_by: {error}"))
     if len(key) > MAX_ORDER_KEY:

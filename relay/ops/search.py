@@ -31,8 +31,9 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from relay.core.payload import media_type, parse_form, parse_json, parse_query
-from relay.core.secrets import Masker, inbound_secrets, is_sensitive_header
+from relay.core.exact import as_text, exact_text
+from relay.core.payload import declared_charset, media_type, parse_form, parse_json, parse_query
+from relay.core.secrets import Masker, inbound_secrets, is_sensitive_header, sensitive_name
 from relay.store import IndexSource, SearchDocument, TextSearch
 
 log = logging.getLogger("relay.search")
@@ -128,18 +129,26 @@ def document(
 ) -> SearchDocument:
     """The indexed text of one event; bounded work whatever the body holds.
 
-    Credentials never enter the index: sensitive headers are left out, and
-    configured secrets and the request's own credential fields (found by name,
-    as every view masks them) are masked, so a search for a token finds nothing.
+    Read exactly (relay.core.exact): bytes that are not UTF-8 are not folded
+    into U+FFFD, so two orders stay two texts; each such value is indexed in
+    the charset the request declares, or with those bytes written `\\xNN`.
+
+    Credentials never enter the index: sensitive headers and fields named like
+    credentials are left out, and configured secrets and the request's own
+    credential values (wherever else they show) are masked, so a search for a
+    token finds nothing.
     """
     inbound = inbound_secrets(query, content_type, body[:MAX_BODY_BYTES])
     if inbound:  # the request's own credentials (an api_key field, a ?token=)
         masker = masker.merged(Masker(inbound))
     values: list[str] = [
-        value for name, value in headers if value and not is_sensitive_header(name)
+        as_text(value) for name, value in headers if value and not is_sensitive_header(name)
     ]
-    values += [value for _, value in parse_query(query).items() if value]
-    values += body_values(content_type, body[:MAX_BODY_BYTES])
+    values += map(as_text, _field_values(parse_query(query, exact=True).items()))
+    charset = declared_charset(content_type)
+    values += (
+        as_text(value, charset) for value in body_values(content_type, body[:MAX_BODY_BYTES])
+    )
     # One value per line: a run of digits never joins two values ("8999…67" and a
     # quantity "100" beside it are two numbers, not one).
     joined = masker.text("\n".join(values))[:MAX_TEXT_CHARS]
@@ -152,27 +161,33 @@ def document(
 
 
 def body_values(content_type: str | None, body: bytes) -> list[str]:
-    """The values a body carries: decoded JSON, form or multipart fields, else its text."""
+    """The values a body carries, read exactly: decoded JSON, form or multipart
+    fields (not those named like credentials), else its text."""
     kind = media_type(content_type)
     if kind == "application/json" or kind.endswith("+json") or body.lstrip()[:1] in (b"{", b"["):
         parsed = parse_json(body)
         if parsed is not None:
             return list(_json_values(parsed))
-    form = parse_form(content_type, body)
+    form = parse_form(content_type, body, exact=True)
     if form is not None:
-        return [value for value in form.values() if value]
-    return [body.decode("utf-8", errors="replace")]
+        return _field_values(form.items())
+    return [exact_text(body)]
+
+
+def _field_values(fields: Iterable[tuple[str, str]]) -> list[str]:
+    return [value for name, value in fields if value and not sensitive_name(name)]
 
 
 def _json_values(value: Any) -> Iterator[str]:
-    """Scalar values of a JSON document, depth-first, at most MAX_VALUES of them."""
+    """Scalar values of a JSON document, depth-first, at most MAX_VALUES of
+    them; nothing under a key named like a credential."""
     stack: list[Any] = [value]
     seen = 0
     while stack and seen < MAX_VALUES:
         item = stack.pop()
         seen += 1
         if isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
+            stack.extend(reversed([v for k, v in item.items() if not sensitive_name(str(k))]))
         elif isinstance(item, list):
             stack.extend(reversed(item))
         elif isinstance(item, str):

@@ -99,7 +99,7 @@ class Tilda:
 def _tilda_fields(incoming: Incoming, *, keyed: bool = False) -> dict[str, Any]:
     """The lead's fields: the form, or the JSON object Tilda sends instead
     (`keyed`: with bytes that are not UTF-8 kept, for its key)."""
-    form = incoming.key_form if keyed else incoming.form
+    form = incoming.exact_form if keyed else incoming.form
     if form is not None:
         return dict(form)
     data = incoming.json

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from relay.app import Relay
-from relay.ingress.keys import key_bytes
+from relay.core.exact import key_bytes
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from relay.core.exact import key_bytes, stored_key
 from relay.core.fields import FormFields
 from relay.core.payload import MAX_FORM_FIELDS, parse_form
-from relay.ingress.keys import key_bytes, stored_key
 from relay.templates import compile_template, marking_defaults
 
 
