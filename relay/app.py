@@ -25,7 +25,7 @@ from relay.background.indexer import SearchIndexer
 from relay.background.leadership import CHECK_EVERY, Leadership
 from relay.background.memory import QUIET_SECONDS, MemoryRelease
 from relay.background.retention import RetentionJob
-from relay.config import Config, ConfigError, Listen, load_config
+from relay.config import Config, ConfigError, Listen
 from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
 from relay.core.errors import describe
@@ -35,14 +35,15 @@ from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.ingress.guard import ConnectionCap, connection_limits
 from relay.ingress.httplog import server_log
 from relay.ingress.listener import Ingress
-from relay.kinds.registry import build_target
+from relay.kinds.target import Target
+from relay.loader import load_config
+from relay.loader.registry import build_target
 from relay.ops import logs
 from relay.ops.logs import log_attempt
 from relay.ops.metrics import Metrics
 from relay.ops.systemd import Notifier, watchdog
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
-from relay.targets import Target
 
 log = logging.getLogger("relay")
 

@@ -16,7 +16,8 @@ from pytest_aiohttp import AiohttpServer
 sys.path.insert(0, str(Path(__file__).parent))
 
 from relay.app import Relay
-from relay.config import Config, parse_config
+from relay.config import Config
+from relay.loader import parse_config
 from relay.store import Store
 from relay.store.postgres import PostgresStore
 

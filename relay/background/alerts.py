@@ -33,7 +33,7 @@ from relay.store import (
     Status,
     StoreError,
 )
-from relay.targets import ALERTS_ROUTE
+from relay.targets.alerting import ALERTS_ROUTE
 
 log = logging.getLogger("relay.alerts")
 

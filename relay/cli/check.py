@@ -24,7 +24,7 @@ from relay.config import Config, TargetConfig
 from relay.core.secrets import Masker
 from relay.core.units import format_size
 from relay.delivery.retry import describe_schedule
-from relay.kinds.registry import target_kind
+from relay.loader.registry import target_kind
 from relay.store.lock import lock_path
 
 

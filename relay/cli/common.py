@@ -20,9 +20,10 @@ from typing import Any, NoReturn, TypeVar
 import orjson
 
 from relay.cli.envfile import parse_env_file
-from relay.config import Config, ConfigError, OperatorConfig, load_config, load_operator_config
+from relay.config import Config, ConfigError
 from relay.core.clock import SystemClock
 from relay.core.closest import closest
+from relay.loader import OperatorConfig, load_config, load_operator_config
 from relay.ops.actions import Actions
 from relay.ops.inputs import BadRequest, instant, row_id, whole_number
 from relay.store import Store, open_store

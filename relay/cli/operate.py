@@ -27,9 +27,9 @@ from relay.cli.common import (
     time_window,
     who,
 )
-from relay.config import OperatorConfig
 from relay.core.localtime import Zone, format_iso_local
 from relay.core.units import format_duration
+from relay.loader import OperatorConfig
 from relay.ops.actions import Actions
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import audit_view, delivery_summary, stats_view

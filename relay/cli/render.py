@@ -47,10 +47,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def render(args: argparse.Namespace) -> int:
     # The pipeline's modules (sources, targets with aiohttp's client, Jinja2) are
     # imported by the command that runs them, not by every `relay` command.
-    from relay.ingress.incoming import Incoming, idempotency_key, plan_deliveries
-    from relay.kinds.registry import build_source, build_target
+    from relay.core.incoming import Incoming
+    from relay.ingress.plan import idempotency_key, plan_deliveries
+    from relay.kinds.source import Ping, Reject
+    from relay.loader.registry import build_source, build_target
     from relay.ops.resend import unsent_envelope
-    from relay.sources import Ping, Reject
     from relay.targets.base import unstored_event_id
     from relay.templates import TemplateError, marking_defaults
 

@@ -1,15 +1,11 @@
-"""Configuration: one TOML file read into frozen objects (see `model`).
-
-Layered so that no import runs in a circle: `reader` (TOML primitives:
-Section, ConfigError), `files` and `model` sit below the kinds (each target
-type's and source's module reads its own keys with them); `load` and
-`operator`, which know the kinds (relay.kinds), sit above, and are imported
-from here only when first asked for.
+"""Configuration's primitives: the frozen objects a config is read into
+(`model`), reading a TOML section (`reader`), files and retry policies, and
+what kinds' settings share (`shared`). Imported by everything, knowing no
+kind: each target type's and source's module reads its own keys with them.
+Reading a whole file, which knows every kind, is relay.loader.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from relay.config.model import (
     AdminConfig,
@@ -28,28 +24,6 @@ from relay.config.model import (
 )
 from relay.config.reader import ConfigError
 
-if TYPE_CHECKING:
-    from relay.config.load import load_config, parse_config
-    from relay.config.operator import OperatorConfig, load_operator_config
-
-# The kind-aware readers, by name: imported on first use (PEP 562).
-_ABOVE_THE_KINDS = {
-    "load_config": "relay.config.load",
-    "parse_config": "relay.config.load",
-    "OperatorConfig": "relay.config.operator",
-    "load_operator_config": "relay.config.operator",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _ABOVE_THE_KINDS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'relay.config' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
 __all__ = [
     "AdminConfig",
     "AlertsConfig",
@@ -58,7 +32,6 @@ __all__ = [
     "ConfigError",
     "Listen",
     "LogConfig",
-    "OperatorConfig",
     "Rate",
     "RetryPolicy",
     "RouteConfig",
@@ -66,7 +39,4 @@ __all__ = [
     "ServerConfig",
     "StorageConfig",
     "TargetConfig",
-    "load_config",
-    "load_operator_config",
-    "parse_config",
 ]

@@ -36,6 +36,7 @@ from relay.delivery.retry import (
     probe_delay,
     receiver_wait,
 )
+from relay.kinds.target import Envelope, Target
 from relay.store import (
     AttemptKind,
     AttemptRecord,
@@ -52,7 +53,6 @@ from relay.store import (
     Transition,
     Waits,
 )
-from relay.targets import Envelope, Target
 
 log = logging.getLogger("relay.scheduler")
 

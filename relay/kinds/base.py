@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from relay.config.model import Rate, RouteConfig
     from relay.config.reader import Section
     from relay.core.secrets import Masker
-    from relay.sources.base import Source
-    from relay.targets.base import Target
+    from relay.kinds.source import Source
+    from relay.kinds.target import Target
     from relay.templates import Template
 
 S = TypeVar("S")
@@ -53,7 +53,7 @@ class TargetKind(Generic[S]):
     # The `type` of a [targets.NAME] table.
     name: str
     # Reads this kind's own keys of the table (the common ones, such as
-    # `retry` and `concurrency`, are read by relay.config.targets); a bad
+    # `retry` and `concurrency`, are read by relay.loader.targets); a bad
     # value is a ConfigError naming the key. `base` resolves relative paths.
     parse: Callable[[Section, Path], S]
     # The target that sends: (its name, settings, concurrency). Its module is

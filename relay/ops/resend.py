@@ -41,9 +41,9 @@ from relay.core.secrets import (
     shown,
     shown_body,
 )
-from relay.kinds.registry import build_target
+from relay.kinds.target import Envelope
+from relay.loader.registry import build_target
 from relay.store import ClaimedDelivery, EventDetail, Header, Resend, Status
-from relay.targets import Envelope
 from relay.targets.base import unstored_event_id
 
 # Headers that describe the original body, not the edited one.

@@ -11,7 +11,7 @@ from relay.core.outcome import SentRequest
 from relay.core.payload import event_fields
 from relay.core.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.core.units import count, format_instant
-from relay.kinds.registry import target_kind
+from relay.loader.registry import target_kind
 from relay.store import (
     AttemptView,
     AuditEntry,

@@ -6,16 +6,11 @@ from typing import TYPE_CHECKING
 
 from relay.config.model import Answer, RouteConfig
 from relay.kinds.base import SourceKind
-from relay.sources.base import (
-    Accept,
-    Check,
-    Source,
-    joined_key,
-    json_field,
-)
+from relay.kinds.source import Accept, Check, Source
+from relay.sources.base import joined_key, json_field
 
 if TYPE_CHECKING:
-    from relay.ingress.incoming import Incoming
+    from relay.core.incoming import Incoming
 
 
 def build(settings: None) -> Source:

@@ -8,19 +8,13 @@ from typing import TYPE_CHECKING, Literal
 
 from relay.config.model import Answer
 from relay.config.reader import Section
-from relay.config.sources import secret_list
+from relay.config.shared import secret_list
 from relay.kinds.base import SourceKind
-from relay.sources.base import (
-    ACCEPT,
-    Check,
-    Reject,
-    Source,
-    hmac_signatures,
-    matches_any,
-)
+from relay.kinds.source import ACCEPT, Check, Reject, Source
+from relay.sources.base import hmac_signatures, matches_any
 
 if TYPE_CHECKING:
-    from relay.ingress.incoming import Incoming
+    from relay.core.incoming import Incoming
 
 
 HmacAlgorithm = Literal["sha1", "sha256", "sha512"]

@@ -11,19 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from relay.config.model import Answer
 from relay.config.reader import ConfigError, Section
-from relay.config.sources import secret_list, whpk, whsec
+from relay.config.shared import secret_list, whpk, whsec
 from relay.kinds.base import SenderRetry, SourceKind
-from relay.sources.base import (
-    Accept,
-    Check,
-    Reject,
-    Source,
-    hmac_signatures,
-    matches_any,
-)
+from relay.kinds.source import Accept, Check, Reject, Source
+from relay.sources.base import hmac_signatures, matches_any
 
 if TYPE_CHECKING:
-    from relay.ingress.incoming import Incoming
+    from relay.core.incoming import Incoming
 
 
 # The signatures' header in the Standard Webhooks spec (standard-webhooks/spec,

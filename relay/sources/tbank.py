@@ -9,20 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from relay.config.model import Answer
 from relay.config.reader import Section
-from relay.config.sources import secret_list
+from relay.config.shared import secret_list
 from relay.kinds.base import SenderRetry, SourceKind
-from relay.sources.base import (
-    Accept,
-    Check,
-    Reject,
-    Source,
-    joined_key,
-    matches_any,
-    text_answer,
-)
+from relay.kinds.source import Accept, Check, Reject, Source
+from relay.sources.base import joined_key, matches_any, text_answer
 
 if TYPE_CHECKING:
-    from relay.ingress.incoming import Incoming
+    from relay.core.incoming import Incoming
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,13 @@ from typing import TYPE_CHECKING
 
 from relay.config.model import Answer
 from relay.config.reader import Section
-from relay.config.sources import secret_list
+from relay.config.shared import secret_list
 from relay.kinds.base import SourceKind
-from relay.sources.base import (
-    Accept,
-    Check,
-    Reject,
-    Source,
-    json_field,
-    matches_any,
-    text_answer,
-)
+from relay.kinds.source import Accept, Check, Reject, Source
+from relay.sources.base import json_field, matches_any, text_answer
 
 if TYPE_CHECKING:
-    from relay.ingress.incoming import Incoming
+    from relay.core.incoming import Incoming
 
 
 # The secret_token given to setWebhook comes back in this header

@@ -8,20 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from relay.config.model import Answer, RouteConfig
 from relay.config.reader import Section
-from relay.config.sources import secret_list
+from relay.config.shared import secret_list
 from relay.kinds.base import SourceKind
-from relay.sources.base import (
-    Accept,
-    Check,
-    Ping,
-    Reject,
-    Source,
-    matches_any,
-    text_answer,
-)
+from relay.kinds.source import Accept, Check, Ping, Reject, Source
+from relay.sources.base import matches_any, text_answer
 
 if TYPE_CHECKING:
-    from relay.ingress.incoming import Incoming
+    from relay.core.incoming import Incoming
 
 
 # The header Tilda's form webhook may carry its API key in (the route can name another).

@@ -9,22 +9,13 @@ from typing import TYPE_CHECKING
 
 from relay.config.model import Answer
 from relay.config.reader import Section
-from relay.config.sources import secret_list
+from relay.config.shared import secret_list
 from relay.kinds.base import SourceKind
-from relay.sources.base import (
-    Accept,
-    Check,
-    Ping,
-    Reject,
-    Source,
-    hmac_signatures,
-    json_field,
-    matches_any,
-    text_answer,
-)
+from relay.kinds.source import Accept, Check, Ping, Reject, Source
+from relay.sources.base import hmac_signatures, json_field, matches_any, text_answer
 
 if TYPE_CHECKING:
-    from relay.ingress.incoming import Incoming
+    from relay.core.incoming import Incoming
 
 
 # Where WooCommerce puts its base64 HMAC-SHA256 of the body

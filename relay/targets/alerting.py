@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.core.outcome import Outcome
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.targets.base import Envelope, Target
+from relay.kinds.target import Envelope, Target
 
 if TYPE_CHECKING:
     from relay.config.model import TargetConfig

@@ -15,7 +15,8 @@ from relay.config.files import folder_problem
 from relay.config.reader import ConfigError, Section
 from relay.core.outcome import Outcome
 from relay.kinds.base import TargetKind
-from relay.targets.base import Envelope, Target, envelope_event
+from relay.kinds.target import Envelope, Target
+from relay.targets.base import envelope_event
 
 if TYPE_CHECKING:
     from relay.core.secrets import Masker

@@ -24,21 +24,14 @@ from yarl import URL
 from relay import __version__
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
-from relay.config.sources import secret_list, whsec
+from relay.config.shared import secret_list, whsec
 from relay.core.budget import TemplateError
 from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest, Verdict
 from relay.core.payload import EVENT_VARIABLES, media_type
 from relay.core.secrets import Masker
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.targets.base import (
-    Envelope,
-    Target,
-    context,
-    relay_headers,
-    render_map,
-    rendered,
-    variables,
-)
+from relay.kinds.target import Envelope, Target
+from relay.targets.base import context, relay_headers, render_map, rendered, variables
 from relay.targets.signing import signature_headers, webhook_id
 
 if TYPE_CHECKING:

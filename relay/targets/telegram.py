@@ -25,7 +25,8 @@ from relay.core.budget import TemplateError
 from relay.core.outcome import Outcome
 from relay.core.payload import EVENT_VARIABLES
 from relay.kinds.base import AlertTemplates, TargetKind
-from relay.targets.base import Envelope, Target, context, rendered, variables
+from relay.kinds.target import Envelope, Target
+from relay.targets.base import context, rendered, variables
 from relay.targets.http import (
     USER_AGENT,
     Outbound,

@@ -22,12 +22,13 @@ from docs.kitchen_sink import SOURCE_OPTIONS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay.config import ConfigError, parse_config
+from relay.config import ConfigError
 from relay.config.reader import Section
+from relay.core.incoming import Incoming
 from relay.core.payload import Payload, parse_form, parse_json
-from relay.ingress.incoming import Incoming
-from relay.kinds import SOURCE_KINDS
-from relay.sources.base import Accept, Ping, Reject
+from relay.kinds.source import Accept, Ping, Reject
+from relay.loader import parse_config
+from relay.loader.registry import source_kinds
 
 from figures import record_figures
 from helpers import RelayProcess, write_config
@@ -307,13 +308,13 @@ def test_body_parsers_never_raise(content_type: str, body: bytes) -> None:
 
 def _sources() -> list[Any]:
     built = []
-    for kind in SOURCE_KINDS:
+    for kind in source_kinds():
         options = {"source": kind, **SOURCE_OPTIONS.get(kind, {})}
         if kind in ("generic",):
             options["token"] = "t"
         if kind == "tilda":
             options["api_key"] = "k"
-        source = SOURCE_KINDS[kind]
+        source = source_kinds()[kind]
         built.append(source.build(source.parse(Section(options, "routes.r"))))
     return built
 

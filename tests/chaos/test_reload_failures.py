@@ -21,7 +21,7 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from relay.app import Relay
-from relay.config import load_config
+from relay.loader import load_config
 
 from helpers import RelayProcess, eventually, relay_cli, to_toml, write_config
 
@@ -184,7 +184,7 @@ async def test_reload_whose_new_target_cannot_start_keeps_the_running_config(
         (tmp_path / "later").write_text("now a file")
         with pytest.raises(NotADirectoryError):
             await relay.reload(config)
-        assert relay.config.targets["audit"].settings != config.targets["audit"].settings
+        assert relay.loader.targets["audit"].settings != config.targets["audit"].settings
     finally:
         await relay.stop()
 

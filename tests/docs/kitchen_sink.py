@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from relay.config import parse_config
-from relay.kinds import SOURCE_KINDS as SOURCES
+from relay.loader import parse_config
+from relay.loader.registry import source_kinds
 
 TARGETS: dict[str, dict[str, Any]] = {
     "http": {
@@ -63,7 +63,7 @@ def every_key() -> set[str]:
             "strip_fields": ["api_key"],
             **SOURCE_OPTIONS.get(source, {}),
         }
-        for source in SOURCES
+        for source in source_kinds()
     }
     parse_config(
         {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from relay.cli import parser
-from relay.kinds import SOURCE_KINDS, TARGET_KINDS
+from relay.loader.registry import source_kinds, target_kinds
 
 from kitchen_sink import TARGETS, every_key
 
@@ -31,9 +31,9 @@ def test_every_config_key_is_in_the_reference() -> None:
 def test_every_kind_is_in_the_kitchen_sink_and_the_reference() -> None:
     # Derived from the registries: a kind registered without its docs (or
     # without a table here, so that its keys are never asked for) fails.
-    assert {table["type"] for table in TARGETS.values()} == set(TARGET_KINDS)
-    assert [name for name in TARGET_KINDS if f'### `type = "{name}"`' not in REFERENCE] == []
-    assert [name for name in SOURCE_KINDS if f"| `{name}` |" not in REFERENCE] == []
+    assert {table["type"] for table in TARGETS.values()} == set(target_kinds())
+    assert [name for name in target_kinds() if f'### `type = "{name}"`' not in REFERENCE] == []
+    assert [name for name in source_kinds() if f"| `{name}` |" not in REFERENCE] == []
 
 
 def test_every_config_key_is_in_the_example_config() -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from relay.config import ConfigError, load_config
-from relay.config.load import MIN_TOKEN_BITS, token_bits
+from relay.config import ConfigError
+from relay.loader import load_config
+from relay.loader.load import MIN_TOKEN_BITS, token_bits
 
 from helpers import RelayProcess, relay_cli, write_config
 

@@ -141,7 +141,7 @@ def test_the_heavy_list_is_what_serve_really_loads(config: Path) -> None:
             sys.executable,
             "-c",
             "import json, sys; from pathlib import Path; import relay.app;"
-            " from relay.config import load_config; load_config(Path(sys.argv[1]), {});"
+            " from relay.loader import load_config; load_config(Path(sys.argv[1]), {});"
             " print(json.dumps(sorted(sys.modules)))",
             str(config),
         ],
@@ -179,7 +179,7 @@ import asyncio, json, sys
 from pathlib import Path
 import aiohttp
 from relay.app import Relay
-from relay.config import load_config
+from relay.loader import load_config
 
 async def main():
     relay = Relay(load_config(Path(sys.argv[2]), {}))

@@ -23,8 +23,8 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from relay.cli.setup import starter_config
-from relay.config import parse_config
 from relay.core.clock import FakeClock
+from relay.loader import parse_config
 
 from conftest import RelayFactory, SinkFactory
 from helpers import admin_credentials, free_port, relay_cli

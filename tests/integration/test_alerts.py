@@ -17,8 +17,8 @@ from aiohttp import web
 from aiosmtpd.controller import Controller
 
 from relay.background.alerts import ALERTS_ROUTE
-from relay.config import parse_config
 from relay.core.clock import FakeClock
+from relay.loader import parse_config
 from relay.store import EventQuery
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory

@@ -22,27 +22,25 @@ import pytest
 
 from relay.cli.advice import warnings
 from relay.cli.check import describe as check_text
-from relay.config import Answer, ConfigError, RouteConfig, load_operator_config
+from relay.config import Answer, ConfigError, RouteConfig
 from relay.config.reader import Section
 from relay.core.clock import FakeClock
+from relay.core.incoming import Incoming
 from relay.core.outcome import Outcome
 from relay.core.secrets import Masker, is_sensitive_header
-from relay.ingress.incoming import Incoming
-from relay.kinds import (
-    AlertTemplates,
-    SenderRetry,
-    SourceKind,
-    TargetKind,
+from relay.kinds import AlertTemplates, SenderRetry, SourceKind, TargetKind
+from relay.kinds.source import Accept, Check, Reject, Source
+from relay.kinds.target import Envelope, Target
+from relay.loader import load_operator_config
+from relay.loader.registry import (
     register_source,
     register_target,
     unregister_source,
     unregister_target,
 )
 from relay.ops.views import rejection_view, target_view
-from relay.sources import Accept, Check, Reject, Source
 from relay.sources.base import matches_any
 from relay.store import EventQuery, Status
-from relay.targets.base import Envelope, Target
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import eventually, post_events, write_config

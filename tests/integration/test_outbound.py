@@ -24,9 +24,9 @@ from aiohttp import web
 from relay.app import Relay
 from relay.cli.advice import warnings
 from relay.config import ConfigError
-from relay.config.load import load_config
 from relay.core.clock import FakeClock
 from relay.core.secrets import Masker
+from relay.loader.load import load_config
 from relay.ops.logs import TextFormatter
 from relay.store import EventDetail
 

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from relay import app
-from relay.config import load_config
 from relay.core.clock import FakeClock
+from relay.loader import load_config
 from relay.ops.search import parse_search
 from relay.ops.systemd import Notifier
 from relay.store import EventQuery

@@ -133,7 +133,7 @@ async def test_cli_purge(
             "routes": {"done": {"path": "/done", "targets": ["ok"]}},
         },
     )
-    from relay.config import load_config
+    from relay.loader import load_config
 
     relay = await start_relay(load_config(path, {}), background=False)
     await post(relay, http, "/done", "a")

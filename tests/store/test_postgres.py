@@ -27,7 +27,8 @@ from relay.core.clock import FakeClock
 from relay.core.payload import Payload
 from relay.core.pgurl import masked_url
 from relay.delivery.scheduler import AttemptReport, Scheduler
-from relay.kinds.registry import build_target
+from relay.kinds.target import Target
+from relay.loader.registry import build_target
 from relay.store import (
     AttemptKind,
     AttemptRecord,
@@ -50,7 +51,6 @@ from relay.store.postgres import PostgresStore
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.schema import LATEST
-from relay.targets import Target
 
 from conftest import ConfigFactory
 from helpers import eventually as poll_until

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from relay.cli.check import describe, durability_warnings
-from relay.config import ConfigError, load_config, load_operator_config, parse_config
+from relay.config import ConfigError
+from relay.loader import load_config, load_operator_config, parse_config
 from relay.targets.file import FileSettings
 from relay.targets.http import HttpSettings
 
@@ -278,7 +279,7 @@ def test_an_error_about_a_value_never_shows_what_a_reference_put_in_it() -> None
 def test_a_commands_error_about_the_storage_url_never_shows_its_password(
     tmp_path: Path,
 ) -> None:
-    # Operator commands read only [storage] (relay.config.operator): the same rule.
+    # Operator commands read only [storage] (relay.loader.operator): the same rule.
     path = tmp_path / "relay.toml"
     path.write_text('[storage]\nurl = "mysql://relay:${PGPASSWORD}@db/relay"\n')
     with pytest.raises(ConfigError) as raised:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from relay.config import ConfigError, load_config
+from relay.config import ConfigError
+from relay.loader import load_config
 
 from helpers import write_config
 
@@ -102,7 +103,7 @@ def test_file_target_folder_the_service_user_cannot_create() -> None:
         script = (
             "import sys\n"
             "from pathlib import Path\n"
-            "from relay.config import ConfigError, load_config\n"
+            "from relay.config import ConfigError\nfrom relay.loader import load_config\n"
             "try:\n    load_config(Path(sys.argv[1]), {})\n"
             "except ConfigError as error:\n    print(error)\n"
         )

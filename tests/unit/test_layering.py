@@ -1,6 +1,9 @@
-"""The import graph of relay/ has no cycle and no upward edge: read from the
-source, as a maintainer's tool would (imports at the top and inside functions;
-those under TYPE_CHECKING are for types only and run nothing)."""
+"""The import graph of relay/ has no cycle and no upward edge, module by
+module and package by package: read from the source, as a maintainer's tool
+would. Every import counts: at the top, inside functions, and under
+TYPE_CHECKING (a type names its layer as surely as a call does). So does a
+module named in a string by a module that imports by name (the registry's
+built-in kinds): a string must not hide an edge."""
 
 from __future__ import annotations
 
@@ -9,22 +12,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# relay's packages as layers, the lowest first. A module belongs to the longest
-# name here that is it or a package holding it (a package's __init__ is the
-# package's name). A module imports from its own area or from a lower layer:
-# never from a higher one, nor from another package of its own layer (ingress and
-# background, sources and targets, know nothing of each other). The config and
-# the kinds are split: their primitives (reading a TOML section, what a kind
-# declares) sit below the kinds' modules, the parsing that knows every kind
-# above them; both packages' __init__ load the upper half only when used.
+# relay's packages as layers, the lowest first: a module imports from its
+# own package or from a lower layer, never from a higher one, nor from
+# another package of its own layer (ingress and background, sources and
+# targets, know nothing of each other). Each package is in one layer, whole.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("relay", "relay.compiled", "relay.core"),
     ("relay.templates",),
     ("relay.config",),
     ("relay.kinds",),
     ("relay.sources", "relay.targets"),
-    ("relay.kinds.registry",),
-    ("relay.config.load", "relay.config.targets", "relay.config.operator"),
+    ("relay.loader",),
     ("relay.store",),
     ("relay.delivery",),
     ("relay.ops",),
@@ -44,16 +42,8 @@ def _module(path: Path) -> str:
 class _Imports(ast.NodeVisitor):
     def __init__(self) -> None:
         self.names: list[str] = []
-
-    def visit_If(self, node: ast.If) -> None:
-        test = node.test
-        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-        ):
-            for child in node.orelse:
-                self.visit(child)
-            return
-        self.generic_visit(node)
+        self.strings: list[str] = []
+        self.imports_by_name = False
 
     def visit_Import(self, node: ast.Import) -> None:
         self.names += [alias.name for alias in node.names]
@@ -63,6 +53,15 @@ class _Imports(ast.NodeVisitor):
             self.names.append(node.module)
             self.names += [f"{node.module}.{alias.name}" for alias in node.names]
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and node.value.startswith("relay."):
+            self.strings.append(node.value)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in ("import_module", "__import__"):
+            self.imports_by_name = True
+        self.generic_visit(node)
+
 
 def import_graph() -> dict[str, set[str]]:
     files = {_module(path): path for path in (ROOT / "relay").rglob("*.py")}
@@ -70,8 +69,9 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in files.items():
         visitor = _Imports()
         visitor.visit(ast.parse(path.read_text(encoding="utf-8")))
+        named = visitor.names + (visitor.strings if visitor.imports_by_name else [])
         targets = set()
-        for imported in visitor.names:
+        for imported in named:
             if imported not in files or imported == name:
                 continue
             targets.add(imported)
@@ -83,6 +83,16 @@ def import_graph() -> dict[str, set[str]]:
                     targets.add(package)
         graph[name] = targets
     return graph
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same edges between the areas of LAYERS (relay.store, relay.loader...)."""
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        edges = packages.setdefault(area(module)[1], set())
+        edges.update(area(target)[1] for target in imported)
+        edges.discard(area(module)[1])
+    return packages
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -121,6 +131,37 @@ def test_no_module_of_relay_imports_itself_in_a_circle() -> None:
     graph = import_graph()
     assert len(graph) > 100  # the whole package was read
     assert cycles(graph) == []
+
+
+def test_no_package_of_relay_imports_itself_in_a_circle() -> None:
+    assert cycles(package_graph(import_graph())) == []
+
+
+def test_the_package_check_sees_a_circle_through_a_string() -> None:
+    # A registry naming a kind's module, and the kind typing against the registry.
+    registry = ROOT / "relay" / "loader" / "registry.py"
+    visitor = _Imports()
+    visitor.visit(ast.parse(registry.read_text(encoding="utf-8")))
+    assert "relay.targets.http" in visitor.strings and visitor.imports_by_name
+    graph = {
+        "relay.loader.registry": {"relay.targets.http"},
+        "relay.targets.http": {"relay.loader.registry"},
+    }
+    assert cycles(package_graph(graph)) == [["relay.loader", "relay.targets"]]
+
+
+def test_no_package_loads_its_names_lazily() -> None:
+    # PEP 562 shims (a package __init__ with __getattr__) hid a circle of
+    # packages; the folders now say what imports what.
+    shims = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "relay").rglob("__init__.py")
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    ]
+    assert shims == []
 
 
 def area(module: str) -> tuple[int, str]:

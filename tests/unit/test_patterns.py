@@ -65,13 +65,13 @@ PATTERNS: dict[tuple[str, str], Trusted | Untrusted] = {
     ),
     ("cli/envfile.py", "[A-Za-z_][A-Za-z0-9_]*"): Trusted("a name in the operator's env file"),
     ("cli/setup.py", r'^path = "relay\.db"'): Trusted("relay's own starter config"),
-    ("config/load.py", r"[\w.:@-]{1,100}"): Trusted("[storage] instance_id"),
+    ("loader/load.py", r"[\w.:@-]{1,100}"): Trusted("[storage] instance_id"),
     ("config/reader.py", r"\$\$|\$\{([^}]*)\}"): Trusted("a config string's ${VAR}"),
     ("config/reader.py", "[A-Za-z_][A-Za-z0-9_]*"): Trusted("a ${VAR}'s name"),
     ("config/reader.py", r"[A-Za-z0-9_.\-]+"): Trusted("a ${file:NAME}'s name"),
     ("config/reader.py", r"(\[\d+\])+$"): Trusted("a config key's path"),
-    ("config/targets.py", r"[A-Za-z0-9][A-Za-z0-9_\-]*"): Trusted("a route or target name"),
-    ("config/targets.py", r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*"): Trusted(
+    ("loader/targets.py", r"[A-Za-z0-9][A-Za-z0-9_\-]*"): Trusted("a route or target name"),
+    ("loader/targets.py", r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*"): Trusted(
         "a target's rate"
     ),
     ("core/units.py", r"(\d+(?:\.\d+)?)(ms|s|m|h|d)"): Trusted("a duration in the config"),

@@ -11,7 +11,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import relay.kinds.registry as kinds
 from relay.config.files import folder_problem, read_token_file
 from relay.config.model import (
     AdminConfig,
@@ -29,12 +28,13 @@ from relay.config.model import (
 )
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section, substitute
-from relay.config.sources import parse_answer, parse_networks
-from relay.config.targets import NAME, parse_target
+from relay.config.shared import parse_answer, parse_networks
 from relay.core.localtime import UnknownZone, zone_named
 from relay.core.payload import REQUEST_VARIABLES
 from relay.core.pgurl import masked_url, url_problem
 from relay.core.secrets import Masker
+from relay.loader.registry import source_kinds, target_kinds
+from relay.loader.targets import NAME, parse_target
 
 
 def load_config(path: Path, environ: Mapping[str, str], *, command: bool = False) -> Config:
@@ -167,7 +167,7 @@ def _parse_config(
     # Credentials are masked wherever they show, even when written in the file itself.
     secrets |= _credentials(admin, targets)
     for route in routes.values():
-        secrets.update(kinds.SOURCE_KINDS[route.source_kind].secrets(route.source))
+        secrets.update(source_kinds()[route.source_kind].secrets(route.source))
     return Config(
         server=server,
         storage=storage,
@@ -185,7 +185,7 @@ def _parse_config(
 def _credentials(admin: AdminConfig, targets: Mapping[str, TargetConfig]) -> set[str]:
     found = {admin.token} if admin.token else set()
     for target in targets.values():
-        found.update(kinds.TARGET_KINDS[target.type].secrets(target.settings))
+        found.update(target_kinds()[target.type].secrets(target.settings))
     return found
 
 
@@ -402,7 +402,7 @@ def _route(
                 section.key(f"targets[{index}]"), f'target "{route_target.target}" is listed twice'
             )
         seen.add(route_target.target)
-    source_kind = kinds.SOURCE_KINDS[section.choice("source", kinds.SOURCE_KINDS, "generic")]
+    source_kind = source_kinds()[section.choice("source", source_kinds(), "generic")]
     source = source_kind.parse(section)
     dedup_window = section.duration("dedup_window", None)
     floor = source_kind.dedup_window

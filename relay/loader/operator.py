@@ -14,12 +14,12 @@ from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 
-import relay.kinds.registry as kinds
-from relay.config.load import masked_error, parse_storage, parse_timezone, read_toml
 from relay.config.model import StorageConfig
 from relay.config.reader import ConfigError, Section, substitute
 from relay.core.localtime import Zone, zone_named
 from relay.core.secrets import Masker
+from relay.loader.load import masked_error, parse_storage, parse_timezone, read_toml
+from relay.loader.registry import source_kinds, target_kinds
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ def _inline_credentials(tree: dict[str, object]) -> set[str]:
     # route's `source`): a key that is a secret for one kind (ntfy's `topic`)
     # is plain text for another.
     for group, registry, field, default in (
-        ("targets", kinds.TARGET_KINDS, "type", None),
-        ("routes", kinds.SOURCE_KINDS, "source", "generic"),
+        ("targets", target_kinds(), "type", None),
+        ("routes", source_kinds(), "source", "generic"),
     ):
         tables = tree.get(group)
         for table in tables.values() if isinstance(tables, dict) else ():

@@ -6,12 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# The module, not its names: relay.kinds' modules read the config's own
-# (reader, model), so either package may be imported first.
-import relay.kinds.registry as kinds
 from relay.config.model import Rate, RetryPolicy, TargetConfig
 from relay.config.policy import parse_retry
 from relay.config.reader import ConfigError, Section
+from relay.loader.registry import target_kinds
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
@@ -32,7 +30,7 @@ def parse_target(
 ) -> TargetConfig:
     if not NAME.fullmatch(name):
         raise ConfigError(section.where, "expected a name of letters, digits, _ and -")
-    kind = kinds.TARGET_KINDS[section.choice("type", kinds.TARGET_KINDS)]
+    kind = target_kinds()[section.choice("type", target_kinds())]
     retry = parse_retry(section.section("retry"), default_retry)
     settings = kind.parse(section, base)
     shared_rates = kind.shared_rates(settings)
