@@ -13,6 +13,7 @@ import os
 import random
 import signal
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -70,6 +71,20 @@ def with_admin_token(config: Config) -> Config:
         admin=dataclasses.replace(admin, token=token),
         secrets=config.secrets | {token},
     )
+
+
+@dataclass(frozen=True)
+class Service:
+    """A part of relay that runs beside the listeners until stopped: started
+    in the order of `Relay.services`, stopped in the same order. An essential
+    one must run until then: if it ends any other way, relay stops rather than
+    run without it (procrastinate's `_monitor_side_tasks`), and systemd
+    restarts it."""
+
+    name: str  # its task's name, and what a stop's log line says it is doing
+    run: Callable[[], Coroutine[Any, Any, None]]
+    stop: Callable[[], object]
+    essential: bool = True
 
 
 class StartError(Exception):
@@ -176,12 +191,28 @@ class Relay:
             leading=self._leading,
             route_health=self._route_health,
         )
+        grace = config.server.shutdown_timeout
+        # Everything that runs beside the listeners, in the order it starts and stops.
+        self.services = [
+            Service("scheduler", self.scheduler.run, lambda: self.scheduler.stop(grace)),
+            Service("retention", self.retention.run, self.retention.stop),
+            Service("search-indexer", self.indexer.run, self.indexer.stop),
+            Service("database-watch", self.database_watch.run, self.database_watch.stop),
+            Service("memory-release", self.memory.run, self.memory.stop, essential=False),
+            Service("alerts", self.alerter.run, self.alerter.stop),
+        ]
+        if shared is not None:
+            # Other instances' new events and operator actions wake this one.
+            listening = Listening(lambda: shared.listen(self._woken))
+            self.services += [
+                Service("wake-ups", listening.run, listening.stop),
+                Service("leadership", self.leadership.run, self.leadership.stop),
+            ]
         self._lock = serve_lock(config.storage)
         self._runners: dict[str, web.BaseRunner] = {}
         self._ingress_listener: asyncio.Server | None = None
         self.connection_caps: dict[str, ConnectionCap | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._listening: asyncio.Task[None] | None = None
         self._opened: list[Callable[[], object]] = []
         self._stopping = False
         # Set when a background task ends while relay is not stopping: `serve()`
@@ -215,12 +246,6 @@ class Relay:
     def _accepted(self, route: str) -> None:
         self.scheduler.arrived(route)
         self.indexer.noticed()  # it indexes once arrivals pause, not amid them
-
-    def _stop_listening(self) -> None:
-        # It listens until cancelled: there is no "done" for other instances' news.
-        if self._listening is not None:
-            self._listening.cancel()
-            self._listening = None
 
     def _woken(self, what: str) -> None:
         if what == "pause":
@@ -256,9 +281,7 @@ class Relay:
     def _spawn(
         self, coroutine: Coroutine[Any, Any, None], name: str, *, essential: bool = False
     ) -> None:
-        """Run `coroutine` in the background. An essential task must run until
-        `stop()`: if it ends any other way, relay stops rather than run without it
-        (procrastinate's `_monitor_side_tasks`)."""
+        """Run `coroutine` in the background (see `Service` for `essential`)."""
         self._tasks = [task for task in self._tasks if not task.done()]
         task = asyncio.create_task(coroutine, name=name)
         task.add_done_callback(self._essential_ended if essential else self._helper_ended)
@@ -352,18 +375,8 @@ class Relay:
             for target in self.targets.values():
                 await target.start()
             if background:
-                self._spawn(self.scheduler.run(), "scheduler", essential=True)
-                self._spawn(self.alerter.run(), "alerts", essential=True)
-                self._spawn(self.retention.run(), "retention", essential=True)
-                self._spawn(self.indexer.run(), "search-indexer", essential=True)
-                self._spawn(self.database_watch.run(), "database-watch", essential=True)
-                self._spawn(self.memory.run(), "memory-release")
-                if self.leadership.shared:
-                    self._spawn(self.leadership.run(), "leadership", essential=True)
-                if isinstance(self.store, Shared):
-                    # Other instances' new events and operator actions wake this one.
-                    self._spawn(self.store.listen(self._woken), "wake-ups", essential=True)
-                    self._listening = self._tasks[-1]
+                for service in self.services:
+                    self._spawn(service.run(), service.name, essential=service.essential)
             ingress_cap, admin_cap = connection_limits()
             await self._listen_ingress(ingress_cap)
             admin = self.config.admin
@@ -510,19 +523,9 @@ class Relay:
             ("closing the ingress listener", self._close_ingress)
         ]
         tasks, self._tasks = self._tasks, []
-        grace = self.config.server.shutdown_timeout
-        steps += [
-            ("closing ingress", self.ingress.close),
-            ("stopping the scheduler", lambda: self.scheduler.stop(grace)),
-            ("stopping retention", self.retention.stop),
-            ("stopping the search indexer", self.indexer.stop),
-            ("stopping the database watch", self.database_watch.stop),
-            ("stopping the memory release", self.memory.stop),
-            ("stopping alerts", self.alerter.stop),
-            ("stopping wake-ups", self._stop_listening),
-            ("stopping leadership checks", self.leadership.stop),
-            ("waiting for tasks", lambda: asyncio.gather(*tasks, return_exceptions=True)),
-        ]
+        steps.append(("closing ingress", self.ingress.close))
+        steps += [(f"stopping {service.name}", service.stop) for service in self.services]
+        steps.append(("waiting for tasks", lambda: asyncio.gather(*tasks, return_exceptions=True)))
         admin = self._runners.pop("admin", None)
         if admin is not None:
             steps.append(("closing the admin listener", admin.cleanup))
@@ -532,6 +535,23 @@ class Relay:
         for what, step in steps:
             clean &= await _quietly(what, step)
         return clean
+
+
+class Listening:
+    """A wait for other instances' news, which has no end of its own: it
+    listens until stopped."""
+
+    def __init__(self, listen: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._listen = listen
+        self._task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        self._task = asyncio.current_task()
+        await self._listen()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _cannot_listen(listen: Listen, name: str, error: OSError) -> StartError:
