@@ -30,6 +30,7 @@ from relay.config import Config, ConfigError, Listen
 from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
 from relay.core.errors import describe
+from relay.core.records import Dead
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
 from relay.delivery.scheduler import AttemptReport, Scheduler
@@ -272,7 +273,7 @@ class Relay:
     def _observe_attempt(self, report: AttemptReport) -> None:
         target = report.delivery.target
         self.metrics.count_attempt(report.delivery.route, target, report.said, report.duration)
-        if report.decision.next is Status.DEAD:
+        if isinstance(report.then, Dead):
             self.metrics.dead.labels(report.delivery.route, target).inc()
         if self._log_attempts:
             log_attempt(report)

@@ -23,6 +23,22 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from relay.core.outcome import Outcome, Verdict
+from relay.delivery.step import Attempted, settle
+from relay.delivery.step import Down as Hold
+from relay.store import (
+    AttemptKind,
+    AttemptRecord,
+    ClaimedDelivery,
+    FailureStreak,
+    History,
+    Queue,
+    Step,
+    TargetHealth,
+    Transition,
+    Waits,
+)
+
 # How tests start relay in a process of its own. -P: not the working
 # directory first on sys.path, where `-m relay` run from a checkout would
 # import the checkout's pure sources even in the run against the compiled
@@ -418,3 +434,33 @@ def admin_credentials(folder: Path, token: str = "0123456789abcdef0123") -> dict
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "relay_admin_token").write_text(token + "\n")
     return {"CREDENTIALS_DIRECTORY": str(folder)}
+
+
+async def record(
+    store: Queue,
+    delivery: ClaimedDelivery,
+    attempt: AttemptRecord,
+    then: Transition,
+    now: float,
+    hold: Hold | None = None,
+) -> FailureStreak:
+    """Record `attempt`, its delivery going on to `then` as the test says, and
+    its target's health as relay.delivery.step settles it (`hold`: the
+    hold_when_down rule of this attempt). The store's half of the step, told."""
+    attempted = Attempted(
+        delivery,
+        Outcome(
+            Verdict(attempt.outcome),
+            attempt.http_status,
+            attempt.error,
+            target_at_fault=attempt.target_at_fault,
+        ),
+        now,
+        probe=attempt.kind is AttemptKind.PROBE or (hold is not None and hold.probe),
+    )
+    in_cycle = attempted.kind is AttemptKind.CYCLE and not isinstance(then, Waits)
+
+    def told(health: TargetHealth, history: History) -> Step:
+        return settle(then, attempted, hold, health, history, in_cycle=in_cycle)
+
+    return (await store.record_attempt(delivery, attempt, told, now)).streak

@@ -21,6 +21,7 @@ from relay.config import AlertsConfig, Config
 from relay.core.clock import Clock
 from relay.core.outcome import Verdict
 from relay.core.payload import Payload
+from relay.core.records import Dead
 from relay.core.units import count, format_duration
 from relay.delivery.scheduler import AttemptReport
 from relay.store import (
@@ -128,7 +129,7 @@ def notes_on(
     # A manual retry of a dead delivery that fails leaves it dead: it was
     # reported when it went dead.
     already_dead = delivery.manual and delivery.resume_status is Status.DEAD
-    if report.decision.next is Status.DEAD and not already_dead:
+    if isinstance(report.then, Dead) and not already_dead:
         notes.append(
             {
                 "kind": "dead",
@@ -137,7 +138,7 @@ def notes_on(
                 "route": delivery.route,
                 "target": delivery.target,
                 "attempts": report.number,
-                "error": report.decision.reason,
+                "error": report.then.reason,
                 "answer": answer,
             }
         )

@@ -1,10 +1,12 @@
 """The records a delivery travels in between the store and what sends it:
-declared here, below both, so a target, the retry policy and the store are
-typed against one declaration each."""
+declared here, below both, so a target, the step that follows an attempt
+(relay.delivery.step) and the store are typed against one declaration each."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from relay.core.payload import Payload
 from relay.core.status import Status
@@ -49,3 +51,121 @@ class ClaimedDelivery:
     # Its target's down state when the store leased it as that target's one
     # probe (a store that `claims_probes`); None: an ordinary attempt.
     probe: DownState | None = None
+
+
+class AttemptKind(StrEnum):
+    """Why an attempt was made: a step of the retry cycle, a person's retry
+    now, or a down target's probe (the last two spend no step of the cycle)."""
+
+    CYCLE = "cycle"
+    MANUAL = "manual"
+    PROBE = "probe"
+
+
+# Where an attempt leaves its delivery (relay.delivery.step decides, the store writes).
+
+
+@dataclass(frozen=True)
+class Delivered:
+    pass
+
+
+@dataclass(frozen=True)
+class RetryAt:
+    at: float
+    # The receiver asked to be left alone until then (a flood wait): no
+    # delivery of the target's paces goes before it. The scheduler's pacers
+    # hold them in its process; PostgreSQL's cluster pacing holds them for
+    # every instance.
+    hold_until: float | None = None
+
+    @property
+    def due(self) -> float:
+        """When it may go next: its time, or the end of the receiver's wait."""
+        return self.at if self.hold_until is None else max(self.at, self.hold_until)
+
+
+@dataclass(frozen=True)
+class Dead:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Waits:
+    """Back to pending, no retry spent, due at the next probe `at` behind
+    every delivery due by then: a down target's failed probe."""
+
+    at: float
+
+
+Transition = Delivered | RetryAt | Dead | Waits
+
+
+def next_status(then: Transition) -> Status:
+    """The delivery's status after `then`."""
+    if isinstance(then, Delivered):
+        return Status.DELIVERED
+    if isinstance(then, Dead):
+        return Status.DEAD
+    return Status.PENDING
+
+
+def next_due(then: Transition) -> float | None:
+    """When the delivery may go next after `then` (None: it is finished)."""
+    if isinstance(then, RetryAt):
+        return then.due
+    if isinstance(then, Waits):
+        return then.at
+    return None
+
+
+class TargetHealth(NamedTuple):
+    """What the rule reads of a target's row (a target never attempted: the
+    defaults). The store reads these columns, in this order, locked."""
+
+    consecutive_failures: int = 0
+    down_streak: int = 0
+    down_since: float | None = None
+    probes: int = 0
+    successes: int = 0
+    last_success_at: float | None = None
+
+    def written(self, columns: dict[str, Any]) -> TargetHealth:
+        """This row once a Step's columns are written."""
+        return self._replace(**{k: v for k, v in columns.items() if k in self._fields})
+
+
+@dataclass(frozen=True)
+class History:
+    """A delivery's memory of failing: its target's successes when it last
+    failed, and whether it fails alone (relay.delivery.step.fails_alone)."""
+
+    seen_successes: int | None = None
+    fails_alone: bool = False
+
+
+@dataclass(frozen=True)
+class FailureStreak:
+    """A target's failed attempts in a row, before and after the one just recorded,
+    and whether that attempt made a hold_when_down target go down or come back up
+    (with how many deliveries had waited for it)."""
+
+    before: int
+    after: int
+    went_down: bool = False
+    came_up: bool = False
+    waited: int = 0
+    down_for: float = 0.0  # how long it had been down, when it came up
+    down: bool = False  # the target is down after this attempt
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one attempt leads to (relay.delivery.step), as the store writes it."""
+
+    then: Transition  # where its delivery goes
+    in_cycle: bool  # the attempt was a step of the retry cycle: the cycle's count grows
+    streak: FailureStreak  # `waited` is for the store to fill in (count_waiting)
+    target: dict[str, Any] = field(default_factory=dict)  # columns of its target's row to set
+    count_waiting: bool = False  # the target came up: how many deliveries waited?
+    remember: History | None = None  # the delivery's memory of failing, to write

@@ -7,8 +7,8 @@
     skipped: never sent (its route's `when` said no, or a person skipped it)
 
 `Status` is a delivery's state: the `status` column of both backends, the
-API's and the CLI's `status`, `relay events --status`. What an attempt leads
-to (`Next`, decided by relay.delivery.retry) is one of three of those states.
+API's and the CLI's `status`, `relay events --status`. An attempt leaves it
+delivered, pending or dead (relay.delivery.step decides which).
 What a target says of one attempt is its `Verdict` (relay.core.outcome: the
 attempts' `outcome` column). Logs and metrics say what an attempt came to in
 ATTEMPT_OUTCOMES: the verdict's words, but the attempt that ends a delivery
@@ -18,7 +18,6 @@ is said as the state it leaves it in, dead.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
 
 from relay.core.outcome import Verdict
 
@@ -34,16 +33,12 @@ class Status(StrEnum):
     RESOLVED = "resolved"
 
 
-# What follows an attempt: delivered, pending again (a retry, at a time the
-# decision gives) or dead.
-Next = Literal[Status.DELIVERED, Status.PENDING, Status.DEAD]
-
 # What an attempt came to, in logs (outcome=) and metrics (relay_attempts_total):
 # success, retry (it will be tried again), dead (the attempt that ended it).
 ATTEMPT_OUTCOMES = (Verdict.SUCCESS.value, Verdict.RETRY.value, Status.DEAD.value)
 
 
-def attempt_outcome(verdict: Verdict, next: Next) -> str:
+def attempt_outcome(verdict: Verdict, next: Status) -> str:
     """An attempt in ATTEMPT_OUTCOMES' words: the attempt that ends a delivery
     is "dead" (a permanent failure or the last retry), never "fail" in one
     place and "dead" in another; the stored attempt keeps the target's verdict

@@ -1,4 +1,4 @@
-"""The scheduler: lease what is due, send it, record the attempt, decide what follows.
+"""The scheduler: lease what is due, send it, record the attempt with the step that follows it.
 
 It sleeps until the next due time, a wake-up (new event, finished attempt) or
 the poll interval, whichever comes first; the poll picks up changes made by
@@ -18,40 +18,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-from relay.config import Config, RetryPolicy
+from relay.config import Config
 from relay.core.clock import Clock
 from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest
 from relay.core.payload import Payload, strip_form_fields
+from relay.core.records import next_status
 from relay.core.secrets import Masker, inbound_secrets, mask_fields, shown_body
 from relay.core.spell import Spell
 from relay.core.status import attempt_outcome
 from relay.core.units import format_duration
 from relay.delivery.ratelimit import Pacer
-from relay.delivery.retry import (
-    Decision,
-    ManualRetry,
-    cycle_length,
-    decide_attempt,
-    decide_probe,
-    probe_delay,
-    receiver_wait,
-)
+from relay.delivery.retry import cycle_length
+from relay.delivery.step import Attempted, Rules, receiver_hold, step
 from relay.kinds.target import Envelope, Target
 from relay.store import (
     AttemptKind,
     AttemptRecord,
     ClaimedDelivery,
-    Dead,
-    Delivered,
+    Decide,
     DownState,
     FailureStreak,
-    Hold,
     Queue,
-    RetryAt,
-    Status,
+    Step,
     StoreError,
     Transition,
-    Waits,
 )
 
 log = logging.getLogger("relay.scheduler")
@@ -107,7 +97,7 @@ class AttemptReport:
     cycle_step: int | None
     cycle_length: int
     outcome: Outcome
-    decision: Decision
+    then: Transition  # where the attempt left the delivery
     duration: float
     streak: FailureStreak  # the target's failed attempts in a row, before and after
     # The target's answer as kept (the first 2 KiB, secrets masked): alerts quote it.
@@ -116,7 +106,7 @@ class AttemptReport:
     @property
     def said(self) -> str:
         """The attempt's outcome in the one vocabulary of logs and metrics."""
-        return attempt_outcome(self.outcome.verdict, self.decision.next)
+        return attempt_outcome(self.outcome.verdict, next_status(self.then))
 
 
 @dataclass
@@ -495,13 +485,19 @@ class Scheduler:
             self._down.pop(delivery.target, None)
         return delivery.probe
 
-    def _policy(self, state: _State, delivery: ClaimedDelivery) -> RetryPolicy:
+    def _rules(self, state: _State, delivery: ClaimedDelivery) -> Rules:
+        """What the config says of what follows an attempt of this delivery."""
         route = state.config.routes.get(delivery.route)
         policy = route.policy_for(delivery.target) if route is not None else None
+        target = state.config.targets.get(delivery.target)
         if policy is None:
-            target = state.config.targets.get(delivery.target)
             policy = target.retry if target is not None else state.config.retry
-        return policy
+        lane = state.lanes.get(delivery.target)
+        return Rules(
+            policy,
+            down_after=target.down_after if target is not None and target.hold_when_down else None,
+            paced=lane is not None and bool(lane.pacers),
+        )
 
     async def _attempt(
         self,
@@ -512,58 +508,56 @@ class Scheduler:
     ) -> None:
         """One attempt; `probe` is the down state when this is a down target's probe."""
         try:
-            policy = self._policy(state, delivery)
+            rules = self._rules(state, delivery)
             number = delivery.attempts + 1
             started_at = self._clock.now()
             began = time.perf_counter()
             lane = state.lanes.get(delivery.target)
             envelope = _envelope(delivery, number, started_at, state)
             outcome = await self._send(
-                target, envelope, policy.timeout, lane.pacers if lane is not None else []
+                target, envelope, rules.policy.timeout, lane.pacers if lane is not None else []
             )
             duration = time.perf_counter() - began
             now = self._clock.now()
-            decision, then = self._decide(policy, delivery, outcome, now)
-            hold = self._hold(state, delivery, probe, now)
-            if probe is not None and hold is not None:
-                probed = decide_probe(
-                    decision, outcome, next_probe_at=hold.probe_at, manual=delivery.manual
-                )
-                if probed is not None:
-                    decision, then = probed, Waits()
-            wait = receiver_wait(policy, outcome)
-            if wait is not None:
-                decision, then = self._flood_wait(state, delivery, decision, then, now + wait)
-            kind = _kind(delivery, probe)
+            outcome = replace(outcome, error=self._masker.optional(outcome.error))
+            hold_until = receiver_hold(rules.policy, outcome, now)
+            if hold_until is not None and lane is not None:
+                # The receiver's wait is about the sender, not this message: every
+                # pace of the target holds, so the deliveries queued behind do not
+                # meet another 429 and spend a retry (relay.delivery.step, rule 4).
+                lane.hold(hold_until)
+            attempted = Attempted(
+                delivery, outcome, now, probe=probe is not None, draw=self._rng.uniform(-1, 1)
+            )
             attempt = AttemptRecord(
                 number=number,
                 started_at=started_at,
                 duration=duration,
                 outcome=outcome.verdict.value,
                 http_status=outcome.status,
-                error=self._masker.optional(outcome.error),
+                error=outcome.error,
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
                 request=self._kept(outcome.request),
                 target_at_fault=outcome.target_at_fault,
-                # A probe is no step of the cycle, whatever its outcome.
-                in_cycle=decision.in_cycle and kind is AttemptKind.CYCLE,
-                kind=kind,
+                kind=attempted.kind,
             )
-            streak = await self._record(delivery, attempt, then, now, hold)
-            if streak is not None:
-                self._learn(delivery.target, streak, hold, now)
-            if self._on_attempt is not None and streak is not None:
+            decide: Decide = functools.partial(step, rules, attempted)
+            done = await self._record(delivery, attempt, decide, now)
+            if done is None:
+                return
+            self._learn(delivery.target, done, now)
+            if self._on_attempt is not None:
                 self._on_attempt(
                     AttemptReport(
                         delivery=delivery,
                         number=number,
                         kind=attempt.kind,
-                        cycle_step=delivery.attempts_in_cycle + 1 if attempt.in_cycle else None,
-                        cycle_length=cycle_length(policy),
+                        cycle_step=delivery.attempts_in_cycle + 1 if done.in_cycle else None,
+                        cycle_length=cycle_length(rules.policy),
                         outcome=outcome,
-                        decision=decision,
+                        then=done.then,
                         duration=duration,
-                        streak=streak,
+                        streak=done.streak,
                         answer=attempt.response,
                     )
                 )
@@ -573,45 +567,6 @@ class Scheduler:
                 lane.in_flight -= 1
             self._tasks.pop(delivery.id, None)
             self._wake.set()
-
-    def _flood_wait(
-        self,
-        state: _State,
-        delivery: ClaimedDelivery,
-        decision: Decision,
-        then: Transition,
-        until: float,
-    ) -> tuple[Decision, Transition]:
-        """A receiver's wait (a 429's Retry-After, Telegram's retry_after) is
-        about the sender, not this one message: it holds every pace of the
-        target (its own rate, its rate group; Telegram's chat and bot, since
-        the answer does not say which is limited), so the deliveries queued
-        behind wait without meeting another 429 and spending a retry. This one
-        lines up by arrival (next_attempt_at = received_at), the rule for a
-        down target too: when the wait ends it goes first, and the chat keeps
-        its order. A target without a pace keeps its own retry time (nothing
-        else would hold it), as does a person's retry."""
-        lane = state.lanes.get(delivery.target)
-        if lane is None or not lane.pacers:
-            return decision, then
-        lane.hold(until)
-        if not isinstance(then, RetryAt):
-            return decision, then
-        if delivery.manual:
-            return decision, RetryAt(then.at, hold_until=until)
-        return replace(decision, at=until), RetryAt(delivery.received_at, hold_until=until)
-
-    def _hold(
-        self, state: _State, delivery: ClaimedDelivery, probe: DownState | None, now: float
-    ) -> Hold | None:
-        """The hold_when_down rule for this attempt, with its next probe time."""
-        config = state.config.targets.get(delivery.target)
-        if config is None or not config.hold_when_down:
-            return None
-        # Going down schedules probe 1; probe k failing schedules probe k + 1.
-        number = probe.probes + 2 if probe is not None else 1
-        delay = probe_delay(config.retry, number, self._rng)
-        return Hold(config.down_after, now + delay, probe=probe is not None)
 
     def _kept(self, request: SentRequest | None) -> SentRequest | None:
         """The request as the attempt keeps it: the config's secrets and
@@ -637,18 +592,19 @@ class Scheduler:
             body=shown.encode()[:RESPONSE_EXCERPT_BYTES],
         )
 
-    def _learn(self, target: str, streak: FailureStreak, hold: Hold | None, now: float) -> None:
+    def _learn(self, target: str, done: Step, now: float) -> None:
         """Keep the cached down state in step with what the store just recorded."""
+        streak, probe_at = done.streak, done.target.get("probe_at")
         if streak.came_up:
             self._down.pop(target, None)
             log.warning("target %s is up again; %d deliveries waited", target, streak.waited)
-        elif streak.went_down and hold is not None:
-            self._down[target] = DownState(now, hold.probe_at, 0)
+        elif streak.went_down and probe_at is not None:
+            self._down[target] = DownState(now, probe_at, 0)
             log.warning("target %s is down: its deliveries wait, probing it", target)
-        elif hold is not None and hold.probe and target in self._down:
+        elif probe_at is not None and target in self._down:
             previous = self._down[target]
-            self._down[target] = DownState(previous.since, hold.probe_at, previous.probes + 1)
-        elif hold is not None and streak.down and target not in self._down:
+            self._down[target] = DownState(previous.since, probe_at, previous.probes + 1)
+        elif streak.down and target not in self._down:
             # Made down by another process's attempt: read its state at the
             # next turn rather than a poll later.
             self._paused_read_at = None
@@ -702,46 +658,15 @@ class Scheduler:
                 return
             await self._clock.wait(asyncio.Event(), ready)
 
-    def _decide(
-        self, policy: RetryPolicy, delivery: ClaimedDelivery, outcome: Outcome, now: float
-    ) -> tuple[Decision, Transition]:
-        manual = (
-            ManualRetry(
-                was_dead=delivery.resume_status is Status.DEAD, resume_at=delivery.resume_at
-            )
-            if delivery.manual
-            else None
-        )
-        decision = decide_attempt(
-            policy,
-            outcome,
-            attempts=delivery.attempts,
-            attempts_in_cycle=delivery.attempts_in_cycle,
-            now=now,
-            manual=manual,
-            rng=self._rng,
-        )
-        if decision.next is Status.DELIVERED:
-            return decision, Delivered()
-        if decision.next is Status.PENDING:
-            assert decision.at is not None
-            return decision, RetryAt(decision.at)
-        return decision, Dead(self._masker.text(decision.reason or "failed"))
-
     async def _record(
-        self,
-        delivery: ClaimedDelivery,
-        attempt: AttemptRecord,
-        then: Transition,
-        now: float,
-        hold: Hold | None,
-    ) -> FailureStreak | None:
+        self, delivery: ClaimedDelivery, attempt: AttemptRecord, decide: Decide, now: float
+    ) -> Step | None:
         # The attempt happened; losing its record would resend it after the
         # lease expires. Keep trying while the store is unavailable.
         delay = 0.05
         while True:
             try:
-                streak = await self._store.record_attempt(delivery, attempt, then, now, hold)
+                done = await self._store.record_attempt(delivery, attempt, decide, now)
             except StoreError as error:
                 if self._stopping:
                     log.warning("attempt of delivery %d not recorded: %s", delivery.id, error)
@@ -755,7 +680,7 @@ class Scheduler:
                 delay = min(delay * 2, 5.0)
                 continue
             self._records_failing.ended(self._clock.now())
-            return streak
+            return done
 
 
 @functools.lru_cache(maxsize=64)
@@ -763,13 +688,6 @@ def _merged(masker: Masker, own: frozenset[str]) -> Masker:
     """The config's masker with a request's own credentials: compiled once for
     credentials that come back (a target's token on every request)."""
     return masker.merged(Masker(own))
-
-
-def _kind(delivery: ClaimedDelivery, probe: DownState | None) -> AttemptKind:
-    """A person's retry now is manual even when it is what probes a down target."""
-    if delivery.manual:
-        return AttemptKind.MANUAL
-    return AttemptKind.PROBE if probe is not None else AttemptKind.CYCLE
 
 
 def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from relay.config import Config, LogConfig
+from relay.core.records import next_due, next_status
 from relay.core.secrets import Masker
 from relay.core.status import Status
 from relay.ops.views import iso
@@ -135,7 +136,8 @@ def reconfigure(config: Config) -> None:
 
 def attempt_fields(report: AttemptReport) -> dict[str, Any]:
     delivery = report.delivery
-    decision = report.decision
+    after = next_status(report.then)
+    due = next_due(report.then)
     return {
         "event": delivery.event_id,
         "route": delivery.route,
@@ -153,11 +155,11 @@ def attempt_fields(report: AttemptReport) -> dict[str, Any]:
         "outcome": report.said,
         "status": report.outcome.status,
         "duration_ms": round(report.duration * 1000, 1),
-        "next": iso(decision.at) if decision.next is Status.PENDING else decision.next.value,
+        "next": iso(due) if due is not None else after.value,
         "error": report.outcome.error,
     }
 
 
 def log_attempt(report: AttemptReport) -> None:
-    level = logging.WARNING if report.decision.next is Status.DEAD else logging.INFO
+    level = logging.WARNING if next_status(report.then) is Status.DEAD else logging.INFO
     attempt_log.log(level, "attempt", extra={"fields": attempt_fields(report)})

@@ -39,14 +39,47 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from relay.core.outcome import SentRequest
 from relay.core.payload import Payload
-from relay.core.records import ClaimedDelivery as ClaimedDelivery  # re-exported
-from relay.core.records import DownState as DownState  # re-exported
+from relay.core.records import (  # re-exported: the store's contract speaks them
+    AttemptKind as AttemptKind,
+)
+from relay.core.records import (
+    ClaimedDelivery as ClaimedDelivery,
+)
+from relay.core.records import (
+    Dead as Dead,
+)
+from relay.core.records import (
+    Delivered as Delivered,
+)
+from relay.core.records import (
+    DownState as DownState,
+)
+from relay.core.records import (
+    FailureStreak as FailureStreak,
+)
+from relay.core.records import (
+    History as History,
+)
+from relay.core.records import (
+    RetryAt as RetryAt,
+)
+from relay.core.records import (
+    Step as Step,
+)
+from relay.core.records import (
+    TargetHealth as TargetHealth,
+)
+from relay.core.records import (
+    Transition as Transition,
+)
+from relay.core.records import (
+    Waits as Waits,
+)
 from relay.core.status import Status as Status  # the one vocabulary, re-exported
 
 if TYPE_CHECKING:
@@ -54,6 +87,10 @@ if TYPE_CHECKING:
 
     from relay.config import Config
 
+
+# What follows an attempt, given its target's row and the delivery's memory
+# of failing as the store holds them (relay.delivery.step, bound).
+Decide = Callable[[TargetHealth, History], Step]
 
 # Who acted, when a caller of an operator verb does not say (tests, scripts).
 UNKNOWN = "unknown"
@@ -134,15 +171,6 @@ class Accepted(NamedTuple):
     refused: bool = False
 
 
-class AttemptKind(StrEnum):
-    """Why an attempt was made: a step of the retry cycle, a person's retry
-    now, or a down target's probe (the last two spend no step of the cycle)."""
-
-    CYCLE = "cycle"
-    MANUAL = "manual"
-    PROBE = "probe"
-
-
 @dataclass(frozen=True)
 class AttemptRecord:
     number: int
@@ -154,55 +182,9 @@ class AttemptRecord:
     response: bytes = b""
     # False: the event could not be sent as rendered; the target's health stays as it was.
     target_at_fault: bool = True
-    # False: not a step of the retry cycle (a person's retry now, a down
-    # target's probe), so the delivery's cycle count stays as it was. Decided
-    # by relay.retry (Decision.in_cycle); the store only records it.
-    in_cycle: bool = True
     kind: AttemptKind = AttemptKind.CYCLE
     # What was sent (secrets masked, the body cut like the answer), if known.
     request: SentRequest | None = None
-
-
-@dataclass(frozen=True)
-class Delivered:
-    pass
-
-
-@dataclass(frozen=True)
-class RetryAt:
-    at: float
-    # The receiver asked to be left alone until then (a flood wait): no
-    # delivery of the target's paces goes before it. The scheduler's pacers
-    # hold them in its process; PostgreSQL's cluster pacing holds them for
-    # every instance.
-    hold_until: float | None = None
-
-
-@dataclass(frozen=True)
-class Dead:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Waits:
-    """Back to pending as it was, no retry spent: a failed probe of a down target."""
-
-
-Transition = Delivered | RetryAt | Dead | Waits
-
-
-@dataclass(frozen=True)
-class Hold:
-    """A hold_when_down target's rule, given with each of its attempts.
-
-    `probe_at` is when the next probe goes should this attempt leave the
-    target down: the first probe when it makes the target down, the next one
-    when it is a failed probe.
-    """
-
-    down_after: int
-    probe_at: float
-    probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -348,21 +330,6 @@ class AuditEntry:
     subject: str  # what it named: "target crm", "delivery 12", "dead, route leads"...
     count: int  # deliveries it touched (0 for a pause)
     deliveries: tuple[int, ...]  # the first AUDIT_IDS_KEPT of them
-
-
-@dataclass(frozen=True)
-class FailureStreak:
-    """A target's failed attempts in a row, before and after the one just recorded,
-    and whether that attempt made a hold_when_down target go down or come back up
-    (with how many deliveries had waited for it)."""
-
-    before: int
-    after: int
-    went_down: bool = False
-    came_up: bool = False
-    waited: int = 0
-    down_for: float = 0.0  # how long it had been down, when it came up
-    down: bool = False  # the target is down after this attempt
 
 
 @dataclass(frozen=True)
@@ -637,17 +604,18 @@ class Queue(Protocol):
         self,
         delivery: ClaimedDelivery,
         attempt: AttemptRecord,
-        then: Transition,
+        decide: Decide,
         now: float,
-        hold: Hold | None = None,
-    ) -> FailureStreak:
-        """Record the attempt and move the delivery on, in one transaction; also
-        updates the target's health and returns its failure streak.
+    ) -> Step:
+        """Record the attempt and move the delivery on, in one transaction.
 
-        A "retry" outcome says the target may be down. With `hold` (the target
-        has hold_when_down), the `down_after`-th of them in a row makes it down,
-        and a failed probe moves its next probe to `hold.probe_at`. Any answer
-        (success, or a failure about the payload) brings a down target up.
+        `decide` is the step that follows the attempt (relay.delivery.step,
+        bound to its rules and what happened): the store calls it with the
+        target's row, read locked in this transaction, and the delivery's
+        memory of failing, and writes the Step it returns (the delivery's
+        next state, the target's health, the lines a target going down or
+        coming up rearranges). Returns that Step, its streak's `waited`
+        filled in when the target came up.
         """
         ...
 

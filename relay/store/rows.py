@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from relay.core.outcome import SentRequest, Verdict
+from relay.core.outcome import SentRequest
 from relay.core.payload import Payload
 from relay.core.units import format_instant
 from relay.store.base import (
@@ -25,17 +25,18 @@ from relay.store.base import (
     DeliveryView,
     FailureStreak,
     Header,
-    Hold,
+    History,
     NewEvent,
     Resend,
     RetryAt,
     Selection,
     Status,
+    Step,
+    TargetHealth,
     Transition,
     Waits,
 )
 from relay.store.dialect import Dialect
-from relay.store.health import HEALTH_COLUMNS, TargetHealth, fails_alone, health_after
 
 EVENT_COLUMNS = (
     "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
@@ -265,38 +266,44 @@ def describe_selection(selection: Selection) -> str:
     return ", ".join(parts)
 
 
-def update_health(
-    connection: sqlite3.Connection,
-    target: str,
-    attempt: AttemptRecord,
-    now: float,
-    hold: Hold | None,
-    delivery_id: int,
-) -> FailureStreak:
-    """The target's health after this attempt (relay.store.health), written down."""
+# The columns of a target's row the step reads (TargetHealth), in its order.
+HEALTH_COLUMNS = ", ".join(TargetHealth._fields)
+
+
+def standing(
+    connection: sqlite3.Connection, target: str, delivery_id: int
+) -> tuple[TargetHealth, History]:
+    """What the step that follows an attempt reads (relay.delivery.step): its
+    target's row (made if the target was never attempted) and the delivery's
+    memory of failing. The writer holds the database's one write lock."""
+    connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
     row = connection.execute(
         f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
     ).fetchone()
-    health = TargetHealth(*row) if row else TargetHealth()
-    connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
-    alone = False
-    if attempt.target_at_fault and attempt.outcome == Verdict.RETRY:
-        seen, flagged = connection.execute(
-            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
-        ).fetchone()
-        alone = fails_alone(flagged=bool(flagged), seen=seen, successes=health.successes)
+    seen, alone = connection.execute(
+        "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
+    ).fetchone()
+    return TargetHealth(*row), History(seen, bool(alone))
+
+
+def write_step(
+    connection: sqlite3.Connection, target: str, delivery_id: int, step: Step
+) -> FailureStreak:
+    """What a step changes beside the attempt's and the delivery's rows: the
+    target's, the delivery's memory of failing; the streak, with how many
+    deliveries waited when the target came up."""
+    write_health(connection, target, step.target)
+    if step.remember is not None:
         connection.execute(
             "UPDATE deliveries SET seen_successes = ?, fails_alone = ? WHERE id = ?",
-            (health.successes, int(alone), delivery_id),
+            (step.remember.seen_successes, int(step.remember.fails_alone), delivery_id),
         )
-    change = health_after(attempt, now, hold, health, alone=alone, delivery_id=delivery_id)
-    write_health(connection, target, change.columns)
-    if not change.count_waiting:
-        return change.streak
+    if not step.count_waiting:
+        return step.streak
     waited = connection.execute(
         "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
     ).fetchone()[0]
-    return replace(change.streak, waited=waited)
+    return replace(step.streak, waited=waited)
 
 
 def write_health(connection: sqlite3.Connection, target: str, columns: dict[str, Any]) -> None:
@@ -344,16 +351,13 @@ def line_up_by_arrival(
         connection.execute(LINE_UP_ONE_DOWN, (target, target, delivery_id))
 
 
-def delivery_after(
-    then: Transition, attempt: AttemptRecord
-) -> tuple[Status, float | None, str | None]:
-    """(status, next_attempt_at, last_error) of a delivery after this attempt."""
+def delivery_after(then: Transition, error: str | None) -> tuple[Status, float | None, str | None]:
+    """(status, next_attempt_at, last_error) of a delivery going on to `then`
+    after an attempt that failed with `error` (if it did)."""
     if isinstance(then, Delivered):
         return Status.DELIVERED, None, None
-    if isinstance(then, RetryAt):
-        return Status.PENDING, then.at, attempt.error
-    if isinstance(then, Waits):
-        return Status.PENDING, None, attempt.error
+    if isinstance(then, RetryAt | Waits):
+        return Status.PENDING, then.at, error
     return Status.DEAD, None, then.reason
 
 
@@ -361,7 +365,7 @@ def attempt_values(
     delivery_id: int, attempt: AttemptRecord, next_at: float | None, cycle_number: int | None
 ) -> tuple[object, ...]:
     """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED; `cycle_number`:
-    its step in its cycle, None when it is none (AttemptRecord.in_cycle)."""
+    its step in its cycle, None when it is none (Step.in_cycle)."""
     return (
         delivery_id,
         attempt.number,

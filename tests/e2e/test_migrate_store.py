@@ -26,7 +26,7 @@ from relay.store.backends import lock_path
 from relay.store.lock import ProcessLock
 from relay.store.postgres import PostgresStore
 
-from helpers import arelay_cli, write_config
+from helpers import arelay_cli, record, write_config
 
 pytestmark = pytest.mark.postgres
 
@@ -67,15 +67,19 @@ async def fill(path: Path) -> list[int]:
         claimed = await store.claim_due(T0 + 30, T0 + 90, {"crm": 6, "mail": 2})
         for n, delivery in enumerate(claimed):
             if n % 3 == 0:
-                await store.record_attempt(
-                    delivery, AttemptRecord(1, T0 + 30, 0.2, "success", 200), Delivered(), T0 + 31
+                await record(
+                    store,
+                    delivery,
+                    AttemptRecord(1, T0 + 30, 0.2, "success", 200),
+                    Delivered(),
+                    T0 + 31,
                 )
             elif n % 3 == 1:
                 attempt = AttemptRecord(1, T0 + 30, 0.1, "retry", 503, "HTTP 503", b"busy")
-                await store.record_attempt(delivery, attempt, RetryAt(T0 + 40), T0 + 31)
+                await record(store, delivery, attempt, RetryAt(T0 + 40), T0 + 31)
             else:
                 attempt = AttemptRecord(1, T0 + 30, 0.1, "fail", 400, "HTTP 400", b"no")
-                await store.record_attempt(delivery, attempt, Dead("HTTP 400"), T0 + 31)
+                await record(store, delivery, attempt, Dead("HTTP 400"), T0 + 31)
         await store.requeue(Selection(status=Status.DEAD), T0 + 50)
         await store.set_paused("mail", True, T0 + 51)
         copy = await store.resend(

@@ -31,7 +31,7 @@ from relay.store import AttemptRecord, Delivered, NewDelivery, NewEvent, Status
 from relay.store.postgres import PostgresStore
 from relay.store.postgres.cluster import LEADER_LOCK
 
-from helpers import RelayProcess, Sink, eventually, relay_cli, write_config
+from helpers import RelayProcess, Sink, eventually, record, relay_cli, write_config
 from pgcluster import Cluster, create_cluster, remove_cluster, server_bin
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
@@ -582,7 +582,7 @@ async def finished_long_ago(url: str, count: int) -> None:
             await store.accept_event(old, [NewDelivery("crm")], then)
         for delivery in await store.claim_due(then, then + 60, {"crm": count}):
             success = AttemptRecord(1, then, 0.01, "success", 200)
-            await store.record_attempt(delivery, success, Delivered(), then)
+            await record(store, delivery, success, Delivered(), then)
     finally:
         await store.close()
 

@@ -24,7 +24,6 @@ from relay.store import (
     Delivered,
     DownState,
     EventQuery,
-    Hold,
     IndexSource,
     NewDelivery,
     NotFound,
@@ -38,6 +37,7 @@ from relay.store import (
     Waits,
 )
 
+from helpers import Hold, record
 from samples import T0, TWO, event
 
 FAILED_ATTEMPT = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
@@ -192,12 +192,16 @@ async def test_record_attempt_transitions(store: Store) -> None:
         c.target: c for c in await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1, "mail": 1})
     }
     attempt = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503", b"busy")
-    await store.record_attempt(claimed["crm"], attempt, RetryAt(T0 + 2), T0)
-    await store.record_attempt(
-        claimed["audit"], AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0
+    await record(store, claimed["crm"], attempt, RetryAt(T0 + 2), T0)
+    await record(
+        store, claimed["audit"], AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0
     )
-    await store.record_attempt(
-        claimed["mail"], AttemptRecord(1, T0, 0.01, "fail", 400, "HTTP 400"), Dead("HTTP 400"), T0
+    await record(
+        store,
+        claimed["mail"],
+        AttemptRecord(1, T0, 0.01, "fail", 400, "HTTP 400"),
+        Dead("HTTP 400"),
+        T0,
     )
     detail = await store.get_event(accepted.event_id)
     assert detail is not None
@@ -258,10 +262,10 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     now = T0 + 5
     failed = AttemptRecord(1, now, 0.01, "retry", 503, "HTTP 503")
     [first] = await store.claim_due(now, now + 60, {"crm": 1})
-    streak = await store.record_attempt(first, failed, RetryAt(now + 10), now, Hold(2, now + 20))
+    streak = await record(store, first, failed, RetryAt(now + 10), now, Hold(2, now + 20))
     assert (streak.went_down, streak.down) == (False, False)
     [second] = await store.claim_due(now, now + 60, {"crm": 1})
-    streak = await store.record_attempt(second, failed, RetryAt(now + 11), now, Hold(2, now + 20))
+    streak = await record(store, second, failed, RetryAt(now + 11), now, Hold(2, now + 20))
     assert (streak.went_down, streak.down) == (True, True)
     assert await store.down_targets() == {"crm": DownState(now, now + 20, 0, second.id)}
     # Retry times mean nothing while down: deliveries line up by arrival.
@@ -277,7 +281,8 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     # hold the target down).
     [probe] = await store.claim_due(now + 20, now + 80, {"crm": 1})
     assert probe.id == first.id
-    streak = await store.record_attempt(
+    streak = await record(
+        store,
         probe,
         AttemptRecord(
             2,
@@ -286,10 +291,9 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
             "retry",
             None,
             "connection refused",
-            in_cycle=False,
             kind=AttemptKind.PROBE,
         ),
-        Waits(),
+        Waits(now + 60),
         now + 20,
         Hold(2, now + 60, probe=True),
     )
@@ -313,7 +317,8 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     # An answer about the payload (a 4xx) says the target is up.
     [probe] = await store.claim_due(now + 60, now + 120, {"crm": 1})
     assert probe.id == second.id
-    streak = await store.record_attempt(
+    streak = await record(
+        store,
         probe,
         AttemptRecord(3, now + 60, 0.01, "fail", 422, "HTTP 422"),
         Dead("HTTP 422"),
@@ -340,9 +345,9 @@ async def test_a_target_going_down_lets_a_delivery_finish_its_backoff_before_a_p
     failed = AttemptRecord(1, now, 0.01, "retry", 503, "HTTP 503")
     [first] = await store.claim_due(now, now + 60, {"crm": 1})
     assert first.event_id == early.event_id
-    await store.record_attempt(first, failed, RetryAt(now + 30), now, Hold(2, now + 20))
+    await record(store, first, failed, RetryAt(now + 30), now, Hold(2, now + 20))
     [second] = await store.claim_due(now, now + 60, {"crm": 1})
-    streak = await store.record_attempt(second, failed, RetryAt(now + 2), now, Hold(2, now + 20))
+    streak = await record(store, second, failed, RetryAt(now + 2), now, Hold(2, now + 20))
     assert streak.went_down
     views = [await store.get_delivery(delivery_id) for delivery_id in (first.id, second.id)]
     assert [v.next_attempt_at for v in views if v is not None] == [now + 30, T0 + 1]
@@ -350,10 +355,10 @@ async def test_a_target_going_down_lets_a_delivery_finish_its_backoff_before_a_p
     [probe] = await store.claim_due(now + 20, now + 80, {"crm": 1})
     assert probe.id == second.id
     probe_failed = AttemptRecord(
-        2, now + 20, 0.01, "retry", 503, "HTTP 503", in_cycle=False, kind=AttemptKind.PROBE
+        2, now + 20, 0.01, "retry", 503, "HTTP 503", kind=AttemptKind.PROBE
     )
     next_probe = Hold(2, now + 60, probe=True)
-    await store.record_attempt(probe, probe_failed, Waits(), now + 20, next_probe)
+    await record(store, probe, probe_failed, Waits(now + 60), now + 20, next_probe)
     # Its backoff over by the next probe, the first one is that probe.
     [probe] = await store.claim_due(now + 60, now + 120, {"crm": 1})
     assert probe.id == first.id
@@ -370,18 +375,18 @@ async def test_a_delivery_that_fails_while_others_succeed_never_makes_its_target
         await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], T0)
     poison, *good = await store.claim_due(T0, T0 + 60, {"crm": 3})
     hold = Hold(2, T0 + 3600)
-    streak = await store.record_attempt(poison, FAILED_ATTEMPT, RetryAt(T0 + 2), T0, hold)
+    streak = await record(store, poison, FAILED_ATTEMPT, RetryAt(T0 + 2), T0, hold)
     assert (streak.after, streak.went_down) == (1, False)
     for claim in good:
-        await store.record_attempt(claim, OK_ATTEMPT, Delivered(), T0)
+        await record(store, claim, OK_ATTEMPT, Delivered(), T0)
     for number, at in enumerate((T0 + 2, T0 + 6, T0 + 14), start=2):
         [again] = await store.claim_due(at, at + 60, {"crm": 3})
         attempt = AttemptRecord(number, at, 0.01, "retry", 503, "HTTP 503")
-        streak = await store.record_attempt(again, attempt, RetryAt(at + 2**number), at, hold)
+        streak = await record(store, again, attempt, RetryAt(at + 2**number), at, hold)
         assert (streak.went_down, streak.down) == (False, False)
     assert await store.down_targets() == {}
     [last] = await store.claim_due(T0 + 30, T0 + 90, {"crm": 3})
-    await store.record_attempt(last, FAILED_ATTEMPT, Dead("HTTP 503 (gave up)"), T0 + 30, hold)
+    await record(store, last, FAILED_ATTEMPT, Dead("HTTP 503 (gave up)"), T0 + 30, hold)
     view = await store.get_delivery(poison.id)
     assert view is not None
     assert (view.status, view.attempts_in_cycle) == (Status.DEAD, 5)
@@ -391,15 +396,15 @@ async def test_a_delivery_that_fails_while_others_succeed_never_makes_its_target
     # (nothing was delivered since), its failures count towards down again.
     await store.requeue(Selection(ids=(poison.id,)), T0 + 31)
     [fresh] = await store.claim_due(T0 + 31, T0 + 91, {"crm": 3})
-    streak = await store.record_attempt(fresh, FAILED_ATTEMPT, RetryAt(T0 + 33), T0 + 31, hold)
+    streak = await record(store, fresh, FAILED_ATTEMPT, RetryAt(T0 + 33), T0 + 31, hold)
     assert (streak.went_down, streak.down) == (False, False)
     [again] = await store.claim_due(T0 + 33, T0 + 93, {"crm": 3})
-    streak = await store.record_attempt(again, FAILED_ATTEMPT, RetryAt(T0 + 37), T0 + 33, hold)
+    streak = await record(store, again, FAILED_ATTEMPT, RetryAt(T0 + 37), T0 + 33, hold)
     assert streak.went_down
     probe_at = (await store.down_targets())["crm"].probe_at
     [probe] = await store.claim_due(probe_at, probe_at + 60, {"crm": 1})
-    await store.record_attempt(
-        probe, OK_ATTEMPT, Delivered(), probe_at, Hold(2, probe_at + 60, probe=True)
+    await record(
+        store, probe, OK_ATTEMPT, Delivered(), probe_at, Hold(2, probe_at + 60, probe=True)
     )
     assert await store.down_targets() == {}
 
@@ -407,8 +412,8 @@ async def test_a_delivery_that_fails_while_others_succeed_never_makes_its_target
     for i in range(2):
         await store.accept_event(event(f"m{i}"), [NewDelivery("crm")], T0 + 40)
     for claim in await store.claim_due(T0 + 40, T0 + 100, {"crm": 2}):
-        streak = await store.record_attempt(
-            claim, FAILED_ATTEMPT, RetryAt(T0 + 50), T0 + 40, Hold(2, T0 + 60)
+        streak = await record(
+            store, claim, FAILED_ATTEMPT, RetryAt(T0 + 50), T0 + 40, Hold(2, T0 + 60)
         )
     assert streak.went_down
 
@@ -429,10 +434,14 @@ async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batche
 
     head = next(c for c in claimed if c.event_id == first.event_id)
     b = next(c for c in claimed if c.event_id == other.event_id)
-    await store.record_attempt(b, AttemptRecord(1, T0 + 5, 0.01, "success", 200), Delivered(), T0)
+    await record(store, b, AttemptRecord(1, T0 + 5, 0.01, "success", 200), Delivered(), T0)
     # It dies: the line holds, and says why.
-    await store.record_attempt(
-        head, AttemptRecord(1, T0 + 5, 0.01, "fail", 422, "HTTP 422"), Dead("HTTP 422"), T0 + 5
+    await record(
+        store,
+        head,
+        AttemptRecord(1, T0 + 5, 0.01, "fail", 422, "HTTP 422"),
+        Dead("HTTP 422"),
+        T0 + 5,
     )
     assert await store.claim_due(T0 + 100, T0 + 160, {"crm": 10}) == []
     detail = await store.get_event(second.event_id)
@@ -451,8 +460,8 @@ async def test_ordered_deliveries_wait_their_turn_in_one_batch_and_across_batche
     assert (await store.gauges()).held == {}
     [after] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 10})
     assert after.id == waiting.id
-    await store.record_attempt(
-        after, AttemptRecord(1, T0 + 200, 0.01, "success", 200), Delivered(), T0 + 200
+    await record(
+        store, after, AttemptRecord(1, T0 + 200, 0.01, "success", 200), Delivered(), T0 + 200
     )
     [last] = await store.claim_due(T0 + 200, T0 + 260, {"crm": 10})
     assert last.event_id == third.event_id

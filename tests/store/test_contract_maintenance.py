@@ -23,6 +23,7 @@ from relay.store import (
     TextSearch,
 )
 
+from helpers import record
 from samples import T0, TWO, event
 from store_backends import Harness
 
@@ -33,7 +34,7 @@ OK = AttemptRecord(1, T0, 0.01, "success", 200)
 async def _finish(store: Store, target: str, now: float) -> None:
     while claims := await store.claim_due(now, now + 60, {target: 100}):
         for claim in claims:
-            await store.record_attempt(claim, OK, Delivered(), now)
+            await record(store, claim, OK, Delivered(), now)
 
 
 async def test_purge_removes_only_finished_events_older_than_their_cutoff(store: Store) -> None:
@@ -82,12 +83,10 @@ async def test_purge_cutoffs_per_route(store: Store) -> None:
 async def test_a_purged_event_takes_its_attempts_log_and_search_entry_along(store: Store) -> None:
     accepted = await store.accept_event(event("k", at=T0), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    await store.record_attempt(claim, AttemptRecord(1, T0, 0.1, "fail", 400, "x"), Dead("x"), T0)
+    await record(store, claim, AttemptRecord(1, T0, 0.1, "fail", 400, "x"), Dead("x"), T0)
     await store.retry_now(claim.id, T0 + 1)
     [claim] = await store.claim_due(T0 + 1, T0 + 61, {"crm": 1})
-    await store.record_attempt(
-        claim, AttemptRecord(2, T0 + 1, 0.1, "success", 200), Delivered(), T0 + 1
-    )
+    await record(store, claim, AttemptRecord(2, T0 + 1, 0.1, "success", 200), Delivered(), T0 + 1)
     await store.index_events([SearchDocument(accepted.event_id, "needle", "")], accepted.event_id)
     search = EventQuery(search=TextSearch(words=("needle",)))
     assert len(await store.list_events(search)) == 1
@@ -175,7 +174,7 @@ async def test_a_reopened_store_holds_everything(backend: Harness) -> None:
     store = await backend.open()
     accepted = await store.accept_event(event("k"), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    await store.record_attempt(claim, AttemptRecord(1, T0, 0.1, "retry", 503, "x"), Dead("x"), T0)
+    await record(store, claim, AttemptRecord(1, T0, 0.1, "retry", 503, "x"), Dead("x"), T0)
     await store.set_paused("crm", True, T0)
     before = await store.get_event(accepted.event_id)
     store = await backend.restart(store)

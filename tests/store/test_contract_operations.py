@@ -18,7 +18,6 @@ from relay.store import (
     DownState,
     HeldKey,
     HeldTargets,
-    Hold,
     NewDelivery,
     NotFound,
     Resend,
@@ -28,6 +27,7 @@ from relay.store import (
     Store,
 )
 
+from helpers import Hold, record
 from samples import T0, TWO, event
 from store_backends import Harness
 
@@ -40,7 +40,7 @@ async def _dead(
     """A crm delivery that went dead after one attempt."""
     await store.accept_event(event(key, at=at, body=body), [NewDelivery("crm")], at)
     [claim] = await store.claim_due(at, at + 60, {"crm": 1})
-    await store.record_attempt(claim, FAILED, Dead("HTTP 503 too long"), at)
+    await record(store, claim, FAILED, Dead("HTTP 503 too long"), at)
     return claim
 
 
@@ -54,8 +54,8 @@ async def test_retry_now_makes_a_dead_delivery_due_keeping_its_count(store: Stor
     assert claim.attempts == 1
     # It fails: retry.decide says back to dead, and no step of the cycle (the
     # rule is in relay.delivery.retry); the store records the attempt as told.
-    failed = AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
-    await store.record_attempt(claim, failed, Dead("still"), T0 + 100)
+    failed = AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503")
+    await record(store, claim, failed, Dead("still"), T0 + 100)
     after = await store.get_delivery(dead.id)
     assert after is not None
     assert (after.status, after.attempts, after.attempts_in_cycle) == (Status.DEAD, 2, 1)
@@ -67,7 +67,7 @@ async def test_retry_now_makes_a_dead_delivery_due_keeping_its_count(store: Stor
 async def test_retry_now_on_a_waiting_delivery_keeps_its_schedule(store: Store) -> None:
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    await store.record_attempt(claim, FAILED, RetryAt(T0 + 3600), T0)
+    await record(store, claim, FAILED, RetryAt(T0 + 3600), T0)
     view = await store.retry_now(claim.id, T0 + 10)
     assert (view.status, view.next_attempt_at) == (Status.PENDING, T0 + 10)
     # Asking twice is asking once: one log entry, the first schedule kept.
@@ -80,8 +80,8 @@ async def test_retry_now_on_a_waiting_delivery_keeps_its_schedule(store: Store) 
     )
     assert manual.attempts_in_cycle == 1
     # It fails: retry.decide returns it to its place, no step of the cycle.
-    failed = AttemptRecord(2, T0 + 20, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
-    await store.record_attempt(manual, failed, RetryAt(T0 + 3600), T0 + 20)
+    failed = AttemptRecord(2, T0 + 20, 0.01, "retry", 503, "HTTP 503")
+    await record(store, manual, failed, RetryAt(T0 + 3600), T0 + 20)
     after = await store.get_delivery(claim.id)
     assert after is not None
     assert (after.status, after.next_attempt_at, after.attempts, after.attempts_in_cycle) == (
@@ -103,8 +103,8 @@ async def test_retry_now_refuses_what_it_cannot_retry(store: Store) -> None:
         event(), [NewDelivery("crm"), NewDelivery("audit"), NewDelivery("skip", Status.SKIPPED)], T0
     )
     claims = {c.target: c for c in await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1})}
-    await store.record_attempt(
-        claims["audit"], AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0
+    await record(
+        store, claims["audit"], AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0
     )
     detail = await store.get_event(accepted.event_id)
     assert detail is not None
@@ -156,7 +156,8 @@ async def test_requeue_starts_a_fresh_cycle_keeping_the_history(store: Store) ->
         1,
         0,
     )
-    await store.record_attempt(
+    await record(
+        store,
         claim,
         AttemptRecord(2, T0 + 100, 0.01, "retry", 503, "HTTP 503"),
         RetryAt(T0 + 110),
@@ -175,7 +176,7 @@ async def test_requeue_and_count_take_what_the_selection_names(store: Store) -> 
     a = await _dead(store, "a", T0)
     await store.accept_event(event("b", route="leads", at=T0 + 10), [NewDelivery("crm")], T0 + 10)
     [b] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
-    await store.record_attempt(b, FAILED, Dead("no"), T0 + 10)
+    await record(store, b, FAILED, Dead("no"), T0 + 10)
     c = await _dead(store, "c", T0 + 20)
     pending = await store.accept_event(event("p"), [NewDelivery("crm")], T0 + 30)
 
@@ -198,7 +199,7 @@ async def test_requeue_and_count_take_what_the_selection_names(store: Store) -> 
 async def test_requeue_sends_a_delivered_one_again(store: Store) -> None:
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    await store.record_attempt(claim, AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0)
+    await record(store, claim, AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0)
     assert await store.requeue(Selection(status=Status.DELIVERED), T0 + 5) == [claim.id]
     [again] = await store.claim_due(T0 + 5, T0 + 65, {"crm": 1})
     assert (again.id, again.attempts, again.attempts_in_cycle) == (claim.id, 1, 0)
@@ -260,21 +261,21 @@ async def test_a_delivered_copy_resolves_the_originals_dead_delivery_to_its_targ
     # dead ones are resolved, linked both ways, and the dead count drops.
     original = await store.accept_event(event("k", body=b'{"phone": "bad"}'), TWO, T0)
     crm, audit = sorted(await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1}), key=str)
-    await store.record_attempt(crm, FAILED, Dead("HTTP 422"), T0)
-    await store.record_attempt(audit, AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0)
+    await record(store, crm, FAILED, Dead("HTTP 422"), T0)
+    await record(store, audit, AttemptRecord(1, T0, 0.01, "success", 200), Delivered(), T0)
     assert (await store.stats()).dead == 1
 
     first_copy = await store.resend(_copy_of(original.event_id), T0 + 10)
     [claim] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
     assert claim.resolves == crm.id
-    await store.record_attempt(claim, FAILED, Dead("HTTP 422 again"), T0 + 10)
+    await record(store, claim, FAILED, Dead("HTTP 422 again"), T0 + 10)
     assert (await store.stats()).dead == 2  # a failed copy resolves nothing
 
     second_copy = await store.resend(_copy_of(first_copy), T0 + 20)
     [fixed] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 1})
     assert fixed.resolves == claim.id
     ok = AttemptRecord(1, T0 + 20, 0.01, "success", 200)
-    await store.record_attempt(fixed, ok, Delivered(), T0 + 20)
+    await record(store, fixed, ok, Delivered(), T0 + 20)
 
     stats = await store.stats()
     assert stats.dead == 0
@@ -312,7 +313,7 @@ async def test_a_copy_delivered_after_the_original_was_requeued_leaves_it_alone(
     claims = await store.claim_due(T0 + 20, T0 + 80, {"crm": 5})
     copy = next(c for c in claims if c.event_id == copy_id)
     ok = AttemptRecord(1, T0 + 20, 0.01, "success", 200)
-    await store.record_attempt(copy, ok, Delivered(), T0 + 20)
+    await record(store, copy, ok, Delivered(), T0 + 20)
     view = await store.get_delivery(dead.id)
     assert view is not None
     assert (view.status, view.resolved_by) == (Status.IN_FLIGHT, None)
@@ -343,8 +344,8 @@ async def test_a_manual_attempt_lost_mid_way_is_still_manual_when_claimed_again(
         True,
         Status.DEAD,
     )
-    failed = AttemptRecord(2, T0 + 200, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
-    await store.record_attempt(after_crash, failed, Dead("still"), T0 + 200)
+    failed = AttemptRecord(2, T0 + 200, 0.01, "retry", 503, "HTTP 503")
+    await record(store, after_crash, failed, Dead("still"), T0 + 200)
     view = await store.get_delivery(dead.id)
     assert view is not None
     assert (view.status, view.attempts, view.attempts_in_cycle) == (Status.DEAD, 2, 1)
@@ -354,8 +355,8 @@ async def test_a_manual_attempt_that_succeeds_delivers_and_the_rule_ends(store: 
     dead = await _dead(store)
     await store.retry_now(dead.id, T0 + 100)
     [claim] = await store.claim_due(T0 + 100, T0 + 160, {"crm": 1})
-    ok = AttemptRecord(2, T0 + 100, 0.01, "success", 200, in_cycle=False)
-    await store.record_attempt(claim, ok, Delivered(), T0 + 100)
+    ok = AttemptRecord(2, T0 + 100, 0.01, "success", 200)
+    await record(store, claim, ok, Delivered(), T0 + 100)
     view = await store.get_delivery(dead.id)
     assert view is not None
     assert (view.status, view.attempts, view.attempts_in_cycle, view.next_attempt_at) == (
@@ -375,7 +376,7 @@ async def test_resuming_a_down_target_makes_its_probe_due_now(store: Store) -> N
     await store.accept_event(event("b"), [NewDelivery("crm")], T0)
     failed = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
     for claim in await store.claim_due(T0, T0 + 60, {"crm": 2}):
-        streak = await store.record_attempt(claim, failed, RetryAt(T0 + 10), T0, Hold(2, T0 + 3600))
+        streak = await record(store, claim, failed, RetryAt(T0 + 10), T0, Hold(2, T0 + 3600))
     assert streak.went_down
     await store.set_paused("crm", True, T0 + 5)
     # Pausing: as it was (the failure that made it down named as its last probe).
@@ -393,7 +394,7 @@ async def test_held_targets_reads_paused_and_down_together(store: Store) -> None
     assert await store.held_targets() == HeldTargets(frozenset(), {})
     await store.accept_event(event("a"), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    await store.record_attempt(claim, FAILED, RetryAt(T0 + 10), T0, Hold(1, T0 + 3600))
+    await record(store, claim, FAILED, RetryAt(T0 + 10), T0, Hold(1, T0 + 3600))
     await store.set_paused("mail", True, T0 + 1)
     await store.set_paused("crm", True, T0 + 2)  # both paused and down
     held = await store.held_targets()
@@ -445,7 +446,7 @@ async def test_a_bulk_skip_lets_the_next_of_each_key_go(store: Store) -> None:
     second = await store.accept_event(event("a2"), keyed, T0 + 1)
     third = await store.accept_event(event("a3"), keyed, T0 + 2)
     [head] = await store.claim_due(T0, T0 + 60, {"crm": 5})
-    await store.record_attempt(head, FAILED, Dead("HTTP 422"), T0)
+    await record(store, head, FAILED, Dead("HTTP 422"), T0)
     # The dead head skipped, the one behind it is due; skipped too, the third.
     ids = await store.skip_selected(Selection(status=Status.DEAD, target="crm"), T0 + 10)
     assert ids == [head.id]
@@ -501,7 +502,7 @@ async def test_attention_counts_the_newly_dead_and_the_held_keys(store: Store) -
     behind = [await store.accept_event(event(f"h{n}"), keyed, T0 + 10 + n) for n in (2, 3)]
     [claim] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 5})
     assert claim.event_id == head.event_id
-    await store.record_attempt(claim, FAILED, Dead("HTTP 422"), T0 + 20)
+    await record(store, claim, FAILED, Dead("HTTP 422"), T0 + 20)
     seen = await store.attention(T0 + 15, 10)
     assert seen.dead_since == 1  # the old one went dead before the last look
     assert seen.held == (HeldKey(claim.id, head.event_id, "crm", "ORDER-1", 2),)

@@ -22,6 +22,7 @@ from relay.store import (
 )
 from relay.store.base import REJECTIONS_KEPT
 
+from helpers import record
 from samples import T0, TWO, event
 
 
@@ -72,8 +73,8 @@ async def test_list_events_by_status_and_target(store: Store) -> None:
     a = await store.accept_event(event("a"), TWO, T0)
     b = await store.accept_event(event("b"), [NewDelivery("crm")], T0 + 1)
     claims = {c.event_id: c for c in await store.claim_due(T0 + 1, T0 + 61, {"crm": 2})}
-    await store.record_attempt(
-        claims[a.event_id], AttemptRecord(1, T0, 0.01, "fail", 400, "x"), Dead("x"), T0
+    await record(
+        store, claims[a.event_id], AttemptRecord(1, T0, 0.01, "fail", 400, "x"), Dead("x"), T0
     )
     keys = lambda events: [e.idempotency_key for e in events]  # noqa: E731
     assert keys(await store.list_events(EventQuery(status=Status.DEAD))) == ["a"]
@@ -149,14 +150,20 @@ async def test_stats_gauges_and_target_states_agree(store: Store) -> None:
         await store.claim_due(T0 + 10, T0 + 70, {"crm": 2, "audit": 1}), key=lambda c: c.id
     )
     crm_a, audit_a, crm_b = claims
-    await store.record_attempt(
-        crm_a, AttemptRecord(1, T0 + 10, 0.1, "success", 200), Delivered(), T0 + 10
+    await record(store, crm_a, AttemptRecord(1, T0 + 10, 0.1, "success", 200), Delivered(), T0 + 10)
+    await record(
+        store,
+        audit_a,
+        AttemptRecord(1, T0 + 10, 0.1, "fail", 400, "HTTP 400"),
+        Dead("HTTP 400"),
+        T0 + 10,
     )
-    await store.record_attempt(
-        audit_a, AttemptRecord(1, T0 + 10, 0.1, "fail", 400, "HTTP 400"), Dead("HTTP 400"), T0 + 10
-    )
-    await store.record_attempt(
-        crm_b, AttemptRecord(1, T0 + 10, 0.1, "retry", 503, "HTTP 503"), RetryAt(T0 + 20), T0 + 10
+    await record(
+        store,
+        crm_b,
+        AttemptRecord(1, T0 + 10, 0.1, "retry", 503, "HTTP 503"),
+        RetryAt(T0 + 20),
+        T0 + 10,
     )
     # Now: a/crm delivered, a/audit dead, b/crm pending after an attempt,
     # b/audit pending, c/crm skipped.
@@ -191,17 +198,22 @@ async def test_activity_counts_attempts_failures_and_deaths_per_hour(store: Stor
     for i in range(3):
         await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], hour)
     claims = await store.claim_due(hour, hour + 60, {"crm": 3})
-    await store.record_attempt(
-        claims[0], AttemptRecord(1, hour + 10, 0.1, "success", 200), Delivered(), hour + 10
+    await record(
+        store, claims[0], AttemptRecord(1, hour + 10, 0.1, "success", 200), Delivered(), hour + 10
     )
-    await store.record_attempt(
+    await record(
+        store,
         claims[1],
         AttemptRecord(1, hour + 20, 0.1, "retry", 503, "x"),
         RetryAt(hour + 3700),
         hour + 20,
     )
-    await store.record_attempt(
-        claims[2], AttemptRecord(1, hour + 3610, 0.1, "fail", 400, "x"), Dead("x"), hour + 3610
+    await record(
+        store,
+        claims[2],
+        AttemptRecord(1, hour + 3610, 0.1, "fail", 400, "x"),
+        Dead("x"),
+        hour + 3610,
     )
     hours = await store.activity(hour + 5, hour + 2 * 3600 + 5)
     assert [(h.hour, h.attempts, h.failed, h.dead) for h in hours] == [

@@ -11,13 +11,18 @@ from relay.store import (
     Dead,
     Delivered,
     EventQuery,
+    FailureStreak,
+    History,
     NewDelivery,
     RetryAt,
     Status,
+    Step,
     Store,
+    TargetHealth,
     Waits,
 )
 
+from helpers import record
 from samples import T0, TWO, event
 from store_backends import Harness
 
@@ -60,7 +65,7 @@ async def test_a_delivery_keeps_one_random_message_tag(store: Store) -> None:
     assert len(set(tags.values())) == 2
     assert all(len(tag or "") >= 16 for tag in tags.values())
     for claim in claims:
-        await store.record_attempt(claim, FAILED, RetryAt(T0 + 10), T0 + 1)
+        await record(store, claim, FAILED, RetryAt(T0 + 10), T0 + 1)
     again = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1, "audit": 1})
     assert {claim.id: claim.message_tag for claim in again} == tags
 
@@ -103,22 +108,65 @@ async def test_next_due_is_the_earliest_of_waits_and_leases(store: Store) -> Non
     await store.accept_event(event("b"), [NewDelivery("crm")], T0 + 50)
     [crm] = await store.claim_due(T0, T0 + 30, {"crm": 1})
     assert await store.next_due(["crm", "audit", "mail"]) == {"crm": T0 + 30, "audit": T0}
-    await store.record_attempt(crm, FAILED, RetryAt(T0 + 500), T0)
+    await record(store, crm, FAILED, RetryAt(T0 + 500), T0)
     assert await store.next_due(["crm"]) == {"crm": T0 + 50}
+
+
+async def test_record_attempt_asks_the_step_with_what_it_holds_and_writes_it(
+    store: Store,
+) -> None:
+    # The step that follows an attempt (relay.delivery.step) is asked by the
+    # store, in the transaction that records it, with the target's row and
+    # the delivery's memory of failing as stored; what it returns is written.
+    await store.accept_event(event("a"), [NewDelivery("crm")], T0)
+    await store.accept_event(event("b"), [NewDelivery("crm")], T0)
+    first, second = await store.claim_due(T0, T0 + 60, {"crm": 2})
+    await record(store, first, FAILED, RetryAt(T0 + 10), T0)
+    asked: list[tuple[TargetHealth, History]] = []
+
+    def decide(health: TargetHealth, history: History) -> Step:
+        asked.append((health, history))
+        streak = FailureStreak(health.consecutive_failures, health.consecutive_failures + 1)
+        return Step(
+            RetryAt(T0 + 99),
+            in_cycle=True,
+            streak=streak,
+            target={"consecutive_failures": streak.after, "last_error": "told"},
+            remember=History(seen_successes=7, fails_alone=True),
+        )
+
+    step = await store.record_attempt(second, FAILED, decide, T0 + 1)
+    [(health, history)] = asked
+    assert (health.consecutive_failures, history) == (1, History())
+    assert step.streak == FailureStreak(1, 2)
+    view = await store.get_delivery(second.id)
+    assert view is not None
+    assert (view.status, view.next_attempt_at, view.attempts_in_cycle) == (
+        Status.PENDING,
+        T0 + 99,
+        1,
+    )
+    states = await store.target_states()
+    assert (states["crm"].consecutive_failures, states["crm"].last_error) == (2, "told")
+    # The memory written is what the next failure of that delivery is asked with.
+    [again] = [c for c in await store.claim_due(T0 + 99, T0 + 160, {"crm": 2}) if c.id == second.id]
+    asked.clear()
+    await store.record_attempt(again, FAILED, decide, T0 + 100)
+    assert asked[0][1] == History(seen_successes=7, fails_alone=True)
 
 
 async def test_record_attempt_counts_and_keeps_every_attempt(store: Store) -> None:
     accepted = await store.accept_event(event(), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    await store.record_attempt(claim, FAILED, RetryAt(T0 + 10), T0)
+    await record(store, claim, FAILED, RetryAt(T0 + 10), T0)
     [claim] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
     assert (claim.attempts, claim.attempts_in_cycle) == (1, 1)
     second = AttemptRecord(2, T0 + 10, 0.5, "retry", None, "connection refused", b"")
-    await store.record_attempt(claim, second, RetryAt(T0 + 30), T0 + 10)
+    await record(store, claim, second, RetryAt(T0 + 30), T0 + 10)
     [claim] = await store.claim_due(T0 + 30, T0 + 90, {"crm": 1})
     assert (claim.attempts, claim.attempts_in_cycle) == (2, 2)
     third = AttemptRecord(3, T0 + 30, 0.2, "success", 200, None, b"ok")
-    await store.record_attempt(claim, third, Delivered(), T0 + 30)
+    await record(store, claim, third, Delivered(), T0 + 30)
     detail = await store.get_event(accepted.event_id)
     assert detail is not None
     [delivery] = detail.event.deliveries
@@ -145,7 +193,7 @@ async def test_a_dead_delivery_says_why_and_is_never_claimed(store: Store) -> No
     await store.accept_event(event(), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
     attempt = AttemptRecord(1, T0, 0.01, "fail", 400, "HTTP 400")
-    await store.record_attempt(claim, attempt, Dead("HTTP 400: bad field"), T0)
+    await record(store, claim, attempt, Dead("HTTP 400: bad field"), T0)
     view = await store.get_delivery(claim.id)
     assert view is not None
     assert (view.status, view.last_error, view.next_attempt_at) == (
@@ -161,8 +209,8 @@ async def test_the_failure_streak_counts_failures_in_a_row_per_target(store: Sto
     for i in range(3):
         await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], T0)
     claims = await store.claim_due(T0, T0 + 60, {"crm": 3})
-    first = await store.record_attempt(claims[0], FAILED, RetryAt(T0 + 9), T0)
-    second = await store.record_attempt(claims[1], FAILED, RetryAt(T0 + 9), T0 + 1)
+    first = await record(store, claims[0], FAILED, RetryAt(T0 + 9), T0)
+    second = await record(store, claims[1], FAILED, RetryAt(T0 + 9), T0 + 1)
     assert (first.before, first.after, second.before, second.after) == (0, 1, 1, 2)
     state = (await store.target_states())["crm"]
     assert (state.consecutive_failures, state.last_error, state.last_error_at) == (
@@ -172,10 +220,10 @@ async def test_the_failure_streak_counts_failures_in_a_row_per_target(store: Sto
     )
     # A failure the event caused (a template) says nothing about the target.
     blameless = AttemptRecord(1, T0, 0.0, "fail", None, "template error", target_at_fault=False)
-    third = await store.record_attempt(claims[2], blameless, Dead("template error"), T0 + 2)
+    third = await record(store, claims[2], blameless, Dead("template error"), T0 + 2)
     assert (third.before, third.after) == (2, 2)
     [again] = await store.claim_due(T0 + 9, T0 + 69, {"crm": 1})
-    fourth = await store.record_attempt(again, OK, Delivered(), T0 + 9)
+    fourth = await record(store, again, OK, Delivered(), T0 + 9)
     assert (fourth.before, fourth.after) == (2, 0)
     state = (await store.target_states())["crm"]
     assert (state.consecutive_failures, state.last_success_at) == (0, T0 + 9)
@@ -189,7 +237,7 @@ async def test_the_last_success_shown_lags_by_at_most_a_second(store: Store) -> 
     claims = await store.claim_due(T0, T0 + 60, {"crm": 4})
     shown = []
     for claim, at in zip(claims, (T0 + 1, T0 + 1.5, T0 + 2.2, T0 + 2.3), strict=True):
-        streak = await store.record_attempt(claim, OK, Delivered(), at)
+        streak = await record(store, claim, OK, Delivered(), at)
         assert (streak.before, streak.after) == (0, 0)
         shown.append((await store.target_states())["crm"].last_success_at)
     assert shown == [T0 + 1, T0 + 1, T0 + 2.2, T0 + 2.2]
@@ -206,7 +254,7 @@ async def test_attempts_recorded_in_one_group_commit_keep_every_row_and_the_stre
         await store.accept_event(event(f"k{i}"), [NewDelivery("crm")], T0)
     claims = await store.claim_due(T0, T0 + 60, {"crm": 12})
     await asyncio.gather(
-        *(store.record_attempt(claim, FAILED, RetryAt(T0 + 9), T0) for claim in claims[:2])
+        *(record(store, claim, FAILED, RetryAt(T0 + 9), T0) for claim in claims[:2])
     )
     oks = [
         AttemptRecord(1, T0 + 1, 0.02, "success", 200, None, b"ok %d" % claim.id)
@@ -214,7 +262,7 @@ async def test_attempts_recorded_in_one_group_commit_keep_every_row_and_the_stre
     ]
     streaks = await asyncio.gather(
         *(
-            store.record_attempt(claim, ok, Delivered(), T0 + 1 + n / 100)
+            record(store, claim, ok, Delivered(), T0 + 1 + n / 100)
             for n, (claim, ok) in enumerate(zip(claims[2:], oks, strict=True))
         )
     )
@@ -239,9 +287,9 @@ async def test_attempts_recorded_in_one_group_commit_keep_every_row_and_the_stre
         await store.accept_event(event(f"m{i}"), [NewDelivery("crm")], T0 + 2)
     more = await store.claim_due(T0 + 2, T0 + 60, {"crm": 3})
     mixed = await asyncio.gather(
-        store.record_attempt(more[0], OK, Delivered(), T0 + 3),
-        store.record_attempt(more[1], FAILED, RetryAt(T0 + 20), T0 + 3),
-        store.record_attempt(more[2], OK, Delivered(), T0 + 3),
+        record(store, more[0], OK, Delivered(), T0 + 3),
+        record(store, more[1], FAILED, RetryAt(T0 + 20), T0 + 3),
+        record(store, more[2], OK, Delivered(), T0 + 3),
     )
     failures = (await store.target_states())["crm"].consecutive_failures
     # Failed last: [(0, 0), (0, 0), (0, 1)]; else the success after it resets it.
@@ -265,9 +313,7 @@ async def test_heads_of_several_lines_delivered_together_each_let_their_next_go(
     assert len(heads) == 4  # A0, B0, C0 and the free one
     await asyncio.gather(
         *(
-            store.record_attempt(
-                head, AttemptRecord(1, T0 + 5, 0.01, "success", 200), Delivered(), T0 + 6
-            )
+            record(store, head, AttemptRecord(1, T0 + 5, 0.01, "success", 200), Delivered(), T0 + 6)
             for head in heads
         )
     )
@@ -288,8 +334,8 @@ async def test_a_waits_transition_spends_no_retry_and_goes_to_the_back(store: St
     await store.accept_event(event("a"), [NewDelivery("crm")], T0)
     await store.accept_event(event("b"), [NewDelivery("crm")], T0)
     [claim] = await store.claim_due(T0, T0 + 60, {"crm": 1})
-    probe = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503", in_cycle=False)
-    await store.record_attempt(claim, probe, Waits(), T0 + 1)
+    probe = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
+    await record(store, claim, probe, Waits(T0 + 1), T0 + 1)
     view = await store.get_delivery(claim.id)
     assert view is not None
     # Pending, no step of the cycle spent, behind what was waiting already.
@@ -306,7 +352,7 @@ async def test_a_waits_transition_spends_no_retry_and_goes_to_the_back(store: St
 async def test_release_gives_leases_back_and_leaves_finished_ones_alone(store: Store) -> None:
     await store.accept_event(event(), TWO, T0)
     crm, audit = sorted(await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1}), key=str)
-    await store.record_attempt(audit, OK, Delivered(), T0)
+    await record(store, audit, OK, Delivered(), T0)
     await store.release([], T0)
     await store.release([crm.id, audit.id], T0 + 1)
     views = {
@@ -328,7 +374,7 @@ async def test_after_a_crash_the_next_process_takes_orphaned_leases_back_at_once
     await store.accept_event(event("b"), [NewDelivery("crm")], T0)
     claimed = await store.claim_due(T0, T0 + 3600, {"crm": 5, "audit": 5})
     assert len(claimed) == 3
-    await store.record_attempt(claimed[0], FAILED, RetryAt(T0 + 10**6), T0)
+    await record(store, claimed[0], FAILED, RetryAt(T0 + 10**6), T0)
     # The process dies with two attempts under way; their leases run an hour.
     # (SQLite takes them back at once: see test_sqlite.py; a shared store
     # when they expire, as another instance may still be at work.)

@@ -35,7 +35,6 @@ from relay.store import (
     ClaimedDelivery,
     Delivered,
     EventQuery,
-    Hold,
     NewDelivery,
     NewEvent,
     Resend,
@@ -53,6 +52,7 @@ from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.schema import LATEST
 
 from conftest import ConfigFactory
+from helpers import Hold, record
 from helpers import eventually as poll_until
 from pgcluster import Cluster, commits_off, create_cluster, remove_cluster, server_bin
 from pgcut import CommitCutter
@@ -182,7 +182,7 @@ async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_o
     [taken] = await b.claim_due(T0 + 61, T0 + 121, {"crm": 1})
     assert taken.id == slow.id
     failed = AttemptRecord(1, T0, 61.0, "retry", 503, "HTTP 503", b"")
-    await a.record_attempt(slow, failed, RetryAt(T0 + 62), T0 + 61.5)
+    await record(a, slow, failed, RetryAt(T0 + 62), T0 + 61.5)
     await a.release([slow.id], T0 + 61.5)  # a stopping gives back what it thinks it holds
     view = await b.get_delivery(slow.id)
     assert view is not None
@@ -190,9 +190,7 @@ async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_o
     assert (view.status, view.attempts) == (Status.IN_FLIGHT, 1)
     assert taken.attempts == 1
     assert await a.claim_due(T0 + 63, T0 + 123, {"crm": 1}) == []  # nobody sends it beside b
-    await b.record_attempt(
-        taken, AttemptRecord(2, T0 + 61, 0.1, "success", 200), Delivered(), T0 + 62
-    )
+    await record(b, taken, AttemptRecord(2, T0 + 61, 0.1, "success", 200), Delivered(), T0 + 62)
     view = await b.get_delivery(slow.id)
     assert view is not None
     assert (view.status, view.attempts, view.last_error) == (Status.DELIVERED, 2, None)
@@ -346,7 +344,7 @@ async def test_a_claim_committed_whose_answer_was_lost_is_taken_back_at_the_next
             assert await a.claim_due(T0 + 2, T0 + 3602, {"crm": 1}, exclude=[again.id]) == []
             assert await b.claim_due(T0 + 2, T0 + 3602, {"crm": 1}) == []
             done = AttemptRecord(1, T0 + 2, 0.1, "success", 200)
-            await a.record_attempt(again, done, Delivered(), T0 + 3)
+            await record(a, again, done, Delivered(), T0 + 3)
             view = await a.get_delivery(again.id)
             assert view is not None
             assert (view.status, view.attempts) == (Status.DELIVERED, 1)
@@ -387,9 +385,9 @@ async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
         failed = AttemptRecord(1, T0 + 1, 0.1, "retry", 503, "HTTP 503", b"")
         cutter.cut_next_commit()
         with pytest.raises(StoreError):
-            await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
+            await record(a, claimed, failed, RetryAt(T0 + 10), T0 + 2)
         assert cutter.cut == 1
-        streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
+        streak = await record(a, claimed, failed, RetryAt(T0 + 10), T0 + 2)
         assert (streak.before, streak.after) == (0, 1)
         detail = await a.get_event(claimed.event_id)
         assert detail is not None
@@ -400,7 +398,7 @@ async def test_an_attempt_whose_record_went_unanswered_is_recorded_once(
         # The next attempt is a new one, recorded as such.
         [again] = await a.claim_due(T0 + 10, T0 + 70, {"crm": 1})
         second = AttemptRecord(2, T0 + 11, 0.1, "retry", 503, "HTTP 503", b"")
-        streak = await a.record_attempt(again, second, RetryAt(T0 + 20), T0 + 12)
+        streak = await record(a, again, second, RetryAt(T0 + 20), T0 + 12)
         assert (streak.before, streak.after) == (1, 2)
 
 
@@ -419,9 +417,9 @@ async def test_a_record_answered_again_says_what_it_did_to_the_target(
         hold = Hold(down_after=1, probe_at=T0 + 30)
         cutter.cut_next_commit()
         with pytest.raises(StoreError):
-            await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
+            await record(a, claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
         assert cutter.cut == 1
-        streak = await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
+        streak = await record(a, claimed, failed, RetryAt(T0 + 10), T0 + 2, hold)
         assert (streak.before, streak.after, streak.went_down, streak.down) == (
             0,
             1,
@@ -449,8 +447,8 @@ async def test_an_attempt_recorded_again_while_its_first_record_still_commits_is
             arrives = asyncio.Event()
             cutter.cut_next_commit(until=arrives)
             with pytest.raises(StoreError):
-                await a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2)
-            again = asyncio.create_task(a.record_attempt(claimed, failed, RetryAt(T0 + 10), T0 + 2))
+                await record(a, claimed, failed, RetryAt(T0 + 10), T0 + 2)
+            again = asyncio.create_task(record(a, claimed, failed, RetryAt(T0 + 10), T0 + 2))
             # Until the record made again waits for the first one's locks.
             async with asyncio.timeout(10):
                 while not await watcher.fetchval(
@@ -584,7 +582,7 @@ async def test_a_requeue_of_delivered_deliveries_whose_answer_was_lost_sends_the
         accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
         [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
         done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
-        await a.record_attempt(claimed, done, Delivered(), T0 + 2)
+        await record(a, claimed, done, Delivered(), T0 + 2)
         again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
         cutter.cut_next_commit()
         try:
@@ -594,7 +592,7 @@ async def test_a_requeue_of_delivered_deliveries_whose_answer_was_lost_sends_the
         assert cutter.cut == 1
         [resent] = await a.claim_due(T0 + 6, T0 + 66, {"crm": 1})
         done = AttemptRecord(2, T0 + 6, 0.1, "success", 200)
-        await a.record_attempt(resent, done, Delivered(), T0 + 7)
+        await record(a, resent, done, Delivered(), T0 + 7)
         if requeued is None:
             requeued = await a.requeue(again, T0 + 9)  # the person, again
         assert requeued == [claimed.id]
@@ -614,7 +612,7 @@ async def test_a_requeue_lost_with_the_database_away_pressed_twice_at_once_is_ma
         accepted = await a.accept_event(event(), [NewDelivery("crm")], T0)
         [claimed] = await a.claim_due(T0, T0 + 60, {"crm": 1})
         done = AttemptRecord(1, T0 + 1, 0.1, "success", 200)
-        await a.record_attempt(claimed, done, Delivered(), T0 + 2)
+        await record(a, claimed, done, Delivered(), T0 + 2)
         again = Selection(status=Status.DELIVERED, ids=(claimed.id,))
         cutter.cut_next_commit(away=True)
         with pytest.raises(StoreError):
@@ -857,7 +855,7 @@ async def test_a_receivers_wait_holds_the_target_for_every_instance(
         await a.accept_event(event(), [NewDelivery("chat")], T0)
     [first] = await a.claim_due(T0, T0 + 60, {"chat": 1})
     flood = AttemptRecord(1, T0, 0.01, "retry", 429, "Telegram: Too Many Requests")
-    await a.record_attempt(first, flood, RetryAt(T0, hold_until=T0 + 30), T0 + 0.1)
+    await record(a, first, flood, RetryAt(T0, hold_until=T0 + 30), T0 + 0.1)
     assert await b.claim_due(T0 + 29, T0 + 89, {"chat": 1}) == []
     assert (await b.next_due(["chat"]))["chat"] >= T0 + 30
     [again] = await b.claim_due(T0 + 30, T0 + 90, {"chat": 1})
@@ -876,7 +874,7 @@ async def test_a_down_target_gives_one_probe_to_the_cluster_when_its_time_comes(
         await a.accept_event(event(), [NewDelivery("crm")], T0)
     failed = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
     for claimed in await a.claim_due(T0, T0 + 60, {"crm": 3}):
-        await a.record_attempt(claimed, failed, RetryAt(T0 + 2), T0, Hold(3, T0 + 10))
+        await record(a, claimed, failed, RetryAt(T0 + 2), T0, Hold(3, T0 + 10))
     assert "crm" in await b.down_targets()
     assert await b.claim_due(T0 + 5, T0 + 65, {"crm": 4}) == []  # its first probe is at T0 + 10
     [probe] = await b.claim_due(T0 + 10, T0 + 70, {"crm": 4})
@@ -885,7 +883,7 @@ async def test_a_down_target_gives_one_probe_to_the_cluster_when_its_time_comes(
     # One probe at a time, for the whole cluster.
     assert await a.claim_due(T0 + 11, T0 + 71, {"crm": 4}) == []
     probe_failed = AttemptRecord(probe.attempts + 1, T0 + 11, 0.01, "retry", 503, "HTTP 503")
-    await b.record_attempt(probe, probe_failed, Waits(), T0 + 11, Hold(3, T0 + 30, probe=True))
+    await record(b, probe, probe_failed, Waits(T0 + 30), T0 + 11, Hold(3, T0 + 30, probe=True))
     assert await a.claim_due(T0 + 20, T0 + 80, {"crm": 4}) == []  # the next probe is at T0 + 30
     [second] = await a.claim_due(T0 + 30, T0 + 90, {"crm": 4})
     assert second.probe is not None
@@ -893,7 +891,7 @@ async def test_a_down_target_gives_one_probe_to_the_cluster_when_its_time_comes(
     assert second.id != probe.id  # the failed probe went to the back of the line
     # It answers: the target is up, and the others go as usual.
     ok = AttemptRecord(second.attempts + 1, T0 + 30, 0.01, "success", 200)
-    await a.record_attempt(second, ok, Delivered(), T0 + 30, Hold(3, T0 + 60, probe=True))
+    await record(a, second, ok, Delivered(), T0 + 30, Hold(3, T0 + 60, probe=True))
     rest = await b.claim_due(T0 + 31, T0 + 91, {"crm": 4})
     assert len(rest) == 4
     assert all(claimed.probe is None for claimed in rest)
@@ -949,15 +947,15 @@ async def test_a_success_after_a_success_waits_for_no_other_instances_record(
         await a.accept_event(event(), [NewDelivery("crm")], T0)
     first, second, third = await a.claim_due(T0, T0 + 60, {"crm": 3})
     ok = AttemptRecord(1, T0, 0.01, "success", 200)
-    await a.record_attempt(first, ok, Delivered(), T0 + 1)
+    await record(a, first, ok, Delivered(), T0 + 1)
     recording = await asyncpg.connect(pg_url)
     try:
         async with recording.transaction():
             await recording.execute("SELECT 1 FROM targets WHERE name = 'crm' FOR UPDATE")
-            streak = await asyncio.wait_for(a.record_attempt(second, ok, Delivered(), T0 + 1.5), 5)
+            streak = await asyncio.wait_for(record(a, second, ok, Delivered(), T0 + 1.5), 5)
             assert (streak.before, streak.after) == (0, 0)
             # The time shown would lag a second: this one writes, so it waits.
-            late = asyncio.create_task(a.record_attempt(third, ok, Delivered(), T0 + 2.5))
+            late = asyncio.create_task(record(a, third, ok, Delivered(), T0 + 2.5))
             await asyncio.sleep(0.3)
             assert not late.done()
         await asyncio.wait_for(late, 5)
@@ -989,7 +987,7 @@ async def test_a_line_joined_while_its_head_is_recorded_delivered_moves_on(
                 accepting, [AcceptJob(event("e2"), [NewDelivery("crm", order_key="A")], T0 + 1)]
             )
             ok = AttemptRecord(1, T0 + 1, 0.01, "success", 200)
-            recording = asyncio.create_task(a.record_attempt(head, ok, Delivered(), T0 + 1))
+            recording = asyncio.create_task(record(a, head, ok, Delivered(), T0 + 1))
             await asyncio.sleep(0.3)
         await asyncio.wait_for(recording, 5)
     finally:

@@ -15,11 +15,9 @@ from relay.config import LogConfig
 from relay.core.outcome import Outcome
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
-from relay.core.status import Status
-from relay.delivery.retry import Decision
 from relay.delivery.scheduler import AttemptReport
 from relay.ops import logs
-from relay.store import AttemptKind, ClaimedDelivery, FailureStreak
+from relay.store import AttemptKind, ClaimedDelivery, Dead, FailureStreak, RetryAt
 
 
 def report(error: str) -> AttemptReport:
@@ -51,7 +49,7 @@ def report(error: str) -> AttemptReport:
         cycle_step=2,
         cycle_length=7,
         outcome=Outcome.retry(error, 503),
-        decision=Decision(Status.PENDING, at=120.0),
+        then=RetryAt(120.0),
         duration=0.0124,
         streak=FailureStreak(1, 2),
     )
@@ -94,7 +92,7 @@ def test_the_attempt_that_makes_a_delivery_dead_says_dead(captured: io.StringIO)
         report("HTTP 503"),
         number=7,
         cycle_step=7,
-        decision=Decision(Status.DEAD, reason="HTTP 503"),
+        then=Dead("HTTP 503"),
     )
     logs.log_attempt(last)
     line = captured.getvalue().strip()
@@ -125,7 +123,7 @@ def test_the_attempt_count_is_the_cycles_and_says_manual_retries_and_probes(
         kind=kind,
         cycle_step=step,
         cycle_length=4,
-        decision=Decision(Status.DEAD, reason="HTTP 503"),
+        then=Dead("HTTP 503"),
     )
     logs.log_attempt(entry)
     assert said in captured.getvalue()

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from relay.core.outcome import Verdict
 from relay.core.status import ATTEMPT_OUTCOMES, Status, attempt_outcome
-from relay.delivery.retry import Decision
 from relay.store import Status as StoreStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,12 +50,12 @@ def test_the_docs_name_every_status_and_no_other() -> None:
 def test_an_attempt_is_said_in_the_words_of_logs_and_metrics() -> None:
     assert ATTEMPT_OUTCOMES == ("success", "retry", "dead")
     said = {
-        attempt_outcome(verdict, decision.next)
-        for verdict, decision in [
-            (Verdict.SUCCESS, Decision(Status.DELIVERED)),
-            (Verdict.RETRY, Decision(Status.PENDING, at=1.0)),
-            (Verdict.RETRY, Decision(Status.DEAD)),  # the last retry
-            (Verdict.FAIL, Decision(Status.DEAD)),  # no retry could help
+        attempt_outcome(verdict, after)
+        for verdict, after in [
+            (Verdict.SUCCESS, Status.DELIVERED),
+            (Verdict.RETRY, Status.PENDING),
+            (Verdict.RETRY, Status.DEAD),  # the last retry
+            (Verdict.FAIL, Status.DEAD),  # no retry could help
         ]
     }
     assert said == set(ATTEMPT_OUTCOMES)

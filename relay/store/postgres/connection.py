@@ -20,8 +20,8 @@ from relay.store.accept import AcceptJob
 from relay.store.base import (
     SEARCH_SECONDS,
     Accepted,
-    FailureStreak,
     SearchTooSlow,
+    Step,
     StoreError,
     StoreUnavailable,
 )
@@ -76,7 +76,7 @@ class PostgresConnection(Reads):
         self._pool: asyncpg.Pool | None = None
         self._commits_off_said = False  # the warning, once per store
         self._intake: GroupCommit[AcceptJob, Accepted] | None = None
-        self._records: GroupCommit[Record, FailureStreak] | None = None
+        self._records: GroupCommit[Record, Step] | None = None
         self._announcing: asyncio.Task[None] | None = None
         self._announce_again = False
         self._started_at: float | None = None
@@ -94,7 +94,7 @@ class PostgresConnection(Reads):
         # transaction ran to its end and then failed: it may have committed
         # with its answer lost. The scheduler records it again; that record
         # is not kept twice, and answers what the first did (record_attempt).
-        self._unanswered_records: dict[tuple[int, int, float], FailureStreak] = {}
+        self._unanswered_records: dict[tuple[int, int, float], Step] = {}
         # Writes that must not be made twice (a resend, a requeue, alert
         # notes) whose COMMIT's answer was lost while the database could not
         # be asked what became of it: their transaction id and their answer,

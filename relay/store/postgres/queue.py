@@ -12,11 +12,10 @@ import relay.store.rows as rows
 from relay.store.base import (
     AttemptRecord,
     ClaimedDelivery,
-    FailureStreak,
-    Hold,
+    Decide,
+    Step,
     StoreError,
     StoreUnavailable,
-    Transition,
 )
 from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.cluster import (
@@ -219,23 +218,22 @@ class PostgresQueue(PostgresConnection):
         self,
         delivery: ClaimedDelivery,
         attempt: AttemptRecord,
-        then: Transition,
+        decide: Decide,
         now: float,
-        hold: Hold | None = None,
-    ) -> FailureStreak:
+    ) -> Step:
         if self._records is None:
             raise StoreUnavailable("store is not open")
-        job = RecordJob.of(delivery, attempt, then, now, hold)
-        record = Record(job, then, self.instance_id, self._limits)
+        job = RecordJob(delivery, attempt, decide, now)
+        record = Record(job, self.instance_id, self._limits)
         record.first = self._unanswered_records.get(record.key)
         try:
-            streak = await self._records.submit(record)
+            step = await self._records.submit(record)
         except StoreError:
             if record.answer is not None:  # its batch ran to its end: it may have committed
                 self._unanswered_records[record.key] = record.answer
             raise
         self._unanswered_records.pop(record.key, None)
-        return streak
+        return step
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
         ids = list(delivery_ids)

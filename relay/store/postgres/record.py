@@ -1,10 +1,11 @@
 """Recording attempts on PostgreSQL, a batch per transaction (relay.store.postgres.batch).
 
 Every attempt writes its row, its delivery's new state and what it changed
-of its target's health, under the target's row lock: instances record
-attempts of one target at once, and the health rule (relay.store.health)
-must see them in turn. Recorded one transaction each, every attempt waited
-for the previous one's commit on that lock. So:
+of its target's health, as the step that follows it says
+(relay.delivery.step), asked under the target's row lock: instances record
+attempts of one target at once, and the step must see them in turn.
+Recorded one transaction each, every attempt waited for the previous one's
+commit on that lock. So:
 
 - a run of successes on targets that are up is written in bulk: one INSERT
   of their rows, one UPDATE of their deliveries, the rule asked attempt by
@@ -28,20 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import relay.store.rows as rows
-from relay.core.outcome import Verdict
-from relay.store.base import FailureStreak, RetryAt, Status, Transition
+from relay.store.base import History, RetryAt, Status, Step, TargetHealth
 from relay.store.dialect import numbered
-from relay.store.health import (
-    HEALTH_COLUMNS,
-    HealthChange,
-    TargetHealth,
-    fails_alone,
-    health_after,
-)
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.errors import Connection
 from relay.store.record import RecordJob, successes_health
-from relay.store.rows import ATTEMPT_COLUMNS_INSERTED
+from relay.store.rows import ATTEMPT_COLUMNS_INSERTED, HEALTH_COLUMNS, delivery_after
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
@@ -107,7 +100,7 @@ WHERE id IN (
     FROM done d WHERE d.order_key IS NOT NULL)
 AND status = 'pending' AND next_attempt_at IS NULL
 """
-# The success columns health_after sets, in SUCCESSES's order.
+# The success columns a success's step sets, in SUCCESSES's order.
 SUCCESS_COLUMNS = ("last_success_at", "successes")
 HEALTH = f"SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name = ANY($1::text[])"
 LOCK_TARGETS = f"{HEALTH} ORDER BY name FOR UPDATE"
@@ -119,19 +112,18 @@ class Record:
     failed once its transaction had run (it may have committed)."""
 
     job: RecordJob
-    then: Transition
     instance_id: str
     limits: Mapping[str, TargetLimits]
-    first: FailureStreak | None = None
-    answer: FailureStreak | None = None  # once its batch ran to its end
+    first: Step | None = None
+    answer: Step | None = None  # once its batch ran to its end
 
     @property
     def key(self) -> tuple[int, int, float]:
         return (self.job.delivery.id, self.job.attempt.number, self.job.attempt.started_at)
 
 
-async def record_batch(connection: Connection, records: Sequence[Record]) -> list[FailureStreak]:
-    """Record a batch in the caller's transaction; each one's health streak, in order."""
+async def record_batch(connection: Connection, records: Sequence[Record]) -> list[Step]:
+    """Record a batch in the caller's transaction; each one's Step, in order."""
     for record in records:
         record.answer = None
     lined = [record.job.delivery.id for record in records if record.job.delivery.order_key]
@@ -141,28 +133,28 @@ async def record_batch(connection: Connection, records: Sequence[Record]) -> lis
     simple = all(record.first is None and record.job.simple_success for record in records)
     if simple:
         # Successes after successes change nothing of their targets' rows
-        # (relay.store.health): read unlocked, they take no lock, and wait for
+        # (relay.delivery.step): read unlocked, they take no lock, and wait for
         # no other instance's records. Were a failure recorded meanwhile, they
         # are the successes just before it.
         health = await _health(connection, targets, HEALTH)
         if _all_up(health, targets):
-            streaks, changed = successes_health([record.job for record in records], health)
+            steps, changed = successes_health([record.job for record in records], health)
             if not changed:
                 await _successes(connection, records, {})
-                return _answered(records, streaks)
+                return _answered(records, steps)
     health = await _health(connection, targets, LOCK_TARGETS)
     if simple and _all_up(health, targets):
-        streaks, changed = successes_health([record.job for record in records], health)
+        steps, changed = successes_health([record.job for record in records], health)
         await _successes(connection, records, changed)
     else:
-        streaks = [await _one(connection, record) for record in records]
-    return _answered(records, streaks)
+        steps = [await _one(connection, record) for record in records]
+    return _answered(records, steps)
 
 
-def _answered(records: Sequence[Record], streaks: list[FailureStreak]) -> list[FailureStreak]:
-    for record, streak in zip(records, streaks, strict=True):
-        record.answer = streak
-    return streaks
+def _answered(records: Sequence[Record], steps: list[Step]) -> list[Step]:
+    for record, step in zip(records, steps, strict=True):
+        record.answer = step
+    return steps
 
 
 def _all_up(health: dict[str, TargetHealth], targets: list[str]) -> bool:
@@ -204,7 +196,7 @@ async def _successes(
     )
 
 
-async def _one(connection: Connection, record: Record) -> FailureStreak:
+async def _one(connection: Connection, record: Record) -> Step:
     """One attempt, every rule asked in order (its target's row already locked)."""
     job, delivery = record.job, record.job.delivery
     if record.first is not None:
@@ -220,6 +212,7 @@ async def _one(connection: Connection, record: Record) -> FailureStreak:
             *record.key,
         ):
             return record.first  # it did commit: kept once, with its answer
+    step = job.decided(*await _standing(connection, delivery.target, delivery.id))
     await connection.execute(
         f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
         " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
@@ -227,22 +220,23 @@ async def _one(connection: Connection, record: Record) -> FailureStreak:
     )
     result = await connection.execute(DELIVERY_UPDATE, *job.delivery_row(), record.instance_id)
     held = result.split()[-1] != "0"
-    if held and job.status is Status.DELIVERED:
+    status, _, _ = delivery_after(step.then, None)
+    if held and status is Status.DELIVERED:
         await connection.execute(NEXT_IN_LINE, job.now, job.now, delivery.id)
         await resolve_originals(
             connection, delivery.id, delivery.event_id, delivery.resolves, job.now
         )
-    then = record.then
+    then = step.then
     if isinstance(then, RetryAt) and then.hold_until is not None:
         await _hold_paces(connection, record.limits.get(delivery.target), then.hold_until)
-    streak = await _update_health(connection, record)
+    streak = await _write_step(connection, delivery.target, delivery.id, step)
     if streak.came_up:
         await connection.execute(LINE_UP_ALL, delivery.target)
     elif streak.went_down:
         await connection.execute(LINE_UP_DOWN, delivery.target, delivery.target)
     elif held and streak.down and isinstance(then, RetryAt):
         await connection.execute(LINE_UP_ONE_DOWN, delivery.target, delivery.target, delivery.id)
-    return streak
+    return step if streak is step.streak else replace(step, streak=streak)
 
 
 async def _hold_paces(connection: Connection, limits: TargetLimits | None, until: float) -> None:
@@ -257,37 +251,37 @@ async def _hold_paces(connection: Connection, limits: TargetLimits | None, until
         )
 
 
-async def _update_health(connection: Connection, record: Record) -> FailureStreak:
-    """The target's health after this attempt (relay.store.health), written
-    down with the row locked (record_batch locked it)."""
-    job = record.job
-    target, delivery_id = job.delivery.target, job.delivery.id
+async def _standing(
+    connection: Connection, target: str, delivery_id: int
+) -> tuple[TargetHealth, History]:
+    """What the step reads: the target's row (locked by record_batch) and the
+    delivery's memory of failing (its lease is held: never purged)."""
     row = await connection.fetchrow(f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1", target)
     assert row is not None  # inserted by record_batch
-    health = TargetHealth(*row)
-    alone = False
-    if job.attempt.target_at_fault and job.attempt.outcome == Verdict.RETRY:
-        seen = await connection.fetchrow(
-            "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
-        )
-        assert seen is not None  # its lease is held: never purged
-        alone = fails_alone(flagged=seen[1], seen=seen[0], successes=health.successes)
+    memory = await connection.fetchrow(
+        "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
+    )
+    assert memory is not None
+    return TargetHealth(*row), History(memory[0], memory[1])
+
+
+async def _write_step(connection: Connection, target: str, delivery_id: int, step: Step) -> Any:
+    """As rows.write_step: the target's row, the delivery's memory of failing,
+    and the streak with how many deliveries waited when the target came up."""
+    await _write_health(connection, target, step.target)
+    if step.remember is not None:
         await connection.execute(
             "UPDATE deliveries SET seen_successes = $1, fails_alone = $2 WHERE id = $3",
-            health.successes,
-            alone,
+            step.remember.seen_successes,
+            step.remember.fails_alone,
             delivery_id,
         )
-    change: HealthChange = health_after(
-        job.attempt, job.now, job.hold, health, alone=alone, delivery_id=delivery_id
-    )
-    await _write_health(connection, target, change.columns)
-    if not change.count_waiting:
-        return change.streak
+    if not step.count_waiting:
+        return step.streak
     waited = await connection.fetchval(
         "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = $1", target
     )
-    return replace(change.streak, waited=waited)
+    return replace(step.streak, waited=waited)
 
 
 async def _write_health(connection: Connection, target: str, columns: dict[str, Any]) -> None:

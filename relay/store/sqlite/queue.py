@@ -6,7 +6,7 @@ import sqlite3
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from relay.store.base import AttemptRecord, ClaimedDelivery, FailureStreak, Hold, Transition
+from relay.store.base import AttemptRecord, ClaimedDelivery, Decide, Step
 from relay.store.dialect import SQLITE, placeholders
 from relay.store.record import RecordJob
 from relay.store.rows import (
@@ -90,12 +90,11 @@ class SqliteQueue(SqliteConnection):
         self,
         delivery: ClaimedDelivery,
         attempt: AttemptRecord,
-        then: Transition,
+        decide: Decide,
         now: float,
-        hold: Hold | None = None,
-    ) -> FailureStreak:
-        streak: FailureStreak = await self._write(RecordJob.of(delivery, attempt, then, now, hold))
-        return streak
+    ) -> Step:
+        step: Step = await self._write(RecordJob(delivery, attempt, decide, now))
+        return step
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
         ids = list(delivery_ids)
