@@ -227,7 +227,7 @@ def plan_resend(
     if route is None:
         raise EditRejected(422, f"route {event.route} is no longer in the config")
     kind = (content_type or detail.payload.content_type or "").strip()
-    body = restore_secrets(edited, detail, masker)
+    body = restore_secrets(edited, detail, masker, kind)
     check_body(route, body, kind)
     # Compared as content (JSON parsed, forms decoded): reformatting is no correction.
     same = payload_digest(body, kind) == payload_digest(
@@ -285,8 +285,11 @@ _SEPARATORS = re.compile(r"[\n&,{\[;]")
 _SPACE = re.compile(r"\s+")
 
 
-def restore_secrets(edited: bytes, detail: EventDetail, masker: Masker) -> bytes:
-    """Put back the secrets that the edit box showed as "***", each where it was.
+def restore_secrets(
+    edited: bytes, detail: EventDetail, masker: Masker, content_type: str | None = None
+) -> bytes:
+    """Put back the secrets that the edit box showed as "***", each where it was;
+    the copy is of `content_type` (None: the original's).
 
     The box showed `s0 *** s1 *** s2`, made from a text that reads
     `s0 SECRET1 s1 SECRET2 s2` (relay.core.secrets tells which pieces it masked).
@@ -331,7 +334,7 @@ def restore_secrets(edited: bytes, detail: EventDetail, masker: Masker) -> bytes
         restored += [secret.original, part]
         secrets.append(secret.original)
     body = "".join(restored)
-    _check_copy_masks(detail, body, secrets, masker)
+    _check_copy_masks(detail, body, secrets, masker, content_type)
     return body.encode("utf-8")
 
 
@@ -367,9 +370,16 @@ def _unspaced(text: str) -> str:
     return _SPACE.sub("", text)
 
 
-def _check_copy_masks(detail: EventDetail, body: str, secrets: list[str], masker: Masker) -> None:
-    """The copy's own views must mask every secret put back in it."""
-    kind = detail.payload.content_type
+def _check_copy_masks(
+    detail: EventDetail,
+    body: str,
+    secrets: list[str],
+    masker: Masker,
+    content_type: str | None,
+) -> None:
+    """The copy's own views must mask every secret put back in it: views read
+    the copy by its own content type, which may not be the original's."""
+    kind = content_type or detail.payload.content_type
     own = request_masker(masker, detail.payload.query, kind, body.encode("utf-8"))
     view = shown_body(body, kind, own)
     for secret in secrets:

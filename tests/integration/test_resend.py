@@ -536,3 +536,54 @@ async def test_a_form_lead_is_edited_as_its_fields_decoded_and_sent_back_encoded
     assert sink.requests[-1].body.decode() == TILDA_LEAD.replace(
         "Email=anna%40example.com", "Email=anna%40example.org"
     )
+
+
+async def test_a_copy_of_another_content_type_never_shows_a_masked_secret(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # The copy's views mask it by its own content type: a JSON lead's
+    # password (masked by its name in JSON) sent again as a form would be
+    # shown in clear by the copy's page, `relay show` and `relay export`.
+    sink, url = await start_sink([400, 200])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}},
+        {"leads": {"path": "/hooks/leads", "targets": ["crm"]}},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    lead = {"name": "Anna", "password": "hunter2-secret"}
+    async with http.post(relay.ingress_url + "/hooks/leads", json=lead) as answer:
+        original = (await answer.json())["id"]
+    await relay.scheduler.drain()
+    shown = (await api(relay, http, "GET", f"/api/v1/events/{original}", 200))["body"]
+    assert "hunter2-secret" not in shown
+    fixed = shown.replace("Anna", "Anna K")
+    form = "application/x-www-form-urlencoded"
+    for confirm in (False, True):
+        refused = await api(
+            relay,
+            http,
+            "POST",
+            f"/api/v1/events/{original}/resend",
+            400,
+            json={"body": fixed, "content_type": form, "confirm": confirm},
+        )
+        assert "in clear" in refused["error"]
+        assert "hunter2-secret" not in json.dumps(refused)
+    assert (await relay.store.search_progress()).newest == int(original)  # no copy stored
+    # A type whose views still read the body as JSON keeps it masked: stored.
+    sent = await api(
+        relay,
+        http,
+        "POST",
+        f"/api/v1/events/{original}/resend",
+        201,
+        json={"body": fixed, "content_type": "text/plain", "confirm": True},
+    )
+    copy = await api(relay, http, "GET", f"/api/v1/events/{sent['event_id']}", 200)
+    assert "hunter2-secret" not in json.dumps(copy)
+    await relay.scheduler.drain()
+    assert b"hunter2-secret" in sink.requests[-1].body  # the CRM gets it, as it came
