@@ -148,11 +148,7 @@ def body_segments(text: str, content_type: str | None, masker: Masker) -> Segmen
     kind = media_type(content_type)
     if kind == "application/x-www-form-urlencoded":
         pieces = _form_segments(text)
-    elif (
-        ("json" in kind or text.lstrip()[:1] in ("{", "["))
-        and _may_name_a_credential(text)
-        and _is_json(text)
-    ):
+    elif ("json" in kind or text.lstrip()[:1] in ("{", "[")) and _may_name_a_credential(text):
         pieces = _json_segments(text)
     else:
         pieces = [text]
@@ -191,36 +187,57 @@ def _form_segments(urlencoded: str) -> Segments:
     return out
 
 
-def _is_json(text: str) -> bool:
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-# A JSON string, and when it is a key, its scalar value. Possessive repeats:
-# the scan only moves forward, one step per character, whatever the text.
-_JSON_STRING = r'"([^"\\]*+(?:\\.[^"\\]*+)*+)"'
+# A JSON string, and when it is a key, its value: a string, a number, or the
+# opening of an object or array (true, false and null hide nothing). A string cut short by the end
+# of the text (a body cut to a size) runs to the end. Possessive repeats: the
+# scan only moves forward, one step per character, whatever the text.
+_JSON_STRING = r'"([^"\\]*+(?:\\.[^"\\]*+)*+)(?:"|\Z)'
 _JSON_PAIR = re.compile(
-    _JSON_STRING + r"(?:\s*+:\s*+(?:" + _JSON_STRING + r"|(-?[0-9][0-9.eE+-]*+)))?", re.S
+    _JSON_STRING + r"(?:\s*+:\s*+(?:" + _JSON_STRING + r"|(-?[0-9][0-9.eE+-]*+)|([\[{])))?",
+    re.S,
 )
+# What moves an object's or array's depth: its brackets, and strings (skipped whole).
+_JSON_NESTING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\Z)|[\[\]{}]')
 
 
 def _json_segments(text: str) -> Segments:
-    """A valid JSON document with the value of every credential-named key
-    masked (a string's letters; a number whole), in one forward pass."""
+    """JSON text with the value of every credential-named key masked, whatever
+    its shape (a string's letters; a number, an object or an array whole), in
+    one forward pass. Text that is not valid JSON (a body cut to a
+    size) is masked as far as it reads like JSON: a value cut short is masked
+    to the end."""
     out: Segments = []
     position = 0
     for match in _JSON_PAIR.finditer(text):
-        group = 2 if match.start(2) >= 0 else 3
+        if match.start() < position:  # inside a value already masked
+            continue
+        group = next((g for g in (2, 3, 4) if match.start(g) >= 0), None)
+        if group is None or not sensitive_name(_json_text(match.group(1))):
+            continue
         start, end = match.span(group)
-        if start < 0 or start == end or not sensitive_name(_json_text(match.group(1))):
+        if group == 4:
+            end = _container_end(text, start)
+        if start == end:
             continue
         out += [text[position:start], Hidden(text[start:end])]
         position = end
     out.append(text[position:])
     return out
+
+
+def _container_end(text: str, start: int) -> int:
+    """Where the object or array opened at `start` ends (the end of the text
+    when it is cut short)."""
+    depth = 0
+    for match in _JSON_NESTING.finditer(text, start):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+        elif token in "]}":
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    return len(text)
 
 
 def _json_text(raw: str) -> str:
@@ -235,21 +252,28 @@ def _json_text(raw: str) -> str:
 
 def _json_secrets(document: Any, found: set[str]) -> None:
     """Credential values of a parsed JSON document, breadth-first, iteratively
-    (no recursion limit to reach), until MAX_VALUE_SECRETS are found."""
-    queue: deque[Any] = deque([document])
+    (no recursion limit to reach), until MAX_VALUE_SECRETS are found: the
+    value of a credential-named key, or every scalar inside it when it is an
+    object or an array."""
+    if not isinstance(document, dict | list):
+        return
+    queue: deque[tuple[Any, bool]] = deque([(document, False)])
     while queue and len(found) < MAX_VALUE_SECRETS:
-        value = queue.popleft()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if isinstance(item, str | int) and not isinstance(item, bool):
-                    if item != "" and sensitive_name(str(key)):
-                        found.add(str(item))
-                        if len(found) >= MAX_VALUE_SECRETS:
-                            return
-                elif isinstance(item, dict | list):
-                    queue.append(item)
-        elif isinstance(value, list):
-            queue.extend(item for item in value if isinstance(item, dict | list))
+        value, secret = queue.popleft()
+        items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        for key, item in items:
+            inside = secret or (key is not None and sensitive_name(str(key)))
+            if isinstance(item, dict | list):
+                queue.append((item, inside))
+            elif inside and _scalar(item) and item != "":
+                found.add(str(item))
+                if len(found) >= MAX_VALUE_SECRETS:
+                    return
+
+
+def _scalar(value: Any) -> bool:
+    """A value that can be a credential: a string or a number (not a boolean)."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def _encodings(secret: str) -> set[str]:

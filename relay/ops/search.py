@@ -33,7 +33,13 @@ from typing import Any
 
 from relay.core.exact import as_text, exact_text
 from relay.core.payload import declared_charset, media_type, parse_form, parse_json, parse_query
-from relay.core.secrets import Masker, inbound_secrets, is_sensitive_header, sensitive_name
+from relay.core.secrets import (
+    Masker,
+    inbound_secrets,
+    is_sensitive_header,
+    sensitive_name,
+    shown_body,
+)
 from relay.store import IndexSource, SearchDocument, TextSearch
 
 log = logging.getLogger("relay.search")
@@ -168,6 +174,9 @@ def body_values(content_type: str | None, body: bytes) -> list[str]:
         parsed = parse_json(body)
         if parsed is not None:
             return list(_json_values(parsed))
+        # Cut to MAX_BODY_BYTES, or broken: its text, its credentials masked by
+        # name as far as it reads like JSON (a search must find no password).
+        return [shown_body(exact_text(body), content_type, Masker())]
     form = parse_form(content_type, body, exact=True)
     if form is not None:
         return _field_values(form.items())

@@ -77,3 +77,28 @@ def test_a_body_that_is_not_json_is_masked_by_value_only() -> None:
     text = '{"token": "abcdef"'  # cut short: no structure to trust
     masker = Masker(["abcdef"])
     assert shown_body(text, "application/json", masker) == '{"token": "***"'
+
+
+def test_a_credential_of_any_shape_is_masked_by_its_name() -> None:
+    # A list or an object under a credential's name was shown whole.
+    text = (
+        '{"password": ["hunter2", {"pin": "0042"}], "api_key": {"live": "sk-123456"},'
+        ' "name": "Anna", "note": "a [ bracket", "secret": true}'
+    )
+    view = shown_body(text, "application/json", Masker())
+    assert view == (
+        '{"password": ***, "api_key": ***, "name": "Anna", "note": "a [ bracket", "secret": true}'
+    )
+    found = inbound_secrets("", "application/json", text.encode())
+    assert found == {"hunter2", "0042", "sk-123456"}
+
+
+def test_json_cut_short_is_masked_as_far_as_it_reads() -> None:
+    # A body cut to a size (the index reads the first 64 KiB, an attempt keeps
+    # a few) is not valid JSON: its credentials are masked by name all the
+    # same, a value cut short to its end.
+    whole = '{"name": "Anna", "token": "tok-0123456789", "items": [{"password": "hunter2"}]}'
+    for cut in range(len(whole)):
+        view = shown_body(whole[:cut], "application/json", Masker())
+        assert "tok-" not in view
+        assert "hu" not in view

@@ -105,7 +105,8 @@ PATTERNS: dict[tuple[str, str], Trusted | Untrusted] = {
     ),
     (
         "core/secrets.py",
-        "_JSON_STRING + '(?:\\\\s*+:\\\\s*+(?:' + _JSON_STRING + '|(-?[0-9][0-9.eE+-]*+)))?'",
+        "_JSON_STRING + '(?:\\\\s*+:\\\\s*+(?:' + _JSON_STRING"
+        " + '|(-?[0-9][0-9.eE+-]*+)|([\\\\[{])))?'",
     ): Untrusted(
         {
             "open strings": lambda n: '"a' * n,
@@ -113,9 +114,17 @@ PATTERNS: dict[tuple[str, str], Trusted | Untrusted] = {
             "escapes": lambda n: '"' + "\\a" * n,
             "spaces before a colon": lambda n: '"k"' + " " * n + "x",
             "a long number": lambda n: '"k":' + "1e" * n,
+            "containers": lambda n: '"k":[' * n,
         },
-        pattern=r'"([^"\\]*+(?:\\.[^"\\]*+)*+)"(?:\s*+:\s*+(?:"([^"\\]*+(?:\\.[^"\\]*+)*+)"'
-        r"|(-?[0-9][0-9.eE+-]*+)))?",
+        pattern=r'"([^"\\]*+(?:\\.[^"\\]*+)*+)(?:"|\Z)(?:\s*+:\s*+(?:"([^"\\]*+(?:\\.[^"\\]*+)*+)'
+        r'(?:"|\Z)|(-?[0-9][0-9.eE+-]*+)|([\[{])))?',
+    ),
+    ("core/secrets.py", r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\Z)|[\[\]{}]'): Untrusted(
+        {
+            "brackets": lambda n: "[{" * n,
+            "open string": lambda n: '"' + "a" * n,
+            "escapes": lambda n: '"' + "\\a" * n,
+        }
     ),
     ("core/secrets.py", "'[' + ''.join(hidden) + ']'"): Untrusted(
         {"placeholders": lambda n: "\ue000a\ue001" * n}, pattern="[\ue000\ue001]"
@@ -334,7 +343,11 @@ def _functions() -> dict[str, tuple[Callable[[str], object], dict[str, Callable[
         ),
         "shown_body (JSON)": (
             lambda text: shown_body(text, "application/json", masker),
-            {"credential keys": lambda n: '{"token": "' + "a\\\\" * n + '"}'},
+            {
+                "credential keys": lambda n: '{"token": "' + "a\\\\" * n + '"}',
+                "a deep credential value": lambda n: '{"token": ' + "[" * n + "]" * n + "}",
+                "credential values cut short": lambda n: '{"token": "x", "a": ["' * n,
+            },
         ),
         "search document": (
             lambda text: document(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import time
 
+import orjson
 import pytest
 
 from relay.core.secrets import Masker
 from relay.ops.search import (
+    MAX_BODY_BYTES,
     MAX_TEXT_CHARS,
     SearchError,
     document,
@@ -195,3 +197,27 @@ def test_queries_too_short_are_refused_with_a_reason(query: str) -> None:
 def test_a_search_asks_for_no_more_than_one_search_may(text: str, message: str) -> None:
     with pytest.raises(SearchError, match=message):
         parse_search(text)
+
+
+def test_no_credential_is_indexed_whatever_the_body_or_its_size() -> None:
+    # A search that finds a password is an oracle for it (type a guess, see if
+    # an event comes back): a credential never enters the index, by its name
+    # at any depth and of any shape, past MAX_VALUE_SECRETS fields, or in a
+    # JSON body longer than what the index reads (cut, it is not valid JSON).
+    fields = {f"token{n}": f"tok-{n:05d}" for n in range(40)}
+    big = {
+        "name": "Anna",
+        "pad": "x" * (MAX_BODY_BYTES + 10),
+        "password": "hunter2-late",
+        **fields,
+    }
+    head_first = {"password": "hunter2-early", "pad": "x" * (MAX_BODY_BYTES + 10)}
+    shapes = {"api_key": ["hunter2-list", {"pin": "hunter2-nested"}], "name": "Anna"}
+    for body in (big, head_first, shapes, fields):
+        text, _ = doc(orjson.dumps(body), content_type="application/json")
+        assert "hunter2" not in text
+        assert "tok-" not in text
+    form = "&".join(f"token{n}=tok-{n:05d}" for n in range(40)) + "&Name=Anna"
+    text, _ = doc(form.encode())
+    assert "tok-" not in text
+    assert "anna" in text
