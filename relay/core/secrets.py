@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections import deque
 from collections.abc import Iterable
@@ -277,9 +278,15 @@ def _scalar(value: Any) -> bool:
 
 
 def _encodings(secret: str) -> set[str]:
-    """The secret as it may be stored: as is, and percent-encoded (a query
-    string or a form body keeps it encoded; `+` or `%20` for a space)."""
-    return {secret, quote_plus(secret), quote(secret, safe=""), quote(secret)}
+    """The secret in every form it may be stored or quoted back in: as is,
+    percent-encoded (a query string or a form body keeps it encoded; `+` or
+    `%20` for a space), and JSON-escaped (a receiver echoing the request in a
+    JSON answer: `"` and `\\` escaped, letters as `\\uXXXX` by an encoder that
+    writes ASCII, `/` as `\\/` by PHP's)."""
+    forms = {secret, quote_plus(secret), quote(secret, safe=""), quote(secret)}
+    for escaped in (orjson.dumps(secret).decode()[1:-1], json.dumps(secret)[1:-1]):
+        forms |= {escaped, escaped.replace("/", "\\/")}
+    return forms
 
 
 def _shown_url(secret: str) -> str | None:

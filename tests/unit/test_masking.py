@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import urllib.parse
+
 import orjson
 
 from relay.core.secrets import (
@@ -102,3 +105,18 @@ def test_json_cut_short_is_masked_as_far_as_it_reads() -> None:
         view = shown_body(whole[:cut], "application/json", Masker())
         assert "tok-" not in view
         assert "hu" not in view
+
+
+def test_a_secret_is_masked_in_every_form_a_peer_may_quote_it_back_in() -> None:
+    # A receiver that echoes the request in its JSON answer escapes the secret
+    # as its encoder does: quotes and backslashes, non-ASCII as \uXXXX
+    # (Python's json, ensure_ascii), and "/" as "\/" (PHP's json_encode).
+    secret = 'p/ss"wörd\\1'
+    masker = Masker([secret])
+    for quoted in (
+        orjson.dumps({"echo": secret}).decode(),
+        json.dumps({"echo": secret}),
+        json.dumps({"echo": secret}).replace("/", "\\/"),
+        "pw=" + urllib.parse.quote_plus(secret),
+    ):
+        assert "ss" not in masker.text(quoted), quoted
