@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from relay import __version__, compiled
 from relay.cli import completion
 from relay.cli.common import CommandError, Parser, as_root_hint
+from relay.core.printable import printable
 from relay.ops.inputs import BadRequest
 from relay.store import AlreadyRunning, Conflict, NotFound, StoreError
 
@@ -93,10 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is still ours to answer
     except (CommandError, BadRequest, NotFound, Conflict) as error:
         # What was asked cannot be: the words are the admin API's (relay.ops.actions).
-        print(f"relay: {error}", file=sys.stderr)
+        print(f"relay: {printable(str(error))}", file=sys.stderr)
         return 2
     except (StoreError, AlreadyRunning) as error:
-        print(f"relay: {error}", file=sys.stderr)
+        print(f"relay: {printable(str(error))}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # `relay check | head`: the reader has all it wanted. Quiet, like other

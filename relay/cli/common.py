@@ -23,6 +23,7 @@ from relay.cli.envfile import parse_env_file
 from relay.config import Config, ConfigError
 from relay.core.clock import SystemClock
 from relay.core.closest import closest
+from relay.core.printable import printable, printable_lines
 from relay.loader import OperatorConfig, load_config, load_operator_config
 from relay.ops.actions import Actions
 from relay.ops.inputs import BadRequest, instant, row_id, whole_number
@@ -315,13 +316,15 @@ def row_ids(values: list[str], field: str) -> list[int]:
 
 
 def emit(args: argparse.Namespace, data: Any, render_text: Callable[[Any], str]) -> None:
-    """Print `data` as JSON with --json, else as the text `render_text` makes of it."""
+    """Print `data` as JSON with --json, else as the text `render_text` makes
+    of it, which no control character a sender or a target wrote can drive
+    (relay.core.printable; JSON escapes them already)."""
     if getattr(args, "json", False):
         write_all(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         text = render_text(data)
         if text:
-            print(text)
+            print(printable_lines(text))
 
 
 def write_all(data: bytes) -> None:
@@ -345,8 +348,11 @@ def write_all(data: bytes) -> None:
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
+    """Rows under their headers, aligned; a cell is one line (a line break in
+    one written `\\n`, so no value can forge a row)."""
     if not rows:
         return "(none)"
+    rows = [[printable(str(cell)) for cell in row] for row in rows]
     widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += [

@@ -23,6 +23,7 @@ from relay.cli.common import (
     who,
 )
 from relay.core.payload import media_type
+from relay.core.printable import printable_lines
 from relay.ops.inputs import row_id
 from relay.ops.views import preview_view
 from relay.store import EventDetail
@@ -98,7 +99,7 @@ def resend(args: argparse.Namespace) -> int:
     except EditRejected as problem:
         raise CommandError(str(problem)) from None
     if not args.json:
-        print(_preview_text(plan))
+        print(printable_lines(_preview_text(plan)))
     if plan.failures:
         raise CommandError(
             "not sent: "

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
+
+from relay.core.printable import printable
 
 # What is kept of a target's answer: enough to read an error message, never
 # so much that a huge response can fill the database.
@@ -73,14 +74,3 @@ class Outcome:
     def unsendable(cls, error: str) -> Outcome:
         """This event cannot be sent as rendered: dead at once, the target not blamed."""
         return cls(Verdict.FAIL, error=error, target_at_fault=False)
-
-
-# C0 and C1 controls and DEL; \t is kept (harmless, and readable).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """`text` with each control character written as its escape ("\\x1b")."""
-    if not _CONTROL.search(text):
-        return text
-    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from relay.config import Config, LogConfig
+from relay.core.printable import printable_lines
 from relay.core.records import next_due, next_status
 from relay.core.secrets import Masker
 from relay.core.status import Status
@@ -54,11 +55,10 @@ class TextFormatter(logging.Formatter):
         fields: dict[str, Any] | None = getattr(record, "fields", None)
         if fields:
             line += " " + _text_fields(fields)
-        if _TERMINAL_CONTROL.search(line):
-            # ESC and its kin from whatever a line quotes (a target's answer, a
-            # sender's field) would drive the terminal of whoever tails the
-            # journal: written as escapes. (JSON lines escape them already.)
-            line = _TERMINAL_CONTROL.sub(lambda found: repr(found.group())[1:-1], line)
+        # ESC and its kin from whatever a line quotes (a target's answer, a
+        # sender's field) would drive the terminal of whoever tails the
+        # journal: written as escapes. (JSON lines escape them already.)
+        line = printable_lines(line)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return self.masker.text(line)
@@ -84,7 +84,6 @@ class JsonFormatter(logging.Formatter):
 
 _NEEDS_QUOTES = re.compile(r'[ "=]')
 # Control characters but line breaks and tabs (a message may span lines).
-_TERMINAL_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def _text_fields(fields: dict[str, Any]) -> str:

@@ -83,3 +83,46 @@ async def test_show_tells_the_whole_story(
     requeue_line = next(line for line in kinds if "requeue" in line)
     assert position[numbered[1]] < position[retry_line] < position[numbered[2]]
     assert position[numbered[2]] < position[requeue_line] < position[numbered[3]]
+
+
+async def test_what_a_sender_or_a_filter_wrote_never_drives_the_terminal(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    # OSC 52 (write the clipboard), a title, clear screen, a carriage return
+    # and a bidi override from a sender reached `relay events` and `relay
+    # show` as they came; a line break in a bulk action's filter (the API's
+    # key) forged a row of `relay audit`'s table.
+    _, crm_url = await start_sink([422])
+    targets = {"crm": {"type": "http", "url": crm_url}}
+    routes = {"leads": {"path": "/hooks/leads", "targets": ["crm"]}}
+    relay = await start_relay(make_config(targets, routes), background=False, clock=FakeClock())
+    hostile = "Anna\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;pwned\x07\x1b[2J\rEve\u202egnp.exe"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.ingress_url + "/hooks/leads",
+            json={"name": hostile},
+            headers={"Idempotency-Key": "K1"},
+        ) as response,
+    ):
+        assert response.status == 200
+    await relay.scheduler.drain()  # dead: 422
+    await relay.store.requeue(
+        Selection(key="K\nreal-looking  row  forged"), relay.clock.now(), by="api caller"
+    )
+    config = write_config(
+        tmp_path / "cli.toml",
+        {"storage": {"path": str(tmp_path / "relay.db")}, "targets": targets, "routes": routes},
+    )
+    for command in (["events"], ["show", "1"], ["audit"]):
+        out = relay_cli(*command, "--config", str(config)).stdout
+        for control in ("\x1b", "\x07", "\r", "\u202e"):
+            assert control not in out, (command, control)
+    audit = relay_cli("audit", "--config", str(config)).stdout
+    assert "forged" in audit
+    assert not any(line.startswith("real-looking") for line in audit.splitlines())
+    events = relay_cli("events", "--config", str(config)).stdout
+    assert "\\x1b]52;c;" in events  # the name decoded, its controls said as escapes

@@ -139,15 +139,19 @@ PATTERNS: dict[tuple[str, str], Trusted | Untrusted] = {
         }
     ),
     ("core/multipart.py", r"\\(.)"): Untrusted({"backslashes": lambda n: "\\" * n}, "sub"),
-    ("core/outcome.py", r"[\x00-\x08\x0a-\x1f\x7f-\x9f]"): Untrusted(
-        {"controls": lambda n: "\x01a" * n}, "sub"
+    ("core/printable.py", "f'[{_ALWAYS}\\n]'"): Untrusted(
+        {"controls": lambda n: "\x1b]52;c;\n" * n},
+        "sub",
+        pattern="[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\n]",
+    ),
+    ("core/printable.py", "f'[{_ALWAYS}]'"): Untrusted(
+        {"controls": lambda n: "\x1b[2J\u202e" * n},
+        "sub",
+        pattern="[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]",
     ),
     ("ops/glance.py", r"[\W_]+"): Untrusted({"separators": lambda n: "_a" * n}, "sub"),
     ("ops/glance.py", r"\D"): Untrusted({"digits between": lambda n: "a1" * n}, "sub"),
     ("ops/logs.py", '[ "=]'): Untrusted({"plain": lambda n: "a" * n}, "search"),
-    ("ops/logs.py", r"[\x00-\x08\x0b-\x1f\x7f-\x9f]"): Untrusted(
-        {"controls": lambda n: "\x1b]52;c;" * n}, "sub"
-    ),
     ("ops/resend.py", r"^[A-Za-z0-9][\w!#$&^.+-]*/[A-Za-z0-9][\w!#$&^.+-]*$"): Untrusted(
         {"two slashes": lambda n: "a" * n + "/" + "a" * n + "/"}, "match"
     ),
