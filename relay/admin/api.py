@@ -131,11 +131,11 @@ def event_query(params: Mapping[str, str], now: float, zone: Zone = None) -> Eve
         raise BadRequest(f"q: {problem}") from None
     return EventQuery(
         status=_status(params.get("status")),
-        route=params.get("route") or None,
-        target=params.get("target") or None,
+        route=optional_text(params.get("route"), "route"),
+        target=optional_text(params.get("target"), "target"),
         since=instant(params.get("since"), "since", now, zone),
         until=instant(params.get("until"), "until", now, zone),
-        key=params.get("key") or None,
+        key=optional_text(params.get("key"), "key"),
         search=search,
         limit=limit,
         before_id=cursor,

@@ -83,7 +83,8 @@ def count_type(maximum: int = 100_000) -> Callable[[str], int]:
 def add_time_options(parser: argparse.ArgumentParser, what: str = "events received") -> None:
     forms = (
         "a date (2026-12-02), a local time (2026-12-02T15:00), an ISO time with an"
-        ' offset, an age ("2h", "3d") or "today"/"yesterday"; local times are in admin.timezone'
+        ' offset, an age ("2h", "3d"), a time of day (06:00, its last occurrence) or'
+        ' "today"/"yesterday"; local times are in admin.timezone'
     )
     parser.add_argument("--since", metavar="TIME", help=f"only {what} at or after TIME: {forms}")
     parser.add_argument("--until", metavar="TIME", help=f"only {what} before TIME (same forms)")

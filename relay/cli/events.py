@@ -25,7 +25,7 @@ from relay.core.localtime import Zone, format_iso_local
 from relay.core.payload import media_type, parse_form, parse_json
 from relay.core.units import count
 from relay.ops.glance import glances, who_text, with_glance
-from relay.ops.inputs import row_id
+from relay.ops.inputs import optional_text, row_id
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import event_detail, event_summary, mark_probes, rejection_view, search_view
 from relay.store import EventQuery, SearchProgress, Status
@@ -87,7 +87,7 @@ def list_events(args: argparse.Namespace) -> int:
         target=args.target,
         since=since,
         until=until,
-        key=args.key,
+        key=optional_text(args.key, "--key"),
         search=search,
         limit=args.limit,
     )

@@ -94,19 +94,43 @@ def zone_label(zone: Zone, now: float) -> str:
     return f"{name}, UTC{offset[:3]}:{offset[3:]}"
 
 
+# The times relay can hold and show: from the Unix epoch to the last year a
+# date can be written with (a float of 1e300 seconds is no time; NaN none either).
+EARLIEST = 0.0
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+
+
 def parse_local_instant(text: str, now: float, zone: Zone) -> float:
     """A point in time as a person writes it, as a Unix time.
 
     - an ISO 8601 time with an offset or Z: that instant;
     - a date ("2026-12-02") or a date and time without an offset
       ("2026-12-02T15:00", "2026-12-02 15:00"): local time in `zone`;
+    - a time of day alone ("06:00", "6:30:15"): its most recent past
+      occurrence, local time in `zone` (this morning, or yesterday's);
     - an age ("2h", "1d12h", "30m ago"): that long before `now`;
     - "now", "today" (local midnight), "yesterday" (the midnight before);
-    - a Unix time in seconds ("1764680400").
+    - a Unix time in seconds, in digits ("1764680400", "1764680400.5").
 
-    Raises ValueError with the accepted forms on anything else.
+    Raises ValueError with the accepted forms on anything else, and for a
+    time before 1970 or after the year 9999.
     """
-    value = text.strip()
+    try:
+        moment = _parse(text.strip(), now, zone)
+    except (ValueError, OverflowError):  # a date Python holds, but no timestamp: year 1
+        moment = float("nan")
+    if moment is None:
+        raise ValueError(
+            f"not a time: {text[:100]!r} (expected a date like 2026-12-02, a local time like"
+            " 2026-12-02T15:00, a time of day like 06:00, an ISO time with an offset, an age"
+            ' like "2h", "today" or "yesterday")'
+        )
+    if not EARLIEST <= moment <= LATEST:  # NaN is neither
+        raise ValueError(f"{text[:100]!r} is not a time between 1970 and the year 9999")
+    return moment
+
+
+def _parse(value: str, now: float, zone: Zone) -> float | None:
     lowered = value.lower()
     if lowered in WORDS:
         if lowered == "now":
@@ -115,25 +139,42 @@ def parse_local_instant(text: str, now: float, zone: Zone) -> float:
         if lowered == "yesterday":
             midnight = datetime.combine(midnight.date() - timedelta(days=1), time())
         return _aware(midnight, zone).timestamp()
-    try:
-        return float(value)
-    except ValueError:
-        pass
+    whole, point, fraction = value.partition(".")
+    if _digits(whole) and (not point or _digits(fraction)):
+        return float(value)  # digits alone: not "1_000", "1e300", "nan" or "inf"
     try:
         return now - parse_duration(lowered.removesuffix("ago").strip())
     except ValueError:
         pass
+    of_day = _time_of_day(value)
+    if of_day is not None:
+        today = _to_zone(now, zone).date()
+        moment = _aware(datetime.combine(today, of_day), zone).timestamp()
+        if moment > now:
+            moment = _aware(datetime.combine(today - timedelta(days=1), of_day), zone).timestamp()
+        return moment
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         try:
-            moment = datetime.combine(date.fromisoformat(value), time())
+            parsed = datetime.combine(date.fromisoformat(value), time())
         except ValueError:
-            raise ValueError(
-                f"not a time: {text!r} (expected a date like 2026-12-02, a local time like"
-                ' 2026-12-02T15:00, an ISO time with an offset, an age like "2h", "today"'
-                ' or "yesterday")'
-            ) from None
-    if moment.tzinfo is None:
-        moment = _aware(moment, zone)
-    return moment.timestamp()
+            return None
+    if parsed.tzinfo is None:
+        parsed = _aware(parsed, zone)
+    return parsed.timestamp()
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _time_of_day(value: str) -> time | None:
+    """ "06:00", "6:00", "06:00:30": hours, minutes, and maybe seconds."""
+    parts = value.split(":")
+    if not 2 <= len(parts) <= 3 or not all(_digits(part) and len(part) <= 2 for part in parts):
+        return None
+    hour, minute, second = (int(part) for part in (*parts, "0")[:3])
+    if hour > 23 or minute > 59 or second > 59 or len(parts[1]) != 2:
+        return None
+    return time(hour, minute, second)

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from relay.core.clock import Clock
 from relay.ops.inputs import known_name, unknown_name
-from relay.ops.search import parse_search
+from relay.ops.search import parse_search, refuse_controls
 from relay.store import (
     AuditEntry,
     DeliveryView,
@@ -135,6 +135,7 @@ class Actions:
         Listing and bulk action both narrow through here: the same events."""
         if not text:
             return query
+        refuse_controls(text)
         if await self.store.list_events(replace(query, key=text, limit=1)):
             return replace(query, key=text)
         return replace(query, search=parse_search(text))

@@ -38,11 +38,16 @@ def row_id(value: Any, field: str) -> int:
 
 
 def optional_text(value: Any, field: str) -> str | None:
-    """A name such as a route or a target: a string, or absent."""
+    """A filter's text (a route, a target, an idempotency key): a string, or
+    absent. A control character is refused: no name holds one, a key is
+    never looked up by one (PostgreSQL cannot even take a NUL as text)."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
         raise BadRequest(f"{field}: expected a string")
+    control = next((c for c in value if not c.isprintable() and c != "\t"), None)
+    if control is not None:
+        raise BadRequest(f"{field}: holds the control character U+{ord(control):04X}")
     return value
 
 

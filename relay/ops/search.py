@@ -96,9 +96,18 @@ MAX_SEARCH_WORDS = 8
 MAX_SEARCH_DIGITS = 32
 
 
+def refuse_controls(text: str) -> None:
+    """A search box's text holds no control character (no event's text does,
+    as indexed; PostgreSQL cannot even take a NUL as text): SearchError."""
+    control = next((c for c in text if not c.isprintable() and not c.isspace()), None)
+    if control is not None:
+        raise SearchError(f"search text holds the control character U+{ord(control):04X}")
+
+
 def parse_search(text: str) -> TextSearch:
     """What to look for. Raises SearchError when nothing searchable is left,
     or when it asks for more than one search may."""
+    refuse_controls(text)
     stripped = text.strip()
     if len(stripped) > MAX_SEARCH_CHARS:
         raise SearchError(

@@ -339,6 +339,14 @@ BAD_API = [
     ("POST", "/api/v1/deliveries/%C2%B2/retry", "delivery_id"),
     ("GET", "/api/v1/rejections?limit=%C2%B2", "limit"),
     ("POST", "/api/v1/events/" + "9" * 30 + "/resend", "event_id"),
+    # Python's float() reads these; no time is any of them (they were a 503).
+    ("GET", "/api/v1/events?since=nan", "since"),
+    ("GET", "/api/v1/events?until=inf", "until"),
+    ("GET", "/api/v1/events?since=1e300", "since"),
+    ("GET", "/api/v1/events?since=1_000", "since"),  # was read as Unix time 1000
+    ("GET", "/api/v1/events?key=a%00b", "key"),  # a NUL reached the database: 503
+    ("GET", "/api/v1/events?q=ab%00cd", "q"),
+    ("GET", "/api/v1/events?route=a%1Bb", "route"),
 ]
 BAD_REQUEUE = [
     ({"route": ["x"]}, "route"),
@@ -349,6 +357,9 @@ BAD_REQUEUE = [
     ({"ids": "1,2"}, "ids"),
     ({"status": ["dead"]}, "status"),
     ({"since": "yesterday-ish"}, "since"),
+    ({"since": "nan"}, "since"),
+    ({"key": "a\x00b"}, "key"),
+    ({"q": "ab\x00cd"}, "q"),
 ]
 BAD_PAGES = [
     ("GET", "/deliveries?cursor=%C2%B2", "cursor"),

@@ -46,6 +46,12 @@ def utc(*parts: int) -> float:
         ("today", utc(2026, 12, 2, 21)),  # Moscow's midnight of the 3rd
         ("Yesterday", utc(2026, 12, 1, 21)),
         ("1764680400", 1764680400.0),
+        ("1764680400.25", 1764680400.25),
+        # A time of day alone: its most recent past occurrence (it is 21:30 there).
+        ("06:00", utc(2026, 12, 3, 3)),
+        ("21:30", NOW),
+        ("6:30:15", utc(2026, 12, 3, 3, 30, 15)),
+        ("23:00", utc(2026, 12, 2, 20)),  # not yet today: yesterday's
     ],
 )
 def test_every_form_a_person_writes(text: str, expected: float) -> None:
@@ -57,9 +63,23 @@ def test_a_local_time_takes_the_offset_of_its_own_date() -> None:
     assert parse_local_instant("2026-01-01T12:00", NOW, BERLIN) == utc(2026, 1, 1, 11)
 
 
-@pytest.mark.parametrize("text", ["last tuesday", "2026-13-01", "", "yesterday-ish", "2x"])
+@pytest.mark.parametrize(
+    "text",
+    # Python's float() reads "nan", "inf", "1e300" and "1_000" (Unix time 1000):
+    # a time is digits, or one of the forms above.
+    [
+        *("last tuesday", "2026-13-01", "", "yesterday-ish", "2x", "nan", "inf", "-inf"),
+        *("1e300", "1_000", "-5", "24:00", "6:5", "06:00:00:00", "\x00", "１７６４６８０４００"),
+    ],
+)
 def test_anything_else_says_what_is_accepted(text: str) -> None:
     with pytest.raises(ValueError, match="expected a date like 2026-12-02"):
+        parse_local_instant(text, NOW, MOSCOW)
+
+
+@pytest.mark.parametrize("text", ["99999999999999999999d", "0001-01-01", "1969-06-01T00:00Z"])
+def test_a_time_relay_cannot_hold_is_said_so(text: str) -> None:
+    with pytest.raises(ValueError, match="not a time between 1970 and the year 9999"):
         parse_local_instant(text, NOW, MOSCOW)
 
 
