@@ -17,7 +17,15 @@ from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.core.localtime import Zone
 from relay.core.payload import media_type
 from relay.ops.glance import glances, with_glance
-from relay.ops.inputs import BadRequest, instant, known_name, optional_text, row_id, whole_number
+from relay.ops.inputs import (
+    BadRequest,
+    instant,
+    known_name,
+    optional_text,
+    row_id,
+    row_ids,
+    whole_number,
+)
 from relay.ops.resend import EditRejected, plan_resend
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import (
@@ -234,7 +242,7 @@ def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selectio
         target=optional_text(body.get("target"), "target"),
         since=instant(body.get("since"), "since", now, zone),
         until=instant(body.get("until"), "until", now, zone),
-        ids=tuple(row_id(i, f"ids[{n}]") for n, i in enumerate(ids)),
+        ids=row_ids(ids, "ids", indexed=True),
         key=optional_text(body.get("key"), "key"),
         search=search,
     )

@@ -31,7 +31,7 @@ from relay.core.payload import media_type, parse_form
 from relay.core.secrets import MASK, Masker
 from relay.ops.actions import BULK_LIMIT, selection_of
 from relay.ops.glance import glances, with_glance
-from relay.ops.inputs import BadRequest, instant, known_name, row_id
+from relay.ops.inputs import BadRequest, instant, known_name, row_id, row_ids
 from relay.ops.resend import (
     FORM,
     EditRejected,
@@ -662,7 +662,7 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
     kept = [(k, v) for k, v in fields.items() if v]
     back = ("?" + urlencode(kept)) if kept else ""
     if form.get("confirm") != "yes":
-        ticked = tuple(row_id(str(v), "ids") for v in form.getall("ids", []))
+        ticked = row_ids([str(v) for v in form.getall("ids", [])], "ids")
         selection = (
             Selection(status=Status.DEAD, ids=ticked) if ticked else await _shown(operator, fields)
         )
@@ -686,7 +686,7 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
             description=", ".join(f"{k} {v}" for k, v in kept),
             back=back,
         )
-    named = tuple(row_id(part, "ids") for part in str(form.get("ids", "")).split())
+    named = row_ids(str(form.get("ids", "")).split(), "ids")
     if not named:
         raise _back("/dead", **dict(kept))
     selection = Selection(status=Status.DEAD, ids=named)

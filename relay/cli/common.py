@@ -26,7 +26,7 @@ from relay.core.closest import closest
 from relay.core.printable import printable, printable_lines
 from relay.loader import OperatorConfig, load_config, load_operator_config
 from relay.ops.actions import Actions
-from relay.ops.inputs import BadRequest, instant, row_id, whole_number
+from relay.ops.inputs import BadRequest, instant, whole_number
 from relay.store import Store, open_store
 
 T = TypeVar("T")
@@ -309,11 +309,6 @@ def who() -> str:
 
     user = os.environ.get("SUDO_USER") or getpass.getuser()
     return f"cli user {user}"
-
-
-def row_ids(values: list[str], field: str) -> list[int]:
-    """Ids as the admin API takes them (BadRequest, naming `field`, for any other)."""
-    return [row_id(value, field) for value in values]
 
 
 def emit(args: argparse.Namespace, data: Any, render_text: Callable[[Any], str]) -> None:

@@ -21,7 +21,6 @@ from relay.cli.common import (
     emit,
     opened_store,
     read_operator_config,
-    row_ids,
     run,
     table,
     time_window,
@@ -31,7 +30,7 @@ from relay.core.localtime import Zone, format_iso_local
 from relay.core.units import format_duration
 from relay.loader import OperatorConfig
 from relay.ops.actions import Actions
-from relay.ops.inputs import optional_text
+from relay.ops.inputs import optional_text, row_ids
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import audit_view, delivery_summary, stats_view
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
@@ -133,7 +132,7 @@ def _selection(args: argparse.Namespace, config: OperatorConfig) -> Selection:
         target=args.target,
         since=since,
         until=until,
-        ids=tuple(row_ids(args.delivery_ids, "delivery id")),
+        ids=row_ids(args.delivery_ids, "delivery id"),
         key=optional_text(args.key, "--key"),
         search=search,
     )

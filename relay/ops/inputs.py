@@ -6,7 +6,7 @@ a 500 or a traceback (`"²".isdigit()` is true, `int("²")` fails) nor a 503 or 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from relay.core.closest import closest
@@ -35,6 +35,23 @@ def whole_number(value: Any, field: str, *, minimum: int = 1, maximum: int = MAX
 
 def row_id(value: Any, field: str) -> int:
     return whole_number(value, field, minimum=1, maximum=MAX_ID)
+
+
+# Ids one request may name (a bulk action, the dashboard's ticked rows): more
+# would be work on the event loop that grows with what a caller sends.
+MAX_IDS = 10_000
+
+
+def row_ids(values: Sequence[Any], field: str, *, indexed: bool = False) -> tuple[int, ...]:
+    """Ids as the admin API takes them (BadRequest, naming `field`, or
+    `field[n]` when `indexed`, for any other), at most MAX_IDS of them."""
+    if len(values) > MAX_IDS:
+        raise BadRequest(
+            f"{field}: {len(values)} ids: at most {MAX_IDS} at once (act in parts, or by filter)"
+        )
+    return tuple(
+        row_id(value, f"{field}[{n}]" if indexed else field) for n, value in enumerate(values)
+    )
 
 
 def optional_text(value: Any, field: str) -> str | None:
