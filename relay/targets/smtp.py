@@ -8,10 +8,12 @@ target, so a mail resent after a crash is recognisably the same mail.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from email import errors
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import formatdate, parseaddr
@@ -23,6 +25,7 @@ from relay.config.reader import ConfigError, Section
 from relay.core.budget import TemplateError
 from relay.core.outcome import Outcome
 from relay.core.payload import EVENT_VARIABLES
+from relay.core.printable import printable
 from relay.kinds.base import AlertTemplates, TargetKind
 from relay.kinds.target import Envelope, Target
 from relay.targets.base import context, rendered, variables
@@ -30,6 +33,8 @@ from relay.targets.base import context, rendered, variables
 if TYPE_CHECKING:
     from relay.core.secrets import Masker
     from relay.templates import Template
+
+log = logging.getLogger("relay.smtp")
 
 SmtpTls = Literal["implicit", "starttls", "none"]
 
@@ -164,10 +169,14 @@ class SmtpTarget:
             message["Cc"] = ", ".join(settings.cc)
         if settings.reply_to is not None:
             reply_to = settings.reply_to.render(values).strip()
-            if reply_to:
-                if "@" not in parseaddr(reply_to)[1]:
-                    raise TemplateError(f"reply_to is not a mail address: {reply_to!r}")
+            if reply_to and _mail_address(reply_to):
                 message["Reply-To"] = reply_to
+            elif reply_to:
+                # A customer's typo (x@@yandex.ru) must not cost the manager
+                # the lead: the mail goes without it, and says so.
+                note = f"Reply-To left out: {printable(reply_to)[:200]!r} is not a mail address"
+                message["X-Relay-Note"] = note
+                log.warning("target %s, event %d: %s", self.name, envelope.delivery.event_id, note)
         message["Subject"] = subject
         message["Date"] = formatdate(envelope.delivery.received_at, localtime=False, usegmt=True)
         message["Message-ID"] = message_id(envelope, self.name, settings.sender)
@@ -223,6 +232,19 @@ class SmtpTarget:
         except (OSError, ssl.SSLError) as error:
             return Outcome.retry(f"SMTP connection error: {error.strerror or error}")
         return Outcome.success()
+
+
+def _mail_address(text: str) -> bool:
+    """Whether `text` is one mail address a reader can answer to ("Anna
+    <anna@example.com>", "anna@example.com")."""
+    _, spec = parseaddr(text)
+    if "@" not in spec or any(char in text for char in "\r\n"):
+        return False
+    try:
+        address = Address(addr_spec=spec)
+    except (ValueError, IndexError, errors.HeaderParseError):
+        return False
+    return bool(address.username and address.domain)
 
 
 def _reply(replies: list[tuple[int, str]]) -> Outcome:
