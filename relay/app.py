@@ -694,12 +694,14 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
         # Whatever went wrong, the running config stays: one line, counted.
         problem = str(error) if isinstance(error, ConfigError) else describe(error)
         relay.metrics.reloads.labels("failed").inc()
+        relay.metrics.reload_failed.set(1)
         log.error("reload failed, still running the previous config: %s", problem)
         relay.reload_problem = problem
         notifier.send("READY=1", f"STATUS={await _status_or_trouble(relay)}")
         return
     relay.reload_problem = None
     relay.metrics.reloads.labels("ok").inc()
+    relay.metrics.reload_failed.set(0)
     log.info("reloaded %s: %d routes, %d targets", source, len(config.routes), len(config.targets))
     for key in needs_restart:
         log.warning("%s changed: it takes effect at the next restart", key)

@@ -72,8 +72,8 @@ class Operator(Actions):
 
     async def refresh_metrics(self) -> None:
         commits, writes = self.store_stats()
-        self.metrics.commits.set(commits)
-        self.metrics.committed_writes.set(writes)
+        self.metrics.commits.set_total(commits)
+        self.metrics.committed_writes.set_total(writes)
         leading = self.leading()
         self.metrics.set_leading(leading)
         if not leading:

@@ -28,9 +28,26 @@ class Ping:
     answer: Answer
 
 
+# Why a request is refused, in the one vocabulary of the rejection log and
+# relay_rejected_total's `reason` (exported at 0 for every route from the
+# start): a source kind says one of these (tests/integration/test_kinds.py).
+REJECT_REASONS = (
+    "ip_not_allowed",
+    "missing_token",
+    "bad_token",
+    "missing_api_key",
+    "bad_api_key",
+    "missing_signature",
+    "bad_signature",
+    "bad_timestamp",
+    "stale_timestamp",
+    "not_json",
+)
+
+
 @dataclass(frozen=True)
 class Reject:
-    reason: str  # a short code: a metrics label and the rejection log's reason
+    reason: str  # one of REJECT_REASONS: a metrics label and the rejection log's reason
     detail: str = ""
 
 

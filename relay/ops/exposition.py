@@ -100,6 +100,11 @@ class Counter(_Family["CounterChild"]):
         """For a counter without labels."""
         self._children[()].inc(amount)
 
+    def set_total(self, value: float) -> None:
+        """For a counter without labels whose count is kept elsewhere (the
+        store's writer): its running total since start."""
+        self._children[()].value = value
+
     def total(self) -> float:
         """The sum over every set of labels."""
         return sum(child.value for child in self._children.values())

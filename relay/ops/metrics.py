@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from relay.config import Config
 from relay.core.status import ATTEMPT_OUTCOMES
+from relay.kinds.source import REJECT_REASONS
 from relay.ops.exposition import (
     Counter,
     Gauge,
@@ -23,9 +24,23 @@ from relay.store import Gauges, Status, TargetState
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# relay_events_received_total's results shown at 0 for every route from the
-# start: what the alerting rules (prometheus/relay-alerts.yml) read.
-INGRESS_RESULTS = ("queued", "duplicate", "rejected", "unavailable")
+# What became of a webhook, in relay_events_received_total's `result`: every
+# one shown at 0 for every route from the start (an unknown path's, not_found,
+# under the route ""), so a rule sees the first of each (docs/operate.md lists them).
+INGRESS_RESULTS = (
+    "queued",
+    "duplicate",
+    "key_conflict",
+    "ping",
+    "rejected",
+    "too_large",
+    "timeout",
+    "method_not_allowed",
+    "unsupported_encoding",
+    "busy",
+    "bad_request",
+    "unavailable",
+)
 ALERT_KINDS = ("dead", "failing", "recovered", "down", "up")
 
 
@@ -76,12 +91,17 @@ class Metrics:
         )
         self.alerts = Counter("relay_alerts", "Alerts created, by kind.", ["kind"])
         self.reloads = Counter("relay_config_reloads", "Config reloads, by result.", ["result"])
+        self.reload_failed = Gauge(
+            "relay_config_reload_failed",
+            "1 while the last config reload was refused (the previous config runs),"
+            " 0 once one succeeds.",
+        )
         self.purged = Counter("relay_purged_events", "Finished events removed by retention.")
-        self.commits = Gauge(
+        self.commits = Counter(
             "relay_store_commits",
             "Write transactions committed since start (each one fsync).",
         )
-        self.committed_writes = Gauge(
+        self.committed_writes = Counter(
             "relay_store_committed_writes",
             "Writes (events, attempts...) in those transactions: the group commit's batching.",
         )
@@ -104,9 +124,12 @@ class Metrics:
         sees the first dead delivery (from an absent series it sees nothing),
         and no rule needs `or vector(0)`. Called at start and on each reload;
         series of what a reload removed stay (a counter never goes back)."""
+        self.ingress.received.setdefault(("", "not_found"), 0)
         for route in config.routes.values():
             for result in INGRESS_RESULTS:
                 self.ingress.received.setdefault((route.name, result), 0)
+            for reason in REJECT_REASONS:
+                self.rejected.labels(route.name, reason)
             self.key_conflicts.labels(route.name)
             for route_target in route.targets:
                 self.dead.labels(route.name, route_target.target)
@@ -149,6 +172,7 @@ class Metrics:
             self.dead,
             self.alerts,
             self.reloads,
+            self.reload_failed,
             self.purged,
             self.commits,
             self.committed_writes,
@@ -183,9 +207,9 @@ class IngressCounters:
         family(
             lines,
             name,
-            "Webhooks received, by route and result (queued, duplicate, ping, rejected,"
-            " too_large, timeout, not_found, method_not_allowed, unsupported_encoding, busy,"
-            " bad_request, key_conflict, unavailable).",
+            "Webhooks received, by route and result: "
+            + ", ".join(INGRESS_RESULTS)
+            + '; not_found under the route "".',
             "counter",
         )
         for (route, result), count in sorted(self.received.items()):

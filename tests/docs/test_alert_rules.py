@@ -87,6 +87,10 @@ tests:
         values: '0 0 0 3 3 3'
       - series: 'relay_storage_free_bytes'
         values: '5e9 5e8x15'
+      # A refused reload at 1m, a good one at 4m: the alert follows the state
+      # (it kept firing for 15 minutes after the good reload, on the counter).
+      - series: 'relay_config_reload_failed'
+        values: '0 1 1 1 0 0 0'
     alert_rule_test:
       - eval_time: 1m
         alertname: RelayDeadDeliveries
@@ -119,6 +123,16 @@ tests:
               summary: "relay answered 503 to senders of route tilda"
               description: "The database could not be written (disk full, locked, gone).
                 journalctl -u relay; senders retry, but not for ever."
+      - eval_time: 2m
+        alertname: RelayReloadFailed
+        exp_alerts:
+          - exp_labels: {severity: warning}
+            exp_annotations:
+              summary: "a config reload was refused: the previous config runs"
+              description: "journalctl -u relay | grep 'reload failed'; sudo relay check"
+      - eval_time: 5m
+        alertname: RelayReloadFailed
+        exp_alerts: []
       - eval_time: 12m
         alertname: RelayDiskLow
         exp_alerts:

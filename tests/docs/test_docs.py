@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from relay.cli import parser
+from relay.kinds.source import REJECT_REASONS
+from relay.loader import parse_config
 from relay.loader.registry import source_kinds, target_kinds
+from relay.ops.metrics import INGRESS_RESULTS, Metrics
 
 from kitchen_sink import TARGETS, every_key
 
@@ -141,3 +144,39 @@ def test_every_directive_is_explained() -> None:
         if "=" in line and not line.startswith(("#", "[")) and line.strip():
             before = lines[max(0, index - 6) : index]
             assert any(previous.startswith("#") for previous in before), f"unexplained: {line}"
+
+
+def test_every_ingest_result_and_rejection_reason_is_documented_and_exported_at_0() -> None:
+    # operate.md said all were exported from the start; 4 of 12 results were,
+    # and no rejection reason until the first rejection.
+    operate = (ROOT / "docs" / "operate.md").read_text(encoding="utf-8")
+    results = re.search(
+        r"\| `relay_events_received_total` \| counter \| `route`, `result` \(([^)]*)\)", operate
+    )
+    assert results is not None
+    listed = re.findall(r"\b[a-z_]+\b", results.group(1).split(";")[0])
+    assert listed == list(INGRESS_RESULTS)
+    reasons = re.search(
+        r"\| `relay_rejected_total` \| counter \| `route`, `reason` \(([^)]*)\)", operate
+    )
+    assert reasons is not None
+    assert [r.strip() for r in reasons.group(1).split(",")] == list(REJECT_REASONS)
+    metrics = Metrics()
+    config = {
+        "targets": {"crm": {"type": "file", "path": "crm.jsonl"}},
+        "routes": {"leads": {"path": "/hooks/leads", "targets": ["crm"]}},
+    }
+    metrics.configure(parse_config(config, {}, base=ROOT))
+    text = metrics.render().decode()
+    for result in INGRESS_RESULTS:
+        assert f'result="{result}"' in text
+    for reason in REJECT_REASONS:
+        assert f'relay_rejected_total{{reason="{reason}"' in text
+
+
+def test_every_rejection_a_source_gives_is_in_the_vocabulary() -> None:
+    said = set()
+    for path in (ROOT / "relay" / "sources").glob("*.py"):
+        said |= set(re.findall(r'Reject\(\s*"([a-z_]+)"', path.read_text(encoding="utf-8")))
+    assert said
+    assert said <= set(REJECT_REASONS), said - set(REJECT_REASONS)

@@ -98,7 +98,7 @@ def test_histograms_are_cumulative_with_count_and_sum() -> None:
 
 def test_gauges_from_the_store_and_the_cluster() -> None:
     metrics = Metrics(cluster=True)
-    metrics.commits.set(12)
+    metrics.commits.set_total(12)
     metrics.set_leading(True)
     # No snapshot (another instance of the cluster exports the queue): no queue gauges.
     assert "relay_deliveries" not in parsed(metrics)
@@ -118,7 +118,8 @@ def test_gauges_from_the_store_and_the_cluster() -> None:
         )
     )
     families = parsed(metrics)
-    assert value(families["relay_store_commits"][2], "relay_store_commits") == 12
+    kind, _, samples = families["relay_store_commits"]
+    assert (kind, value(samples, "relay_store_commits_total")) == ("counter", 12)
     assert value(families["relay_cluster_leader"][2], "relay_cluster_leader") == 1
     kind, _, samples = families["relay_deliveries"]
     assert kind == "gauge"
