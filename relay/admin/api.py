@@ -16,6 +16,7 @@ from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.core.localtime import Zone
 from relay.core.payload import media_type
+from relay.ops.export import Export, export_of, exported
 from relay.ops.glance import glances, with_glance
 from relay.ops.inputs import (
     BadRequest,
@@ -168,6 +169,36 @@ async def list_events(request: web.Request) -> web.Response:
     if query.search is not None:
         page["search"] = search_view(query.search, await operator.store.search_progress())
     return json_response(page)
+
+
+async def export_events(request: web.Request) -> web.StreamResponse:
+    """GET /v1/export: the events GET /v1/events would list (its filters), all
+    of them, as ?format=ndjson (the default), csv or excel, with ?fields= for
+    csv's columns (relay.ops.export). Streamed a page at a time."""
+    operator = _operator(request)
+    params = request.query
+    query = event_query(params, operator.clock.now(), operator.config.zone)
+    await operator.check_names(query.route, query.target)
+    export = export_of(params.get("format"), params.get("fields"), operator.config.zone)
+    return await stream_export(request, operator, query, export)
+
+
+async def stream_export(
+    request: web.Request, operator: Operator, query: EventQuery, export: Export
+) -> web.StreamResponse:
+    """An export as a download, written as it is read: a failure half-way
+    closes the connection (the file is seen cut, never taken for whole)."""
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": f"{export.media_type}; charset=utf-8",
+            "Content-Disposition": f'attachment; filename="{export.filename}"',
+        }
+    )
+    await response.prepare(request)
+    async for chunk in exported(operator.store, query, operator.masker, export):
+        await response.write(chunk)
+    await response.write_eof()
+    return response
 
 
 async def get_event(request: web.Request) -> web.Response:
@@ -401,6 +432,7 @@ def api_application() -> web.Application:
     app = web.Application(middlewares=[api_guard])
     app.router.add_get("/v1/events", list_events)
     app.router.add_get("/v1/events/{event_id}", get_event)
+    app.router.add_get("/v1/export", export_events)
     app.router.add_post("/v1/events/{event_id}/resend", resend_event)
     app.router.add_post("/v1/deliveries/{delivery_id}/retry", retry_delivery)
     app.router.add_post("/v1/deliveries/{delivery_id}/skip", skip_delivery)

@@ -23,6 +23,7 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 from aiohttp import web
 
+from relay.admin.api import stream_export
 from relay.admin.operator import OPERATOR, Operator
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
@@ -30,6 +31,7 @@ from relay.core.localtime import Zone, format_iso_local, format_local
 from relay.core.payload import media_type, parse_form
 from relay.core.secrets import MASK, Masker
 from relay.ops.actions import BULK_LIMIT, selection_of
+from relay.ops.export import export_of
 from relay.ops.glance import glances, with_glance
 from relay.ops.inputs import BadRequest, instant, known_name, row_id, row_ids
 from relay.ops.resend import (
@@ -498,6 +500,7 @@ async def _listing(
         events=[with_glance(event_summary(e, masker), found.get(e.id)) for e in events],
         filters=filters,
         next_page=next_page,
+        export=f"/export?{urlencode({k: v for k, v in filters.items() if v})}",
         statuses=[s.value for s in Status],
         routes=sorted(config.routes),
         targets=sorted(config.targets),
@@ -555,6 +558,23 @@ async def _search(
     else:
         note += "; every stored event is indexed."
     return events, note, ""
+
+
+async def export_listing(request: web.Request) -> web.StreamResponse:
+    """The Deliveries listing's events, all of them, as a download (Export):
+    the same filters, search included, as ?format= and ?fields= say
+    (relay.ops.export; excel by default, for a spreadsheet)."""
+    operator = _operator(request)
+    filters = _filters(request)
+    query = await _event_filters(operator, filters, None, None)
+    if filters["q"]:
+        try:
+            query = await operator.searched(query, filters["q"])
+        except SearchError as problem:
+            raise BadRequest(f"q: {problem}") from None
+    params = request.query
+    export = export_of(params.get("format") or "excel", params.get("fields"), operator.config.zone)
+    return await stream_export(request, operator, query, export)
 
 
 async def deliveries(request: web.Request) -> web.Response:
@@ -1024,6 +1044,7 @@ PAGES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/logout", logout),
     ("GET", "/", overview),
     ("GET", "/deliveries", deliveries),
+    ("GET", "/export", export_listing),
     ("GET", "/dead", dead_letter),
     ("POST", "/dead/requeue", requeue_dead),
     ("POST", "/dead/skip", skip_dead),

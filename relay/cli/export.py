@@ -1,13 +1,8 @@
-"""`relay export`: the events, one JSON object a line, for a person who wants
-their data elsewhere (a spreadsheet, another CRM, jq)."""
+"""`relay export`: the events, as NDJSON, or as CSV for a spreadsheet (relay.ops.export)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from typing import Any
-
-import orjson
 
 from relay.cli.common import (
     acting,
@@ -18,29 +13,41 @@ from relay.cli.common import (
     time_window,
     write_all,
 )
-from relay.core.payload import parse_form, parse_json
-from relay.ops.views import event_detail
+from relay.ops.export import DEFAULT_FIELDS, EVENT_COLUMNS, FORMATS, export_of, exported
+from relay.ops.inputs import optional_text
 from relay.store import EventQuery, Status
-
-# Events read and written per round: the memory of one page of details.
-PAGE = 200
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "export",
-        help="every event as one JSON line: body decoded, deliveries and attempts (NDJSON)",
-        description="Print events as NDJSON, newest first: each line the event as"
-        " `relay show --json` has it (secrets masked), plus `data`, its body decoded"
-        " (JSON parsed, form fields as an object).",
+        help="every event as one JSON line (NDJSON), or as CSV for a spreadsheet",
+        description="Print events, newest first. NDJSON (the default): each line the event"
+        " as `relay show --json` has it (secrets masked), plus `data`, its body decoded."
+        " CSV: the --fields chosen, one row an event, times in admin.timezone; a cell that"
+        " a spreadsheet would run as a formula (=, +, -, @) is written as text. excel: the"
+        " same CSV as Excel opens it where the list separator is `;` (a Russian locale):"
+        " UTF-8 with a byte order mark, `;` between cells.",
         epilog="examples:\n"
         "  sudo relay export --since 2026-12-01 > leads.ndjson\n"
-        "  sudo relay export --route tilda --since yesterday | jq -r '.data.Phone'",
+        "  sudo relay export --route tilda --since yesterday | jq -r '.data.Phone'\n"
+        "  sudo relay export --route payments --since 2026-12-01 --format excel \\\n"
+        "      --fields id,received_at,json.OrderId,json.Amount,json.Status > payments.csv",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_option(parser)
     parser.add_argument(
-        "--json", action="store_true", help="accepted as by every command: the output is JSON"
+        "--json", action="store_true", help="accepted as by every command: NDJSON is JSON"
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default="ndjson", help="ndjson (default), csv or excel"
+    )
+    parser.add_argument(
+        "--fields",
+        metavar="F,F...",
+        help=f"csv/excel columns: {', '.join(EVENT_COLUMNS)}, or payload paths such as"
+        f" json.Amount, form.Name, query.utm_source, headers.X-Shop"
+        f" (default: {','.join(DEFAULT_FIELDS)})",
     )
     parser.add_argument("--route", help="only events of this route")
     parser.add_argument("--target", help="only events with a delivery to this target")
@@ -53,48 +60,23 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(handler=export_events)
 
 
-def decoded(event: dict[str, Any]) -> Any:
-    """The (masked) body as data: JSON parsed, form fields as an object, else None."""
-    body = event.get("body")
-    if body is None:
-        return None
-    parsed = parse_json(body.encode())
-    if parsed is not None or body.strip() == "null":
-        return parsed
-    return parse_form(event.get("content_type"), body.encode())
-
-
 def export_events(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
     since, until = time_window(args, config)
+    export = export_of(args.format, args.fields, config.zone, prefix="--")
     query = EventQuery(
         status=Status(args.status) if args.status else None,
-        route=args.route,
-        target=args.target,
+        route=optional_text(args.route, "--route"),
+        target=optional_text(args.target, "--target"),
         since=since,
         until=until,
-        limit=PAGE,
     )
 
-    async def export() -> None:
-        masker = config.masker
+    async def export_all() -> None:
         async with acting(config) as actions:
             await actions.check_names(args.route, args.target, prefix="--")
-            page = query
-            while True:
-                events = await actions.store.list_events(page)
-                lines = []
-                for event in events:
-                    detail = await actions.store.get_event(event.id)
-                    if detail is None:  # purged since the page was read
-                        continue
-                    view = event_detail(detail, masker)
-                    view["data"] = decoded(view)
-                    lines.append(orjson.dumps(view, option=orjson.OPT_APPEND_NEWLINE))
-                write_all(b"".join(lines))
-                if len(events) < PAGE:
-                    return
-                page = dataclasses.replace(query, before_id=events[-1].id)
+            async for chunk in exported(actions.store, query, config.masker, export):
+                write_all(chunk)
 
-    run(export())
+    run(export_all())
     return 0
