@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from relay.background import retention
 from relay.cli.common import (
@@ -29,12 +32,16 @@ from relay.cli.common import (
 from relay.core.localtime import Zone, format_iso_local
 from relay.core.units import format_duration
 from relay.loader import OperatorConfig
-from relay.ops.actions import Actions
-from relay.ops.inputs import optional_text, row_ids
+from relay.ops.actions import BULK_LIMIT, Actions
+from relay.ops.inputs import MAX_IDS, optional_text, row_ids
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import audit_view, delivery_summary, stats_view
 from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
 from relay.store.base import Shared
+
+# The states each bulk command takes deliveries from.
+SKIPPED = ["dead", "pending"]
+REQUEUED = ["dead", "delivered", "skipped"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +60,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_config_option(skip)
     add_json_option(skip)
-    _add_filters(skip, ["dead", "pending"])
+    _add_filters(skip, SKIPPED)
     skip.add_argument(
         "--yes", action="store_true", help="skip what the filters take (without it: a dry run)"
     )
@@ -65,7 +72,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_config_option(requeue)
     add_json_option(requeue)
-    _add_filters(requeue, ["dead", "delivered", "skipped"])
+    _add_filters(requeue, REQUEUED)
     requeue.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="*")
     requeue.set_defaults(handler=requeue_deliveries)
 
@@ -116,7 +123,15 @@ def _add_filters(parser: argparse.ArgumentParser, statuses: list[str]) -> None:
         help=f"which deliveries to take (default dead; one of {', '.join(statuses)})",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="only say how many and which it would take"
+        "--dry-run",
+        action="store_true",
+        help="only say how many and which it would take; with --json, a plan for --plan",
+    )
+    parser.add_argument(
+        "--plan",
+        metavar="FILE",
+        help="act on the deliveries a dry run listed (--dry-run --json > FILE), only those"
+        " still in the state it planned for; the others are reported",
     )
 
 
@@ -148,17 +163,26 @@ def _filtered(args: argparse.Namespace) -> bool:
 def _dry_run(
     args: argparse.Namespace, verb: str, selection: Selection, config: OperatorConfig
 ) -> int:
-    """Say how many deliveries `selection` takes, and which (the first BULK_LIMIT)."""
+    """Say how many deliveries `selection` takes, and which: a plan that
+    `--plan` can take (every id, up to MAX_IDS; past it the first BULK_LIMIT,
+    and the plan says it is not complete)."""
 
     async def look() -> tuple[int, list[int]]:
         async with acting(config) as actions:
             await actions.check_names(args.route, args.target, prefix="--")
-            return await actions.store.count(selection), await actions.select(selection)
+            total = await actions.store.count(selection)
+            return total, await actions.select(selection, total if total <= MAX_IDS else BULK_LIMIT)
 
     total, ids = run(look())
     emit(
         args,
-        {"dry_run": True, f"would_{verb}": total, "ids": [str(i) for i in ids]},
+        {
+            "dry_run": True,
+            f"would_{verb}": total,
+            "status": selection.status.value,
+            "ids": [str(i) for i in ids],
+            "complete": len(ids) == total,
+        },
         lambda data: (
             f"would {verb} {total} deliveries"
             + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
@@ -166,6 +190,33 @@ def _dry_run(
         ),
     )
     return 0
+
+
+def _planned(args: argparse.Namespace, statuses: list[str]) -> Selection:
+    """The deliveries a saved dry run lists, in the state it planned for."""
+    if _filtered(args) or args.delivery_ids:
+        raise CommandError("--plan: the plan names the deliveries; give no filters or ids")
+    try:
+        plan = orjson.loads(Path(args.plan).read_bytes())
+    except OSError as error:
+        raise CommandError(f"--plan: {args.plan}: {error.strerror or error}") from None
+    except orjson.JSONDecodeError:
+        raise CommandError(
+            f"--plan: {args.plan}: not JSON (relay ... --dry-run --json > FILE)"
+        ) from None
+    if not isinstance(plan, dict) or plan.get("status") not in statuses:
+        raise CommandError(
+            f"--plan: {args.plan}: not a dry run of this command (--dry-run --json > FILE)"
+        )
+    if plan.get("complete") is False:
+        raise CommandError(
+            f"--plan: {args.plan}: it lists {len(plan.get('ids') or [])} of the deliveries"
+            " its filters took: narrow them (--since, --route...) and plan again"
+        )
+    ids = plan.get("ids")
+    if not isinstance(ids, list):
+        raise CommandError(f"--plan: {args.plan}: no list of ids")
+    return Selection(status=Status(plan["status"]), ids=row_ids(ids, "--plan ids"))
 
 
 def retry_deliveries(args: argparse.Namespace) -> int:
@@ -182,6 +233,10 @@ def retry_deliveries(args: argparse.Namespace) -> int:
 def skip_deliveries(args: argparse.Namespace) -> int:
     """By id, each is skipped and said; by filter, only with --yes (else a dry
     run): a bulk skip is not undone by a requeue of the same filter."""
+    if args.plan is not None:
+        config = read_operator_config(args)
+        planned = _planned(args, SKIPPED)
+        return _bulk(args, config, "skipped", lambda a: a.skip_selected(planned, by=who()), planned)
     if _filtered(args) or args.dry_run:
         config = read_operator_config(args)
         selection = _selection(args, config)
@@ -231,6 +286,9 @@ def _each_delivery(
 
 def requeue_deliveries(args: argparse.Namespace) -> int:
     config = read_operator_config(args)
+    if args.plan is not None:
+        planned = _planned(args, REQUEUED)
+        return _bulk(args, config, "requeued", lambda a: a.requeue(planned, by=who()), planned)
     selection = _selection(args, config)
     if args.dry_run:
         return _dry_run(args, "requeue", selection, config)
@@ -242,8 +300,10 @@ def _bulk(
     config: OperatorConfig,
     done: str,
     verb: Callable[[Actions], Awaitable[list[int]]],
+    planned: Selection | None = None,
 ) -> int:
-    """A bulk action by filter: its names checked, then done, then said."""
+    """A bulk action by filter or by plan: its names checked, then done, then
+    said; a plan's deliveries no longer in its state are said too."""
 
     async def act() -> list[int]:
         async with acting(config) as actions:
@@ -251,14 +311,24 @@ def _bulk(
             return await verb(actions)
 
     ids = run(act())
-    emit(
-        args,
-        {done: len(ids), "ids": [str(i) for i in ids]},
-        lambda data: (
-            f"{done} {data[done]} deliveries"
-            + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
-        ),
-    )
+    result: dict[str, Any] = {done: len(ids), "ids": [str(i) for i in ids]}
+    if planned is not None:
+        taken = set(ids)
+        result["not_taken"] = [str(i) for i in planned.ids if i not in taken]
+
+    def text(data: dict[str, Any]) -> str:
+        said = f"{done} {data[done]} deliveries" + (
+            f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else ""
+        )
+        left = data.get("not_taken")
+        if left:
+            said += (
+                f"\n{len(left)} of the plan no longer {planned.status.value if planned else ''},"
+                f" left as they are: {' '.join(left[:50])}"
+            )
+        return said
+
+    emit(args, result, text)
     return 0
 
 
@@ -289,7 +359,16 @@ def show_audit(args: argparse.Namespace) -> int:
         args,
         run(fetch()),
         lambda rows: table(
-            [[a["at"], a["by"], a["action"], a["subject"], str(a["count"])] for a in rows],
+            [
+                [
+                    format_iso_local(a["at"], config.zone),
+                    a["by"],
+                    a["action"],
+                    a["subject"],
+                    str(a["count"]),
+                ]
+                for a in rows
+            ],
             ["AT", "BY", "ACTION", "ON", "DELIVERIES"],
         ),
     )

@@ -50,7 +50,13 @@ async def test_bulk_commands_take_what_their_filters_and_search_name(
         return result
 
     dry = json_of("requeue", "--search", "79991234567", "--dry-run")
-    assert dry == {"dry_run": True, "would_requeue": 2, "ids": [delivery["L0"], delivery["L2"]]}
+    assert dry == {
+        "dry_run": True,
+        "would_requeue": 2,
+        "status": "dead",
+        "ids": [delivery["L0"], delivery["L2"]],
+        "complete": True,
+    }
     # A bulk skip by filter without --yes is a dry run, and says so.
     said = relay_cli("skip", "--route", "leads", *cli).stdout
     assert said.startswith("would skip 4 deliveries")
@@ -73,3 +79,51 @@ async def test_bulk_commands_take_what_their_filters_and_search_name(
     failed = relay_cli("requeue", "--search", "x", *cli, check=False)
     assert failed.returncode != 0
     assert "--search" in failed.stderr
+
+
+async def test_a_dry_run_is_a_plan_and_the_real_run_takes_only_what_it_planned(
+    tmp_path: Path,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    # The dry run showed 2, the real run with the same filters took 3: one
+    # more died in between. A plan is what the dry run listed; the run takes
+    # those still in the planned state and says which are not (Hookdeck's
+    # bulk retry: plan, then run).
+    _, crm_url = await start_sink([422])
+    targets = {"crm": {"type": "http", "url": crm_url}}
+    routes = {"leads": {"path": "/hooks/leads", "targets": ["crm"]}}
+    relay = await start_relay(make_config(targets, routes), background=False, clock=FakeClock())
+
+    async def lead(n: int) -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(relay.ingress_url + "/hooks/leads", json={"n": n}) as answer,
+        ):
+            assert answer.status == 200
+
+    for n in range(2):
+        await lead(n)
+    await relay.scheduler.drain()  # two dead
+    config = write_config(
+        tmp_path / "cli.toml",
+        {"storage": {"path": str(tmp_path / "relay.db")}, "targets": targets, "routes": routes},
+    )
+    cli = ("--config", str(config))
+    plan = tmp_path / "plan.json"
+    plan.write_text(relay_cli("requeue", "--route", "leads", "--dry-run", "--json", *cli).stdout)
+    planned = json.loads(plan.read_text())
+    assert (planned["would_requeue"], planned["complete"]) == (2, True)
+    await lead(2)  # a third dies after the plan
+    await relay.scheduler.drain()
+    first = planned["ids"][0]
+    await relay.store.skip(int(first), relay.clock.now())  # and a planned one is skipped
+    done = json.loads(relay_cli("requeue", "--plan", str(plan), "--json", *cli).stdout)
+    assert done == {"requeued": 1, "ids": [planned["ids"][1]], "not_taken": [first]}
+    said = relay_cli("requeue", "--plan", str(plan), *cli).stdout
+    assert "of the plan no longer dead" in said
+    assert (await relay.store.stats()).dead == 1  # the third: never planned, never taken
+    refused = relay_cli("requeue", "--plan", str(plan), "--route", "leads", *cli, check=False)
+    assert refused.returncode == 2
+    assert "give no filters" in refused.stderr
