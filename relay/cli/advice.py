@@ -7,7 +7,7 @@ import tomllib
 
 from relay.config import Config, RouteConfig
 from relay.core.units import format_duration
-from relay.delivery.retry import schedule
+from relay.delivery.retry import covering, schedule
 from relay.loader.registry import source_kind
 from relay.targets.http import Outbound
 
@@ -132,10 +132,12 @@ def _route_warnings(route: RouteConfig, config: Config) -> list[str]:
             policy = route_target.retry
             cycle = sum(schedule(policy)) if policy.retry_on_error else 0.0
             if cycle < seconds:
+                longer = covering(policy, seconds)
                 found.append(
                     f"{where}: target {route_target.target} gives up after"
                     f" {format_duration(cycle)}, while {sender} would have kept trying for"
-                    f" {format_duration(seconds)}: consider a longer schedule (more retries,"
-                    " or delays up to 24h)"
+                    f" {format_duration(seconds)}: give its entry in the route's targets"
+                    f' retry = {{ max_delay = "{(longer.max_delay or 0) / 3600:g}h", retries ='
+                    f" {longer.retries} }} (a cycle of {format_duration(sum(schedule(longer)))})"
                 )
     return found

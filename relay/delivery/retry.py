@@ -7,6 +7,7 @@ Nothing here reads a clock; the random source is passed in.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from relay.config import RetryPolicy
@@ -53,6 +54,25 @@ def probe_delay(policy: RetryPolicy, probe: int, rng: Uniform | None = None) -> 
     if policy.backoff == "list":
         step = min(step, len(policy.delays))
     return delay_before_retry(policy, step, rng)
+
+
+def covering(policy: RetryPolicy, seconds: float) -> RetryPolicy:
+    """`policy` with as many retries as it takes for its cycle to last
+    `seconds`, each delay capped at a day at most (its own max_delay if
+    shorter): the schedule `relay check` suggests for a sender that resends
+    that long."""
+    cap = min(policy.max_delay or DAY, DAY)
+    longer = replace(policy, max_delay=cap, retry_on_error=True)
+    if longer.backoff == "list":
+        longer = replace(longer, delays=tuple(min(d, cap) for d in longer.delays) or (cap,))
+    total, retries = 0.0, 0
+    while total < seconds:
+        retries += 1
+        total += delay_before_retry(longer, retries)
+    return replace(longer, retries=retries)
+
+
+DAY = 86400.0
 
 
 def describe_schedule(policy: RetryPolicy) -> str:

@@ -9,10 +9,14 @@ own target, not a blank lead.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from helpers import admin_credentials, relay_cli, to_toml
 
@@ -59,6 +63,9 @@ def test_the_tilda_and_tbank_examples_check_and_tbank_has_a_message_of_its_own(
     admin_credentials(tmp_path / "credentials")  # beside the config, as relay init leaves it
     checked = relay_cli("check", "--config", str(path), env=ENV)
     assert "route tbank" in checked.stdout
+    # The guide's own example passes its own check: a reader is not left with
+    # warnings and no value that would quiet them.
+    assert "warning" not in checked.stdout + checked.stderr, checked.stdout + checked.stderr
 
     notification = FIXTURES / "tbank" / "notification-confirmed.json"
     shown = relay_cli(
@@ -75,3 +82,44 @@ def test_the_tilda_and_tbank_examples_check_and_tbank_has_a_message_of_its_own(
         "render", "tbank", "--body", str(refunded), "--config", str(path), env=ENV
     ).stdout
     assert "skipped: when: json.Status == 'CONFIRMED' is false" in skipped
+
+
+DEBIAN_PROMETHEUS = Path("/etc/prometheus/prometheus.yml")
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None or not DEBIAN_PROMETHEUS.exists(),
+    reason="Debian's prometheus package (promtool and its prometheus.yml) not installed",
+)
+def test_the_prometheus_lines_fit_debians_own_file(tmp_path: Path) -> None:
+    # The guide's snippet, appended as it was written, repeated rule_files and
+    # scrape_configs: Debian's file then does not load. Done as the guide now
+    # says (a line under rule_files:, the job at the end of scrape_configs:),
+    # Prometheus's own checker reads it, rules and relay's job included.
+    guide = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    [block] = [
+        b for b in re.findall(r"```yaml\n(.*?)```", guide, re.DOTALL) if "job_name: relay" in b
+    ]
+    lines = [line[2:] if line.startswith("  ") else line for line in block.splitlines()]
+    rule = next(line for line in lines if "rules/*.yml" in line).split("#")[0].rstrip()
+    job = "\n".join(lines[lines.index("  - job_name: relay") :]) + "\n"
+    original = DEBIAN_PROMETHEUS.read_text()
+    assert "\nrule_files:" in original
+    edited = original.replace("\nrule_files:\n", f"\nrule_files:\n{rule}\n", 1)
+    edited = edited.rstrip("\n") + "\n" + job
+    config = tmp_path / "prometheus.yml"
+    config.write_text(edited)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    shutil.copy(ROOT / "prometheus" / "relay-alerts.yml", rules / "relay-alerts.yml")
+    checked = subprocess.run(
+        ["promtool", "check", "config", str(config)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "relay-alerts.yml" in checked.stdout
+    doubled = original + '\nrule_files: ["rules/*.yml"]\n'  # what appending the old snippet did
+    config.write_text(doubled)
+    refused = subprocess.run(
+        ["promtool", "check", "config", str(config)], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode != 0

@@ -3,7 +3,7 @@ import random
 import pytest
 
 from relay.config import RetryPolicy
-from relay.delivery.retry import cycle_length, delay_before_retry, probe_delay, schedule
+from relay.delivery.retry import covering, cycle_length, delay_before_retry, probe_delay, schedule
 
 DEFAULT = RetryPolicy(jitter=0)
 
@@ -73,3 +73,30 @@ LISTED = RetryPolicy(backoff="list", delays=(30, 120), retries=5, jitter=0)
 )
 def test_probes_follow_the_targets_backoff(policy: RetryPolicy, probe: int, delay: float) -> None:
     assert probe_delay(policy, probe) == delay
+
+
+@pytest.mark.parametrize(
+    ("policy", "seconds"),
+    [
+        (DEFAULT, 30 * 86400),  # T-Bank's month
+        (DEFAULT, 3 * 86400),
+        (RetryPolicy(retries=3, jitter=0), 3600),
+        (RetryPolicy(backoff="list", delays=(30, 120, 600), retries=5, jitter=0), 86400),
+        (RetryPolicy(retry_on_error=False, jitter=0), 7200),
+    ],
+)
+def test_relay_check_suggests_a_schedule_that_lasts_as_long_as_the_sender(
+    policy: RetryPolicy, seconds: float
+) -> None:
+    # "consider a longer schedule" named no value that passes: the suggestion
+    # is one whose cycle lasts the sender's window, delays a day at most.
+    longer = covering(policy, seconds)
+    assert sum(schedule(longer)) >= seconds
+    assert max(schedule(longer)) <= 86400
+    assert sum(schedule(longer)[:-1]) < seconds  # one retry fewer would not do
+    assert longer.retry_on_error
+
+
+def test_the_month_of_tbank_takes_45_retries_capped_at_a_day() -> None:
+    longer = covering(DEFAULT, 30 * 86400)
+    assert (longer.retries, longer.max_delay) == (45, 86400)
