@@ -25,6 +25,7 @@ from relay.core.budget import (
     end_budget,
     start_budget,
 )
+from relay.core.fields import FormFields
 from relay.core.payload import EVENT_VARIABLES
 from relay.templates.sandbox import BoundedEnvironment, bound
 
@@ -69,16 +70,37 @@ def _default(value: Any, default_value: Any = "", boolean: bool = False) -> Any:
     return result
 
 
+class _Missing(jinja2.StrictUndefined):
+    """A value a template reads that the payload does not have, said in the
+    payload's words ("form field utm_source is missing"), not Python's
+    ("'relay.core.fields.FormFields object' has no attribute 'utm_source'")."""
+
+    @property
+    def _undefined_message(self) -> str:
+        if self._undefined_hint:
+            return self._undefined_hint
+        name, owner = self._undefined_name, self._undefined_obj
+        if owner is jinja2.utils.missing:
+            return f"{name!r} is undefined"
+        if isinstance(owner, FormFields):
+            return f"form field {name!s} is missing"
+        if isinstance(owner, Mapping) and "multidict" in type(owner).__module__:
+            return f"header {name!s} is missing"
+        if isinstance(owner, Mapping):
+            return f"field {name!s} is missing"
+        if isinstance(owner, list | tuple):
+            return f"item {name!s} is missing (the list has {len(owner)})"
+        return f"{name!s} is missing (the value is {type(owner).__name__}, not an object)"
+
+
 class _Environment(BoundedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.filters["default"] = self.filters["d"] = _default
 
 
-_PLAIN = _Environment(
-    undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
-)
-_HTML = _Environment(undefined=jinja2.StrictUndefined, autoescape=True, keep_trailing_newline=True)
+_PLAIN = _Environment(undefined=_Missing, autoescape=False, keep_trailing_newline=True)
+_HTML = _Environment(undefined=_Missing, autoescape=True, keep_trailing_newline=True)
 
 # Telegram's MarkdownV2: every one of these must be escaped with a backslash
 # outside entities (Bot API, "MarkdownV2 style"), the backslash itself too.
@@ -95,7 +117,7 @@ def _markdown_value(value: Any) -> str:
 
 
 _MARKDOWN_V2 = _Environment(
-    undefined=jinja2.StrictUndefined,
+    undefined=_Missing,
     autoescape=False,
     keep_trailing_newline=True,
     finalize=_markdown_value,

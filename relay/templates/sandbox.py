@@ -282,6 +282,9 @@ class BoundedEnvironment(SandboxedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs
+        # JSON as most senders and CRMs write it, UTF-8: a Cyrillic name goes
+        # as letters, not as \\uXXXX escapes (Jinja still escapes <, >, & and ').
+        self.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": False}
         self.globals[LOOP_NAME] = _counted
         self.globals[CONCAT_NAME] = _concat(markup_join if self.autoescape else str_join)
         _bounded_filters(self.filters)

@@ -1,5 +1,7 @@
 import pytest
 
+from relay.core.fields import FormFields
+from relay.core.payload import header_map
 from relay.templates import TemplateError, compile_expression, compile_template
 
 
@@ -10,9 +12,38 @@ def test_renders_and_knows_its_variables() -> None:
 
 
 def test_missing_field_is_an_error_unless_defaulted() -> None:
-    with pytest.raises(TemplateError, match=r"no attribute 'missing'|undefined"):
+    with pytest.raises(TemplateError, match=r"field missing is missing"):
         compile_template("{{ json.missing }}").render({"json": {}})
     assert compile_template("{{ json.missing | default('x') }}").render({"json": {}}) == "x"
+
+
+@pytest.mark.parametrize(
+    ("source", "context", "said"),
+    [
+        # Said in the payload's words, never Python's ("'relay.core.fields.
+        # FormFields object' has no attribute 'utm_source'").
+        ("{{ form.utm_source }}", {"form": FormFields(Name="Anna")}, "form field utm_source"),
+        ("{{ json.customer.phone }}", {"json": {"customer": {}}}, "field phone is missing"),
+        ("{{ headers['X-Shop'] }}", {"headers": header_map([])}, "header X-Shop is missing"),
+        ("{{ json.total.rub }}", {"json": {"total": 5}}, "rub is missing (the value is int"),
+        ("{{ nothing }}", {}, "'nothing' is undefined"),
+    ],
+)
+def test_a_missing_value_is_said_in_the_payloads_words(
+    source: str, context: dict[str, object], said: str
+) -> None:
+    with pytest.raises(TemplateError) as error:
+        compile_template(source).render(context)
+    assert said in str(error.value)
+    assert "relay." not in str(error.value)
+    assert "object'" not in str(error.value)
+
+
+def test_json_keeps_letters_as_letters() -> None:
+    # tojson escaped every non-ASCII letter: a Cyrillic name reached the CRM
+    # as \u0410\u043d\u043d\u0430 (most senders and CRMs read UTF-8 JSON).
+    out = compile_template("{{ json | tojson }}").render({"json": {"name": "Анна <b>"}})
+    assert out == '{"name": "Анна \\u003cb\\u003e"}'  # still safe inside HTML
 
 
 def test_syntax_error_is_a_value_error() -> None:
