@@ -7,12 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.config import TargetConfig
-from relay.core.outcome import SentRequest
+from relay.core.outcome import SentRequest, Verdict
 from relay.core.payload import event_fields
 from relay.core.secrets import Masker, mask_fields, request_masker, shown_body
+from relay.core.status import attempt_outcome
 from relay.core.units import count, format_instant
 from relay.loader.registry import target_kind
 from relay.store import (
+    AttemptKind,
     AttemptView,
     AuditEntry,
     DeliveryView,
@@ -87,12 +89,29 @@ def event_summary(event: EventView, masker: Masker) -> dict[str, Any]:
     }
 
 
+def said_of(attempt: AttemptView) -> str:
+    """A stored attempt in ATTEMPT_OUTCOMES' words (relay.core.status): the one
+    that ended its delivery is dead, whether it failed for good or was the
+    last retry (no next attempt, and no probe, which waits for the next one)."""
+    verdict = Verdict(attempt.outcome)
+    ended = verdict is Verdict.FAIL or (
+        verdict is Verdict.RETRY
+        and attempt.next_attempt_at is None
+        and attempt.kind is not AttemptKind.PROBE
+    )
+    return attempt_outcome(verdict, Status.DEAD if ended else Status.PENDING)
+
+
 def attempt_view(attempt: AttemptView, masker: Masker) -> dict[str, Any]:
     return {
         "number": attempt.number,
         "started_at": iso(attempt.started_at),
         "duration_ms": round(attempt.duration * 1000, 1),
-        "outcome": attempt.outcome,
+        # What the attempt came to, in the words of the attempt log and the
+        # metrics: success, retry, or dead for the one that ended the
+        # delivery; `verdict` is the target's (success, retry, fail) as stored.
+        "outcome": said_of(attempt),
+        "verdict": attempt.outcome,
         "http_status": attempt.http_status,
         "error": masker.optional(attempt.error),
         "response": masker.text(attempt.response.decode("utf-8", errors="replace")),

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from relay.core.outcome import Verdict
 from relay.core.status import ATTEMPT_OUTCOMES, Status, attempt_outcome
+from relay.ops.views import said_of
+from relay.store import AttemptKind, AttemptView
 from relay.store import Status as StoreStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +68,15 @@ def test_an_attempt_is_said_in_the_words_of_logs_and_metrics() -> None:
 def test_the_stored_verdicts_keep_their_words() -> None:
     # The attempts' outcome column holds the verdict: its values are stored data.
     assert [verdict.value for verdict in Verdict] == ["success", "retry", "fail"]
+
+
+def test_a_stored_attempt_is_said_as_logs_and_metrics_say_it() -> None:
+    # Screens read "fail" where logs and metrics said "dead" (issue 55).
+    def attempt(outcome: str, next_at: float | None, kind: AttemptKind) -> AttemptView:
+        return AttemptView(1, 1, 0.0, 0.1, outcome, 400, "x", b"", next_at, kind)
+
+    assert said_of(attempt("fail", None, AttemptKind.CYCLE)) == "dead"
+    assert said_of(attempt("retry", None, AttemptKind.CYCLE)) == "dead"  # the last retry
+    assert said_of(attempt("retry", 50.0, AttemptKind.CYCLE)) == "retry"
+    assert said_of(attempt("retry", None, AttemptKind.PROBE)) == "retry"  # waits for the next
+    assert said_of(attempt("success", None, AttemptKind.MANUAL)) == "success"
