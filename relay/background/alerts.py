@@ -139,6 +139,9 @@ def notes_on(
                 "target": delivery.target,
                 "attempts": report.number,
                 "error": report.then.reason,
+                # Refused for its payload (a 4xx, a broken template): a
+                # requeue sends the same bytes, only an edited copy can pass.
+                "refused": report.outcome.verdict is Verdict.FAIL,
                 "answer": answer,
             }
         )
@@ -441,8 +444,15 @@ def alert_body(window: _Window) -> dict[str, Any]:
             )
         if window.dead_count > len(window.dead):
             lines.append(f"... and {window.dead_count - len(window.dead)} more")
-        ids = " ".join(item["delivery_id"] for item in window.dead)
-        lines.append(f"once the cause is fixed: relay requeue {ids}")
+        retried = " ".join(i["delivery_id"] for i in window.dead if not i.get("refused"))
+        refused = [i["event_id"] for i in window.dead if i.get("refused")]
+        if retried:
+            lines.append(f"once the target works again: relay requeue {retried}")
+        for event_id in dict.fromkeys(refused):
+            lines.append(
+                f"event {event_id} was refused for what it says: correct it and send it"
+                f" again (relay resend {event_id} --edit, or the event page's Edit and resend)"
+            )
     for item in window.failing.values():
         parts.append(f"{_where(item)} is failing")
         lines.append(

@@ -81,7 +81,6 @@ def summary(config: Config) -> dict[str, Any]:
                 }
             )
         routes.append({"name": route.name, "path": masker.text(route.path), "targets": targets})
-    used = {t.target for r in config.routes.values() for t in r.targets}
     storage = config.storage
     return {
         "config": str(config.source),
@@ -89,7 +88,7 @@ def summary(config: Config) -> dict[str, Any]:
         "ingress": str(config.server.listen),
         "storage": str(storage.path) if storage.url is None else masker.text(storage.describe()),
         "routes": routes,
-        "unused_targets": sorted(set(config.targets) - used),
+        "unused_targets": unused_targets(config),
     }
 
 
@@ -310,7 +309,14 @@ def describe(config: Config) -> str:
                 f"  → {target.name} ({target.type} {where(target, masker)}; {limits}){condition}"
             )
             lines.append(f"      {describe_schedule(route_target.retry)}")
-    unused = set(config.targets) - {t.target for r in config.routes.values() for t in r.targets}
-    for name in sorted(unused):
-        lines.append(f"target {name} is not used by any route")
+    for name in unused_targets(config):
+        lines.append(f"target {name} is not used by any route, nor by [alerts]")
     return "\n".join(lines)
+
+
+def unused_targets(config: Config) -> list[str]:
+    """Targets neither a route nor the alerts send to."""
+    used = {t.target for r in config.routes.values() for t in r.targets}
+    if config.alerts.target is not None:
+        used.add(config.alerts.target)
+    return sorted(set(config.targets) - used)

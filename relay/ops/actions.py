@@ -83,7 +83,15 @@ class Actions:
     async def event(self, event_id: int) -> EventDetail:
         detail = await self.store.get_event(event_id)
         if detail is None:
-            raise NotFound(f"no event {event_id}")
+            # The CLI and the API print delivery ids too (requeue, retry): a
+            # person may well try one of them here.
+            delivery = await self.store.get_delivery(event_id)
+            hint = (
+                f"; delivery {event_id} is of event {delivery.event_id}"
+                if delivery is not None
+                else ""
+            )
+            raise NotFound(f"no event {event_id}{hint}")
         return detail
 
     async def delivery(self, delivery_id: int) -> DeliveryView:

@@ -126,3 +126,24 @@ async def test_what_a_sender_or_a_filter_wrote_never_drives_the_terminal(
     assert not any(line.startswith("real-looking") for line in audit.splitlines())
     events = relay_cli("events", "--config", str(config)).stdout
     assert "\\x1b]52;c;" in events  # the name decoded, its controls said as escapes
+
+
+async def test_show_of_a_delivery_id_says_whose_event_it_is(
+    tmp_path: Path, make_config: ConfigFactory, start_relay: RelayFactory
+) -> None:
+    # `relay requeue` printed delivery 2; `relay show 2` said only "no event 2".
+    targets = {name: {"type": "file", "path": f"{name}.jsonl"} for name in ("crm", "mail")}
+    routes = {"leads": {"path": "/hooks/leads", "targets": ["crm", "mail"]}}
+    relay = await start_relay(make_config(targets, routes), background=False, clock=FakeClock())
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(relay.ingress_url + "/hooks/leads", json={"n": 1}) as answer,
+    ):
+        assert answer.status == 200
+    config = write_config(
+        tmp_path / "cli.toml",
+        {"storage": {"path": str(tmp_path / "relay.db")}, "targets": targets, "routes": routes},
+    )
+    said = relay_cli("show", "2", "--config", str(config), check=False)
+    assert said.returncode == 2
+    assert said.stderr.strip() == "relay: no event 2; delivery 2 is of event 1"

@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 from relay.cli import COMMANDS, parser
+from relay.cli.check import unused_targets
+from relay.loader import parse_config
 
 
 def registered(root: argparse.ArgumentParser) -> dict[str, str]:
@@ -63,3 +66,21 @@ def test_serve_imports_nothing_only_a_mistake_or_a_named_zone_needs() -> None:
         check=True,
     ).stdout
     assert loaded.strip() == "[]"
+
+
+def test_check_counts_the_alerts_target_as_used(tmp_path: Path) -> None:
+    # relay check called the target that [alerts] sends to "not used by any route".
+    config = parse_config(
+        {
+            "targets": {
+                "crm": {"type": "file", "path": "crm.jsonl"},
+                "manager_mail": {"type": "file", "path": "alerts.jsonl"},
+                "spare": {"type": "file", "path": "spare.jsonl"},
+            },
+            "routes": {"leads": {"path": "/hooks/leads", "targets": ["crm"]}},
+            "alerts": {"target": "manager_mail"},
+        },
+        {},
+        base=tmp_path,
+    )
+    assert unused_targets(config) == ["spare"]
