@@ -47,13 +47,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def render(args: argparse.Namespace) -> int:
     # The pipeline's modules (sources, targets with aiohttp's client, Jinja2) are
     # imported by the command that runs them, not by every `relay` command.
+    from relay.core.budget import TemplateError
     from relay.core.incoming import Incoming
     from relay.ingress.plan import idempotency_key, plan_deliveries
     from relay.kinds.source import Ping, Reject
     from relay.loader.registry import build_source, build_target
     from relay.ops.resend import unsent_envelope
     from relay.targets.base import unstored_event_id
-    from relay.templates import TemplateError, marking_defaults
+    from relay.templates import marking_defaults
 
     config = read_config(args, command=True)
     route = config.routes.get(args.route)

@@ -33,7 +33,6 @@ __all__ = [
     "MAX_OPERATIONS",
     "MAX_OUTPUT_CHARS",
     "Template",
-    "TemplateError",
     "compile_expression",
     "compile_template",
 ]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from relay.core.budget import WORKER_SECONDS
-from relay.templates import MAX_OUTPUT_CHARS, TemplateError, compile_template
+from relay.core.budget import WORKER_SECONDS, TemplateError
+from relay.templates import MAX_OUTPUT_CHARS, compile_template
 
 HUGE = 10**9
 PAYLOAD: dict[str, Any] = {

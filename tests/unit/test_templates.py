@@ -1,8 +1,9 @@
 import pytest
 
+from relay.core.budget import TemplateError
 from relay.core.fields import FormFields
 from relay.core.payload import header_map
-from relay.templates import TemplateError, compile_expression, compile_template
+from relay.templates import compile_expression, compile_template
 
 
 def test_renders_and_knows_its_variables() -> None:
