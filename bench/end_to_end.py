@@ -14,7 +14,7 @@ The baseline, measured first in the same run: a minimal forwarder
 same sink with the same aiohttp client and stores nothing), driven flat out by
 the same wrk. Its rate is the most any relay could deliver on this machine;
 relay's highest rate that keeps up is reported as a ratio of it. relay sends
-with its own client (relay.targets.httpclient), leaner than aiohttp's; the same
+with its own client (relay.targets.outbound.client), leaner than aiohttp's; the same
 forwarder sending with that client is measured too, and relay's ratio to it
 is what storage and scheduling cost on their own.
 """
