@@ -31,12 +31,19 @@ from relay.loader.load import load_config
 from relay.ops.logs import TextFormatter
 from relay.store import EventDetail, EventQuery
 
-from conftest import ConfigFactory, RelayFactory, SinkFactory
+from conftest import TRANSPORTS, ConfigFactory, RelayFactory, SinkFactory
 from helpers import ForwardingProxy
 
 ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs over each HTTP transport (tests/conftest.py)."""
+    value: str = request.param
+    return value
 
 
 class Raw:

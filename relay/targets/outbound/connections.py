@@ -1,5 +1,5 @@
 """How a target's connections are made: the `proxy`, `ca_file`, `client_cert`,
-`client_key` and `tls_verify` keys every HTTP-style target takes
+`client_key`, `tls_verify` and `transport` keys every HTTP-style target takes
 (http, telegram), its URL's check, and the transport it sends through,
 chosen here and nowhere else."""
 
@@ -8,12 +8,16 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yarl
 
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
 from relay.targets.outbound.transport import Transport
+
+TransportName = Literal["relay", "aiohttp"]
+TRANSPORTS: tuple[TransportName, ...] = ("relay", "aiohttp")
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class Outbound:
     client_cert: Path | None = None  # mTLS: the certificate relay presents
     client_key: Path | None = None  # its key, when not in client_cert's file
     tls_verify: bool = True
+    # Which transport carries the requests (relay.targets.outbound.transport).
+    transport: TransportName = "relay"
     # When those files were last changed, as read: a certificate renewed in
     # place makes the settings differ, so a reload (SIGHUP) takes it up.
     files_changed: tuple[int, ...] = ()
@@ -100,6 +106,7 @@ def parse_outbound(section: Section, base: Path) -> Outbound:
         client_cert=client_cert,
         client_key=client_key,
         tls_verify=section.boolean("tls_verify", True),
+        transport=section.choice("transport", TRANSPORTS, "relay"),
         files_changed=tuple(_changed(path) for path in files),
     )
 
@@ -170,4 +177,8 @@ def open_transport(outbound: Outbound, concurrency: int) -> Transport:
         proxy = None
     elif outbound.proxy is not None:
         proxy = Proxy.parse(outbound.proxy)
+    if outbound.transport == "aiohttp":
+        from relay.targets.outbound.aiohttp_client import AiohttpTransport
+
+        return AiohttpTransport(keep=concurrency, tls=outbound.tls_context(), proxy=proxy)
     return Client(keep=concurrency, tls=outbound.tls_context(), proxy=proxy)
