@@ -80,6 +80,8 @@ def _on_the_wire(request: Request) -> Request:
     Basic Authorization (RFC 9110 section 11.2, unless one is configured) and
     leaves the URL, so every transport sends the same thing and a hop's
     credentials are decided here alone."""
+    if "@" not in request.url:  # no userinfo: no URL to parse
+        return request
     url = URL(request.url)
     if url.raw_user is None:
         return request
