@@ -13,7 +13,6 @@ it is open (aiohttp has no hook between the two).
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from types import SimpleNamespace
@@ -25,6 +24,7 @@ from yarl import URL
 
 from relay.targets.outbound.client import (
     ENVIRONMENT,
+    FRAMING,
     KEEPALIVE_SECONDS,
     MAX_HEAD_BYTES,
     MAX_HEADERS,
@@ -32,6 +32,7 @@ from relay.targets.outbound.client import (
     environment_proxy,
     replayable,
     unsendable,
+    why,
 )
 from relay.targets.outbound.transport import (
     Answer,
@@ -46,8 +47,6 @@ from relay.targets.outbound.transport import (
     TransportError,
 )
 
-# Worked out by aiohttp from the body and the URL, whatever the config's headers say.
-_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 # What aiohttp adds unless told not to: relay asks for no compression, and
 # says a body's type only when it knows it.
 _NOT_ADDED = ("Accept-Encoding", "Content-Type")
@@ -112,7 +111,7 @@ class AiohttpTransport:
         problem = unsendable(request.headers)
         if problem is not None:
             raise RequestError(problem)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _FRAMING}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in FRAMING}
         headers.setdefault("Accept", "*/*")
         proxy = self._proxy_for(request.url)
         # A kept-alive connection the server closed as the request went out
@@ -216,7 +215,7 @@ def _translated(error: aiohttp.ClientError, url: str, proxy: Proxy | None) -> Cl
             authority = _authority(target.raw_host or "", target.port or 443)
             return ProxyError(f"{where} refused CONNECT {authority}: {said}")
         if isinstance(error, aiohttp.ClientProxyConnectionError):
-            return ProxyError(f"cannot connect to {where}: {_why(error.os_error)}")
+            return ProxyError(f"cannot connect to {where}: {why(error.os_error)}")
     if isinstance(error, aiohttp.ClientConnectorDNSError):
         if proxy is not None:
             return ProxyError(f"proxy {proxy.host}: DNS lookup failed")
@@ -226,7 +225,7 @@ def _translated(error: aiohttp.ClientError, url: str, proxy: Proxy | None) -> Cl
     if isinstance(error, aiohttp.ClientSSLError):
         return TLSError(str(error))
     if isinstance(error, aiohttp.ClientConnectorError):
-        return ConnectError(error.host, error.port or 0, _why(error.os_error))
+        return ConnectError(error.host, error.port or 0, why(error.os_error))
     if isinstance(error, aiohttp.ServerDisconnectedError):
         return NoAnswer()
     if isinstance(error, aiohttp.ClientResponseError):
@@ -236,10 +235,3 @@ def _translated(error: aiohttp.ClientError, url: str, proxy: Proxy | None) -> Cl
             return TLSError(str(error))
         return NoAnswer()
     return TransportError(str(error) or type(error).__name__)
-
-
-def _why(error: OSError) -> str:
-    """ "Connection refused", not "Connect call failed ('127.0.0.1', 1)"."""
-    if error.errno:
-        return os.strerror(error.errno)
-    return error.strerror or str(error) or type(error).__name__

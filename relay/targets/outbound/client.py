@@ -294,7 +294,7 @@ class Client:
         try:
             connection = await _connect(origin, self._resolver, self._tls, proxy)
         except OSError as error:  # anything else the system says of a new connection
-            raise ConnectError(origin.host, origin.port, _why(error)) from None
+            raise ConnectError(origin.host, origin.port, why(error)) from None
         return await self._exchange(key, connection, data, keep, await written_by(connection))
 
     async def _exchange(
@@ -365,8 +365,9 @@ def replayable(method: str, headers: Mapping[str, str]) -> bool:
     return any(name.lower() in _REPLAY_HEADERS for name in headers)
 
 
-# Worked out here from the body and the URL, whatever the config's headers say.
-_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+# Worked out by a transport from the body and the URL, whatever the config's
+# headers say: every transport leaves these out of what it is given.
+FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
 def _head(
@@ -385,7 +386,7 @@ def _head(
     if problem is not None:
         raise RequestError(problem)
     for name, value in headers.items():
-        if name.lower() not in _FRAMING:
+        if name.lower() not in FRAMING:
             lines.append(f"{name}: {value}")
     if proxy is not None and proxy.authorization is not None:
         lines.append(f"Proxy-Authorization: {proxy.authorization}")
@@ -484,8 +485,8 @@ async def _connect(
         )
     except OSError as error:
         if proxy is not None:
-            raise ProxyError(f"cannot connect to proxy {host}:{port}: {_why(error)}") from None
-        raise ConnectError(host, port, _why(error)) from None
+            raise ProxyError(f"cannot connect to proxy {host}:{port}: {why(error)}") from None
+        raise ConnectError(host, port, why(error)) from None
     try:
         if proxy is not None and origin.tls:
             await _tunnel(sock, origin, proxy)
@@ -502,7 +503,7 @@ async def _connect(
         raise TLSError(error.reason or str(error)) from None
     except OSError as error:
         sock.close()
-        raise ConnectError(origin.host, origin.port, _why(error)) from None
+        raise ConnectError(origin.host, origin.port, why(error)) from None
     except BaseException:
         sock.close()
         raise
@@ -530,7 +531,7 @@ async def _tunnel(sock: socket.socket, origin: _Origin, proxy: Proxy) -> None:
             if len(head) > MAX_HEAD_BYTES:
                 raise ProxyError(f"{where}: its answer to CONNECT never ends")
     except OSError as error:
-        raise ProxyError(f"{where}: {_why(error)}") from None
+        raise ProxyError(f"{where}: {why(error)}") from None
     if not head.endswith(b"\r\n\r\n"):
         # The target speaks only after the TLS hello: bytes past the proxy's
         # answer are not the target's, and TLS would read them as its own.
@@ -549,7 +550,7 @@ async def _tunnel(sock: socket.socket, origin: _Origin, proxy: Proxy) -> None:
         raise ProxyError(f"{where} refused CONNECT {authority}: {said}")
 
 
-def _why(error: OSError) -> str:
+def why(error: OSError) -> str:
     """ "Connection refused", not "Connect call failed ('127.0.0.1', 1)"."""
     if error.errno:
         return os.strerror(error.errno)
