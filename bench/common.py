@@ -324,6 +324,15 @@ class Server:
                 self.process.wait()
 
 
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU ticks of the whole machine so far (/proc/stat): two
+    readings give how many cores anything used between them, this benchmark's
+    processes and everyone else's."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return float(sum(fields) - idle), float(sum(fields))
+
+
 def print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     print(f"\n{title}")
@@ -370,9 +379,11 @@ def relay_to_sink_config(
     order_by: str | None = None,
     storage_url: str | None = None,
     name: str = "relay.toml",
+    transport: str | None = None,
 ) -> Path:
     """relay with one route into one HTTP target, `crm`, at the local sink; its
-    store a SQLite file in `folder`, or the database at `storage_url`."""
+    store a SQLite file in `folder`, or the database at `storage_url`;
+    `transport` the target's (relay.targets.outbound), its default when None."""
     target = f'{{ target = "crm", order_by = "{order_by}" }}' if order_by else '"crm"'
     storage = f'url = "{storage_url}"' if storage_url else 'path = "relay.db"\nsynchronous = "full"'
     path = folder / name
@@ -394,6 +405,7 @@ level = "{log_level}"
 type = "http"
 url = "http://127.0.0.1:{sink_port}/hook"
 concurrency = {concurrency}
+{f'transport = "{transport}"' if transport else ""}
 
 [routes.orders]
 path = "/hooks/orders"

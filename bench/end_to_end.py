@@ -14,7 +14,7 @@ The baseline, measured first in the same run: a minimal forwarder
 same sink with the same aiohttp client and stores nothing), driven flat out by
 the same wrk. Its rate is the most any relay could deliver on this machine;
 relay's highest rate that keeps up is reported as a ratio of it. relay sends
-with its own client (relay.targets.httpclient), leaner than aiohttp's; the same
+with its own client (relay.targets.outbound.client), leaner than aiohttp's; the same
 forwarder sending with that client is measured too, and relay's ratio to it
 is what storage and scheduling cost on their own.
 """
@@ -22,6 +22,7 @@ is what storage and scheduling cost on their own.
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import statistics
 import sys
@@ -36,6 +37,7 @@ from common import (
     Server,
     crm_counts,
     free_port,
+    machine_busy,
     print_table,
     relay_command,
     relay_to_sink_config,
@@ -49,7 +51,12 @@ def delivered_so_far(admin_port: int) -> int:
 
 
 def run_at(
-    rate: float, seconds: float, concurrency: int, round_number: int, threads: int = 2
+    rate: float,
+    seconds: float,
+    concurrency: int,
+    round_number: int,
+    threads: int = 2,
+    transport: str | None = None,
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="relay-e2e-") as tmp:
         folder = Path(tmp)
@@ -60,9 +67,13 @@ def run_at(
             sink_port,
             cpu=0,
         )
-        config = relay_to_sink_config(folder, port, admin_port, sink_port, concurrency)
+        config = relay_to_sink_config(
+            folder, port, admin_port, sink_port, concurrency, transport=transport
+        )
         relay = Server([*relay_command(), "serve", "--config", str(config)], port, cpu=1)
         try:
+            relay_before, sink_before = relay.cpu_seconds(), sink.cpu_seconds()
+            machine_before = machine_busy()
             result = run_wrk(
                 f"http://127.0.0.1:{port}/hooks/orders",
                 connections=64,
@@ -72,6 +83,9 @@ def run_at(
                 rate=rate,
                 threads=threads,
             )
+            machine_after = machine_busy()
+            relay_cpu = relay.cpu_seconds() - relay_before
+            sink_cpu = sink.cpu_seconds() - sink_before
             delivered_in_window = delivered_so_far(admin_port)
             deadline = time.monotonic() + 60
             while delivered_so_far(admin_port) < result.acked and time.monotonic() < deadline:
@@ -89,7 +103,18 @@ def run_at(
         )
     got = result.acked / result.seconds
     out = delivered_in_window / result.seconds
+    ticks = machine_after[1] - machine_before[1]
+    cores = (os.cpu_count() or 1) * (machine_after[0] - machine_before[0]) / max(ticks, 1.0)
     return {
+        # relay's CPU for each event taken in and delivered, over the window.
+        "relay_us_per_event": 1e6 * relay_cpu / max(delivered_in_window, 1),
+        "relay_cores": relay_cpu / result.seconds,
+        # The whole machine's busy cores over the window, and what was not
+        # relay, the sink or wrk: other engineers' tests sharing it.
+        "machine_cores": cores,
+        "others_cores": max(
+            0.0, cores - (relay_cpu + sink_cpu) / result.seconds - result.generator_cores
+        ),
         "target_rate": rate,
         "received_per_s": got,
         "delivered_per_s": out,
@@ -158,6 +183,85 @@ def _percentile(values: list[float], percent: float) -> float:
     return values[index]
 
 
+def compare_transports(args: argparse.Namespace) -> int:
+    """Each rate run for each transport in turn (the order swapped every
+    round), so both meet the same neighbours on a shared machine; the ratio
+    of each pair is what is compared, never raw figures across runs."""
+    transports = args.transports.split(",")
+    rates = [float(r) for r in args.rates.split(",")]
+    runs: list[dict[str, float | str]] = []
+    for number in range(args.rounds):
+        order = transports if number % 2 == 0 else transports[::-1]
+        for rate in rates:
+            for transport in order:
+                run: dict[str, float | str] = {
+                    **run_at(rate, args.seconds, args.concurrency, number, args.threads, transport),
+                    "transport": transport,
+                    "round": number,
+                }
+                runs.append(run)
+                print(
+                    f"round {number} {transport:>8} target {rate:.0f}/s: delivered"
+                    f" {run['delivered_per_s']:.0f}/s, kept up {bool(run['kept_up'])},"
+                    f" relay {run['relay_us_per_event']:.0f} us/event,"
+                    f" machine {run['machine_cores']:.2f} cores busy"
+                    f" (others {run['others_cores']:.2f}), p99 {run['latency_p99_ms']:.0f} ms",
+                    flush=True,
+                )
+    base = transports[0]
+    rows = []
+    for number in range(args.rounds):
+        for rate in rates:
+            mine = {
+                str(r["transport"]): r
+                for r in runs
+                if r["round"] == number and r["target_rate"] == rate
+            }
+            row = [str(number), f"{rate:.0f}"]
+            for transport in transports:
+                row += [
+                    f"{mine[transport]['delivered_per_s']:.0f}",
+                    "yes" if mine[transport]["kept_up"] else "no",
+                    f"{mine[transport]['relay_us_per_event']:.0f}",
+                ]
+            for transport in transports[1:]:
+                delivered = float(mine[transport]["delivered_per_s"])
+                cost = float(mine[transport]["relay_us_per_event"])
+                base_delivered = float(mine[base]["delivered_per_s"])
+                base_cost = float(mine[base]["relay_us_per_event"])
+                row.append(f"{delivered / base_delivered:.2f} / {cost / base_cost:.2f}")
+            row.append(f"{max(float(r['others_cores']) for r in mine.values()):.2f}")
+            rows.append(row)
+    headers = ["round", "rate"]
+    for transport in transports:
+        headers += [f"{transport} deliv/s", "kept up", "us/event"]
+    headers += [f"{t}/{base} deliv, us" for t in transports[1:]] + ["others cores"]
+    print_table(
+        f"end to end by transport, concurrency {args.concurrency}, {args.seconds:g}s a run",
+        headers,
+        rows,
+    )
+    for number in range(args.rounds):
+        best = {}
+        for transport in transports:
+            kept = [
+                float(r["received_per_s"])
+                for r in runs
+                if r["round"] == number
+                and r["transport"] == transport
+                and r["kept_up"]
+                and r["lost"] == 0
+            ]
+            best[transport] = max(kept, default=0.0)
+        said = ", ".join(f"{t} {v:.0f}/s" for t, v in best.items())
+        ratios = ", ".join(
+            f"{t}/{base} {best[t] / best[base]:.2f}" for t in transports[1:] if best[base]
+        )
+        print(f"round {number}: highest rate kept up: {said} ({ratios})")
+    print(f"results: {write_json('end_to_end_transports', {'args': vars(args), 'runs': runs})}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60)
@@ -166,7 +270,16 @@ def main() -> int:
     parser.add_argument(
         "--threads", type=int, default=2, help="wrk threads (its CPU is reported and checked)"
     )
+    parser.add_argument(
+        "--transports",
+        default="",
+        help='compare the target\'s transports ("relay,aiohttp"): each rate is run'
+        " for each, alternately, --rounds times, and their ratios reported",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="with --transports")
     args = parser.parse_args()
+    if args.transports:
+        return compare_transports(args)
     baseline = forwarder_rate(min(args.seconds, 20), args.concurrency, "aiohttp", args.threads)
     lean = forwarder_rate(min(args.seconds, 20), args.concurrency, "relay", args.threads)
     for name, rates in (("aiohttp's client", baseline), ("relay's client", lean)):

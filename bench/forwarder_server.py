@@ -8,7 +8,7 @@ answered 200 once the sink has answered. Nothing is kept: a crash loses
 whatever is in flight. It is what relay's delivery path costs at the least.
 
 With `relay` as the last argument the forwarder sends with relay's own
-client (relay.targets.httpclient) instead: the baseline with relay's lean client, so
+client (relay.targets.outbound.client) instead: the baseline with relay's lean client, so
 that what relay's storage and scheduling cost is seen apart from the client.
 """
 
@@ -58,7 +58,7 @@ async def with_aiohttp(port: int, sink_url: str, concurrency: int) -> None:
 
 
 async def with_relays_client(port: int, sink_url: str, concurrency: int) -> None:
-    from relay.targets.httpclient import Client
+    from relay.targets.outbound.client import Client
 
     client = Client(keep=concurrency)
     slots = asyncio.Semaphore(concurrency)  # aiohttp's connector limit, as above

@@ -49,8 +49,21 @@ def no_relay_left_running() -> Iterator[None]:
     assert not killed, f"relay serve still running after the test: pids {killed}"
 
 
+# The HTTP transports (`transport` of an http or telegram target): the
+# outbound suites and the hostile-target battery run over each.
+TRANSPORTS = ("relay", "aiohttp")
+
+
 @pytest.fixture
-def make_config(tmp_path: Path) -> ConfigFactory:
+def transport() -> str | None:
+    """The transport every http and telegram target of `make_config` gets
+    unless it names one; None: the default. A module that runs over every
+    transport overrides this fixture with `params=TRANSPORTS`."""
+    return None
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, transport: str | None) -> ConfigFactory:
     """A Config from plain dicts: ingress on a free port, database in tmp_path."""
 
     def make(
@@ -64,6 +77,13 @@ def make_config(tmp_path: Path) -> ConfigFactory:
         alerts: dict[str, Any] | None = None,
         environ: dict[str, str] | None = None,
     ) -> Config:
+        if transport is not None:
+            targets = {
+                name: {"transport": transport, **settings}
+                if settings.get("type") in ("http", "telegram")
+                else settings
+                for name, settings in targets.items()
+            }
         data = {
             "server": {"listen": "127.0.0.1:0", "shutdown_timeout": "5s", **(server or {})},
             "storage": {"path": "relay.db", **(storage or {})},

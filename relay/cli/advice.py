@@ -9,7 +9,7 @@ from relay.config import Config, RouteConfig
 from relay.core.units import format_duration
 from relay.delivery.retry import covering, schedule
 from relay.loader.registry import source_kind
-from relay.targets.http import Outbound
+from relay.targets.outbound.connections import Outbound
 
 NO_ROUTES = "routes: none: every webhook gets 404 (a running relay refuses to reload to this)"
 

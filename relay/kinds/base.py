@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from relay.config.model import Rate, RouteConfig
+    from relay.config.model import Listen, Rate, RouteConfig
     from relay.config.reader import Section
     from relay.core.secrets import Masker
     from relay.kinds.source import Source
@@ -48,6 +48,10 @@ def _no_alert_twin(settings: Any, alert: AlertTemplates) -> None:
     return None
 
 
+def _not_listening(settings: S, listening: tuple[Listen, ...]) -> S:
+    return settings
+
+
 @dataclass(frozen=True)
 class TargetKind(Generic[S]):
     # The `type` of a [targets.NAME] table.
@@ -75,6 +79,10 @@ class TargetKind(Generic[S]):
     # its own templates (made for a lead, a payment) replaced by the alert's
     # (relay/targets/alerting.py). None: alerts go as everything else does.
     alert_settings: Callable[[S, AlertTemplates], S | None] = _no_alert_twin
+    # The settings told where relay itself listens (`[server] listen`, `[admin]
+    # listen`), for a kind that a peer could point back at relay (an http
+    # target's redirects are never followed there). Most need not know.
+    own_listeners: Callable[[S, tuple[Listen, ...]], S] = _not_listening
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import tomllib
@@ -146,8 +147,9 @@ def _parse_config(
     admin = _admin(root.section("admin"), base)
     log = _log(root.section("log"))
     default_retry = parse_retry(root.section("retry"), RetryPolicy())
+    listening = (server.listen, admin.listen) if admin.enabled else (server.listen,)
     targets = {
-        name: parse_target(name, section, default_retry, base)
+        name: _told(parse_target(name, section, default_retry, base), listening)
         for name, section in root.subsections("targets").items()
     }
     _check_rate_groups(targets)
@@ -180,6 +182,12 @@ def _parse_config(
         secrets=frozenset(secrets),
         source=source,
     )
+
+
+def _told(target: TargetConfig, listening: tuple[Listen, ...]) -> TargetConfig:
+    """`target` with its settings told where relay itself listens (TargetKind.own_listeners)."""
+    told = target_kinds()[target.type].own_listeners(target.settings, listening)
+    return target if told is target.settings else dataclasses.replace(target, settings=told)
 
 
 def _credentials(admin: AdminConfig, targets: Mapping[str, TargetConfig]) -> set[str]:

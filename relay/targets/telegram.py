@@ -27,16 +27,9 @@ from relay.core.payload import EVENT_VARIABLES
 from relay.kinds.base import AlertTemplates, TargetKind
 from relay.kinds.target import Envelope, Target
 from relay.targets.base import context, rendered, variables
-from relay.targets.http import (
-    USER_AGENT,
-    Outbound,
-    Request,
-    SessionOwner,
-    exchange,
-    parse_outbound,
-    parse_retry_after,
-    parse_url,
-)
+from relay.targets.outbound.connections import Outbound, SessionOwner, parse_outbound, parse_url
+from relay.targets.outbound.policy import USER_AGENT, exchange, parse_retry_after
+from relay.targets.outbound.transport import Request
 
 if TYPE_CHECKING:
     from relay.core.secrets import Masker
@@ -192,7 +185,6 @@ class TelegramTarget(SessionOwner):
         )
 
     async def send(self, envelope: Envelope) -> Outcome:
-        session = self.session
         try:
             # Rendered in a worker thread: a heavy template (a loop over a large
             # payload) holds this delivery, not the event loop (relay/templates/sandbox.py).
@@ -206,7 +198,9 @@ class TelegramTarget(SessionOwner):
             {"Content-Type": "application/json", "User-Agent": USER_AGENT},
             orjson.dumps(payload),
         )
-        return await exchange(session, prepared, judge, envelope.paced, body_by=envelope.answer_by)
+        return await exchange(
+            self.transport, prepared, judge, envelope.paced, body_by=envelope.answer_by
+        )
 
 
 def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:

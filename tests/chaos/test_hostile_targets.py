@@ -16,13 +16,20 @@ import pytest
 from relay.app import Relay
 from relay.store import EventQuery, Status
 
-from conftest import ConfigFactory, RelayFactory, SinkFactory
+from conftest import TRANSPORTS, ConfigFactory, RelayFactory, SinkFactory
 from figures import record_figures
 from helpers import ForwardingProxy, post_events
 
 pytestmark = pytest.mark.chaos
 
 Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs over each HTTP transport (tests/conftest.py)."""
+    value: str = request.param
+    return value
 
 
 class RawServer:

@@ -34,7 +34,7 @@ HEAVY = (
 # Loaded only when the config names what needs them: PostgreSQL's driver for a
 # [storage] url, the mail client when a target sends mail, the HTTP client
 # when a target starts to send (a target type's module is read with the config).
-DRIVERS = ("asyncpg", "aiosmtplib", "relay.targets.httpclient")
+DRIVERS = ("asyncpg", "aiosmtplib", "relay.targets.outbound.client")
 
 # Runs one command as `relay` would, then writes what it imported to argv[1].
 RUN_AND_REPORT = """

@@ -11,6 +11,7 @@ import base64
 import itertools
 import logging
 import os
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -28,14 +29,21 @@ from relay.core.clock import FakeClock
 from relay.core.secrets import Masker
 from relay.loader.load import load_config
 from relay.ops.logs import TextFormatter
-from relay.store import EventDetail
+from relay.store import EventDetail, EventQuery
 
-from conftest import ConfigFactory, RelayFactory, SinkFactory
+from conftest import TRANSPORTS, ConfigFactory, RelayFactory, SinkFactory
 from helpers import ForwardingProxy
 
 ROUTES = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs over each HTTP transport (tests/conftest.py)."""
+    value: str = request.param
+    return value
 
 
 class Raw:
@@ -430,7 +438,7 @@ async def test_followed_redirects_stop_at_other_hosts_301s_and_loops(
     [delivery] = found.event.deliveries
     assert delivery.status.value == "dead"
     assert delivery.last_error is not None
-    assert "another host, not followed unless listed in redirect_hosts" in delivery.last_error
+    assert "another origin (scheme, host and port), not followed unless" in delivery.last_error
     assert len(sink.requests) == 1
     allowed = target(url, follow_redirects=True, redirect_hosts=["localhost"])
     _, found = await deliver_one(make_config, start_relay, allowed)
@@ -447,6 +455,86 @@ async def test_followed_redirects_stop_at_other_hosts_301s_and_loops(
     assert (delivery.status.value, delivery.attempts) == ("dead", 1)
     assert (delivery.last_error or "").startswith("more than 5 redirects")
     assert len(sink.requests) == 6
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def test_a_redirect_never_reaches_relays_own_listeners(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    """Hardening round three, item 6: a local target's 307 to relay's admin API
+    (no token) requeued every delivered delivery. Relay's own listeners are
+    never a redirect's destination, even on a host redirect_hosts lists."""
+    ingress, admin = free_port(), free_port()
+    listeners = {
+        "admin": f"http://127.0.0.1:{admin}/api/v1/requeue",
+        "ingress": f"http://localhost:{ingress}/hooks/orders",
+    }
+    for name, location in listeners.items():
+        _, url = await start_sink(redirecting(307, lambda request, to=location: to))
+        crm = target(url, follow_redirects=True, redirect_hosts=["127.0.0.1", "localhost"])
+        relay, found = await deliver_one(
+            make_config,
+            start_relay,
+            crm,
+            server={"listen": f"127.0.0.1:{ingress}"},
+            admin={"listen": f"127.0.0.1:{admin}"},
+        )
+        [delivery] = found.event.deliveries
+        assert (delivery.status.value, delivery.attempts) == ("dead", 1), name
+        assert delivery.last_error == (
+            f"HTTP 307 to {location}: one of relay's own listeners, never followed"
+        )
+        assert len(await relay.store.list_events(EventQuery(limit=10))) == 1  # no event of its own
+        await relay.stop()
+
+
+async def test_a_307_to_another_port_of_the_same_host_is_another_origin(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    """Hardening round three, item 8: the URL's user:password went to another
+    port of the same host (another server). Now another port is another
+    origin: not followed unless its host is listed, and then without them."""
+    elsewhere, other = await start_sink()
+    sink, url = await start_sink(redirecting(307, lambda request: other))
+    with_password = url.replace("http://", "http://crm:s3cret@")
+    _, found = await deliver_one(
+        make_config, start_relay, target(with_password, follow_redirects=True)
+    )
+    [delivery] = found.event.deliveries
+    assert delivery.status.value == "dead"
+    assert "another origin (scheme, host and port)" in (delivery.last_error or "")
+    assert elsewhere.requests == []
+    listed = target(with_password, follow_redirects=True, redirect_hosts=["127.0.0.1"])
+    _, found = await deliver_one(make_config, start_relay, listed)
+    assert found.event.deliveries[0].status.value == "delivered"
+    [moved] = elsewhere.requests
+    assert "Authorization" not in moved.headers
+    assert sink.requests[-1].headers["Authorization"].startswith("Basic ")
+
+
+async def test_a_location_that_is_not_http_is_a_clean_failure(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hardening round three, item 8: `Location: file:///...` was an internal
+    error with a traceback. Any Location is an Outcome with a one-line reason."""
+    for location in ("file:///etc/passwd", "gopher://127.0.0.1/", "data:text/plain,hi"):
+        _, url = await start_sink(redirecting(307, lambda request, to=location: to))
+        crm = target(url, follow_redirects=True, redirect_hosts=["127.0.0.1"])
+        with caplog.at_level(logging.WARNING):
+            _, found = await deliver_one(make_config, start_relay, crm)
+        [delivery] = found.event.deliveries
+        assert (delivery.status.value, delivery.attempts) == ("dead", 1)
+        assert delivery.last_error == f"HTTP 307 to {location}: not an http(s) URL, never followed"
+        assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
 # 38.2: a private CA, a client certificate, tls_verify = false
@@ -592,11 +680,15 @@ async def test_a_308_to_https_on_the_same_host_is_followed_to_a_private_ca(
     start_sink: SinkFactory,
     tls_sinks: TLSSinks,
 ) -> None:
-    """A CRM that moved from http:// to https:// (same host, here another port)."""
+    """A CRM that moved from http:// to https://. Here on another port, which
+    makes it another origin: followed because its host is listed (on the
+    default ports, http://crm to https://crm is followed unlisted)."""
     files = TLSFiles(tmp_path)
     seen, secure = await tls_sinks(files.server())
     plain, url = await start_sink(redirecting(308, lambda request: f"{secure}/hook"))
-    crm = target(url, follow_redirects=True, ca_file=str(files.ca_file))
+    crm = target(
+        url, follow_redirects=True, redirect_hosts=["127.0.0.1"], ca_file=str(files.ca_file)
+    )
     _, found = await deliver_one(make_config, start_relay, crm)
     assert found.event.deliveries[0].status.value == "delivered"
     assert (len(plain.requests), len(seen)) == (1, 1)

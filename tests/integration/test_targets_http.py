@@ -14,9 +14,16 @@ from relay.app import Relay
 from relay.core.clock import FakeClock
 from relay.store import EventDetail
 
-from conftest import ConfigFactory, RelayFactory, SinkFactory
+from conftest import TRANSPORTS, ConfigFactory, RelayFactory, SinkFactory
 
 TILDA_FORM = "name=%D0%90%D0%BD%D0%BD%D0%B0&phone=%2B79990001122&formid=form1&tranid=77:1"
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs over each HTTP transport (tests/conftest.py)."""
+    value: str = request.param
+    return value
 
 
 async def post_form(relay: Relay, http: aiohttp.ClientSession, body: str = TILDA_FORM) -> int:

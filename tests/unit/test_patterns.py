@@ -79,7 +79,9 @@ PATTERNS: dict[tuple[str, str], Trusted | Untrusted] = {
     ("core/pgurl.py", "://([^:@/]*):[^@/]*@"): Trusted("[storage] url"),
     ("core/pgurl.py", "://.*@"): Trusted("[storage] url"),
     ("store/dialect.py", r"\?"): Trusted("relay's own SQL"),
-    ("targets/http.py", r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"): Trusted("a header name in the config"),
+    ("targets/outbound/policy.py", r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"): Trusted(
+        "a header name in the config"
+    ),
     ("targets/telegram.py", r"\d+:[A-Za-z0-9_-]+"): Trusted("a bot token in the config"),
     # -- what senders and targets send, and what templates make of it -------------
     ("core/secrets.py", "'|'.join(_SENSITIVE_PARTS)"): Untrusted(

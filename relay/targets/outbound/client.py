@@ -1,4 +1,4 @@
-"""The HTTP/1.1 client targets deliver with: keep-alive connections over llhttp.
+"""relay's own transport: an HTTP/1.1 client, keep-alive connections over llhttp.
 
 aiohttp's client cost ~88 us of CPU a request here against ~33 for this one
 (bench/end_to_end.py's sink, 32 at once, one core): its request, response,
@@ -10,20 +10,9 @@ aiohttp reads them, and TLS is the standard library's verified default (or a
 target's own CA, client certificate). A proxy is an HTTP one: an https URL is
 tunnelled with CONNECT, an http one sent to the proxy in absolute form.
 
-Time limits are the caller's (the scheduler wraps each attempt in one):
-cancelling a request closes its connection, never returns it to the pool.
-
-Everything `Client.request` raises is a ClientError, each kind with one
-meaning for a delivery (`retryable`):
-
-    ClientError
-    ├── RequestError         the request cannot be made as asked: not retried
-    └── TransportError       the network or the server failed it: retried
-        ├── ConnectError     no connection (refused, unreachable, DNS: `dns`)
-        ├── ProxyError       the proxy refused or failed the tunnel
-        ├── TLSError         the handshake failed (certificate, protocol)
-        ├── NoAnswer         closed before its answer's status
-        └── BadAnswer        what came back is not HTTP/1.x
+A transport (relay.targets.outbound.transport): what a request means, where
+a redirect may go and which headers a hop carries are the policy's
+(relay.targets.outbound.policy). What it may raise is drawn there too.
 """
 
 from __future__ import annotations
@@ -48,6 +37,17 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from relay.targets.outbound.transport import (
+    Answer,
+    BadAnswer,
+    ConnectError,
+    NoAnswer,
+    ProxyError,
+    Request,
+    RequestError,
+    TLSError,
+)
+
 # An idle kept-alive connection is closed after this long: shorter than most
 # servers keep theirs (Node's and uvicorn's 5 s, Apache's 5 s), so relay is
 # the one that hangs up, not a server while a request is on its way. A
@@ -69,78 +69,6 @@ MAX_HEAD_BYTES = 64 * 1024
 # http target's request carries one (relay.targets.base.relay_headers).
 _REPLAYABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _REPLAY_HEADERS = ("idempotency-key", "x-idempotency-key")
-
-
-class ClientError(Exception):
-    """Anything `Client.request` raises; `retryable` is what it means for a delivery."""
-
-    retryable = True
-
-
-class RequestError(ClientError):
-    """The request cannot be made as asked (a header with a line break...)."""
-
-    retryable = False
-
-
-class TransportError(ClientError):
-    """The network or the server failed the request: worth trying again later."""
-
-
-class ConnectError(TransportError):
-    """No connection to host:port; `reason` says why, `dns` when the name did not resolve."""
-
-    def __init__(self, host: str, port: int, reason: str, *, dns: bool = False) -> None:
-        super().__init__(
-            f"DNS lookup failed for {host}" if dns else f"cannot connect to {host}:{port}: {reason}"
-        )
-        self.host = host
-        self.port = port
-        self.reason = reason
-        self.dns = dns
-
-
-class ProxyError(TransportError):
-    """The proxy could not be reached, or refused or failed the tunnel."""
-
-
-class TLSError(TransportError):
-    """The TLS handshake failed (certificate, protocol)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"TLS error: {reason}")
-        self.reason = reason
-
-
-class NoAnswer(TransportError):
-    """The server closed the connection before its answer's status.
-
-    `written`: whether the request went out at all (a connection found
-    closed when it was taken sent nothing); `heard`: whether any byte of an
-    answer came before the close."""
-
-    def __init__(self, *, written: bool = True, heard: bool = False) -> None:
-        super().__init__("server closed the connection without answering")
-        self.written = written
-        self.heard = heard
-
-
-class BadAnswer(TransportError):
-    """What came back is not HTTP/1.x."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"invalid HTTP response: {reason}")
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    status: int
-    headers: CIMultiDictProxy[str]
-    excerpt: bytes  # at most the `keep` bytes asked for; the rest never read
-    # False when the body stopped coming after the status and the caller's
-    # `body_by` passed: the status is the answer, the excerpt what came of it.
-    whole: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +109,6 @@ class _Origin:
     tls: bool
     target: str  # the request line's path and query, percent-encoded
     host_header: str
-    authorization: str | None  # Basic, from user:password in the URL
     absolute: str  # the URL without its user:password, for a proxy's request line
 
 
@@ -211,7 +138,6 @@ def _origin(url: str) -> _Origin:
         tls=parsed.scheme == "https",
         target=target,
         host_header=host_header,
-        authorization=_basic(parsed),
         absolute=f"{parsed.scheme}://{host_header}{target}",
     )
 
@@ -292,6 +218,25 @@ class Client:
             found = self._proxies[url] = environment_proxy(url)
         return cast(Proxy | None, found)
 
+    async def send(
+        self,
+        request: Request,
+        *,
+        keep: int,
+        body_by: Callable[[], float] | None = None,
+        before_write: Callable[[], Awaitable[None]] | None = None,
+    ) -> Answer:
+        """Transport.send: see relay.targets.outbound.transport."""
+        return await self.request(
+            request.method,
+            request.url,
+            request.headers,
+            request.body,
+            keep=keep,
+            body_by=body_by,
+            before_write=before_write,
+        )
+
     async def request(
         self,
         method: str,
@@ -343,13 +288,13 @@ class Client:
                 # A kept-alive connection the server closed as the request
                 # went out (an idle timeout met half-way): tried once more on a
                 # new connection when no byte of an answer came and the server
-                # cannot have read it, or may read it twice (see _REPLAYABLE).
-                if error.heard or (error.written and not _replayable(method, headers)):
+                # cannot have read it, or may read it twice (see replayable).
+                if error.heard or (error.written and not replayable(method, headers)):
                     raise
         try:
             connection = await _connect(origin, self._resolver, self._tls, proxy)
         except OSError as error:  # anything else the system says of a new connection
-            raise ConnectError(origin.host, origin.port, _why(error)) from None
+            raise ConnectError(origin.host, origin.port, why(error)) from None
         return await self._exchange(key, connection, data, keep, await written_by(connection))
 
     async def _exchange(
@@ -414,14 +359,15 @@ class Client:
         self._idle.clear()
 
 
-def _replayable(method: str, headers: Mapping[str, str]) -> bool:
+def replayable(method: str, headers: Mapping[str, str]) -> bool:
     if method in _REPLAYABLE_METHODS:
         return True
     return any(name.lower() in _REPLAY_HEADERS for name in headers)
 
 
-# Worked out here from the body and the URL, whatever the config's headers say.
-_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+# Worked out by a transport from the body and the URL, whatever the config's
+# headers say: every transport leaves these out of what it is given.
+FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
 def _head(
@@ -436,26 +382,33 @@ def _head(
         lines.append(f"Host: {origin.host_header}")
     if "accept" not in given:
         lines.append("Accept: */*")
+    problem = unsendable(headers)
+    if problem is not None:
+        raise RequestError(problem)
     for name, value in headers.items():
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
-            raise RequestError(f"header {name!r} cannot be sent: it holds a line break or colon")
-        if name.lower() not in _FRAMING:
+        if name.lower() not in FRAMING:
             lines.append(f"{name}: {value}")
-    if origin.authorization is not None and "authorization" not in given:
-        lines.append(f"Authorization: {origin.authorization}")
     if proxy is not None and proxy.authorization is not None:
         lines.append(f"Proxy-Authorization: {proxy.authorization}")
     # Every request says its length, GET and DELETE included: no chunked
     # uploads, and no server left waiting for a body that is not coming.
     lines.append(f"Content-Length: {length}")
     lines.append("\r\n")
-    head = "\r\n".join(lines)
-    if not head.isascii():
-        # RFC 9110 section 5.5: a value is ASCII; other bytes are obs-text,
-        # which many servers refuse, and no encoding of them is agreed on.
-        name = next(n for n, v in headers.items() if not (n + v).isascii())
-        raise RequestError(f"header {name!r} cannot be sent: it holds a non-ASCII character")
-    return head.encode("ascii")
+    return "\r\n".join(lines).encode("ascii")
+
+
+def unsendable(headers: Mapping[str, str]) -> str | None:
+    """Why these headers cannot be written, None when they can: a line break
+    or a colon where it would start another header, or a non-ASCII character
+    (RFC 9110 section 5.5: a value is ASCII; other bytes are obs-text, which
+    many servers refuse, and no encoding of them is agreed on). The last word
+    of every transport, whatever the policy let through."""
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+            return f"header {name!r} cannot be sent: it holds a line break or colon"
+        if not (name.isascii() and value.isascii()):
+            return f"header {name!r} cannot be sent: it holds a non-ASCII character"
+    return None
 
 
 Addresses = list[tuple[Any, Any, int, str, tuple[Any, ...]]]
@@ -532,8 +485,8 @@ async def _connect(
         )
     except OSError as error:
         if proxy is not None:
-            raise ProxyError(f"cannot connect to proxy {host}:{port}: {_why(error)}") from None
-        raise ConnectError(host, port, _why(error)) from None
+            raise ProxyError(f"cannot connect to proxy {host}:{port}: {why(error)}") from None
+        raise ConnectError(host, port, why(error)) from None
     try:
         if proxy is not None and origin.tls:
             await _tunnel(sock, origin, proxy)
@@ -550,7 +503,7 @@ async def _connect(
         raise TLSError(error.reason or str(error)) from None
     except OSError as error:
         sock.close()
-        raise ConnectError(origin.host, origin.port, _why(error)) from None
+        raise ConnectError(origin.host, origin.port, why(error)) from None
     except BaseException:
         sock.close()
         raise
@@ -578,7 +531,7 @@ async def _tunnel(sock: socket.socket, origin: _Origin, proxy: Proxy) -> None:
             if len(head) > MAX_HEAD_BYTES:
                 raise ProxyError(f"{where}: its answer to CONNECT never ends")
     except OSError as error:
-        raise ProxyError(f"{where}: {_why(error)}") from None
+        raise ProxyError(f"{where}: {why(error)}") from None
     if not head.endswith(b"\r\n\r\n"):
         # The target speaks only after the TLS hello: bytes past the proxy's
         # answer are not the target's, and TLS would read them as its own.
@@ -597,7 +550,7 @@ async def _tunnel(sock: socket.socket, origin: _Origin, proxy: Proxy) -> None:
         raise ProxyError(f"{where} refused CONNECT {authority}: {said}")
 
 
-def _why(error: OSError) -> str:
+def why(error: OSError) -> str:
     """ "Connection refused", not "Connect call failed ('127.0.0.1', 1)"."""
     if error.errno:
         return os.strerror(error.errno)
