@@ -31,11 +31,11 @@ from relay.targets.outbound.policy import (
     breaks_header,
     classify,
     exchange,
-    header_values,
     is_header_name,
+    merged_headers,
 )
 from relay.targets.outbound.transport import Request
-from relay.targets.signing import signature_headers, webhook_id
+from relay.targets.signing import SIGNATURE_HEADERS, signature_headers, webhook_id
 
 if TYPE_CHECKING:
     from relay.config.model import Listen
@@ -70,22 +70,15 @@ HTTP_FORMATS: tuple[HttpFormat, ...] = ("raw", "json", "form")
 
 
 def _check_header(section: Section, name: str, source: str) -> None:
-    """A header that could never be sent is refused at load: every delivery
-    with it would be dead at its first attempt. A value written without
-    template syntax is sent as written; a templated one is checked as rendered
-    (relay.targets.outbound.policy.header_values)."""
+    """A header that could never be what was meant is refused at load: a name
+    that is no header name, a value written with a line break. Any other
+    value goes out by one rule, templated or not (relay.targets.outbound.
+    policy.sendable: non-ASCII text percent-encoded; `relay check` says so)."""
     key = section.key(f"headers.{name}")
     if not is_header_name(name):
         raise ConfigError(key, "is not a header name: letters, digits and !#$%&'*+-.^_`|~ only")
     if "{" not in source and breaks_header(source):
         raise ConfigError(key, "holds a line break or NUL, which a header value cannot hold")
-    if "{" not in source and not source.isascii():
-        # RFC 9110 section 5.5: field values are ASCII (other bytes are
-        # obs-text, which many servers refuse). A templated value is checked
-        # as rendered (relay.targets.outbound.policy.header_values).
-        raise ConfigError(
-            key, "holds non-ASCII text, which a header cannot carry: percent-encode it"
-        )
 
 
 def parse(section: Section, base: Path) -> HttpSettings:
@@ -110,6 +103,14 @@ def parse(section: Section, base: Path) -> HttpSettings:
     sign = tuple(
         whsec(section, "sign", value) for value in secret_list(section, "sign", required=False)
     )
+    signed = [name for name in headers if sign and name.lower() in SIGNATURE_HEADERS]
+    if signed:
+        # The signature covers webhook-id and webhook-timestamp as relay sends
+        # them: another value would make every request fail its check.
+        raise ConfigError(
+            section.key(f"headers.{signed[0]}"),
+            "is written by relay when sign is set (Standard Webhooks): remove it here",
+        )
     follow_redirects = section.boolean("follow_redirects", False)
     redirect_hosts = tuple(
         host.strip().lower().rstrip(".") for host in section.string_list("redirect_hosts", ())
@@ -178,10 +179,16 @@ class HttpTarget(SessionOwner):
         )
 
     def prepare(self, envelope: Envelope) -> Request:
-        """The request to send; raises TemplateError when a template fails for this event."""
+        """The request to send; raises TemplateError when a template fails for this event.
+
+        Its headers in layers, later ones winning whatever the case of a name:
+        relay's defaults (User-Agent, Content-Type, the identity headers a
+        receiver de-duplicates on), then the target's `headers` (an operator's
+        Idempotency-Key or Content-Type replaces relay's), then the Standard
+        Webhooks signature (refused in `headers` at load when `sign` is set)."""
         settings = self._settings
         values = context(envelope, self._wanted) if self._wanted else {}
-        headers = {"User-Agent": USER_AGENT, **header_values(render_map(settings.headers, values))}
+        defaults = {"User-Agent": USER_AGENT}
         if settings.format == "json":
             assert settings.body is not None
             body = settings.body.render(values).encode()
@@ -189,20 +196,20 @@ class HttpTarget(SessionOwner):
                 orjson.loads(body)
             except orjson.JSONDecodeError as error:
                 raise TemplateError(f"body template did not produce valid JSON: {error}") from None
-            headers["Content-Type"] = "application/json"
+            defaults["Content-Type"] = "application/json"
         elif settings.format == "form":
             body = urlencode(render_map(settings.form, values)).encode()
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
+            defaults["Content-Type"] = "application/x-www-form-urlencoded"
         else:
             body = envelope.payload.body
             if envelope.payload.content_type:
-                headers["Content-Type"] = envelope.payload.content_type
-        headers.update(relay_headers(envelope))
+                defaults["Content-Type"] = envelope.payload.content_type
+        layers = [defaults, relay_headers(envelope), render_map(settings.headers, values)]
         if settings.sign:
             # Last: the signature covers the body exactly as it goes out.
             message_id = webhook_id(envelope.delivery.id, envelope.delivery.message_tag)
-            headers.update(signature_headers(settings.sign, message_id, envelope.sent_at, body))
-        return Request(settings.method, settings.url, headers, body)
+            layers.append(signature_headers(settings.sign, message_id, envelope.sent_at, body))
+        return Request(settings.method, settings.url, merged_headers(*layers), body)
 
     def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
         return self.prepare(envelope).describe(wire=wire)

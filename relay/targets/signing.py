@@ -12,6 +12,9 @@ import base64
 import hmac
 from collections.abc import Sequence
 
+# What relay writes when a target signs: the signature covers these values.
+SIGNATURE_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature"})
+
 
 def webhook_id(delivery_id: int, tag: str | None) -> str:
     """The same on every attempt of a delivery: receivers de-duplicate on it.

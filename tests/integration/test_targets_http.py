@@ -175,9 +175,12 @@ async def test_multipart_forms_are_parsed_for_templates(
 
 # RFC 9110 section 5.5: CR, LF and NUL are invalid in a field value; a
 # recipient may reject the message, or cut the header at the NUL.
-@pytest.mark.parametrize("name", ["Anna%0D%0AX-Injected:%201", "Anna%00X"])
-async def test_a_line_break_in_a_templated_header_is_dead_at_once_and_not_the_targets_fault(
+@pytest.mark.parametrize(
+    ("name", "sent"), [("Anna%0D%0AX-Injected:%201", "Anna  X-Injected: 1"), ("Anna%00X", "Anna X")]
+)
+async def test_a_line_break_in_a_templated_header_is_never_sent_nor_the_delivery_lost(
     name: str,
+    sent: str,
     make_config: ConfigFactory,
     start_relay: RelayFactory,
     start_sink: SinkFactory,
@@ -186,7 +189,9 @@ async def test_a_line_break_in_a_templated_header_is_dead_at_once_and_not_the_ta
 ) -> None:
     # Before: aiohttp refused the header inside send(), relay recorded
     # "internal error", retried it for the whole 18-hour cycle with a traceback
-    # each time, and each attempt counted toward the target's "failing" alert.
+    # each time, and each attempt counted toward the target's "failing" alert;
+    # then the delivery was dead at once. Now the one rule for header values
+    # (relay.targets.outbound.policy.sendable): a control character is a space.
     sink, url = await start_sink([200])
     targets = {"crm": {"type": "http", "url": url, "headers": {"X-Customer": "{{ form.name }}"}}}
     relay = await start_relay(
@@ -197,15 +202,8 @@ async def test_a_line_break_in_a_templated_header_is_dead_at_once_and_not_the_ta
     event_id = await post_form(relay, http, f"name={name}&phone=1")
     await relay.scheduler.drain()
     [delivery] = (await detail(relay, event_id)).event.deliveries
-    assert delivery.status.value == "dead"
-    assert delivery.attempts == 1
-    assert "X-Customer" in (delivery.last_error or "")
-    assert "line break or NUL" in (delivery.last_error or "")
-    assert sink.requests == []
-    states = await relay.store.target_states()
-    assert "crm" not in states or states["crm"].consecutive_failures == 0
+    assert delivery.status.value == "delivered"
+    [request] = sink.requests
+    assert request.headers.getall("X-Customer") == [sent]
+    assert "X-Injected" not in request.headers
     assert not [record for record in caplog.records if record.exc_info]
-    # The target is healthy: a good event goes through.
-    await post_form(relay, http, "name=Anna&phone=1")
-    await relay.scheduler.drain()
-    assert len(sink.requests) == 1

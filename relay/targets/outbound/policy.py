@@ -19,13 +19,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
+from urllib.parse import quote
 
 import orjson
 from multidict import CIMultiDictProxy
 from yarl import URL
 
 from relay import __version__
-from relay.core.budget import TemplateError
 from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, Verdict
 from relay.targets.outbound.transport import ClientError, Request, Transport
 
@@ -43,30 +43,55 @@ def is_header_name(name: str) -> bool:
 
 def breaks_header(value: str) -> bool:
     """Whether a header value holds what no value may: CR, LF or NUL (RFC 9110
-    section 5.5). Asked of a value as written (at load) and as rendered."""
+    section 5.5)."""
     return any(char in value for char in "\r\n\0")
 
 
-def header_values(rendered: dict[str, str]) -> dict[str, str]:
-    """Rendered header values, refused when one cannot be a header (a line
-    break from the payload, a non-ASCII character), with the name of the
-    header and the reason."""
-    for name, value in rendered.items():
-        if breaks_header(value):
-            raise TemplateError(
-                f"header {name}: the template's output contains a line break or NUL,"
-                " which a header value cannot hold"
-            )
-        if not value.isascii():
-            # RFC 9110 section 5.5: field values are ASCII; anything else is
-            # obs-text, refused by many servers and read as Latin-1 by others
-            # (httpx refuses it too). Not guessed at: the person chooses.
-            raise TemplateError(
-                f"header {name}: the template's output holds non-ASCII text, which a header"
-                " cannot carry as such: encode it in the template (| urlencode) or send it"
-                " in the body"
-            )
-    return rendered
+# Printable ASCII but "%" and the space: what stays as it is when a value is
+# percent-encoded (as Jinja's `| urlencode` leaves it).
+_KEPT = "".join(chr(code) for code in range(0x21, 0x7F) if chr(code) != "%")
+
+
+def sendable(value: str) -> str:
+    """A header value as it can go out, by one rule for every HTTP header
+    relay sends (a template's output, a sender's Content-Type passed on):
+
+    - a control character (CR, LF and NUL among them: a line break would
+      end the header, and start another) becomes a space (RFC 9112 section
+      5.2 reads a folded line so), a tab stays;
+    - a value holding non-ASCII text (RFC 9110 section 5.5: a value is ASCII;
+      other bytes are obs-text, which many servers refuse and others read as
+      Latin-1) is percent-encoded as UTF-8, "%" included, so it reads back
+      exactly (`| urldecode`, `decodeURIComponent`): "Анна" goes as
+      "%D0%90%D0%BD%D0%BD%D0%B0".
+
+    An ASCII value without controls, nearly every one, goes as it is."""
+    if value.isascii() and value.isprintable():
+        return value
+    spaced = "".join(" " if _control(char) else char for char in value)
+    return spaced if spaced.isascii() else quote(spaced, safe=_KEPT)
+
+
+def _control(char: str) -> bool:
+    return (char < " " and char != "\t") or "\x7f" <= char <= "\x9f"
+
+
+def merged_headers(*layers: dict[str, str]) -> dict[str, str]:
+    """Header layers, later ones winning, names compared without case (RFC
+    9110 section 5.1): a later layer's `idempotency-key` replaces an earlier
+    `Idempotency-Key` instead of going out beside it, and keeps its own
+    spelling. Values go out by `sendable`'s rule."""
+    headers: dict[str, str] = {}
+    spelled: dict[str, str] = {}
+    for layer in layers:
+        for name, value in layer.items():
+            folded = name.lower()
+            earlier = spelled.pop(folded, None)
+            if earlier is not None:
+                del headers[earlier]
+            spelled[folded] = name
+            headers[name] = sendable(value)
+    return headers
 
 
 # What a hop to another origin never carries (the Fetch standard's "HTTP-
