@@ -8,6 +8,7 @@ import base64
 import email.utils
 import time
 
+import orjson
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -16,6 +17,7 @@ from relay.targets.outbound.policy import (
     MAX_REDIRECTS,
     RETRY_AFTER_LIMIT,
     Follow,
+    answer_says,
     classify,
     exchange,
     parse_retry_after,
@@ -316,3 +318,50 @@ async def test_a_paced_turn_is_taken_once_for_all_hops() -> None:
     outcome = await exchange(transport, request(), classify, paced, follow=Follow())
     assert outcome.verdict is Verdict.SUCCESS
     assert (turns, len(transport.requests)) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        # RetailCRM API v5: an unsuccessful answer is {"success": false,
+        # "errorMsg": ..., "errors": {field: message}} (it showed as "HTTP 400").
+        (
+            {
+                "success": False,
+                "errorMsg": "Order already exists.",
+                "errors": {"externalId": "Order with externalId 1001 already exists."},
+            },
+            "Order already exists. (externalId: Order with externalId 1001 already exists.)",
+        ),
+        # amoCRM's "List of API errors" (amocrm.com/developers/content/api/errors):
+        # a validation error names each field's path.
+        (
+            {
+                "validation-errors": [
+                    {
+                        "request_id": "0",
+                        "errors": [
+                            {
+                                "code": "NotSupportedChoice",
+                                "path": "custom_fields_values.0.field_id",
+                                "detail": "The value you selected is not a valid choice.",
+                            }
+                        ],
+                    }
+                ],
+                "title": "Bad Request",
+                "type": "https://httpstatus.es/400",
+                "status": 400,
+                "detail": "Request validation failed",
+            },
+            "Request validation failed (custom_fields_values.0.field_id: The value you"
+            " selected is not a valid choice.)",
+        ),
+        ({"error": "QUERY_LIMIT_EXCEEDED", "error_description": "Too many"}, "Too many"),
+        ({"errors": ["a", "b", "c", "d", "e"]}, "a; b; c; 2 more"),
+    ],
+)
+def test_a_crms_reason_and_field_errors_are_read(answer: dict[str, object], said: str) -> None:
+    assert answer_says(orjson.dumps(answer)) == said
+    outcome = classify(400, CIMultiDictProxy(CIMultiDict()), orjson.dumps(answer))
+    assert outcome.error == f"HTTP 400: {said}"

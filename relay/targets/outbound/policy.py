@@ -326,28 +326,55 @@ def classify(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Out
 
 
 # Where JSON APIs put their reason: Bitrix24 ({"error": "...", "error_description":
-# "..."}), OAuth-style and most CRMs (error_description, message, detail).
-_REASON_KEYS = ("error_description", "message", "detail", "description", "error")
-_REASON_LIMIT = 200
+# "..."}), RetailCRM ({"success": false, "errorMsg": "...", "errors": {...}}),
+# OAuth-style and most CRMs (error_description, message, detail).
+_REASON_KEYS = ("errorMsg", "error_description", "message", "detail", "description", "error")
+_REASON_LIMIT = 300
+_DETAILS = 3  # field errors said, at most
 
 
 def answer_says(excerpt: bytes) -> str:
     """The reason a JSON error answer gives, on one short line ("" if none).
 
     A person reading `relay stats`, an alert or the attempt log should see the
-    CRM's "Phone is not valid", not only "HTTP 400"."""
+    CRM's "Phone is not valid", not only "HTTP 400"; a form's field errors
+    (RetailCRM's `errors`, amoCRM's `validation-errors`) say which field."""
     try:
         answer = orjson.loads(excerpt)
     except orjson.JSONDecodeError:
         return ""
     if not isinstance(answer, dict):
         return ""
-    for key in _REASON_KEYS:
-        value = answer.get(key)
-        if isinstance(value, str) and value.strip():
-            line = " ".join(value.split())
-            return line if len(line) <= _REASON_LIMIT else line[: _REASON_LIMIT - 1] + "…"
-    return ""
+    reason = next(
+        (v for k in _REASON_KEYS if isinstance(v := answer.get(k), str) and v.strip()), ""
+    )
+    fields = _field_errors(answer)
+    line = " ".join(f"{reason} ({fields})".split()) if fields else " ".join(reason.split())
+    if line.startswith("(") and line.endswith(")"):
+        line = line[1:-1]
+    return line if len(line) <= _REASON_LIMIT else line[: _REASON_LIMIT - 1] + "…"
+
+
+def _field_errors(answer: dict[str, object]) -> str:
+    """ "field: problem" pairs, the first few: RetailCRM's `errors` object
+    ({"externalId": "..."}) and amoCRM's `validation-errors` (its
+    developers' "List of API errors": [{"errors": [{"path", "detail"}]}])."""
+    said: list[str] = []
+    errors = answer.get("errors")
+    if isinstance(errors, dict):
+        said += [f"{k}: {v}" for k, v in errors.items() if isinstance(v, str)]
+    elif isinstance(errors, list):
+        said += [v for v in errors if isinstance(v, str)]
+    requests = answer.get("validation-errors")
+    for request in requests if isinstance(requests, list) else ():
+        inner = request.get("errors") if isinstance(request, dict) else None
+        for error in inner if isinstance(inner, list) else ():
+            if isinstance(error, dict) and isinstance(error.get("detail"), str):
+                path = error.get("path")
+                said.append(f"{path}: {error['detail']}" if path else str(error["detail"]))
+    return "; ".join(said[:_DETAILS]) + (
+        f"; {len(said) - _DETAILS} more" if len(said) > _DETAILS else ""
+    )
 
 
 # Past this a Retry-After is read as this: the scheduler caps a wait far
