@@ -64,12 +64,18 @@ class Tbank:
         # T-Bank re-sends a notification until it gets OK, with the same fields
         # and so the same Token; any other notification (a second partial
         # refund of one payment: same PaymentId and Status, another Amount)
-        # has another Token. PaymentId and Status are there to be read.
+        # has another Token. PaymentId and Status are there to be read. A
+        # notification of a linked account or card (NotificationQr,
+        # NotificationAddCard) has no PaymentId: its RequestKey, the request
+        # it answers, names it instead (T-Bank's API description).
         data = incoming.json
         token = data.get("Token") if isinstance(data, dict) else None
         if not isinstance(token, str):
             return None
-        return joined_key(data.get("PaymentId"), data.get("Status"), token.lower())
+        named = data.get("PaymentId")
+        if named in (None, ""):
+            named = data.get("RequestKey")
+        return joined_key(named, data.get("Status"), token.lower())
 
 
 def tbank_token(data: dict[str, Any], password: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from relay.app import Relay
 from relay.store import EventQuery
@@ -201,6 +202,34 @@ async def test_tbank_two_partial_refunds_are_two_events_and_a_resend_is_not(
     events = await relay.store.list_events(EventQuery())
     assert len(events) == 2
     assert all(event.conflict_of is None for event in events)  # distinct keys, not a conflict
+
+
+@pytest.mark.parametrize("fixture", ["notification-qr.json", "notification-add-card.json"])
+async def test_tbank_notifications_without_a_payment_id_are_keyed_by_their_request(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    fixture: str,
+) -> None:
+    # NotificationQr and NotificationAddCard carry no PaymentId: they had no
+    # key, so each of T-Bank's re-sends (hourly for a day, then daily for a
+    # month, until it gets OK) became an event delivered again.
+    relay, sink = await relay_to_sink(
+        make_config, start_relay, start_sink, "/tbank", source="tbank", password=TBANK_PASSWORD
+    )
+    notification = tbank_signed(f"tbank/{fixture}")
+    for _ in range(3):
+        answer = await post(
+            http, relay, "/tbank", notification, {"Content-Type": "application/json"}
+        )
+        assert answer == (200, "OK")
+    await sink.wait_for(1)
+    [event] = await relay.store.list_events(EventQuery())
+    assert event.idempotency_key is not None
+    assert event.idempotency_key.startswith("13021e10-a3ed-4f14-bcd1-823b5ac37390:")
+    await asyncio.sleep(0.2)
+    assert len(sink.requests) == 1
 
 
 async def test_tilda_json_webhook_test_request_and_lead(
