@@ -1,15 +1,13 @@
 """The write side's shared SQL text and rows: claims, ordering lines, the
 history and audit rows, an attempt's row, a delivery and an event as written
-and claimed. SQLite's write jobs run the SQL as it is (the helpers taking a
-sqlite3 connection are theirs); PostgreSQL's numbered (relay.store.dialect)
-or in statements of its own, with the same columns in the same order. The
-reads' SQL and mapping are relay.store.reads."""
+and claimed. SQLite's write jobs (relay.store.sqlite) run the SQL as it is;
+PostgreSQL's numbered (relay.store.dialect) or in statements of its own, with
+the same columns in the same order. The reads' SQL and mapping are
+relay.store.reads."""
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -23,15 +21,12 @@ from relay.store.base import (
     ClaimedDelivery,
     Delivered,
     DeliveryView,
-    FailureStreak,
     Header,
-    History,
     NewEvent,
     Resend,
     RetryAt,
     Selection,
     Status,
-    Step,
     TargetHealth,
     Transition,
     Waits,
@@ -86,13 +81,6 @@ WHERE id IN (
     ORDER BY lease_until LIMIT ?)
 {CLAIM_RETURNING}
 """
-
-
-def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
-    row: Sequence[Any] = connection.execute(
-        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
-    ).fetchone()
-    return row
 
 
 # A corrected copy delivered: the original's dead delivery to that target is
@@ -176,42 +164,6 @@ PRUNE_REJECTIONS = (
 RESOLVE_DEPTH = 20
 
 
-def resolve_originals(
-    connection: sqlite3.Connection, delivery: ClaimedDelivery, now: float
-) -> None:
-    """`delivery`, of a corrected copy, was delivered: resolve what it stands for."""
-    original = delivery.resolves
-    for _ in range(RESOLVE_DEPTH):
-        if original is None:
-            return
-        row = connection.execute(RESOLVE, (delivery.id, now, original)).fetchone()
-        if row is None:  # not dead (delivered meanwhile, skipped, requeued): left as it is
-            return
-        insert_log(
-            connection,
-            [original],
-            now,
-            "resolved",
-            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}",
-        )
-        connection.execute(NEXT_IN_LINE, (now, now, original))
-        original = row[0]
-
-
-def insert_log(
-    connection: sqlite3.Connection,
-    delivery_ids: Iterable[int],
-    now: float,
-    kind: str,
-    detail: str,
-    by: str | None = None,
-) -> None:
-    connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)",
-        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
-    )
-
-
 INSERT_AUDIT = (
     "INSERT INTO audit (at, by, action, subject, count, deliveries) VALUES (?, ?, ?, ?, ?, ?)"
 )
@@ -223,17 +175,6 @@ def audit_values(
     """An audit row, in the order of INSERT_AUDIT."""
     kept = orjson.dumps(list(delivery_ids[:AUDIT_IDS_KEPT])).decode()
     return (now, by, action, subject, len(delivery_ids), kept)
-
-
-def insert_audit(
-    connection: sqlite3.Connection,
-    now: float,
-    by: str,
-    action: str,
-    subject: str,
-    delivery_ids: Sequence[int] = (),
-) -> None:
-    connection.execute(INSERT_AUDIT, audit_values(now, by, action, subject, delivery_ids))
 
 
 def resend_subject(resend: Resend, copy_id: int) -> str:
@@ -270,51 +211,6 @@ def describe_selection(selection: Selection) -> str:
 HEALTH_COLUMNS = ", ".join(TargetHealth._fields)
 
 
-def standing(
-    connection: sqlite3.Connection, target: str, delivery_id: int
-) -> tuple[TargetHealth, History]:
-    """What the step that follows an attempt reads (relay.delivery.step): its
-    target's row (made if the target was never attempted) and the delivery's
-    memory of failing. The writer holds the database's one write lock."""
-    connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
-    row = connection.execute(
-        f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
-    ).fetchone()
-    seen, alone = connection.execute(
-        "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
-    ).fetchone()
-    return TargetHealth(*row), History(seen, bool(alone))
-
-
-def write_step(
-    connection: sqlite3.Connection, target: str, delivery_id: int, step: Step
-) -> FailureStreak:
-    """What a step changes beside the attempt's and the delivery's rows: the
-    target's, the delivery's memory of failing; the streak, with how many
-    deliveries waited when the target came up."""
-    write_health(connection, target, step.target)
-    if step.remember is not None:
-        connection.execute(
-            "UPDATE deliveries SET seen_successes = ?, fails_alone = ? WHERE id = ?",
-            (step.remember.seen_successes, int(step.remember.fails_alone), delivery_id),
-        )
-    if not step.count_waiting:
-        return step.streak
-    waited = connection.execute(
-        "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
-    ).fetchone()[0]
-    return replace(step.streak, waited=waited)
-
-
-def write_health(connection: sqlite3.Connection, target: str, columns: dict[str, Any]) -> None:
-    """Set these columns of the target's row (nothing when there are none)."""
-    if columns:
-        assignments = ", ".join(f"{column} = ?" for column in columns)
-        connection.execute(
-            f"UPDATE targets SET {assignments} WHERE name = ?", (*columns.values(), target)
-        )
-
-
 # While a target is down its deliveries' retry times mean nothing (none is
 # spent): they line up by arrival instead, so the first probe is the oldest
 # one (a failed probe goes to the back of the line: the next probe is another
@@ -335,20 +231,6 @@ _BY_THE_PROBE = "AND next_attempt_at <= (SELECT probe_at FROM targets WHERE targ
 # (target, target), and (target, target, delivery id)
 LINE_UP_DOWN = LINE_UP_BY_ARRIVAL.format(only=_BY_THE_PROBE)
 LINE_UP_ONE_DOWN = LINE_UP_BY_ARRIVAL.format(only=f"{_BY_THE_PROBE} AND id = ?")
-
-
-def line_up_by_arrival(
-    connection: sqlite3.Connection, target: str, *, up: bool, delivery_id: int | None = None
-) -> None:
-    """Every pending delivery of a target that just came `up`; of one that
-    just went down, those due by its first probe; or one more, failed while
-    it is down."""
-    if up:
-        connection.execute(LINE_UP_ALL, (target,))
-    elif delivery_id is None:
-        connection.execute(LINE_UP_DOWN, (target, target))
-    else:
-        connection.execute(LINE_UP_ONE_DOWN, (target, target, delivery_id))
 
 
 def delivery_after(then: Transition, error: str | None) -> tuple[Status, float | None, str | None]:

@@ -19,7 +19,7 @@ commit on that lock. So:
 A batch locks its targets' rows in name order (two batches never wait on
 each other in a cycle).
 
-As on SQLite (relay.store.record); only the I/O differs.
+As on SQLite (relay.store.sqlite.record); only the I/O differs.
 """
 
 from __future__ import annotations

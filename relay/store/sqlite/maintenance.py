@@ -122,7 +122,7 @@ class SqliteMaintenance(SqliteConnection):
 def _forget_prepared(connection: sqlite3.Connection) -> None:
     """Finalize every statement Python's sqlite3 keeps prepared on `connection`.
 
-    A batch of n events is one INSERT of n rows (relay.store.accept), and each
+    A batch of n events is one INSERT of n rows (relay.store.sqlite.accept), and each
     batch size seen stays prepared, up to STATEMENTS_CACHED of them: after a
     burst of a few sizes that was 3 MiB, more than the page cache. Python has
     no call for it, but its cache is an lru_cache the connection refers to

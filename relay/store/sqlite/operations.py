@@ -23,12 +23,11 @@ from relay.store.rows import (
     copy_event,
     delivery_view,
     describe_selection,
-    insert_audit,
-    insert_log,
     resend_subject,
-    select_delivery,
 )
+from relay.store.sqlite.accept import SqliteAccept
 from relay.store.sqlite.connection import SqliteConnection
+from relay.store.sqlite.writes import insert_audit, insert_log, select_delivery
 from relay.store.verbs import (
     Missing,
     NotApplicable,
@@ -57,7 +56,8 @@ class SqliteOperations(SqliteConnection):
                 return None
             event = copy_event(row, resend, now)
             deliveries = [NewDelivery(target) for target in resend.targets]
-            copy_id = AcceptJob(event, deliveries, now)(connection).event_id
+            [accepted] = SqliteAccept.run_many(connection, [AcceptJob(event, deliveries, now)])
+            copy_id = accepted.event_id
             connection.execute(INSERT_RESEND, (copy_id, resend.original_id, now, resend.by))
             connection.execute(LINK_COPY, (resend.original_id, copy_id))
             copies = [

@@ -8,7 +8,6 @@ from typing import Any
 
 from relay.store.base import AttemptRecord, ClaimedDelivery, Decide, Step
 from relay.store.dialect import SQLITE, placeholders
-from relay.store.record import RecordJob
 from relay.store.rows import (
     CLAIM_DUE,
     CLAIM_EXPIRED,
@@ -19,6 +18,7 @@ from relay.store.rows import (
     unconfigured,
 )
 from relay.store.sqlite.connection import SqliteConnection
+from relay.store.sqlite.record import SqliteRecord
 
 
 class SqliteQueue(SqliteConnection):
@@ -93,7 +93,7 @@ class SqliteQueue(SqliteConnection):
         decide: Decide,
         now: float,
     ) -> Step:
-        step: Step = await self._write(RecordJob(delivery, attempt, decide, now))
+        step: Step = await self._write(SqliteRecord(delivery, attempt, decide, now))
         return step
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
