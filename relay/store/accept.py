@@ -1,7 +1,8 @@
 """Accepting webhooks, many per statement: what both backends decide.
 
 Every request waiting for the same group commit is stored by one pass: the
-stored holders of the batch's idempotency keys are looked up, `decide` says
+stored holders of the batch's idempotency keys are looked up (STORED_HOLDER),
+`decide` says
 what becomes of each event (a duplicate, a refused conflict, an event to
 store, with its id) and `message_tags` gives each new delivery its tag. Each
 backend writes the rows its way: relay.store.sqlite.accept on the writer
@@ -19,6 +20,8 @@ import orjson
 
 from relay.core.canonical import payload_digest
 from relay.store.base import Accepted, NewDelivery, NewEvent
+from relay.store.columns import blob
+from relay.store.shape import Column, Shape
 
 # The classes made for every webhook here are plain, not dataclasses: mypyc
 # compiles their __init__, and not one that a dataclass generates.
@@ -48,6 +51,27 @@ class Holder:
         if self._digest is None:
             self._digest = payload_digest(self._body, self._content_type)
         return self._digest
+
+
+def _holding(route: str, key: str, holder: Holder) -> tuple[tuple[str, str], Holder]:
+    return (route, key), holder
+
+
+# A stored event holding a key: ((route, key), its Holder). The body is read
+# only for rows older than digests (digest IS NULL).
+STORED_HOLDER = Shape(
+    _holding,
+    route="route",
+    key="idempotency_key",
+    holder=Shape(
+        Holder,
+        event_id="id",
+        variant="key_variant",
+        digest="digest",
+        body=Column("CASE WHEN digest IS NULL THEN body END", blob),
+        content_type="content_type",
+    ),
+)
 
 
 class AcceptJob:

@@ -1,14 +1,14 @@
-"""The write side's shared SQL text and rows: claims, ordering lines, the
-history and audit rows, an attempt's row, a delivery and an event as written
-and claimed. SQLite's write jobs (relay.store.sqlite) run the SQL as it is;
-PostgreSQL's numbered (relay.store.dialect) or in statements of its own, with
-the same columns in the same order. The reads' SQL and mapping are
-relay.store.reads."""
+"""The write side's shared SQL text and rows: ordering lines, a person's
+verbs, the history and audit rows, an attempt's row, a corrected copy.
+SQLite's write jobs (relay.store.sqlite) run the SQL as it is; PostgreSQL's
+numbered (relay.store.dialect) or in statements of its own, with the same
+columns. What the store reads from a row is declared in relay.store.columns;
+the reads' SQL is relay.store.reads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -18,32 +18,21 @@ from relay.core.units import format_instant
 from relay.store.base import (
     AUDIT_IDS_KEPT,
     AttemptRecord,
-    ClaimedDelivery,
     Delivered,
-    DeliveryView,
-    Header,
     NewEvent,
     Resend,
     RetryAt,
     Selection,
     Status,
-    TargetHealth,
     Transition,
     Waits,
 )
+from relay.store.columns import HELD_BEHIND
 from relay.store.dialect import Dialect
 
-EVENT_COLUMNS = (
-    "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
-    " content_type, body, conflict_of"
-)
-DELIVERY_COLUMNS = (
-    "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
-    " updated_at, order_key, resolves, resolved_by"
-)
 # The first unfinished delivery of a key: the only one of its line that may go.
-HEAD_OF_LINE = """
-SELECT id, status, event_id FROM deliveries
+HEAD_OF_LINE = f"""
+SELECT {HELD_BEHIND.columns} FROM deliveries
 WHERE target = ? AND order_key = ? AND status IN ('pending', 'in_flight', 'dead')
 ORDER BY id LIMIT 1
 """
@@ -58,31 +47,6 @@ WHERE id = (
     ORDER BY n.id LIMIT 1)
 AND status = 'pending' AND next_attempt_at IS NULL
 """
-CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
-    " message_tag, resolves, order_key"
-)
-CLAIM_DUE = f"""
-UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
-    ORDER BY next_attempt_at, id LIMIT ?)
-{CLAIM_RETURNING}
-"""
-# A lease taken over is an attempt interrupted (it may have reached the
-# receiver): the next one carries the next number (X-Relay-Attempt), while
-# the cycle's count, the retry budget, is not spent by relay's own crash.
-CLAIM_EXPIRED = f"""
-UPDATE deliveries SET lease_until = ?, updated_at = ?, attempts = attempts + 1
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {{exclude}}
-    ORDER BY lease_until LIMIT ?)
-{CLAIM_RETURNING}
-"""
-
-
 # A corrected copy delivered: the original's dead delivery to that target is
 # resolved, and so on up a chain of copies of copies. A resolved delivery
 # leaves its key's line like a delivered one (NEXT_IN_LINE).
@@ -101,6 +65,11 @@ WHERE event_id = ?
 """
 INSERT_RESEND = "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)"
 
+# What retry_now reads of a delivery (relay.store.verbs.retry_now_step), and
+# its line's (order_by): (status, resume_status, next_attempt_at, target, order_key).
+RETRY_STATE = (
+    "SELECT status, resume_status, next_attempt_at, target, order_key FROM deliveries WHERE id = ?"
+)
 # What a person's verbs write (relay.store.verbs decides which applies).
 # One more attempt now, then back to its schedule: (now, now, delivery id).
 RETRY_FROM_PENDING = (
@@ -162,7 +131,8 @@ PRUNE_REJECTIONS = (
 # How deep a chain of copies of copies is followed (a loop cannot be made,
 # a copy being a new event; the bound is only a guard).
 RESOLVE_DEPTH = 20
-
+# A line of a delivery's history: (delivery id, at, kind, detail, by).
+INSERT_LOG = "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)"
 
 INSERT_AUDIT = (
     "INSERT INTO audit (at, by, action, subject, count, deliveries) VALUES (?, ?, ?, ?, ?, ?)"
@@ -205,10 +175,6 @@ def describe_selection(selection: Selection) -> str:
         more = f" and {len(selection.ids) - 20} more" if len(selection.ids) > 20 else ""
         parts.append(f"ids {shown}{more}")
     return ", ".join(parts)
-
-
-# The columns of a target's row the step reads (TargetHealth), in its order.
-HEALTH_COLUMNS = ", ".join(TargetHealth._fields)
 
 
 # While a target is down its deliveries' retry times mean nothing (none is
@@ -278,80 +244,18 @@ ATTEMPT_COLUMNS_INSERTED = (
 )
 
 
-def decode_headers(raw: bytes) -> list[Header]:
-    return [(str(name), str(value)) for name, value in orjson.loads(raw)]
-
-
-def delivery_view(row: Row) -> DeliveryView:
-    return DeliveryView(
-        id=row[0],
-        event_id=row[1],
-        target=row[2],
-        status=Status(row[3]),
-        attempts=row[4],
-        attempts_in_cycle=row[5],
-        next_attempt_at=row[6],
-        last_error=row[7],
-        updated_at=row[8],
-        order_key=row[9],
-        resolves=row[10],
-        resolved_by=row[11],
-    )
-
-
-class Row(Protocol):
-    """A result row of either backend (a tuple, sqlite3's, asyncpg's Record)."""
-
-    def __getitem__(self, index: int, /) -> Any: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-
-def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDelivery:
-    resume_status = delivery[6]
-    return ClaimedDelivery(
-        id=delivery[0],
-        event_id=delivery[1],
-        route=delivery[2],
-        target=delivery[3],
-        attempts=delivery[4],
-        attempts_in_cycle=delivery[5],
-        manual=resume_status is not None,
-        resume_status=Status(resume_status) if resume_status is not None else None,
-        resume_at=delivery[7],
-        message_tag=delivery[8],
-        idempotency_key=event[2],
-        received_at=event[3],
-        payload=payload_of(event),
-        resolves=delivery[9],
-        order_key=delivery[10],
-    )
-
-
-def payload_of(event: Row) -> Payload:
-    """The request stored in `event`, a row of EVENT_COLUMNS."""
-    return Payload(
-        method=event[5],
-        path=event[6],
-        query=event[7],
-        headers=decode_headers(event[8]),
-        content_type=event[9],
-        body=bytes(event[10]),
-    )
-
-
-def copy_event(original: Row, resend: Resend, now: float) -> NewEvent:
-    """The corrected copy `resend` makes of `original` (a row of EVENT_COLUMNS):
+def copy_event(original: NewEvent, resend: Resend, now: float) -> NewEvent:
+    """The corrected copy `resend` makes of `original` (columns.STORED_EVENT):
     the same route, method, path and query, the edited headers and body."""
     return NewEvent(
-        route=original[1],
+        route=original.route,
         idempotency_key=None,
         received_at=now,
         remote_addr=None,
         payload=Payload(
-            method=original[5],
-            path=original[6],
-            query=original[7],
+            method=original.payload.method,
+            path=original.payload.path,
+            query=original.payload.query,
             headers=resend.headers,
             content_type=resend.content_type,
             body=resend.body,

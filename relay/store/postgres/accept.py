@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from relay.store.accept import AcceptJob, Holder, ToStore, decide, message_tags
+from relay.store.accept import STORED_HOLDER, AcceptJob, Holder, ToStore, decide, message_tags
 from relay.store.base import Accepted, Status
 from relay.store.postgres.errors import Connection
 
@@ -49,10 +49,8 @@ SELECT pg_advisory_xact_lock(h) FROM (
     SELECT DISTINCT hashtextextended(r || '/' || k, 0) AS h
     FROM unnest($1::text[], $2::text[]) AS t(r, k) ORDER BY h) AS locks
 """
-STORED_HOLDERS = """
-SELECT idempotency_key, route, id, key_variant, digest,
-    CASE WHEN digest IS NULL THEN body END, content_type
-FROM events
+STORED_HOLDERS = f"""
+SELECT {STORED_HOLDER.columns} FROM events
 WHERE (idempotency_key, route) IN (SELECT * FROM unnest($1::text[], $2::text[]))
 ORDER BY key_variant
 """
@@ -69,13 +67,11 @@ async def store_batch(connection: Connection, jobs: Sequence[AcceptJob]) -> list
         routes = [route for route, _ in keyed]
         keys = [key for _, key in keyed]
         await connection.execute(LOCK_KEYS, routes, keys)
-        for key, route, event_id, variant, digest, body, content_type in await connection.fetch(
-            STORED_HOLDERS, keys, routes
-        ):
-            holder = Holder(event_id, variant, digest, bytes(body or b""), content_type)
-            stored.setdefault((route, key), []).append(holder)
+        rows = await connection.fetch(STORED_HOLDERS, keys, routes)
+        for line, holder in map(STORED_HOLDER.from_row, rows):
+            stored.setdefault(line, []).append(holder)
     # Ids for every job (a duplicate's id is never used: a gap, as sequences have).
-    ids = [row[0] for row in await connection.fetch(NEW_IDS, len(jobs))]
+    ids = [event_id for (event_id,) in await connection.fetch(NEW_IDS, len(jobs))]
     results, stores = decide(jobs, stored, iter(ids).__next__)
     if stores:
         await _insert(connection, stores)
@@ -128,4 +124,4 @@ async def _busy_lines(connection: Connection, stores: list[ToStore]) -> set[tupl
     keys = [key for _, key in lines]
     await connection.execute(LOCK_KEYS, targets, keys)
     found = await connection.fetch(BUSY_LINES, [t for t, _ in lines], keys)
-    return {(row[0], row[1]) for row in found}
+    return {(target, key) for target, key in found}

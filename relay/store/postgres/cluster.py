@@ -42,6 +42,7 @@ import asyncpg
 
 from relay.config import Config
 from relay.store.base import DownState, StoreError
+from relay.store.columns import TARGET_STATE
 from relay.store.postgres.errors import DRIVER_ERRORS, POOLER, Connection
 
 log = logging.getLogger("relay.store")
@@ -161,17 +162,17 @@ async def allowed(
         {f"claim:{t}" for t in known} | {name for rule in known.values() for name, _ in rule.paces}
     )
     lock = "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"
-    next_at = {row[0]: row[1] for row in await connection.fetch(lock, names)}
+    next_at = {name: at for name, at in await connection.fetch(lock, names)}
     if len(next_at) < len(names):  # a target's or a pace's first claim
         await connection.execute(
             "INSERT INTO pacing (name, next_at) SELECT n, 0 FROM unnest($1::text[]) AS n"
             " ON CONFLICT (name) DO NOTHING",
             names,
         )
-        next_at = {row[0]: row[1] for row in await connection.fetch(lock, names)}
+        next_at = {name: at for name, at in await connection.fetch(lock, names)}
     busy = {
-        row[0]: row[1]
-        for row in await connection.fetch(
+        target: count
+        for target, count in await connection.fetch(
             "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
             " AND target = ANY($1::text[])"
             f" AND NOT {lapsed('$3', '$2', '$4', ('$5::bigint[]', '$6::float8[]'))}"
@@ -191,16 +192,13 @@ async def allowed(
         # which locks the row to update it, cannot make the target down (and
         # line its deliveries up, due at once) between this read and the
         # claim, which would then take them as if it were up.
-        down = {
-            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
-            for row in await connection.fetch(
-                "SELECT name, down_since IS NOT NULL, down_since, probe_at, probes,"
-                " probe_delivery FROM targets WHERE name = ANY($1::text[]) ORDER BY name"
-                " FOR SHARE",
-                held,
-            )
-            if row[1]
-        }
+        rows = await connection.fetch(
+            f"SELECT {TARGET_STATE.columns} FROM targets"
+            " WHERE name = ANY($1::text[]) ORDER BY name FOR SHARE",
+            held,
+        )
+        states = map(TARGET_STATE.from_row, rows)
+        down = {state.name: state.down for state in states if state.down is not None}
     result = {}
     for target, limit in wanted.items():
         rule = known.get(target)

@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from relay.store.accept import AcceptJob, Holder, decide, message_tags
+from relay.store.accept import STORED_HOLDER, AcceptJob, Holder, decide, message_tags
 from relay.store.base import Accepted, Status
 
 # SQLite's limit on bound variables is 32766; keep lookups well under it.
@@ -178,13 +178,11 @@ def _stored_keys(
     for start in range(0, len(keys), _LOOKUP_CHUNK):
         chunk = keys[start : start + _LOOKUP_CHUNK]
         marks = ",".join("?" * len(chunk))
-        # The body is read only for rows older than digests (digest IS NULL).
-        for key, route, event_id, variant, digest, body, content_type in connection.execute(
-            "SELECT idempotency_key, route, id, key_variant, digest,"
-            " CASE WHEN digest IS NULL THEN body END, content_type"
-            f" FROM events WHERE idempotency_key IN ({marks}) ORDER BY key_variant",
+        rows = connection.execute(
+            f"SELECT {STORED_HOLDER.columns} FROM events"
+            f" WHERE idempotency_key IN ({marks}) ORDER BY key_variant",
             chunk,
-        ):
-            holder = Holder(event_id, variant, digest, bytes(body or b""), content_type)
-            found.setdefault((route, key), []).append(holder)
+        )
+        for line, holder in map(STORED_HOLDER.from_row, rows):
+            found.setdefault(line, []).append(holder)
     return found

@@ -26,8 +26,8 @@ class SqliteMaintenance(SqliteConnection):
 
         def job(connection: sqlite3.Connection) -> int:
             event_ids = [
-                row[0]
-                for row in connection.execute(
+                event_id
+                for (event_id,) in connection.execute(
                     f"SELECT id FROM events WHERE {where} ORDER BY received_at LIMIT ?",
                     [*params, limit],
                 )
@@ -36,8 +36,8 @@ class SqliteMaintenance(SqliteConnection):
                 return 0
             marks = placeholders(len(event_ids))
             delivery_ids = [
-                row[0]
-                for row in connection.execute(
+                delivery_id
+                for (delivery_id,) in connection.execute(
                     f"SELECT id FROM deliveries WHERE event_id IN ({marks})", event_ids
                 )
             ]

@@ -25,11 +25,11 @@ from relay.store.base import (
     TargetHealth,
     Waits,
 )
+from relay.store.columns import HEALTH, HISTORY
 from relay.store.dialect import placeholders
 from relay.store.record import RecordJob, successes_health
 from relay.store.rows import (
     ATTEMPT_COLUMNS_INSERTED,
-    HEALTH_COLUMNS,
     LINE_UP_ALL,
     LINE_UP_DOWN,
     LINE_UP_ONE_DOWN,
@@ -48,6 +48,8 @@ DELIVERY_UPDATE = (
     " resume_status = NULL, resume_at = NULL"
     " WHERE id = ? AND status = 'in_flight'"
 )
+# Targets' health by name, of those that are up.
+HEALTH_BY_NAME = HEALTH.keyed("name")
 # Attempts per INSERT: 13 values each, within SQLite's 32766 bound values.
 _ATTEMPTS_PER_STATEMENT = 1000
 
@@ -66,14 +68,16 @@ class SqliteRecord(RecordJob):
         if len(jobs) == 1 or not all(job.simple_success for job in jobs):
             return [job.one(connection) for job in jobs]
         targets = sorted({job.delivery.target for job in jobs})
-        health = {
-            row[0]: TargetHealth(*row[1:])
-            for row in connection.execute(
-                f"SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name IN"
-                f" ({placeholders(len(targets))}) AND down_since IS NULL",
-                targets,
+        health = dict(
+            map(
+                HEALTH_BY_NAME.from_row,
+                connection.execute(
+                    f"SELECT {HEALTH_BY_NAME.columns} FROM targets WHERE name IN"
+                    f" ({placeholders(len(targets))}) AND down_since IS NULL",
+                    targets,
+                ),
             )
-        }
+        )
         if any(target not in health for target in targets):
             # New, or down: the step is asked attempt by attempt.
             return [job.one(connection) for job in jobs]
@@ -119,13 +123,13 @@ def standing(
     target's row (made if the target was never attempted) and the delivery's
     memory of failing. The writer holds the database's one write lock."""
     connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
-    row = connection.execute(
-        f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
+    health = connection.execute(
+        f"SELECT {HEALTH.columns} FROM targets WHERE name = ?", (target,)
     ).fetchone()
-    seen, alone = connection.execute(
-        "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
+    history = connection.execute(
+        f"SELECT {HISTORY.columns} FROM deliveries WHERE id = ?", (delivery_id,)
     ).fetchone()
-    return TargetHealth(*row), History(seen, bool(alone))
+    return HEALTH.from_row(health), HISTORY.from_row(history)
 
 
 def write_step(
@@ -142,9 +146,9 @@ def write_step(
         )
     if not step.count_waiting:
         return step.streak
-    waited = connection.execute(
+    (waited,) = connection.execute(
         "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
-    ).fetchone()[0]
+    ).fetchone()
     return replace(step.streak, waited=waited)
 
 
@@ -162,7 +166,7 @@ def line_up_by_arrival(
 ) -> None:
     """Every pending delivery of a target that just came `up`; of one that
     just went down, those due by its first probe; or one more, failed while
-    it is down."""
+    it is down (rows.LINE_UP_BY_ARRIVAL)."""
     if up:
         connection.execute(LINE_UP_ALL, (target,))
     elif delivery_id is None:
@@ -179,8 +183,8 @@ def resolve_originals(
     for _ in range(RESOLVE_DEPTH):
         if original is None:
             return
-        row = connection.execute(RESOLVE, (delivery.id, now, original)).fetchone()
-        if row is None:  # not dead (delivered meanwhile, skipped, requeued): left as it is
+        resolved = connection.execute(RESOLVE, (delivery.id, now, original)).fetchone()
+        if resolved is None:  # not dead (delivered meanwhile, skipped, requeued): left as it is
             return
         insert_log(
             connection,
@@ -190,4 +194,4 @@ def resolve_originals(
             f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}",
         )
         connection.execute(NEXT_IN_LINE, (now, now, original))
-        original = row[0]
+        (original,) = resolved  # the delivery the original itself stands for, if a copy

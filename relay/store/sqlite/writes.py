@@ -1,19 +1,21 @@
-"""The rows SQLite's write jobs share: a delivery's row, its history, the audit."""
+"""The rows SQLite's write jobs share: a delivery's history and view, the audit."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from relay.store.rows import DELIVERY_COLUMNS, INSERT_AUDIT, audit_values
+from relay.store.base import DeliveryView
+from relay.store.columns import DELIVERY
+from relay.store.rows import INSERT_AUDIT, INSERT_LOG, audit_values
 
 
-def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
-    row: Sequence[Any] = connection.execute(
-        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
+def delivery(connection: sqlite3.Connection, delivery_id: int) -> DeliveryView:
+    """A delivery as the job's transaction sees it (one it knows is there)."""
+    row = connection.execute(
+        f"SELECT {DELIVERY.columns} FROM deliveries WHERE id = ?", (delivery_id,)
     ).fetchone()
-    return row
+    return DELIVERY.from_row(row)
 
 
 def insert_log(
@@ -25,8 +27,7 @@ def insert_log(
     by: str | None = None,
 ) -> None:
     connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)",
-        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
+        INSERT_LOG, [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids]
     )
 
 
