@@ -1,13 +1,13 @@
-"""Accepting webhooks, many per statement: what both backends decide.
+"""Accepting webhooks, many per statement: what both backends decide and write.
 
-Every request waiting for the same group commit is stored by one pass: the
+Every request waiting for the same group commit is stored by one pass. The
 stored holders of the batch's idempotency keys are looked up (STORED_HOLDER),
-`decide` says
-what becomes of each event (a duplicate, a refused conflict, an event to
-store, with its id) and `message_tags` gives each new delivery its tag. Each
-backend writes the rows its way: relay.store.sqlite.accept on the writer
-thread, relay.store.postgres.accept from arrays. The UNIQUE index on (key,
-route) stays the last line against duplicates.
+`decide` says what becomes of each event (a duplicate, a refused conflict,
+an event to store), and the new events' and deliveries' rows (NEW_EVENT,
+NEW_DELIVERY) are written in bulk. Each backend runs the statements its way:
+relay.store.sqlite.accept on the writer thread, relay.store.postgres.accept
+from arrays. The UNIQUE index on (key, route) stays the last line against
+duplicates.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 
 from relay.core.canonical import payload_digest
-from relay.store.base import Accepted, NewDelivery, NewEvent
+from relay.store.base import Accepted, NewDelivery, NewEvent, Status
 from relay.store.columns import blob
-from relay.store.shape import Column, Shape
+from relay.store.shape import Column, Shape, Written
 
 # The classes made for every webhook here are plain, not dataclasses: mypyc
 # compiles their __init__, and not one that a dataclass generates.
@@ -95,6 +95,26 @@ class AcceptJob:
         self.guard = guard
 
 
+# A new event's row, made by ToStore.event_row.
+NEW_EVENT = Written(
+    "events",
+    id="bigint",
+    route="text",
+    idempotency_key="text",
+    received_at="float8",
+    remote_addr="text",
+    method="text",
+    path="text",
+    query="text",
+    headers="bytea",
+    content_type="text",
+    body="bytea",
+    digest="bytea",
+    key_variant="int",
+    conflict_of="bigint",
+)
+
+
 class ToStore:
     """An event the batch stores: its id, and its key's variant and first holder."""
 
@@ -107,6 +127,7 @@ class ToStore:
         self.conflict_of = conflict_of
 
     def event_row(self) -> tuple[Any, ...]:
+        """Its row: NEW_EVENT's columns, in order."""
         event = self.job.event
         return (
             self.event_id,
@@ -191,3 +212,69 @@ def _digest_of(event: NewEvent) -> bytes:
     if event.digest is not None:
         return event.digest
     return payload_digest(event.payload.body, event.payload.content_type)
+
+
+# A new delivery's row, made by delivery_rows.
+NEW_DELIVERY = Written(
+    "deliveries",
+    id="bigint",
+    event_id="bigint",
+    route="text",
+    target="text",
+    status="text",
+    next_attempt_at="float8",
+    last_error="text",
+    updated_at="float8",
+    order_key="text",
+    message_tag="text",
+)
+
+
+class Lines:
+    """Which ordering keys already have an unfinished delivery (in the
+    database, as `stored` says, or earlier in this batch): a new delivery
+    with such a key joins the line, waiting its turn."""
+
+    def __init__(self, stored: Callable[[str, str], bool]) -> None:
+        self._stored = stored
+        self._busy: set[tuple[str, str]] = set()
+
+    def queued(self, target: str, key: str | None) -> bool:
+        if key is None:
+            return False
+        line = (target, key)
+        if line in self._busy:
+            return True
+        self._busy.add(line)
+        return self._stored(target, key)
+
+
+def delivery_rows(
+    stores: Sequence[ToStore], lines: Lines, new_id: Callable[[], int | None]
+) -> list[tuple[Any, ...]]:
+    """The rows of the new deliveries of `stores` (NEW_DELIVERY's columns, the
+    id from `new_id`), in order: a pending one is due now, unless it joins the
+    line of its ordering key (`lines`), where it waits its turn."""
+    rows = []
+    tags = message_tags(stores)
+    for new in stores:
+        job = new.job
+        for delivery in job.deliveries:
+            pending = delivery.status is Status.PENDING
+            key = delivery.order_key if pending else None
+            due = job.now if pending and not lines.queued(delivery.target, key) else None
+            rows.append(
+                (
+                    new_id(),
+                    new.event_id,
+                    job.event.route,
+                    delivery.target,
+                    delivery.status.value,
+                    due,
+                    delivery.reason,
+                    job.now,
+                    key,
+                    next(tags),
+                )
+            )
+    return rows

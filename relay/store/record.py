@@ -1,14 +1,14 @@
 """Recording attempts: what both backends decide and write of each.
 
-Every attempt writes its row, its delivery's new state and its target's
-health, as the step that follows it (relay.delivery.step) says, asked with
-the target's row read in the same transaction. A run of attempts waiting for
-the same group commit that all succeeded, on targets that are up, is written
-in bulk, and the step asked attempt by attempt in memory (successes_health):
-a target's row is written once if any of them changed it (most change
-nothing: a success after a success). Each backend runs the statements its
-way: relay.store.sqlite.record on the writer thread,
-relay.store.postgres.record under the targets' row locks.
+Every attempt writes its row (rows.NEW_ATTEMPT), its delivery's new state
+and its target's health, as the step that follows it (relay.delivery.step)
+says, asked with the target's row read in the same transaction. A run of
+attempts waiting for the same group commit that all succeeded, on targets
+that are up, is written in bulk, and the step asked attempt by attempt in
+memory (successes_health): a target's row is written once if any of them
+changed it (most change nothing: a success after a success). Each backend
+runs the statements its way: relay.store.sqlite.record on the writer
+thread, relay.store.postgres.record under the targets' row locks.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ class RecordJob:
 
     @property
     def simple_success(self) -> bool:
-        """A success that the bulk path records exactly as one at a time would: on a
-        target that is up (the bulk path reads only those), it is delivered,
-        and what it changes of its target is a success's columns alone."""
+        """A success that the bulk path records exactly as one at a time
+        would: on a target that is up (the bulk path reads only those), it is
+        delivered, and what it changes of its target is a success's columns alone."""
         return (
             self.attempt.outcome == Verdict.SUCCESS.value
             and self.attempt.target_at_fault
@@ -62,12 +62,15 @@ class RecordJob:
         return self.delivery.attempts_in_cycle + (1 if self.step.in_cycle else 0)
 
     def attempt_row(self) -> tuple[object, ...]:
+        """Its attempt's row (rows.NEW_ATTEMPT)."""
         assert self.step is not None
         _, next_at, _ = delivery_after(self.step.then, self.attempt.error)
         number = self.cycle if self.step.in_cycle else None
         return attempt_values(self.delivery.id, self.attempt, next_at, number)
 
     def delivery_row(self) -> tuple[object, ...]:
+        """Its delivery's new state: (status, attempts, cycle_attempts,
+        next_attempt_at, last_error, updated_at, id)."""
         assert self.step is not None
         status, next_at, error = delivery_after(self.step.then, self.attempt.error)
         return (

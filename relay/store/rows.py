@@ -29,6 +29,7 @@ from relay.store.base import (
 )
 from relay.store.columns import HELD_BEHIND
 from relay.store.dialect import Dialect
+from relay.store.shape import Written
 
 # The first unfinished delivery of a key: the only one of its line that may go.
 HEAD_OF_LINE = f"""
@@ -209,11 +210,30 @@ def delivery_after(then: Transition, error: str | None) -> tuple[Status, float |
     return Status.DEAD, None, then.reason
 
 
+# An attempt's row, made by attempt_values.
+NEW_ATTEMPT = Written(
+    "attempts",
+    delivery_id="bigint",
+    number="int",
+    started_at="float8",
+    duration="float8",
+    outcome="text",
+    http_status="int",
+    error="text",
+    response="bytea",
+    next_attempt_at="float8",
+    kind="text",
+    cycle_number="int",
+    request="text",
+    request_body="bytea",
+)
+
+
 def attempt_values(
     delivery_id: int, attempt: AttemptRecord, next_at: float | None, cycle_number: int | None
 ) -> tuple[object, ...]:
-    """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED; `cycle_number`:
-    its step in its cycle, None when it is none (Step.in_cycle)."""
+    """An attempt's row, NEW_ATTEMPT's columns in order; `cycle_number`: its
+    step in its cycle, None when it is none (Step.in_cycle)."""
     return (
         delivery_id,
         attempt.number,
@@ -236,12 +256,6 @@ def request_values(request: SentRequest | None) -> tuple[str | None, bytes | Non
         return None, None
     head = {"method": request.method, "url": request.url, "headers": request.headers}
     return orjson.dumps(head).decode(), request.body
-
-
-ATTEMPT_COLUMNS_INSERTED = (
-    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at, kind, cycle_number, request, request_body"
-)
 
 
 def copy_event(original: NewEvent, resend: Resend, now: float) -> NewEvent:

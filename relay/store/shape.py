@@ -196,3 +196,38 @@ def _on(column: str, alias: str) -> str:
     if not column.isidentifier():
         raise ValueError(f"{column!r} is not a column name to qualify with {alias}")
     return f"{alias}.{column}"
+
+
+class Written:
+    """A row a statement writes, declared once: its table's columns in the
+    order a function beside the declaration makes its values, each with its
+    PostgreSQL type (PostgreSQL writes many rows at once from one array a
+    column, and an array parameter's type must be named)."""
+
+    def __init__(self, table: str, /, **types: str) -> None:
+        self.table = table
+        self.types = types
+        self.columns = ", ".join(types)
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+    def without(self, *names: str) -> Written:
+        """The same row without these columns (the database gives them)."""
+        return Written(self.table, **{n: t for n, t in self.types.items() if n not in names})
+
+    @property
+    def insert(self) -> str:
+        """An INSERT's head, `?` rows to follow: INSERT INTO t (a, b) VALUES"""
+        return f"INSERT INTO {self.table} ({self.columns}) VALUES "
+
+    @property
+    def row(self) -> str:
+        """One row's placeholders: (?,?,?)"""
+        return "(" + ",".join("?" * len(self.types)) + ")"
+
+    def from_arrays(self, start: int = 1) -> str:
+        """PostgreSQL's INSERT of every row at once, one array parameter a
+        column, numbered from `start`."""
+        arrays = ", ".join(f"${n}::{t}[]" for n, t in enumerate(self.types.values(), start))
+        return f"INSERT INTO {self.table} ({self.columns}) SELECT * FROM unnest({arrays})"

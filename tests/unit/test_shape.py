@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from relay.store.columns import CLAIMED, DELIVERY, EVENT_DETAIL, TARGET_STATE
-from relay.store.shape import GIVEN, Column, Columns, Shape
+from relay.store.shape import GIVEN, Column, Columns, Shape, Written
 
 
 @dataclass(frozen=True)
@@ -91,3 +91,12 @@ def test_a_claim_reads_its_delivery_then_its_event() -> None:
     assert CLAIMED.columns == ", ".join([*(f"d.{c}" for c in delivery), *(f"e.{c}" for c in event)])
     assert "resume_status" in delivery
     assert delivery.count("resume_status") == 1  # manual and resume_status read one column
+
+
+def test_a_row_written_gives_both_backends_their_insert() -> None:
+    written = Written("deliveries", id="bigint", target="text", due="float8")
+    assert written.insert + written.row == "INSERT INTO deliveries (id, target, due) VALUES (?,?,?)"
+    assert written.without("id").from_arrays(15) == (
+        "INSERT INTO deliveries (target, due) SELECT * FROM unnest($15::text[], $16::float8[])"
+    )
+    assert len(written) == 3

@@ -35,7 +35,7 @@ from relay.store.dialect import numbered
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.errors import Connection
 from relay.store.record import RecordJob, successes_health
-from relay.store.rows import ATTEMPT_COLUMNS_INSERTED, delivery_after
+from relay.store.rows import NEW_ATTEMPT, delivery_after
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
@@ -72,11 +72,7 @@ WHERE id = $7 AND status = 'in_flight' AND lease_owner = $8
 # the statement sees the rows as they were before it, so the delivered ones,
 # still in flight there, are left out by id), and their targets' health.
 SUCCESSES = f"""
-WITH attempt AS (
-    INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::float8[], $4::float8[], $5::text[],
-        $6::int[], $7::text[], $8::bytea[], $9::float8[], $10::text[], $11::int[], $12::text[],
-        $13::bytea[])
+WITH attempt AS ({NEW_ATTEMPT.from_arrays()}
 ), done AS (
     UPDATE deliveries SET status = u.status, attempts = u.attempts, cycle_attempts = u.cycle,
         next_attempt_at = u.next_at, lease_until = NULL, lease_owner = NULL,
@@ -108,6 +104,8 @@ SUCCESS_COLUMNS = ("last_success_at", "successes")
 HEALTH_BY_NAME = HEALTH.keyed("name")
 READ_HEALTH = f"SELECT {HEALTH_BY_NAME.columns} FROM targets WHERE name = ANY($1::text[])"
 LOCK_TARGETS = f"{READ_HEALTH} ORDER BY name FOR UPDATE"
+# An attempt's row, recorded alone.
+INSERT_ATTEMPT = numbered(NEW_ATTEMPT.insert + NEW_ATTEMPT.row)
 
 
 @dataclass(eq=False)
@@ -217,11 +215,7 @@ async def _one(connection: Connection, record: Record) -> Step:
         ):
             return record.first  # it did commit: kept once, with its answer
     step = job.decided(*await _standing(connection, delivery.target, delivery.id))
-    await connection.execute(
-        f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-        " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
-        *job.attempt_row(),
-    )
+    await connection.execute(INSERT_ATTEMPT, *job.attempt_row())
     result = await connection.execute(DELIVERY_UPDATE, *job.delivery_row(), record.instance_id)
     held = result.split()[-1] != "0"
     status, _, _ = delivery_after(step.then, None)

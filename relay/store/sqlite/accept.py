@@ -2,10 +2,10 @@
 
 What becomes of each event is decided as on every backend
 (relay.store.accept); here is SQLite's writing of it. One query finds which
-idempotency keys the database already holds, then one `executemany` writes
-the new events and one their deliveries. Row ids are given here (the
-transaction holds the write lock, so nobody else can take them), which is
-what lets deliveries be written in bulk beside their events.
+idempotency keys the database already holds, then one statement writes the
+new events and one their deliveries. Row ids are given here (the transaction
+holds the write lock, so nobody else can take them), which is what lets
+deliveries be written in bulk beside their events.
 """
 
 from __future__ import annotations
@@ -16,11 +16,28 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from relay.store.accept import STORED_HOLDER, AcceptJob, Holder, decide, message_tags
-from relay.store.base import Accepted, Status
+from relay.store.accept import (
+    NEW_DELIVERY,
+    NEW_EVENT,
+    STORED_HOLDER,
+    AcceptJob,
+    Holder,
+    Lines,
+    decide,
+    delivery_rows,
+)
+from relay.store.base import Accepted
 
 # SQLite's limit on bound variables is 32766; keep lookups well under it.
 _LOOKUP_CHUNK = 500
+# Rows per statement, within that limit (events have 14 columns, deliveries 10).
+_EVENTS_PER_STATEMENT = 2000
+_ROWS_PER_STATEMENT = 256
+# An unfinished delivery of this ordering key (target, key) is stored.
+_LINE_BUSY = (
+    "SELECT 1 FROM deliveries WHERE target = ? AND order_key = ?"
+    " AND status IN ('pending', 'in_flight', 'dead') LIMIT 1"
+)
 
 
 class SqliteAccept(AcceptJob):
@@ -59,86 +76,29 @@ def _insert(
 ) -> list[Accepted]:
     next_event, next_delivery = _next_ids(connection)
     results, stores = decide(jobs, stored, itertools.count(next_event).__next__)
-    event_rows = []
-    delivery_rows = []
-    lines = _Lines(connection)
-    tags = message_tags(stores)
-    for new in stores:
-        event_rows.append(new.event_row())
-        for delivery in new.job.deliveries:
-            pending = delivery.status is Status.PENDING
-            key = delivery.order_key if pending else None
-            # Behind an unfinished delivery of its key, it waits its turn.
-            due = new.job.now if pending and not lines.queued(delivery.target, key) else None
-            delivery_rows.append(
-                (
-                    next_delivery,
-                    new.event_id,
-                    new.job.event.route,
-                    delivery.target,
-                    delivery.status.value,
-                    due,
-                    delivery.reason,
-                    new.job.now,
-                    key,
-                    next(tags),
-                )
-            )
-            next_delivery += 1
-    if event_rows:  # all of them in one statement (see run_many)
+
+    def line_busy(target: str, key: str) -> bool:
+        return connection.execute(_LINE_BUSY, (target, key)).fetchone() is not None
+
+    deliveries = delivery_rows(stores, Lines(line_busy), itertools.count(next_delivery).__next__)
+    if stores:  # all of the events in one statement (see run_many)
+        event_rows = [new.event_row() for new in stores]
         connection.execute(
-            _statement(_EVENTS, len(event_rows[0]), len(event_rows)), _flatten(event_rows)
+            _statement(NEW_EVENT.insert, len(NEW_EVENT), len(event_rows)), _flatten(event_rows)
         )
-    _insert_rows(connection, _DELIVERIES, delivery_rows)
+    _insert_rows(connection, NEW_DELIVERY.insert, len(NEW_DELIVERY), deliveries)
     return results
 
 
-_EVENTS = (
-    "INSERT INTO events (id, route, idempotency_key, received_at, remote_addr, method,"
-    " path, query, headers, content_type, body, digest, key_variant, conflict_of) VALUES "
-)
-_DELIVERIES = (
-    "INSERT INTO deliveries (id, event_id, route, target, status, next_attempt_at,"
-    " last_error, updated_at, order_key, message_tag) VALUES "
-)
-
-
-class _Lines:
-    """Which ordering keys already have an unfinished delivery (in the database,
-    or earlier in this batch): a new delivery with such a key joins the line."""
-
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        self._connection = connection
-        self._busy: set[tuple[str, str]] = set()
-
-    def queued(self, target: str, key: str | None) -> bool:
-        if key is None:
-            return False
-        line = (target, key)
-        if line in self._busy:
-            return True
-        self._busy.add(line)
-        row = self._connection.execute(
-            "SELECT 1 FROM deliveries WHERE target = ? AND order_key = ?"
-            " AND status IN ('pending', 'in_flight', 'dead') LIMIT 1",
-            line,
-        ).fetchone()
-        return row is not None
-
-
-# Rows per statement: SQLite binds at most 32766 values (events have 14
-# columns, deliveries 10).
-_EVENTS_PER_STATEMENT = 2000
-_ROWS_PER_STATEMENT = 256
-
-
-def _insert_rows(connection: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
+def _insert_rows(
+    connection: sqlite3.Connection, head: str, columns: int, rows: list[tuple[Any, ...]]
+) -> None:
     """Many rows in one statement (one step), not one step per row as
     `executemany` does: each step releases and takes back the GIL, and on a
     busy core every such handover is a thread switch."""
     for start in range(0, len(rows), _ROWS_PER_STATEMENT):
         chunk = rows[start : start + _ROWS_PER_STATEMENT]
-        connection.execute(_statement(head, len(chunk[0]), len(chunk)), _flatten(chunk))
+        connection.execute(_statement(head, columns, len(chunk)), _flatten(chunk))
 
 
 # Every batch size seen keeps its statement text here, and its prepared

@@ -29,10 +29,10 @@ from relay.store.columns import HEALTH, HISTORY
 from relay.store.dialect import placeholders
 from relay.store.record import RecordJob, successes_health
 from relay.store.rows import (
-    ATTEMPT_COLUMNS_INSERTED,
     LINE_UP_ALL,
     LINE_UP_DOWN,
     LINE_UP_ONE_DOWN,
+    NEW_ATTEMPT,
     NEXT_IN_LINE,
     RESOLVE,
     RESOLVE_DEPTH,
@@ -40,8 +40,6 @@ from relay.store.rows import (
 )
 from relay.store.sqlite.writes import insert_log
 
-ATTEMPT_INSERT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED}) VALUES "
-ATTEMPT_ROW = "(?,?,?,?,?,?,?,?,?,?,?,?,?)"
 DELIVERY_UPDATE = (
     "UPDATE deliveries SET status = ?, attempts = ?, cycle_attempts = ?,"
     " next_attempt_at = ?, lease_until = NULL, last_error = ?, updated_at = ?,"
@@ -50,7 +48,7 @@ DELIVERY_UPDATE = (
 )
 # Targets' health by name, of those that are up.
 HEALTH_BY_NAME = HEALTH.keyed("name")
-# Attempts per INSERT: 13 values each, within SQLite's 32766 bound values.
+# Attempts per INSERT (NEW_ATTEMPT's 13 values each), within SQLite's 32766 bound values.
 _ATTEMPTS_PER_STATEMENT = 1000
 
 
@@ -85,7 +83,7 @@ class SqliteRecord(RecordJob):
         for start in range(0, len(jobs), _ATTEMPTS_PER_STATEMENT):
             chunk = jobs[start : start + _ATTEMPTS_PER_STATEMENT]
             connection.execute(
-                ATTEMPT_INSERT + ",".join([ATTEMPT_ROW] * len(chunk)),
+                NEW_ATTEMPT.insert + ",".join([NEW_ATTEMPT.row] * len(chunk)),
                 [value for job in chunk for value in job.attempt_row()],
             )
         connection.executemany(DELIVERY_UPDATE, [job.delivery_row() for job in jobs])
@@ -98,7 +96,7 @@ class SqliteRecord(RecordJob):
         """This attempt alone, every rule asked in order."""
         target = self.delivery.target
         step = self.decided(*standing(connection, target, self.delivery.id))
-        connection.execute(ATTEMPT_INSERT + ATTEMPT_ROW, self.attempt_row())
+        connection.execute(NEW_ATTEMPT.insert + NEW_ATTEMPT.row, self.attempt_row())
         connection.execute(DELIVERY_UPDATE, self.delivery_row())
         status, _, _ = delivery_after(step.then, None)
         if status is Status.DELIVERED:
