@@ -42,8 +42,8 @@ from common import (
 
 from relay.core.payload import Payload
 from relay.store import NewDelivery, NewEvent, SqliteStore
-from relay.store.accept import AcceptJob
 from relay.store.migrations import migrate
+from relay.store.sqlite.accept import SqliteAccept
 
 CHECKPOINTS = (1_000, 100_000, 1_000_000)
 BODY = (b'{"event":"order.created","order":{"id":%d,"currency":"RUB","total":1990}}').ljust(512)
@@ -63,7 +63,7 @@ def fill(path: Path, start: int, stop: int, keys: int = 0) -> None:
     headers = [("Content-Type", "application/json"), ("Idempotency-Key", "x")]
     for first in range(start, stop, 5000):
         jobs = [
-            AcceptJob(
+            SqliteAccept(
                 NewEvent(
                     "orders",
                     f"order-{n}",
@@ -77,7 +77,7 @@ def fill(path: Path, start: int, stop: int, keys: int = 0) -> None:
             for n in range(first, min(first + 5000, stop))
         ]
         connection.execute("BEGIN IMMEDIATE")
-        AcceptJob.run_many(connection, jobs)
+        SqliteAccept.run_many(connection, jobs)
         connection.execute("COMMIT")
     connection.close()
 

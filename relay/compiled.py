@@ -21,6 +21,7 @@ HOT_PATH = (
     "relay.core.exact",
     "relay.core.canonical",
     "relay.store.accept",
+    "relay.store.sqlite.accept",
     "relay.store.sqlite.writer",
 )
 

@@ -1,19 +1,18 @@
-"""Storing accepted webhooks, many per statement.
+"""Accepting webhooks, many per statement: what both backends decide and write.
 
-Every request waiting for the same group commit is stored by one pass: one
-query finds which idempotency keys the database already holds, then one
-`executemany` writes the new events and one their deliveries. Row ids are
-given here (the transaction holds the write lock, so nobody else can take
-them), which is what lets deliveries be written in bulk beside their events.
-The UNIQUE index on (key, route) stays the last line against duplicates.
+Every request waiting for the same group commit is stored by one pass. The
+stored holders of the batch's idempotency keys are looked up (STORED_HOLDER),
+`decide` says what becomes of each event (a duplicate, a refused conflict,
+an event to store), and the new events' and deliveries' rows (NEW_EVENT,
+NEW_DELIVERY) are written in bulk. Each backend runs the statements its way:
+relay.store.sqlite.accept on the writer thread, relay.store.postgres.accept
+from arrays. The UNIQUE index on (key, route) stays the last line against
+duplicates.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import secrets
-import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -21,10 +20,8 @@ import orjson
 
 from relay.core.canonical import payload_digest
 from relay.store.base import Accepted, NewDelivery, NewEvent, Status
-
-# SQLite's limit on bound variables is 32766; keep lookups well under it.
-_LOOKUP_CHUNK = 500
-
+from relay.store.columns import blob
+from relay.store.shape import Column, Shape, Written
 
 # The classes made for every webhook here are plain, not dataclasses: mypyc
 # compiles their __init__, and not one that a dataclass generates.
@@ -56,6 +53,27 @@ class Holder:
         return self._digest
 
 
+def _holding(route: str, key: str, holder: Holder) -> tuple[tuple[str, str], Holder]:
+    return (route, key), holder
+
+
+# A stored event holding a key: ((route, key), its Holder). The body is read
+# only for rows older than digests (digest IS NULL).
+STORED_HOLDER = Shape(
+    _holding,
+    route="route",
+    key="idempotency_key",
+    holder=Shape(
+        Holder,
+        event_id="id",
+        variant="key_variant",
+        digest="digest",
+        body=Column("CASE WHEN digest IS NULL THEN body END", blob),
+        content_type="content_type",
+    ),
+)
+
+
 class AcceptJob:
     """An event to store with its deliveries."""
 
@@ -76,70 +94,25 @@ class AcceptJob:
         # transaction, rather than once per request.
         self.guard = guard
 
-    def __call__(self, connection: sqlite3.Connection) -> Accepted:
-        return self.run_many(connection, [self])[0]
 
-    @staticmethod
-    def run_many(connection: sqlite3.Connection, jobs: Sequence[AcceptJob]) -> list[Accepted]:
-        # Any job's guard, not the first one's: an alert (no guard) may lead
-        # a run of senders' webhooks, which must not be acknowledged past it.
-        guard = next((job.guard for job in jobs if job.guard is not None), None)
-        if guard is not None:
-            guard()
-        results: list[Accepted] = []
-        for start in range(0, len(jobs), _EVENTS_PER_STATEMENT):
-            chunk = jobs[start : start + _EVENTS_PER_STATEMENT]
-            # Optimistic first: a resent webhook is rare, so insert as if every
-            # key were new and let the UNIQUE index say otherwise; only then
-            # look the keys up. The chunk's events are one INSERT, and SQLite
-            # backs out a failed statement, not the transaction: no savepoint
-            # (each statement of a batch hands the GIL over twice).
-            try:
-                results += AcceptJob._insert(connection, chunk, {})
-            except sqlite3.IntegrityError:
-                results += AcceptJob._insert(connection, chunk, _stored_keys(connection, chunk))
-        return results
-
-    @staticmethod
-    def _insert(
-        connection: sqlite3.Connection,
-        jobs: Sequence[AcceptJob],
-        stored: dict[tuple[str, str], list[Holder]],
-    ) -> list[Accepted]:
-        next_event, next_delivery = _next_ids(connection)
-        results, stores = decide(jobs, stored, itertools.count(next_event).__next__)
-        event_rows = []
-        delivery_rows = []
-        lines = _Lines(connection)
-        tags = message_tags(stores)
-        for new in stores:
-            event_rows.append(new.event_row())
-            for delivery in new.job.deliveries:
-                pending = delivery.status is Status.PENDING
-                key = delivery.order_key if pending else None
-                # Behind an unfinished delivery of its key, it waits its turn.
-                due = new.job.now if pending and not lines.queued(delivery.target, key) else None
-                delivery_rows.append(
-                    (
-                        next_delivery,
-                        new.event_id,
-                        new.job.event.route,
-                        delivery.target,
-                        delivery.status.value,
-                        due,
-                        delivery.reason,
-                        new.job.now,
-                        key,
-                        next(tags),
-                    )
-                )
-                next_delivery += 1
-        if event_rows:  # all of them in one statement (see run_many)
-            connection.execute(
-                _statement(_EVENTS, len(event_rows[0]), len(event_rows)), _flatten(event_rows)
-            )
-        _insert_rows(connection, _DELIVERIES, delivery_rows)
-        return results
+# A new event's row, made by ToStore.event_row.
+NEW_EVENT = Written(
+    "events",
+    id="bigint",
+    route="text",
+    idempotency_key="text",
+    received_at="float8",
+    remote_addr="text",
+    method="text",
+    path="text",
+    query="text",
+    headers="bytea",
+    content_type="text",
+    body="bytea",
+    digest="bytea",
+    key_variant="int",
+    conflict_of="bigint",
+)
 
 
 class ToStore:
@@ -154,6 +127,7 @@ class ToStore:
         self.conflict_of = conflict_of
 
     def event_row(self) -> tuple[Any, ...]:
+        """Its row: NEW_EVENT's columns, in order."""
         event = self.job.event
         return (
             self.event_id,
@@ -240,22 +214,29 @@ def _digest_of(event: NewEvent) -> bytes:
     return payload_digest(event.payload.body, event.payload.content_type)
 
 
-_EVENTS = (
-    "INSERT INTO events (id, route, idempotency_key, received_at, remote_addr, method,"
-    " path, query, headers, content_type, body, digest, key_variant, conflict_of) VALUES "
+# A new delivery's row, made by delivery_rows.
+NEW_DELIVERY = Written(
+    "deliveries",
+    id="bigint",
+    event_id="bigint",
+    route="text",
+    target="text",
+    status="text",
+    next_attempt_at="float8",
+    last_error="text",
+    updated_at="float8",
+    order_key="text",
+    message_tag="text",
 )
-_DELIVERIES = (
-    "INSERT INTO deliveries (id, event_id, route, target, status, next_attempt_at,"
-    " last_error, updated_at, order_key, message_tag) VALUES "
-)
 
 
-class _Lines:
-    """Which ordering keys already have an unfinished delivery (in the database,
-    or earlier in this batch): a new delivery with such a key joins the line."""
+class Lines:
+    """Which ordering keys already have an unfinished delivery (in the
+    database, as `stored` says, or earlier in this batch): a new delivery
+    with such a key joins the line, waiting its turn."""
 
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        self._connection = connection
+    def __init__(self, stored: Callable[[str, str], bool]) -> None:
+        self._stored = stored
         self._busy: set[tuple[str, str]] = set()
 
     def queued(self, target: str, key: str | None) -> bool:
@@ -265,73 +246,35 @@ class _Lines:
         if line in self._busy:
             return True
         self._busy.add(line)
-        row = self._connection.execute(
-            "SELECT 1 FROM deliveries WHERE target = ? AND order_key = ?"
-            " AND status IN ('pending', 'in_flight', 'dead') LIMIT 1",
-            line,
-        ).fetchone()
-        return row is not None
+        return self._stored(target, key)
 
 
-# Rows per statement: SQLite binds at most 32766 values (events have 14
-# columns, deliveries 10).
-_EVENTS_PER_STATEMENT = 2000
-_ROWS_PER_STATEMENT = 256
-
-
-def _insert_rows(connection: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
-    """Many rows in one statement (one step), not one step per row as
-    `executemany` does: each step releases and takes back the GIL, and on a
-    busy core every such handover is a thread switch."""
-    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-        chunk = rows[start : start + _ROWS_PER_STATEMENT]
-        connection.execute(_statement(head, len(chunk[0]), len(chunk)), _flatten(chunk))
-
-
-# Every batch size seen keeps its statement text here, and its prepared
-# statement in the writer connection's cache (STATEMENTS_CACHED): preparing a
-# many-row INSERT costs about as much as storing its events.
-@functools.lru_cache(maxsize=512)
-def _statement(head: str, columns: int, count: int) -> str:
-    row = "(" + ",".join("?" * columns) + ")"
-    return head + ",".join([row] * count)
-
-
-def _flatten(rows: list[tuple[Any, ...]]) -> list[Any]:
-    return [value for row in rows for value in row]
-
-
-# MAX of the rowid is one step down a table's B-tree; the high-water mark
-# covers ids whose rows a purge has deleted (they are never given again).
-_NEXT_IDS = "SELECT " + ", ".join(
-    f"max(coalesce((SELECT MAX(id) FROM {table}), 0),"
-    f" coalesce((SELECT last_id FROM id_high_water WHERE name = '{table}'), 0)) + 1"
-    for table in ("events", "deliveries")
-)
-
-
-def _next_ids(connection: sqlite3.Connection) -> tuple[int, int]:
-    """The next event id and the next delivery id, in one statement."""
-    events, deliveries = connection.execute(_NEXT_IDS).fetchone()
-    return int(events), int(deliveries)
-
-
-def _stored_keys(
-    connection: sqlite3.Connection, jobs: Sequence[AcceptJob]
-) -> dict[tuple[str, str], list[Holder]]:
-    """Every stored event holding one of these keys, by (route, key), first holder first."""
-    keys = sorted({job.event.idempotency_key for job in jobs if job.event.idempotency_key})
-    found: dict[tuple[str, str], list[Holder]] = {}
-    for start in range(0, len(keys), _LOOKUP_CHUNK):
-        chunk = keys[start : start + _LOOKUP_CHUNK]
-        marks = ",".join("?" * len(chunk))
-        # The body is read only for rows older than digests (digest IS NULL).
-        for key, route, event_id, variant, digest, body, content_type in connection.execute(
-            "SELECT idempotency_key, route, id, key_variant, digest,"
-            " CASE WHEN digest IS NULL THEN body END, content_type"
-            f" FROM events WHERE idempotency_key IN ({marks}) ORDER BY key_variant",
-            chunk,
-        ):
-            holder = Holder(event_id, variant, digest, bytes(body or b""), content_type)
-            found.setdefault((route, key), []).append(holder)
-    return found
+def delivery_rows(
+    stores: Sequence[ToStore], lines: Lines, new_id: Callable[[], int | None]
+) -> list[tuple[Any, ...]]:
+    """The rows of the new deliveries of `stores` (NEW_DELIVERY's columns, the
+    id from `new_id`), in order: a pending one is due now, unless it joins the
+    line of its ordering key (`lines`), where it waits its turn."""
+    rows = []
+    tags = message_tags(stores)
+    for new in stores:
+        job = new.job
+        for delivery in job.deliveries:
+            pending = delivery.status is Status.PENDING
+            key = delivery.order_key if pending else None
+            due = job.now if pending and not lines.queued(delivery.target, key) else None
+            rows.append(
+                (
+                    new_id(),
+                    new.event_id,
+                    job.event.route,
+                    delivery.target,
+                    delivery.status.value,
+                    due,
+                    delivery.reason,
+                    job.now,
+                    key,
+                    next(tags),
+                )
+            )
+    return rows

@@ -16,11 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
-import orjson
-
-from relay.core.outcome import SentRequest
 from relay.store.base import (
-    AttemptKind,
     AttemptView,
     Attention,
     AuditEntry,
@@ -31,30 +27,35 @@ from relay.store.base import (
     EventQuery,
     EventView,
     Gauges,
-    HeldBehind,
-    HeldKey,
     HeldTargets,
     HourlyActivity,
     IndexSource,
     LogEntry,
     Rejection,
-    ResendLink,
     SearchProgress,
     Selection,
     Stats,
     Status,
     TargetState,
 )
-from relay.store.dialect import Dialect
-from relay.store.rows import (
-    DELIVERY_COLUMNS,
-    EVENT_COLUMNS,
-    HEAD_OF_LINE,
-    Row,
-    decode_headers,
-    delivery_view,
-    payload_of,
+from relay.store.columns import (
+    ATTEMPT,
+    AUDIT_ENTRY,
+    BODY_HEAD,
+    DELIVERY,
+    EVENT,
+    EVENT_DETAIL,
+    HELD_BEHIND,
+    HELD_KEY,
+    INDEX_SOURCE,
+    LOG_ENTRY,
+    REJECTION,
+    RESEND_LINK,
+    TARGET_STATE,
 )
+from relay.store.dialect import Dialect
+from relay.store.rows import HEAD_OF_LINE
+from relay.store.shape import Row
 
 
 class Fetch(Protocol):
@@ -77,10 +78,8 @@ GROUP BY p.target
 # Deliveries gone dead since a time, and still dead (attention).
 DEAD_SINCE = "SELECT COUNT(*) FROM deliveries WHERE status = 'dead' AND updated_at >= ?"
 # Ordering keys whose first unfinished delivery is dead, with how many wait.
-HELD_KEYS = """
-SELECT d.id, d.event_id, d.target, d.order_key,
-    (SELECT COUNT(*) FROM deliveries n WHERE n.target = d.target
-     AND n.order_key = d.order_key AND n.status = 'pending' AND n.id > d.id)
+HELD_KEYS = f"""
+SELECT {HELD_KEY.columns}
 FROM deliveries d
 WHERE d.status = 'dead' AND d.order_key IS NOT NULL
 AND d.id = (SELECT h.id FROM deliveries h WHERE h.target = d.target
@@ -91,15 +90,7 @@ AND EXISTS (SELECT 1 FROM deliveries w WHERE w.target = d.target
 ORDER BY d.id LIMIT ?
 """
 # Paused or down targets, one row each (held_targets).
-HELD_TARGETS = (
-    "SELECT name, paused, down_since, probe_at, probes, probe_delivery FROM targets"
-    " WHERE paused OR down_since IS NOT NULL"
-)
-# Every target's state (target_states), read by target_state().
-TARGET_STATE_COLUMNS = (
-    "name, paused, last_success_at, last_error_at, last_error,"
-    " consecutive_failures, down_since, probe_at, probes, probe_delivery"
-)
+HELD_TARGETS = f"SELECT {TARGET_STATE.columns} FROM targets WHERE paused OR down_since IS NOT NULL"
 # The delivery a down target's next probe takes: the one under way, else
 # the first in line (as claim_due orders them).
 NEXT_PROBE = (
@@ -107,19 +98,11 @@ NEXT_PROBE = (
     " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
     " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
 )
-AUDIT_COLUMNS = "id, at, by, action, subject, count, deliveries"
-# Columns the mappings below read, in this order.
-ATTEMPT_COLUMNS = (
-    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at, kind, cycle_number, request, request_body"
-)
-LOG_COLUMNS = "delivery_id, at, kind, detail, by"
-RESEND_COLUMNS = "original_id, copy_id, at, by"
-# An event listing's columns, in the order event_view reads them.
-EVENT_LIST_COLUMNS = (
-    "events.id, events.route, events.idempotency_key, events.received_at,"
-    " events.remote_addr, events.conflict_of"
-)
+# An event listing's columns: the events may be joined with the search index.
+LISTED = EVENT.on("events")
+LISTED_ID = LISTED.getter("events.id")
+# Bodies' heads by event id.
+BODY_HEADS = BODY_HEAD.keyed("id")
 # The longest-waiting pending delivery's event: delivery ids grow with
 # arrival, and the partial due index holds them, so the smallest is found
 # without the table.
@@ -160,7 +143,7 @@ class Reads(ABC):
 
     async def paused_targets(self) -> frozenset[str]:
         rows = await self._read("SELECT name FROM targets WHERE paused")
-        return frozenset(row[0] for row in rows)
+        return frozenset(name for (name,) in rows)
 
     async def down_targets(self) -> dict[str, DownState]:
         return (await self.held_targets()).down
@@ -177,12 +160,15 @@ class Reads(ABC):
             # search holds no other reader's transaction behind it.
             rows = await self._search(sql, params)
             async with self._reading() as fetch:
-                deliveries = await deliveries_of(fetch, self.dialect, [row[0] for row in rows])
+                deliveries = await deliveries_of(fetch, self.dialect, list(map(LISTED_ID, rows)))
         else:
             async with self._reading() as fetch:
                 rows = await fetch(sql, params)
-                deliveries = await deliveries_of(fetch, self.dialect, [row[0] for row in rows])
-        return [event_view(row, deliveries.get(row[0], ())) for row in rows]
+                deliveries = await deliveries_of(fetch, self.dialect, list(map(LISTED_ID, rows)))
+        return [
+            LISTED.from_row(row, deliveries=tuple(deliveries.get(LISTED_ID(row), ())))
+            for row in rows
+        ]
 
     async def get_event(self, event_id: int) -> EventDetail | None:
         async with self._reading() as fetch:
@@ -191,11 +177,10 @@ class Reads(ABC):
     async def get_delivery(self, delivery_id: int) -> DeliveryView | None:
         async with self._reading() as fetch:
             rows = await fetch(
-                f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
+                f"SELECT {DELIVERY.columns} FROM deliveries WHERE id = ?", (delivery_id,)
             )
-            if not rows:
-                return None
-            return (await _with_holds(fetch, [delivery_view(rows[0])]))[0]
+            views = await _with_holds(fetch, map(DELIVERY.from_row, rows))
+            return views[0] if views else None
 
     async def target_states(self) -> dict[str, TargetState]:
         async with self._reading() as fetch:
@@ -227,14 +212,14 @@ class Reads(ABC):
                 route_counts[state] = route_counts.get(state, 0) + count
                 target_counts = by_target.setdefault(target, {})
                 target_counts[state] = target_counts.get(state, 0) + count
-            late = await fetch(
+            [(late,)] = await fetch(
                 "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0"
             )
             return Stats(
                 counts_by_route=by_route,
                 counts_by_target=by_target,
                 oldest_pending_received_at=await _oldest_pending(fetch),
-                pending_after_first_attempt=int(late[0][0]),
+                pending_after_first_attempt=int(late),
                 dead=sum(counts.get(Status.DEAD, 0) for counts in by_target.values()),
                 targets=await _target_states(fetch),
             )
@@ -250,15 +235,10 @@ class Reads(ABC):
             (start, start, until),
             slow=True,
         )
-        found = {row[0]: row for row in rows}
+        found = {slot: (attempts, failed, dead) for slot, attempts, failed, dead in rows}
         hours = int((until - start) // 3600) + 1
         return [
-            HourlyActivity(
-                hour=start + slot * 3600,
-                attempts=found[slot][1] if slot in found else 0,
-                failed=found[slot][2] if slot in found else 0,
-                dead=found[slot][3] if slot in found else 0,
-            )
+            HourlyActivity(start + slot * 3600, *found.get(slot, (0, 0, 0)))
             for slot in range(hours)
         ]
 
@@ -270,7 +250,7 @@ class Reads(ABC):
         since: float | None = None,
         until: float | None = None,
     ) -> list[Rejection]:
-        sql = "SELECT route, at, remote_addr, reason, detail, headers FROM rejections"
+        sql = f"SELECT {REJECTION.columns} FROM rejections"
         where: list[str] = []
         params: list[Any] = []
         for clause, value in (("route = ?", route), ("at >= ?", since), ("at < ?", until)):
@@ -281,50 +261,46 @@ class Reads(ABC):
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(limit)
-        return [
-            Rejection(row[0], row[1], row[2], row[3], row[4] or "", decode_headers(row[5]))
-            for row in await self._read(sql, params, slow=True)
-        ]
+        return list(map(REJECTION.from_row, await self._read(sql, params, slow=True)))
 
     async def list_audit(self, limit: int, before_id: int | None = None) -> list[AuditEntry]:
         rows = await self._read(
-            f"SELECT {AUDIT_COLUMNS} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?",
+            f"SELECT {AUDIT_ENTRY.columns} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?",
             (before_id if before_id is not None else 2**63 - 1, limit),
             slow=True,
         )
-        return [audit_entry(row) for row in rows]
+        return list(map(AUDIT_ENTRY.from_row, rows))
 
     async def attention(self, dead_since: float, limit: int) -> Attention:
         async with self._reading() as fetch:
-            dead = await fetch(DEAD_SINCE, (dead_since,))
+            [(dead,)] = await fetch(DEAD_SINCE, (dead_since,))
             held = await fetch(HELD_KEYS, (limit,))
-        return Attention(int(dead[0][0]), tuple(HeldKey(*row) for row in held))
+        return Attention(int(dead), tuple(map(HELD_KEY.from_row, held)))
 
     async def search_progress(self) -> SearchProgress:
-        rows = await self._read(
+        [(through, newest)] = await self._read(
             "SELECT (SELECT indexed_through FROM search_progress WHERE id = 1),"
             " coalesce((SELECT MAX(id) FROM events), 0)"
         )
-        return SearchProgress(indexed_through=rows[0][0] or 0, newest=rows[0][1])
+        return SearchProgress(indexed_through=through or 0, newest=newest)
 
     async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
         if not event_ids:
             return {}
         among, ids = self.dialect.any_of("id", event_ids)
         rows = await self._read(
-            "SELECT id, content_type, query, substr(body, 1, ?), length(body)"
-            f" FROM events WHERE {among}",
-            [size, *ids],
-            slow=True,
+            f"SELECT {BODY_HEADS.columns} FROM events WHERE {among}", [size, *ids], slow=True
         )
-        return {row[0]: BodyHead(row[1], row[2], bytes(row[3]), row[4]) for row in rows}
+        return dict(map(BODY_HEADS.from_row, rows))
 
     # The operations'
 
     async def count(self, selection: Selection) -> int:
         where, params = selection_where(selection, self.dialect)
-        rows = await self._read(f"SELECT COUNT(*) FROM deliveries WHERE {where}", params, slow=True)
-        return int(rows[0][0])
+        [(count,)] = await self._read(
+            f"SELECT COUNT(*) FROM deliveries WHERE {where}", params, slow=True
+        )
+        return int(count)
 
     async def select(self, selection: Selection, limit: int) -> list[int]:
         where, params = selection_where(selection, self.dialect)
@@ -333,7 +309,7 @@ class Reads(ABC):
             [*params, limit],
             slow=True,
         )
-        return [int(row[0]) for row in rows]
+        return [int(delivery_id) for (delivery_id,) in rows]
 
     # Indexing's
 
@@ -341,28 +317,27 @@ class Reads(ABC):
         # Only the body's first bytes leave the database: a batch of huge
         # bodies costs bounded memory.
         rows = await self._read(
-            "SELECT id, headers, query, content_type, substr(body, 1, ?) FROM events"
+            f"SELECT {INDEX_SOURCE.columns} FROM events"
             " WHERE id > (SELECT indexed_through FROM search_progress WHERE id = 1)"
             " ORDER BY id LIMIT ?",
             (body_limit, limit),
             slow=True,
         )
-        return [
-            IndexSource(row[0], decode_headers(row[1]), row[2], row[3], bytes(row[4] or b""))
-            for row in rows
-        ]
+        return list(map(INDEX_SOURCE.from_row, rows))
 
     # Maintenance's
 
     async def _purgeable(self, cutoffs: Mapping[str, float], default_cutoff: float) -> int:
         """How many events purge() would remove (its dry run)."""
         where, params = purgeable(self.dialect, cutoffs, default_cutoff)
-        rows = await self._read(f"SELECT COUNT(*) FROM events WHERE {where}", params, slow=True)
-        return int(rows[0][0])
+        [(count,)] = await self._read(
+            f"SELECT COUNT(*) FROM events WHERE {where}", params, slow=True
+        )
+        return int(count)
 
 
 def event_listing(dialect: Dialect, query: EventQuery) -> tuple[str, list[Any]]:
-    """The page of events `query` asks for: EVENT_LIST_COLUMNS, newest first."""
+    """The page of events `query` asks for: LISTED's columns, newest first."""
     where: list[str] = []
     params: list[Any] = []
     source, key = "events", "events.id"
@@ -398,7 +373,7 @@ def event_listing(dialect: Dialect, query: EventQuery) -> tuple[str, list[Any]]:
             conditions.append("d.target = ?")
             params.append(query.target)
         where.append(f"EXISTS (SELECT 1 FROM deliveries d WHERE {' AND '.join(conditions)})")
-    sql = f"SELECT {EVENT_LIST_COLUMNS} FROM {source}"
+    sql = f"SELECT {LISTED.columns} FROM {source}"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += f" ORDER BY {key} DESC LIMIT ?"
@@ -461,8 +436,8 @@ async def deliveries_of(
     if not event_ids:
         return result
     among, ids = dialect.any_of("event_id", event_ids)
-    rows = await fetch(f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE {among} ORDER BY id", ids)
-    for view in await _with_holds(fetch, [delivery_view(row) for row in rows]):
+    rows = await fetch(f"SELECT {DELIVERY.columns} FROM deliveries WHERE {among} ORDER BY id", ids)
+    for view in await _with_holds(fetch, map(DELIVERY.from_row, rows)):
         result.setdefault(view.event_id, []).append(view)
     return result
 
@@ -473,154 +448,69 @@ async def _with_holds(fetch: Fetch, views: Iterable[DeliveryView]) -> list[Deliv
     for view in views:
         if view.waiting_turn:
             head = await fetch(HEAD_OF_LINE, (view.target, view.order_key))
-            if head and head[0][0] != view.id:
-                held = HeldBehind(head[0][0], Status(head[0][1]), head[0][2])
+            held = HELD_BEHIND.from_row(head[0]) if head else None
+            if held is not None and held.delivery_id != view.id:
                 view = replace(view, held_behind=held)
         result.append(view)
     return result
 
 
 async def _event_detail(fetch: Fetch, dialect: Dialect, event_id: int) -> EventDetail | None:
-    rows = await fetch(f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,))
+    rows = await fetch(f"SELECT {EVENT_DETAIL.columns} FROM events WHERE id = ?", (event_id,))
     if not rows:
         return None
     deliveries = tuple((await deliveries_of(fetch, dialect, [event_id])).get(event_id, ()))
-    attempts: Sequence[Row] = ()
-    log: Sequence[Row] = ()
+    attempts: dict[int, list[AttemptView]] = {delivery.id: [] for delivery in deliveries}
+    log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
     if deliveries:
-        among, ids = dialect.any_of("delivery_id", [delivery.id for delivery in deliveries])
-        attempts = await fetch(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {among} ORDER BY id", ids
-        )
-        log = await fetch(f"SELECT {LOG_COLUMNS} FROM delivery_log WHERE {among} ORDER BY id", ids)
-    links = await fetch(
-        f"SELECT {RESEND_COLUMNS} FROM resends"
-        " WHERE copy_id = ? OR original_id = ? ORDER BY copy_id",
-        (event_id, event_id),
+        among, ids = dialect.any_of("delivery_id", list(attempts))
+        sql = f"SELECT {ATTEMPT.columns} FROM attempts WHERE {among} ORDER BY id"
+        for attempt in map(ATTEMPT.from_row, await fetch(sql, ids)):
+            attempts[attempt.delivery_id].append(attempt)
+        sql = f"SELECT {LOG_ENTRY.columns} FROM delivery_log WHERE {among} ORDER BY id"
+        for entry in map(LOG_ENTRY.from_row, await fetch(sql, ids)):
+            log[entry.delivery_id].append(entry)
+    sql = f"SELECT {RESEND_LINK.columns} FROM resends WHERE copy_id = ? OR original_id = ?"
+    resends = list(
+        map(RESEND_LINK.from_row, await fetch(f"{sql} ORDER BY copy_id", (event_id,) * 2))
     )
-    return event_detail(rows[0], deliveries, attempts, log, links)
+    return EVENT_DETAIL.from_row(
+        rows[0],
+        deliveries=deliveries,
+        attempts={key: tuple(value) for key, value in attempts.items()},
+        log={key: tuple(value) for key, value in log.items()},
+        resent_from=next((link for link in resends if link.copy_id == event_id), None),
+        resent_as=tuple(link for link in resends if link.original_id == event_id),
+    )
 
 
 async def _target_states(fetch: Fetch) -> dict[str, TargetState]:
     states = {}
-    for row in await fetch(f"SELECT {TARGET_STATE_COLUMNS} FROM targets"):
-        probe = None
-        if row[6] is not None:  # down: which delivery its next probe takes
-            found = await fetch(NEXT_PROBE, (row[0],))
-            probe = found[0][0] if found else None
-        states[row[0]] = target_state(row, probe)
+    rows = await fetch(f"SELECT {TARGET_STATE.columns} FROM targets")
+    for state in map(TARGET_STATE.from_row, rows):
+        if state.down is not None:  # down: which delivery its next probe takes
+            probe = _value(await fetch(NEXT_PROBE, (state.name,)))
+            state = replace(state, down=replace(state.down, next_probe=probe))
+        states[state.name] = state
     return states
 
 
 async def _oldest_pending(fetch: Fetch) -> float | None:
-    rows = await fetch(OLDEST_PENDING)
-    return float(rows[0][0]) if rows and rows[0][0] is not None else None
+    received = _value(await fetch(OLDEST_PENDING))
+    return float(received) if received is not None else None
+
+
+def _value(rows: Sequence[Row]) -> Any:
+    """The one value of a query of one column and at most one row (None without)."""
+    for (value,) in rows:
+        return value
+    return None
 
 
 def held_targets(rows: Iterable[Row]) -> HeldTargets:
+    """Paused and down targets, from rows of TARGET_STATE."""
+    states = list(map(TARGET_STATE.from_row, rows))
     return HeldTargets(
-        paused=frozenset(row[0] for row in rows if row[1]),
-        down={
-            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
-            for row in rows
-            if row[2] is not None
-        },
-    )
-
-
-def target_state(row: Row, next_probe: int | None = None) -> TargetState:
-    """A target's state from a row of TARGET_STATE_COLUMNS."""
-    down = None
-    if row[6] is not None:
-        down = DownState(row[6], row[7], row[8], last_probe=row[9], next_probe=next_probe)
-    return TargetState(row[0], bool(row[1]), row[2], row[3], row[4], row[5], down=down)
-
-
-def audit_entry(row: Row) -> AuditEntry:
-    """One operator action, from a row of AUDIT_COLUMNS."""
-    ids = tuple(int(i) for i in orjson.loads(row[6]))
-    return AuditEntry(row[0], row[1], row[2], row[3], row[4], row[5], ids)
-
-
-def sent_request(head: str | None, body: bytes | None) -> SentRequest | None:
-    if head is None:
-        return None
-    values = orjson.loads(head)
-    headers = tuple((str(name), str(value)) for name, value in values["headers"])
-    return SentRequest(values["method"], values["url"], headers, bytes(body or b""))
-
-
-def event_view(row: Row, deliveries: Iterable[DeliveryView]) -> EventView:
-    """An event in a listing, from a row of EVENT_LIST_COLUMNS."""
-    return EventView(
-        id=row[0],
-        route=row[1],
-        idempotency_key=row[2],
-        received_at=row[3],
-        remote_addr=row[4],
-        deliveries=tuple(deliveries),
-        conflict_of=row[5],
-    )
-
-
-def attempt_view(row: Row) -> AttemptView:
-    """One attempt, from a row of ATTEMPT_COLUMNS."""
-    return AttemptView(
-        delivery_id=row[0],
-        number=row[1],
-        started_at=row[2],
-        duration=row[3],
-        outcome=row[4],
-        http_status=row[5],
-        error=row[6],
-        response=bytes(row[7] or b""),
-        next_attempt_at=row[8],
-        kind=AttemptKind(row[9]),
-        cycle_number=row[10],
-        request=sent_request(row[11], row[12]),
-    )
-
-
-def log_entry(row: Row) -> LogEntry:
-    """One history line, from a row of LOG_COLUMNS."""
-    return LogEntry(row[0], row[1], row[2], row[3], row[4])
-
-
-def resend_link(row: Row) -> ResendLink:
-    """A corrected copy and its original, from a row of RESEND_COLUMNS."""
-    return ResendLink(original_id=row[0], copy_id=row[1], at=row[2], by=row[3])
-
-
-def event_detail(
-    row: Row,
-    deliveries: Sequence[DeliveryView],
-    attempts: Iterable[Row],
-    log: Iterable[Row],
-    links: Iterable[Row],
-) -> EventDetail:
-    """One event with everything about it: `row` of EVENT_COLUMNS, then rows of
-    ATTEMPT_COLUMNS and LOG_COLUMNS (oldest first) and of RESEND_COLUMNS."""
-    by_attempt: dict[int, list[AttemptView]] = {delivery.id: [] for delivery in deliveries}
-    by_log: dict[int, list[LogEntry]] = {delivery.id: [] for delivery in deliveries}
-    for attempt in attempts:
-        by_attempt[attempt[0]].append(attempt_view(attempt))
-    for entry in log:
-        by_log[entry[0]].append(log_entry(entry))
-    event_id = row[0]
-    resends = [resend_link(link) for link in links]
-    return EventDetail(
-        event=EventView(
-            id=event_id,
-            route=row[1],
-            idempotency_key=row[2],
-            received_at=row[3],
-            remote_addr=row[4],
-            deliveries=tuple(deliveries),
-            conflict_of=row[11],
-        ),
-        payload=payload_of(row),
-        attempts={key: tuple(value) for key, value in by_attempt.items()},
-        log={key: tuple(value) for key, value in by_log.items()},
-        resent_from=next((link for link in resends if link.copy_id == event_id), None),
-        resent_as=tuple(link for link in resends if link.original_id == event_id),
+        paused=frozenset(state.name for state in states if state.paused),
+        down={state.name: state.down for state in states if state.down is not None},
     )

@@ -1,16 +1,14 @@
-"""The write side's shared SQL text and rows: claims, ordering lines, the
-history and audit rows, an attempt's row, a delivery and an event as written
-and claimed. SQLite's write jobs run the SQL as it is (the helpers taking a
-sqlite3 connection are theirs); PostgreSQL's numbered (relay.store.dialect)
-or in statements of its own, with the same columns in the same order. The
-reads' SQL and mapping are relay.store.reads."""
+"""The write side's shared SQL text and rows: ordering lines, a person's
+verbs, the history and audit rows, an attempt's row, a corrected copy.
+SQLite's write jobs (relay.store.sqlite) run the SQL as it is; PostgreSQL's
+numbered (relay.store.dialect) or in statements of its own, with the same
+columns. What the store reads from a row is declared in relay.store.columns;
+the reads' SQL is relay.store.reads."""
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -20,35 +18,22 @@ from relay.core.units import format_instant
 from relay.store.base import (
     AUDIT_IDS_KEPT,
     AttemptRecord,
-    ClaimedDelivery,
     Delivered,
-    DeliveryView,
-    FailureStreak,
-    Header,
-    History,
     NewEvent,
     Resend,
     RetryAt,
     Selection,
     Status,
-    Step,
-    TargetHealth,
     Transition,
     Waits,
 )
+from relay.store.columns import HELD_BEHIND
 from relay.store.dialect import Dialect
+from relay.store.shape import Written
 
-EVENT_COLUMNS = (
-    "id, route, idempotency_key, received_at, remote_addr, method, path, query, headers,"
-    " content_type, body, conflict_of"
-)
-DELIVERY_COLUMNS = (
-    "id, event_id, target, status, attempts, cycle_attempts, next_attempt_at, last_error,"
-    " updated_at, order_key, resolves, resolved_by"
-)
 # The first unfinished delivery of a key: the only one of its line that may go.
-HEAD_OF_LINE = """
-SELECT id, status, event_id FROM deliveries
+HEAD_OF_LINE = f"""
+SELECT {HELD_BEHIND.columns} FROM deliveries
 WHERE target = ? AND order_key = ? AND status IN ('pending', 'in_flight', 'dead')
 ORDER BY id LIMIT 1
 """
@@ -63,38 +48,6 @@ WHERE id = (
     ORDER BY n.id LIMIT 1)
 AND status = 'pending' AND next_attempt_at IS NULL
 """
-CLAIM_RETURNING = (
-    "RETURNING id, event_id, route, target, attempts, cycle_attempts, resume_status, resume_at,"
-    " message_tag, resolves, order_key"
-)
-CLAIM_DUE = f"""
-UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
-    ORDER BY next_attempt_at, id LIMIT ?)
-{CLAIM_RETURNING}
-"""
-# A lease taken over is an attempt interrupted (it may have reached the
-# receiver): the next one carries the next number (X-Relay-Attempt), while
-# the cycle's count, the retry budget, is not spent by relay's own crash.
-CLAIM_EXPIRED = f"""
-UPDATE deliveries SET lease_until = ?, updated_at = ?, attempts = attempts + 1
-WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {{exclude}}
-    ORDER BY lease_until LIMIT ?)
-{CLAIM_RETURNING}
-"""
-
-
-def select_delivery(connection: sqlite3.Connection, delivery_id: int) -> Sequence[Any]:
-    row: Sequence[Any] = connection.execute(
-        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?", (delivery_id,)
-    ).fetchone()
-    return row
-
-
 # A corrected copy delivered: the original's dead delivery to that target is
 # resolved, and so on up a chain of copies of copies. A resolved delivery
 # leaves its key's line like a delivered one (NEXT_IN_LINE).
@@ -113,6 +66,11 @@ WHERE event_id = ?
 """
 INSERT_RESEND = "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)"
 
+# What retry_now reads of a delivery (relay.store.verbs.retry_now_step), and
+# its line's (order_by): (status, resume_status, next_attempt_at, target, order_key).
+RETRY_STATE = (
+    "SELECT status, resume_status, next_attempt_at, target, order_key FROM deliveries WHERE id = ?"
+)
 # What a person's verbs write (relay.store.verbs decides which applies).
 # One more attempt now, then back to its schedule: (now, now, delivery id).
 RETRY_FROM_PENDING = (
@@ -174,43 +132,8 @@ PRUNE_REJECTIONS = (
 # How deep a chain of copies of copies is followed (a loop cannot be made,
 # a copy being a new event; the bound is only a guard).
 RESOLVE_DEPTH = 20
-
-
-def resolve_originals(
-    connection: sqlite3.Connection, delivery: ClaimedDelivery, now: float
-) -> None:
-    """`delivery`, of a corrected copy, was delivered: resolve what it stands for."""
-    original = delivery.resolves
-    for _ in range(RESOLVE_DEPTH):
-        if original is None:
-            return
-        row = connection.execute(RESOLVE, (delivery.id, now, original)).fetchone()
-        if row is None:  # not dead (delivered meanwhile, skipped, requeued): left as it is
-            return
-        insert_log(
-            connection,
-            [original],
-            now,
-            "resolved",
-            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}",
-        )
-        connection.execute(NEXT_IN_LINE, (now, now, original))
-        original = row[0]
-
-
-def insert_log(
-    connection: sqlite3.Connection,
-    delivery_ids: Iterable[int],
-    now: float,
-    kind: str,
-    detail: str,
-    by: str | None = None,
-) -> None:
-    connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)",
-        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
-    )
-
+# A line of a delivery's history: (delivery id, at, kind, detail, by).
+INSERT_LOG = "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)"
 
 INSERT_AUDIT = (
     "INSERT INTO audit (at, by, action, subject, count, deliveries) VALUES (?, ?, ?, ?, ?, ?)"
@@ -223,17 +146,6 @@ def audit_values(
     """An audit row, in the order of INSERT_AUDIT."""
     kept = orjson.dumps(list(delivery_ids[:AUDIT_IDS_KEPT])).decode()
     return (now, by, action, subject, len(delivery_ids), kept)
-
-
-def insert_audit(
-    connection: sqlite3.Connection,
-    now: float,
-    by: str,
-    action: str,
-    subject: str,
-    delivery_ids: Sequence[int] = (),
-) -> None:
-    connection.execute(INSERT_AUDIT, audit_values(now, by, action, subject, delivery_ids))
 
 
 def resend_subject(resend: Resend, copy_id: int) -> str:
@@ -266,55 +178,6 @@ def describe_selection(selection: Selection) -> str:
     return ", ".join(parts)
 
 
-# The columns of a target's row the step reads (TargetHealth), in its order.
-HEALTH_COLUMNS = ", ".join(TargetHealth._fields)
-
-
-def standing(
-    connection: sqlite3.Connection, target: str, delivery_id: int
-) -> tuple[TargetHealth, History]:
-    """What the step that follows an attempt reads (relay.delivery.step): its
-    target's row (made if the target was never attempted) and the delivery's
-    memory of failing. The writer holds the database's one write lock."""
-    connection.execute("INSERT OR IGNORE INTO targets (name) VALUES (?)", (target,))
-    row = connection.execute(
-        f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = ?", (target,)
-    ).fetchone()
-    seen, alone = connection.execute(
-        "SELECT seen_successes, fails_alone FROM deliveries WHERE id = ?", (delivery_id,)
-    ).fetchone()
-    return TargetHealth(*row), History(seen, bool(alone))
-
-
-def write_step(
-    connection: sqlite3.Connection, target: str, delivery_id: int, step: Step
-) -> FailureStreak:
-    """What a step changes beside the attempt's and the delivery's rows: the
-    target's, the delivery's memory of failing; the streak, with how many
-    deliveries waited when the target came up."""
-    write_health(connection, target, step.target)
-    if step.remember is not None:
-        connection.execute(
-            "UPDATE deliveries SET seen_successes = ?, fails_alone = ? WHERE id = ?",
-            (step.remember.seen_successes, int(step.remember.fails_alone), delivery_id),
-        )
-    if not step.count_waiting:
-        return step.streak
-    waited = connection.execute(
-        "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND target = ?", (target,)
-    ).fetchone()[0]
-    return replace(step.streak, waited=waited)
-
-
-def write_health(connection: sqlite3.Connection, target: str, columns: dict[str, Any]) -> None:
-    """Set these columns of the target's row (nothing when there are none)."""
-    if columns:
-        assignments = ", ".join(f"{column} = ?" for column in columns)
-        connection.execute(
-            f"UPDATE targets SET {assignments} WHERE name = ?", (*columns.values(), target)
-        )
-
-
 # While a target is down its deliveries' retry times mean nothing (none is
 # spent): they line up by arrival instead, so the first probe is the oldest
 # one (a failed probe goes to the back of the line: the next probe is another
@@ -337,20 +200,6 @@ LINE_UP_DOWN = LINE_UP_BY_ARRIVAL.format(only=_BY_THE_PROBE)
 LINE_UP_ONE_DOWN = LINE_UP_BY_ARRIVAL.format(only=f"{_BY_THE_PROBE} AND id = ?")
 
 
-def line_up_by_arrival(
-    connection: sqlite3.Connection, target: str, *, up: bool, delivery_id: int | None = None
-) -> None:
-    """Every pending delivery of a target that just came `up`; of one that
-    just went down, those due by its first probe; or one more, failed while
-    it is down."""
-    if up:
-        connection.execute(LINE_UP_ALL, (target,))
-    elif delivery_id is None:
-        connection.execute(LINE_UP_DOWN, (target, target))
-    else:
-        connection.execute(LINE_UP_ONE_DOWN, (target, target, delivery_id))
-
-
 def delivery_after(then: Transition, error: str | None) -> tuple[Status, float | None, str | None]:
     """(status, next_attempt_at, last_error) of a delivery going on to `then`
     after an attempt that failed with `error` (if it did)."""
@@ -361,11 +210,30 @@ def delivery_after(then: Transition, error: str | None) -> tuple[Status, float |
     return Status.DEAD, None, then.reason
 
 
+# An attempt's row, made by attempt_values.
+NEW_ATTEMPT = Written(
+    "attempts",
+    delivery_id="bigint",
+    number="int",
+    started_at="float8",
+    duration="float8",
+    outcome="text",
+    http_status="int",
+    error="text",
+    response="bytea",
+    next_attempt_at="float8",
+    kind="text",
+    cycle_number="int",
+    request="text",
+    request_body="bytea",
+)
+
+
 def attempt_values(
     delivery_id: int, attempt: AttemptRecord, next_at: float | None, cycle_number: int | None
 ) -> tuple[object, ...]:
-    """An attempt's row, in the order of ATTEMPT_COLUMNS_INSERTED; `cycle_number`:
-    its step in its cycle, None when it is none (Step.in_cycle)."""
+    """An attempt's row, NEW_ATTEMPT's columns in order; `cycle_number`: its
+    step in its cycle, None when it is none (Step.in_cycle)."""
     return (
         delivery_id,
         attempt.number,
@@ -390,86 +258,18 @@ def request_values(request: SentRequest | None) -> tuple[str | None, bytes | Non
     return orjson.dumps(head).decode(), request.body
 
 
-ATTEMPT_COLUMNS_INSERTED = (
-    "delivery_id, number, started_at, duration, outcome, http_status, error, response,"
-    " next_attempt_at, kind, cycle_number, request, request_body"
-)
-
-
-def decode_headers(raw: bytes) -> list[Header]:
-    return [(str(name), str(value)) for name, value in orjson.loads(raw)]
-
-
-def delivery_view(row: Row) -> DeliveryView:
-    return DeliveryView(
-        id=row[0],
-        event_id=row[1],
-        target=row[2],
-        status=Status(row[3]),
-        attempts=row[4],
-        attempts_in_cycle=row[5],
-        next_attempt_at=row[6],
-        last_error=row[7],
-        updated_at=row[8],
-        order_key=row[9],
-        resolves=row[10],
-        resolved_by=row[11],
-    )
-
-
-class Row(Protocol):
-    """A result row of either backend (a tuple, sqlite3's, asyncpg's Record)."""
-
-    def __getitem__(self, index: int, /) -> Any: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-
-def claimed_delivery(delivery: Sequence[Any], event: Sequence[Any]) -> ClaimedDelivery:
-    resume_status = delivery[6]
-    return ClaimedDelivery(
-        id=delivery[0],
-        event_id=delivery[1],
-        route=delivery[2],
-        target=delivery[3],
-        attempts=delivery[4],
-        attempts_in_cycle=delivery[5],
-        manual=resume_status is not None,
-        resume_status=Status(resume_status) if resume_status is not None else None,
-        resume_at=delivery[7],
-        message_tag=delivery[8],
-        idempotency_key=event[2],
-        received_at=event[3],
-        payload=payload_of(event),
-        resolves=delivery[9],
-        order_key=delivery[10],
-    )
-
-
-def payload_of(event: Row) -> Payload:
-    """The request stored in `event`, a row of EVENT_COLUMNS."""
-    return Payload(
-        method=event[5],
-        path=event[6],
-        query=event[7],
-        headers=decode_headers(event[8]),
-        content_type=event[9],
-        body=bytes(event[10]),
-    )
-
-
-def copy_event(original: Row, resend: Resend, now: float) -> NewEvent:
-    """The corrected copy `resend` makes of `original` (a row of EVENT_COLUMNS):
+def copy_event(original: NewEvent, resend: Resend, now: float) -> NewEvent:
+    """The corrected copy `resend` makes of `original` (columns.STORED_EVENT):
     the same route, method, path and query, the edited headers and body."""
     return NewEvent(
-        route=original[1],
+        route=original.route,
         idempotency_key=None,
         received_at=now,
         remote_addr=None,
         payload=Payload(
-            method=original[5],
-            path=original[6],
-            query=original[7],
+            method=original.payload.method,
+            path=original.payload.path,
+            query=original.payload.query,
             headers=resend.headers,
             content_type=resend.content_type,
             body=resend.body,

@@ -87,7 +87,7 @@ async def test_caches_are_given_back_once_quiet_and_once_a_spell(store: SqliteSt
 
 
 async def test_the_writers_prepared_statements_are_given_back(tmp_path: Path) -> None:
-    # Each batch size the writer saw keeps its INSERT prepared (relay.store.accept):
+    # Each batch size the writer saw keeps its INSERT prepared (relay.store.sqlite.accept):
     # batches of 1 to 40 events leave ~3 MiB of statements, more than the pages.
     before = sqlite_memory()
     store = SqliteStore(tmp_path / "relay.db")

@@ -15,28 +15,30 @@ next variant. The UNIQUE index stays the last line.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from relay.store.accept import AcceptJob, Holder, ToStore, decide, message_tags
+from relay.store.accept import (
+    NEW_DELIVERY,
+    NEW_EVENT,
+    STORED_HOLDER,
+    AcceptJob,
+    Holder,
+    Lines,
+    ToStore,
+    decide,
+    delivery_rows,
+)
 from relay.store.base import Accepted, Status
 from relay.store.postgres.errors import Connection
 
-EVENT_INSERT = """
-INSERT INTO events (id, route, idempotency_key, received_at, remote_addr, method, path,
-    query, headers, content_type, body, digest, key_variant, conflict_of)
-SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::float8[], $5::text[],
-    $6::text[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::bytea[],
-    $12::bytea[], $13::int[], $14::bigint[])
-"""
-# Events and their deliveries in one statement.
-EVENTS_AND_DELIVERIES = f"""
-WITH event AS ({EVENT_INSERT})
-INSERT INTO deliveries (event_id, route, target, status, next_attempt_at, last_error,
-    updated_at, order_key, message_tag)
-SELECT * FROM unnest($15::bigint[], $16::text[], $17::text[], $18::text[], $19::float8[],
-    $20::text[], $21::float8[], $22::text[], $23::text[])
-"""
+# The events, one array a column.
+EVENT_INSERT = NEW_EVENT.from_arrays()
+# Events and their deliveries in one statement (a delivery's id is the sequence's).
+EVENTS_AND_DELIVERIES = (
+    f"WITH event AS ({EVENT_INSERT})\n{NEW_DELIVERY.without('id').from_arrays(len(NEW_EVENT) + 1)}"
+)
 # Ordering keys (order_by) that already have an unfinished delivery: a new one joins the line.
 BUSY_LINES = """
 SELECT DISTINCT target, order_key FROM deliveries
@@ -49,10 +51,8 @@ SELECT pg_advisory_xact_lock(h) FROM (
     SELECT DISTINCT hashtextextended(r || '/' || k, 0) AS h
     FROM unnest($1::text[], $2::text[]) AS t(r, k) ORDER BY h) AS locks
 """
-STORED_HOLDERS = """
-SELECT idempotency_key, route, id, key_variant, digest,
-    CASE WHEN digest IS NULL THEN body END, content_type
-FROM events
+STORED_HOLDERS = f"""
+SELECT {STORED_HOLDER.columns} FROM events
 WHERE (idempotency_key, route) IN (SELECT * FROM unnest($1::text[], $2::text[]))
 ORDER BY key_variant
 """
@@ -69,13 +69,11 @@ async def store_batch(connection: Connection, jobs: Sequence[AcceptJob]) -> list
         routes = [route for route, _ in keyed]
         keys = [key for _, key in keyed]
         await connection.execute(LOCK_KEYS, routes, keys)
-        for key, route, event_id, variant, digest, body, content_type in await connection.fetch(
-            STORED_HOLDERS, keys, routes
-        ):
-            holder = Holder(event_id, variant, digest, bytes(body or b""), content_type)
-            stored.setdefault((route, key), []).append(holder)
+        rows = await connection.fetch(STORED_HOLDERS, keys, routes)
+        for line, holder in map(STORED_HOLDER.from_row, rows):
+            stored.setdefault(line, []).append(holder)
     # Ids for every job (a duplicate's id is never used: a gap, as sequences have).
-    ids = [row[0] for row in await connection.fetch(NEW_IDS, len(jobs))]
+    ids = [event_id for (event_id,) in await connection.fetch(NEW_IDS, len(jobs))]
     results, stores = decide(jobs, stored, iter(ids).__next__)
     if stores:
         await _insert(connection, stores)
@@ -83,29 +81,21 @@ async def store_batch(connection: Connection, jobs: Sequence[AcceptJob]) -> list
 
 
 async def _insert(connection: Connection, stores: list[ToStore]) -> None:
-    events: list[list[Any]] = [
-        list(values) for values in zip(*(s.event_row() for s in stores), strict=True)
-    ]
+    events = _arrays([new.event_row() for new in stores])
     busy = await _busy_lines(connection, stores)
-    rows = []
-    tags = message_tags(stores)
-    for new in stores:
-        for delivery in new.job.deliveries:
-            pending = delivery.status is Status.PENDING
-            key = delivery.order_key if pending else None
-            due: float | None = new.job.now if pending else None
-            if key is not None:
-                # Behind an unfinished delivery of its key, it waits its turn.
-                if (delivery.target, key) in busy:
-                    due = None
-                busy.add((delivery.target, key))
-            row = (new.event_id, new.job.event.route, delivery.target, delivery.status.value)
-            rows.append((*row, due, delivery.reason, new.job.now, key, next(tags)))
+    rows = delivery_rows(
+        stores, Lines(lambda target, key: (target, key) in busy), itertools.repeat(None).__next__
+    )
     if not rows:
         await connection.execute(EVENT_INSERT, *events)
         return
-    deliveries = [list(values) for values in zip(*rows, strict=True)]
-    await connection.execute(EVENTS_AND_DELIVERIES, *events, *deliveries)
+    # Without the ids (the first column): the sequence gives them.
+    await connection.execute(EVENTS_AND_DELIVERIES, *events, *_arrays(rows)[1:])
+
+
+def _arrays(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    """Rows as one array a column."""
+    return [list(values) for values in zip(*rows, strict=True)]
 
 
 async def _busy_lines(connection: Connection, stores: list[ToStore]) -> set[tuple[str, str]]:
@@ -128,4 +118,4 @@ async def _busy_lines(connection: Connection, stores: list[ToStore]) -> set[tupl
     keys = [key for _, key in lines]
     await connection.execute(LOCK_KEYS, targets, keys)
     found = await connection.fetch(BUSY_LINES, [t for t, _ in lines], keys)
-    return {(row[0], row[1]) for row in found}
+    return {(target, key) for target, key in found}

@@ -42,6 +42,7 @@ import asyncpg
 
 from relay.config import Config
 from relay.store.base import DownState, StoreError
+from relay.store.columns import TARGET_STATE
 from relay.store.postgres.errors import DRIVER_ERRORS, POOLER, Connection
 
 log = logging.getLogger("relay.store")
@@ -142,80 +143,134 @@ async def allowed(
     unanswered: Mapping[int, float] | None = None,
 ) -> tuple[dict[str, int], dict[str, DownState]]:
     """How many of each target this instance may claim now, in the caller's
-    transaction; the pacing rows stay locked until it ends. A lease counts
-    against the concurrency until it may be taken over (`lapsed`, with the
-    deliveries this instance's claims that went unanswered leased, each with
-    its claim's moment).
+    transaction: the least each of its rules allows (`room`). With them, the
+    hold_when_down targets that are down: the one delivery each gives is its
+    probe.
 
-    With them, the hold_when_down targets that are down: each may give one
-    delivery, its probe, once its probe time has come and nothing of it is
-    leased anywhere (a probe under way, or an attempt that began before it
-    went down). The target's `claim:` row is locked first, so two instances'
-    claims of it take turns and the second sees the first's probe leased:
-    never two probes at once, however stale either instance's memory."""
+    What the rules read stays locked until the transaction ends: each
+    target's `claim:` pacing row first (`_lock_paces`), so two instances'
+    claims of it take turns and the second sees the first's leases (never two
+    probes at once, however stale either instance's memory); then the down
+    states' rows (`_down_states`). A lease counts against the concurrency
+    until it may be taken over (`_leased`, with the deliveries this
+    instance's claims that went unanswered leased, each with its claim's
+    moment)."""
     known = {target: limits[target] for target in wanted if target in limits}
     if not known:
         return dict(wanted), {}
-    unanswered = unanswered or {}
+    next_at = await _lock_paces(connection, known)
+    leased = await _leased(connection, list(known), now, instance_id, dead_after, unanswered or {})
+    held = sorted(target for target, rule in known.items() if rule.hold_when_down)
+    down = await _down_states(connection, held) if held else {}
+    result = {}
+    for target, limit in wanted.items():
+        rule = known.get(target)
+        if rule is not None:
+            limit = room(limit, rule, leased.get(target, 0), next_at, down.get(target), now)
+        if limit > 0:
+            result[target] = limit
+    return result, {target: state for target, state in down.items() if target in result}
+
+
+def room(
+    limit: int,
+    rule: TargetLimits,
+    leased: int,
+    next_at: Mapping[str, float],
+    down: DownState | None,
+    now: float,
+) -> int:
+    """How many of `limit` deliveries of a target may be claimed: the least
+    that each of its rules allows (a rule that does not apply allows any)."""
+    rules = (
+        concurrency_room(rule, leased),
+        pace_room(rule, next_at, now),
+        probe_room(down, leased, now),
+    )
+    return min([limit, *(allows for allows in rules if allows is not None)])
+
+
+def concurrency_room(rule: TargetLimits, leased: int) -> int:
+    """A target's concurrency is the cluster's: every instance's leases count."""
+    return rule.concurrency - leased
+
+
+def pace_room(rule: TargetLimits, next_at: Mapping[str, float], now: float) -> int | None:
+    """A paced target (its rate, its rate groups') sends one delivery at a
+    time, once each of its paces has come round (`took` moves them on)."""
+    if not rule.paces:
+        return None
+    return 1 if all(next_at[name] <= now for name, _ in rule.paces) else 0
+
+
+def probe_room(down: DownState | None, leased: int, now: float) -> int | None:
+    """A down target gives one delivery, its probe, once its probe time has
+    come and nothing of it is leased anywhere (a probe under way, or an
+    attempt that began before it went down): never two probes at once."""
+    if down is None:
+        return None
+    return 1 if down.probe_at <= now and leased == 0 else 0
+
+
+async def _lock_paces(
+    connection: Connection, known: Mapping[str, TargetLimits]
+) -> dict[str, float]:
+    """Each target's `claim:` pacing row and its paces' rows, locked in name
+    order (made at their first claim), with their next allowed moments."""
     names = sorted(
         {f"claim:{t}" for t in known} | {name for rule in known.values() for name, _ in rule.paces}
     )
     lock = "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"
-    next_at = {row[0]: row[1] for row in await connection.fetch(lock, names)}
+    next_at = {name: at for name, at in await connection.fetch(lock, names)}
     if len(next_at) < len(names):  # a target's or a pace's first claim
         await connection.execute(
             "INSERT INTO pacing (name, next_at) SELECT n, 0 FROM unnest($1::text[]) AS n"
             " ON CONFLICT (name) DO NOTHING",
             names,
         )
-        next_at = {row[0]: row[1] for row in await connection.fetch(lock, names)}
-    busy = {
-        row[0]: row[1]
-        for row in await connection.fetch(
-            "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
-            " AND target = ANY($1::text[])"
-            f" AND NOT {lapsed('$3', '$2', '$4', ('$5::bigint[]', '$6::float8[]'))}"
-            " GROUP BY target",
-            list(known),
-            now,
-            instance_id,
-            dead_after,
-            list(unanswered),
-            list(unanswered.values()),
-        )
-    }
-    held = sorted(target for target, rule in known.items() if rule.hold_when_down)
-    down = {}
-    if held:
-        # Locked (shared) until the claim ends: an attempt recorded meanwhile,
-        # which locks the row to update it, cannot make the target down (and
-        # line its deliveries up, due at once) between this read and the
-        # claim, which would then take them as if it were up.
-        down = {
-            row[0]: DownState(row[2], row[3], row[4], last_probe=row[5])
-            for row in await connection.fetch(
-                "SELECT name, down_since IS NOT NULL, down_since, probe_at, probes,"
-                " probe_delivery FROM targets WHERE name = ANY($1::text[]) ORDER BY name"
-                " FOR SHARE",
-                held,
-            )
-            if row[1]
-        }
-    result = {}
-    for target, limit in wanted.items():
-        rule = known.get(target)
-        if rule is not None:
-            limit = min(limit, rule.concurrency - busy.get(target, 0))
-            if rule.paces:
-                paced = all(next_at[name] <= now for name, _ in rule.paces)
-                limit = min(limit, 1) if paced else 0
-            state = down.get(target)
-            if state is not None:
-                probe_due = state.probe_at <= now and busy.get(target, 0) == 0
-                limit = min(limit, 1) if probe_due else 0
-        if limit > 0:
-            result[target] = limit
-    return result, {target: state for target, state in down.items() if target in result}
+        next_at = {name: at for name, at in await connection.fetch(lock, names)}
+    return next_at
+
+
+async def _leased(
+    connection: Connection,
+    targets: list[str],
+    now: float,
+    instance_id: str,
+    dead_after: float,
+    unanswered: Mapping[int, float],
+) -> dict[str, int]:
+    """Per target, its leases that may not be taken over (`lapsed`)."""
+    rows = await connection.fetch(
+        "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
+        " AND target = ANY($1::text[])"
+        f" AND NOT {lapsed('$3', '$2', '$4', ('$5::bigint[]', '$6::float8[]'))}"
+        " GROUP BY target",
+        targets,
+        now,
+        instance_id,
+        dead_after,
+        list(unanswered),
+        list(unanswered.values()),
+    )
+    return {target: count for target, count in rows}
+
+
+async def _down_states(connection: Connection, held: list[str]) -> dict[str, DownState]:
+    """The down ones of these hold_when_down targets (their `targets` rows,
+    which every instance writes, not this instance's memory of them).
+
+    Locked (shared) until the claim ends: an attempt recorded meanwhile,
+    which locks the row to update it, cannot make the target down (and line
+    its deliveries up, due at once) between this read and the claim, which
+    would then take them as if it were up."""
+    rows = await connection.fetch(
+        f"SELECT {TARGET_STATE.columns} FROM targets"
+        " WHERE name = ANY($1::text[]) ORDER BY name FOR SHARE",
+        held,
+    )
+    states = map(TARGET_STATE.from_row, rows)
+    return {state.name: state.down for state in states if state.down is not None}
 
 
 async def took(

@@ -6,6 +6,12 @@ time from SQLite. Each table's row count is compared at the end, inside the
 transaction, so a copy that does not match is never committed. The id
 sequences start after the highest id ever given on SQLite (purged ones
 included): an event id names one event forever.
+
+What is copied is read from the two schemas themselves, migrated to their
+latest versions: every table and column they share, each value converted as
+its PostgreSQL column's type asks. A column a migration adds to both is
+copied with nothing written here; one added to a single backend makes the
+copy refuse (differences), as tests/store/test_schemas.py does.
 """
 
 from __future__ import annotations
@@ -26,115 +32,155 @@ from relay.store.postgres.schema import migrate
 
 BATCH = 5000
 
+# What one schema has and the other has not, on purpose (tables, and
+# table.column): SQLite's readiness heartbeat and the high-water mark of
+# purged ids (which the sequences start after, _sequences); what a cluster's
+# instances share (PostgreSQL's instances, pacing rows, alert notes, and each
+# lease's owner); PostgreSQL's search table, which SQLite's FTS5 index (a
+# virtual table) stands for. Any other difference is a migration made for
+# one backend only: the copy refuses it.
+SQLITE_ONLY = frozenset({"heartbeat", "id_high_water"})
+POSTGRES_ONLY = frozenset(
+    {
+        "instances",
+        "pacing",
+        "alert_notes",
+        "deliveries.lease_owner",
+        "deliveries.lease_expires",
+        "event_search",
+    }
+)
+# Each schema's own migrations; the search index and its progress, copied
+# by _search.
+NOT_COPIED = frozenset({"schema_migrations", "search_progress"})
 
-def _bytes(value: Any) -> Any:
-    return bytes(value) if isinstance(value, memoryview) else value
+# The kind of value each column type holds (SQLite's affinity; PostgreSQL
+# types by the SQLite type they stand for: a BOOLEAN is SQLite's INTEGER).
+POSTGRES_KINDS = {
+    "bigint": "integer",
+    "integer": "integer",
+    "smallint": "integer",
+    "boolean": "integer",
+    "double precision": "real",
+    "real": "real",
+    "text": "text",
+    "bytea": "blob",
+}
+
+
+def _bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+# How a SQLite value becomes the PostgreSQL one, by the destination column's
+# type (others go as they are).
+CONVERT: dict[str, Callable[[Any], Any]] = {"boolean": bool, "bytea": _bytes}
+
+# table -> column -> its type, in the table's order.
+Columns = dict[str, dict[str, str]]
+
+
+def sqlite_columns(source: sqlite3.Connection) -> Columns:
+    """The SQLite schema's tables and columns (virtual tables, their shadow
+    tables and SQLite's own left out)."""
+    tables = source.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    ).fetchall()
+    virtual = {name for name, sql in tables if sql.upper().startswith("CREATE VIRTUAL TABLE")}
+    # An FTS5 table keeps its index in tables of its own (<name>_data...).
+    shadows = {f"{name}_{suffix}" for name in virtual for suffix in _FTS5_SHADOWS}
+    return {
+        name: {
+            column: declared
+            for _, column, declared, *_ in source.execute(f"PRAGMA table_info({name})")
+        }
+        for name, _ in sorted(tables)
+        if name not in virtual | shadows
+    }
+
+
+_FTS5_SHADOWS = ("data", "idx", "content", "docsize", "config")
+
+
+async def postgres_columns(connection: asyncpg.Connection) -> Columns:
+    """The PostgreSQL schema's tables and columns."""
+    columns: Columns = {}
+    for table, column, kind in await connection.fetch(
+        "SELECT c.table_name, c.column_name, c.data_type FROM information_schema.columns c"
+        " JOIN information_schema.tables t ON t.table_schema = c.table_schema"
+        " AND t.table_name = c.table_name AND t.table_type = 'BASE TABLE'"
+        " WHERE c.table_schema = current_schema() ORDER BY c.table_name, c.ordinal_position"
+    ):
+        columns.setdefault(table, {})[column] = kind
+    return columns
+
+
+def kind(sqlite_type: str) -> str:
+    """What a SQLite column's declared type holds (its affinity)."""
+    declared = sqlite_type.upper()
+    if "INT" in declared:
+        return "integer"
+    if any(text in declared for text in ("CHAR", "CLOB", "TEXT")):
+        return "text"
+    if "BLOB" in declared or not declared:
+        return "blob"
+    if any(real in declared for real in ("REAL", "FLOA", "DOUB")):
+        return "real"
+    return "numeric"
+
+
+def differences(sqlite: Columns, postgres: Columns) -> list[str]:
+    """How the two schemas differ beyond SQLITE_ONLY and POSTGRES_ONLY: a
+    table or a column on one side only, or a column of another kind."""
+    found = []
+    for table in sorted(sqlite.keys() - postgres.keys() - SQLITE_ONLY):
+        found.append(f"table {table} is on SQLite only")
+    for table in sorted(postgres.keys() - sqlite.keys() - POSTGRES_ONLY):
+        found.append(f"table {table} is on PostgreSQL only")
+    for table in sorted(sqlite.keys() & postgres.keys()):
+        mine, theirs = sqlite[table], postgres[table]
+        for column in mine.keys() - theirs.keys():
+            if f"{table}.{column}" not in SQLITE_ONLY:
+                found.append(f"column {table}.{column} is on SQLite only")
+        for column in theirs.keys() - mine.keys():
+            if f"{table}.{column}" not in POSTGRES_ONLY:
+                found.append(f"column {table}.{column} is on PostgreSQL only")
+        for column in mine.keys() & theirs.keys():
+            if kind(mine[column]) != POSTGRES_KINDS.get(theirs[column], theirs[column]):
+                found.append(
+                    f"column {table}.{column} is {mine[column]} on SQLite,"
+                    f" {theirs[column]} on PostgreSQL"
+                )
+    return sorted(found)
 
 
 @dataclass(frozen=True)
 class Table:
+    """A table copied as it is: its columns (SQLite's), each with what makes
+    its SQLite value the PostgreSQL one."""
+
     name: str
     columns: tuple[str, ...]
-    # How a SQLite value becomes the PostgreSQL one, by column.
-    convert: dict[str, Callable[[Any], Any]]
-    sequence: bool = True  # an identity id whose sequence must follow
+    convert: tuple[Callable[[Any], Any] | None, ...]
 
 
-TABLES = (
-    Table(
-        "events",
-        (
-            "id",
-            "route",
-            "idempotency_key",
-            "received_at",
-            "remote_addr",
-            "method",
-            "path",
-            "query",
-            "headers",
-            "content_type",
-            "body",
-            "digest",
-            "key_variant",
-            "conflict_of",
-        ),
-        {"headers": _bytes, "body": _bytes, "digest": _bytes},
-    ),
-    Table(
-        "deliveries",
-        (
-            "id",
-            "event_id",
-            "route",
-            "target",
-            "status",
-            "attempts",
-            "cycle_attempts",
-            "next_attempt_at",
-            "lease_until",
-            "last_error",
-            "updated_at",
-            "resume_status",
-            "resume_at",
-            "order_key",
-            "message_tag",
-            "seen_successes",
-            "fails_alone",
-            "resolves",
-            "resolved_by",
-        ),
-        {"fails_alone": bool},
-    ),
-    Table(
-        "attempts",
-        (
-            "id",
-            "delivery_id",
-            "number",
-            "started_at",
-            "duration",
-            "outcome",
-            "http_status",
-            "error",
-            "response",
-            "next_attempt_at",
-            "kind",
-            "cycle_number",
-            "request",
-            "request_body",
-        ),
-        {"response": _bytes, "request_body": _bytes},
-    ),
-    Table("delivery_log", ("id", "delivery_id", "at", "kind", "detail", "by"), {}),
-    Table("audit", ("id", "at", "by", "action", "subject", "count", "deliveries"), {}),
-    Table(
-        "targets",
-        (
-            "name",
-            "paused",
-            "paused_at",
-            "last_success_at",
-            "last_error_at",
-            "last_error",
-            "consecutive_failures",
-            "down_streak",
-            "down_since",
-            "probe_at",
-            "probes",
-            "successes",
-            "probe_delivery",
-        ),
-        {"paused": bool},
-        sequence=False,
-    ),
-    Table(
-        "rejections",
-        ("id", "route", "at", "remote_addr", "reason", "detail", "headers"),
-        {"headers": _bytes},
-    ),
-    Table("resends", ("copy_id", "original_id", "at", "by"), {}, sequence=False),
-)
+def tables(sqlite: Columns, postgres: Columns) -> list[Table]:
+    """What the copy copies, read from both schemas; raises StoreError if
+    they differ (differences)."""
+    found = differences(sqlite, postgres)
+    if found:
+        raise StoreError(
+            "the SQLite and PostgreSQL schemas differ, nothing copied: " + "; ".join(found)
+        )
+    return [
+        Table(
+            name,
+            tuple(columns),
+            tuple(CONVERT.get(postgres[name][column]) for column in columns),
+        )
+        for name, columns in sqlite.items()
+        if name in postgres and name not in NOT_COPIED
+    ]
 
 
 @dataclass(frozen=True)
@@ -143,13 +189,12 @@ class Copied:
 
 
 def _rows(source: sqlite3.Connection, table: Table) -> Iterator[list[tuple[Any, ...]]]:
-    converters = [table.convert.get(column) for column in table.columns]
     cursor = source.execute(f"SELECT {', '.join(table.columns)} FROM {table.name}")
     while batch := cursor.fetchmany(BATCH):
         yield [
             tuple(
                 convert(value) if convert is not None and value is not None else value
-                for convert, value in zip(converters, row, strict=True)
+                for convert, value in zip(table.convert, row, strict=True)
             )
             for row in batch
         ]
@@ -204,7 +249,8 @@ async def _copy(source: sqlite3.Connection, url: str) -> Copied:
                 )
             await connection.execute("DELETE FROM targets")  # state rows only, no events yet
             counts: dict[str, int] = {}
-            for table in TABLES:
+            copied_tables = tables(sqlite_columns(source), await postgres_columns(connection))
+            for table in copied_tables:
                 for batch in _rows(source, table):
                     await connection.copy_records_to_table(
                         table.name, records=batch, columns=list(table.columns)
@@ -217,7 +263,7 @@ async def _copy(source: sqlite3.Connection, url: str) -> Copied:
                     )
                 counts[table.name] = copied
             await _search(connection, source)
-            await _sequences(connection, source)
+            await _sequences(connection, source, [table.name for table in copied_tables])
         return Copied(counts)
     finally:
         await connection.close()
@@ -229,9 +275,11 @@ async def _search(connection: asyncpg.Connection[Any], source: sqlite3.Connectio
         await connection.copy_records_to_table(
             "event_search", records=batch, columns=["event_id", "text", "digits"]
         )
-    through = source.execute("SELECT indexed_through FROM search_progress WHERE id = 1").fetchone()
+    (through,) = source.execute(
+        "SELECT indexed_through FROM search_progress WHERE id = 1"
+    ).fetchone()
     await connection.execute(
-        "UPDATE search_progress SET indexed_through = $1 WHERE id = 1", int(through[0] or 0)
+        "UPDATE search_progress SET indexed_through = $1 WHERE id = 1", int(through or 0)
     )
 
 
@@ -241,14 +289,20 @@ def _batches(source: sqlite3.Connection, sql: str) -> Iterator[list[tuple[Any, .
         yield [tuple(row) for row in batch]
 
 
-async def _sequences(connection: asyncpg.Connection[Any], source: sqlite3.Connection) -> None:
+async def _sequences(
+    connection: asyncpg.Connection[Any], source: sqlite3.Connection, copied: list[str]
+) -> None:
+    """Each copied table's id sequence starts after the highest id SQLite gave."""
     high = dict(source.execute("SELECT name, last_id FROM id_high_water").fetchall())
-    for table in TABLES:
-        if not table.sequence:
-            continue
-        largest = source.execute(f"SELECT MAX(id) FROM {table.name}").fetchone()[0] or 0
-        last = max(int(largest), int(high.get(table.name, 0)))
+    identities = await connection.fetch(
+        "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema()"
+        " AND column_name = 'id' AND is_identity = 'YES' AND table_name = ANY($1::text[])",
+        copied,
+    )
+    for (table,) in identities:
+        (largest,) = source.execute(f"SELECT MAX(id) FROM {table}").fetchone()
+        last = max(int(largest or 0), int(high.get(table, 0)))
         if last:
             await connection.execute(
-                "SELECT setval(pg_get_serial_sequence($1, 'id'), $2)", table.name, last
+                "SELECT setval(pg_get_serial_sequence($1, 'id'), $2)", table, last
             )

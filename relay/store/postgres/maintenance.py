@@ -22,8 +22,8 @@ class PostgresMaintenance(PostgresConnection):
 
         async def job(connection: Connection) -> int:
             event_ids = [
-                row[0]
-                for row in await connection.fetch(
+                event_id
+                for (event_id,) in await connection.fetch(
                     numbered(
                         f"SELECT id FROM events WHERE {where}"
                         " ORDER BY received_at LIMIT ? FOR UPDATE SKIP LOCKED"
@@ -35,8 +35,8 @@ class PostgresMaintenance(PostgresConnection):
             if not event_ids:
                 return 0
             delivery_ids = [
-                row[0]
-                for row in await connection.fetch(
+                delivery_id
+                for (delivery_id,) in await connection.fetch(
                     "SELECT id FROM deliveries WHERE event_id = ANY($1::bigint[])", event_ids
                 )
             ]

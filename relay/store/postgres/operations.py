@@ -7,20 +7,14 @@ from collections.abc import Sequence
 import relay.store.rows as rows
 from relay.store.accept import AcceptJob
 from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
+from relay.store.columns import DELIVERY, HELD_BEHIND, STORED_EVENT
 from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 from relay.store.postgres.record import insert_log, lock_lines, next_in_line
 from relay.store.reads import selection_where
-from relay.store.rows import (
-    DELIVERY_COLUMNS,
-    EVENT_COLUMNS,
-    copy_event,
-    delivery_view,
-    describe_selection,
-    resend_subject,
-)
+from relay.store.rows import copy_event, describe_selection, resend_subject
 from relay.store.verbs import (
     Missing,
     NotApplicable,
@@ -46,17 +40,21 @@ RETRY_FROM_DEAD = numbered(rows.RETRY_FROM_DEAD)
 SKIP = numbered(rows.SKIP)
 SET_PAUSED = numbered(rows.SET_PAUSED)
 PROBE_NOW = numbered(rows.PROBE_NOW.format(least=POSTGRES.least))
+# Locked: the verb decides from it and writes it in one transaction.
+RETRY_STATE = numbered(rows.RETRY_STATE) + " FOR UPDATE"
+INSERT_AUDIT = numbered(rows.INSERT_AUDIT)
+SELECT_DELIVERY = f"SELECT {DELIVERY.columns} FROM deliveries WHERE id = $1"
 
 
 class PostgresOperations(PostgresConnection):
     async def resend(self, resend: Resend, now: float) -> int:
         async def job(connection: Connection) -> int | None:
             row = await connection.fetchrow(
-                f"SELECT {EVENT_COLUMNS} FROM events WHERE id = $1", resend.original_id
+                f"SELECT {STORED_EVENT.columns} FROM events WHERE id = $1", resend.original_id
             )
             if row is None:
                 return None
-            event = copy_event(row, resend, now)
+            event = copy_event(STORED_EVENT.from_row(row), resend, now)
             deliveries = [NewDelivery(target) for target in resend.targets]
             [accepted] = await store_batch(connection, [AcceptJob(event, deliveries, now)])
             await connection.execute(
@@ -64,8 +62,8 @@ class PostgresOperations(PostgresConnection):
             )
             await connection.execute(LINK_COPY, resend.original_id, accepted.event_id)
             copies = [
-                int(row[0])
-                for row in await connection.fetch(
+                int(delivery_id)
+                for (delivery_id,) in await connection.fetch(
                     "SELECT id FROM deliveries WHERE event_id = $1 ORDER BY id", accepted.event_id
                 )
             ]
@@ -82,21 +80,19 @@ class PostgresOperations(PostgresConnection):
 
     async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         async def job(connection: Connection) -> VerbResult:
-            row = await connection.fetchrow(
-                "SELECT status, resume_status, next_attempt_at, target, order_key"
-                " FROM deliveries WHERE id = $1 FOR UPDATE",
-                delivery_id,
-            )
+            row = await connection.fetchrow(RETRY_STATE, delivery_id)
             if row is None:
                 return Missing()
-            status = Status(row[0])
-            step = retry_now_step(status, row[1], row[2], row[4])
+            was, resume_status, next_attempt_at, target, order_key = row
+            status = Status(was)
+            step = retry_now_step(status, resume_status, next_attempt_at, order_key)
             if isinstance(step, NotApplicable):
                 return step
             if step is RetryNow.WAITING_TURN:
-                head = await connection.fetchrow(HEAD_OF_LINE, row[3], row[4])
+                head = await connection.fetchrow(HEAD_OF_LINE, target, order_key)
                 assert head is not None  # it is in its line, so the line has a head
-                return waiting_behind(head[0], head[1])
+                held = HELD_BEHIND.from_row(head)
+                return waiting_behind(held.delivery_id, held.status)
             if step is RetryNow.FROM_PENDING:
                 await connection.execute(RETRY_FROM_PENDING, now, now, delivery_id)
             elif step is RetryNow.FROM_DEAD:
@@ -143,8 +139,8 @@ class PostgresOperations(PostgresConnection):
 
         async def job(connection: Connection) -> list[int]:
             ids = [
-                row[0]
-                for row in await connection.fetch(
+                delivery_id
+                for (delivery_id,) in await connection.fetch(
                     # A delivered or skipped one sent again is a person's resend,
                     # outside its key's order (it would otherwise cut in line).
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0,"
@@ -184,15 +180,15 @@ class PostgresOperations(PostgresConnection):
             await lock_lines(
                 connection,
                 [
-                    int(row[0])
-                    for row in await connection.fetch(
+                    int(delivery_id)
+                    for (delivery_id,) in await connection.fetch(
                         f"SELECT id FROM deliveries WHERE {numbered(where)}", *params
                     )
                 ],
             )
             ids = [
-                int(row[0])
-                for row in await connection.fetch(
+                int(delivery_id)
+                for (delivery_id,) in await connection.fetch(
                     f"SELECT id FROM deliveries WHERE {numbered(where)} ORDER BY id FOR UPDATE",
                     *params,
                 )
@@ -223,11 +219,9 @@ class PostgresOperations(PostgresConnection):
 
 
 async def _select_delivery(connection: Connection, delivery_id: int) -> DeliveryView:
-    row = await connection.fetchrow(
-        f"SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = $1", delivery_id
-    )
+    row = await connection.fetchrow(SELECT_DELIVERY, delivery_id)
     assert row is not None  # the caller holds its lock
-    return delivery_view(tuple(row))
+    return DELIVERY.from_row(row)
 
 
 async def _insert_audit(
@@ -239,5 +233,5 @@ async def _insert_audit(
     delivery_ids: Sequence[int] = (),
 ) -> None:
     await connection.execute(
-        numbered(rows.INSERT_AUDIT), *rows.audit_values(now, by, action, subject, delivery_ids)
+        INSERT_AUDIT, *rows.audit_values(now, by, action, subject, delivery_ids)
     )

@@ -17,6 +17,7 @@ from relay.store.base import (
     StoreError,
     StoreUnavailable,
 )
+from relay.store.columns import CLAIMED
 from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.cluster import (
     ALIVE,
@@ -32,17 +33,18 @@ from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 from relay.store.postgres.record import Record
 from relay.store.record import RecordJob
-from relay.store.rows import EVENT_COLUMNS, UNCONFIGURED, claimed_delivery, unconfigured
+from relay.store.rows import UNCONFIGURED, unconfigured
 
 FLAG_UNCONFIGURED = numbered(rows.FLAG_UNCONFIGURED)  # (why, now, target)
-CLAIM_RETURNING = rows.CLAIM_RETURNING
+# What a claim's updates return of each delivery: what CLAIMED reads of it (d).
+CLAIM_RETURNING = f"RETURNING {CLAIMED.columns_on('d')}"
 
 
 # A claim of one target, in one statement: first the leases that may be taken
 # over (cluster.lapsed: its own expired by its clock; another's when that
 # instance is gone, or by the server's clock), then what is due, up to $5 in
 # all; each with its event. A lease taken over is an attempt interrupted,
-# counted as on SQLite (rows.CLAIM_EXPIRED); not one of this instance's claims
+# counted as on SQLite (sqlite.queue.CLAIM_EXPIRED); not one of this instance's claims
 # whose answer was lost: nothing was sent for those.
 CLAIM = f"""
 WITH expired AS (
@@ -67,15 +69,11 @@ WITH expired AS (
         FOR UPDATE SKIP LOCKED)
     {CLAIM_RETURNING}
 )
-SELECT c.*, {", ".join("e." + column.strip() for column in EVENT_COLUMNS.split(","))}
-FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c
-JOIN events e ON e.id = c.event_id
-ORDER BY c.id
+SELECT {CLAIMED.columns}
+FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS d
+JOIN events e ON e.id = d.event_id
+ORDER BY d.id
 """
-
-
-# Columns of CLAIM_RETURNING: a claimed row's event columns follow them.
-CLAIMED = len(CLAIM_RETURNING.removeprefix("RETURNING").split(","))
 
 
 class PostgresQueue(PostgresConnection):
@@ -129,11 +127,11 @@ class PostgresQueue(PostgresConnection):
                 )
                 # A down target's one delivery is its probe, whatever the
                 # instance last read of the target (cluster.allowed).
+                probe = probing.get(target)
                 claimed += (
-                    replace(
-                        claimed_delivery(tuple(row[:CLAIMED]), tuple(row[CLAIMED:])),
-                        probe=probing.get(target),
-                    )
+                    replace(CLAIMED.from_row(row), probe=probe)
+                    if probe is not None
+                    else CLAIMED.from_row(row)
                     for row in found
                 )
                 counts[target] = len(found)
@@ -205,8 +203,8 @@ class PostgresQueue(PostgresConnection):
             return due
         names = sorted({name for names in paces.values() for name in names})
         next_at = {
-            row[0]: float(row[1])
-            for row in await self._rows(
+            name: float(at)
+            for name, at in await self._rows(
                 "SELECT name, next_at FROM pacing WHERE name = ANY($1::text[])", names
             )
         }

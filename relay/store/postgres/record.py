@@ -19,7 +19,7 @@ commit on that lock. So:
 A batch locks its targets' rows in name order (two batches never wait on
 each other in a cycle).
 
-As on SQLite (relay.store.record); only the I/O differs.
+As on SQLite (relay.store.sqlite.record); only the I/O differs.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from typing import Any
 
 import relay.store.rows as rows
 from relay.store.base import History, RetryAt, Status, Step, TargetHealth
+from relay.store.columns import HEALTH, HISTORY
 from relay.store.dialect import numbered
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.errors import Connection
 from relay.store.record import RecordJob, successes_health
-from relay.store.rows import ATTEMPT_COLUMNS_INSERTED, HEALTH_COLUMNS, delivery_after
+from relay.store.rows import NEW_ATTEMPT, delivery_after
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
@@ -51,6 +52,7 @@ SELECT pg_advisory_xact_lock(h) FROM (
     FROM deliveries WHERE id = ANY($1::bigint[]) AND order_key IS NOT NULL ORDER BY h) AS locks
 """
 RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
+INSERT_LOG = numbered(rows.INSERT_LOG)
 # A down target's line (rows.LINE_UP_BY_ARRIVAL), numbered.
 LINE_UP_ALL = numbered(rows.LINE_UP_ALL)  # (target)
 LINE_UP_DOWN = numbered(rows.LINE_UP_DOWN)  # (target, target)
@@ -70,11 +72,7 @@ WHERE id = $7 AND status = 'in_flight' AND lease_owner = $8
 # the statement sees the rows as they were before it, so the delivered ones,
 # still in flight there, are left out by id), and their targets' health.
 SUCCESSES = f"""
-WITH attempt AS (
-    INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::float8[], $4::float8[], $5::text[],
-        $6::int[], $7::text[], $8::bytea[], $9::float8[], $10::text[], $11::int[], $12::text[],
-        $13::bytea[])
+WITH attempt AS ({NEW_ATTEMPT.from_arrays()}
 ), done AS (
     UPDATE deliveries SET status = u.status, attempts = u.attempts, cycle_attempts = u.cycle,
         next_attempt_at = u.next_at, lease_until = NULL, lease_owner = NULL,
@@ -102,8 +100,12 @@ AND status = 'pending' AND next_attempt_at IS NULL
 """
 # The success columns a success's step sets, in SUCCESSES's order.
 SUCCESS_COLUMNS = ("last_success_at", "successes")
-HEALTH = f"SELECT name, {HEALTH_COLUMNS} FROM targets WHERE name = ANY($1::text[])"
-LOCK_TARGETS = f"{HEALTH} ORDER BY name FOR UPDATE"
+# Targets' health by name.
+HEALTH_BY_NAME = HEALTH.keyed("name")
+READ_HEALTH = f"SELECT {HEALTH_BY_NAME.columns} FROM targets WHERE name = ANY($1::text[])"
+LOCK_TARGETS = f"{READ_HEALTH} ORDER BY name FOR UPDATE"
+# An attempt's row, recorded alone.
+INSERT_ATTEMPT = numbered(NEW_ATTEMPT.insert + NEW_ATTEMPT.row)
 
 
 @dataclass(eq=False)
@@ -136,7 +138,7 @@ async def record_batch(connection: Connection, records: Sequence[Record]) -> lis
         # (relay.delivery.step): read unlocked, they take no lock, and wait for
         # no other instance's records. Were a failure recorded meanwhile, they
         # are the successes just before it.
-        health = await _health(connection, targets, HEALTH)
+        health = await _health(connection, targets, READ_HEALTH)
         if _all_up(health, targets):
             steps, changed = successes_health([record.job for record in records], health)
             if not changed:
@@ -164,8 +166,8 @@ def _all_up(health: dict[str, TargetHealth], targets: list[str]) -> bool:
 async def _health(
     connection: Connection, targets: list[str], query: str
 ) -> dict[str, TargetHealth]:
-    """The targets' health (HEALTH_COLUMNS), by HEALTH or LOCK_TARGETS (which
-    locks their rows in name order, making those missing first)."""
+    """The targets' health (columns.HEALTH), by READ_HEALTH or LOCK_TARGETS
+    (which locks their rows in name order, making those missing first)."""
     rows_now = await connection.fetch(query, targets)
     if len(rows_now) < len(targets) and query is LOCK_TARGETS:  # a target's first attempt
         await connection.execute(
@@ -173,7 +175,7 @@ async def _health(
             targets,
         )
         rows_now = await connection.fetch(LOCK_TARGETS, targets)
-    return {row[0]: TargetHealth(*row[1:]) for row in rows_now}
+    return dict(map(HEALTH_BY_NAME.from_row, rows_now))
 
 
 async def _successes(
@@ -213,11 +215,7 @@ async def _one(connection: Connection, record: Record) -> Step:
         ):
             return record.first  # it did commit: kept once, with its answer
     step = job.decided(*await _standing(connection, delivery.target, delivery.id))
-    await connection.execute(
-        f"INSERT INTO attempts ({ATTEMPT_COLUMNS_INSERTED})"
-        " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
-        *job.attempt_row(),
-    )
+    await connection.execute(INSERT_ATTEMPT, *job.attempt_row())
     result = await connection.execute(DELIVERY_UPDATE, *job.delivery_row(), record.instance_id)
     held = result.split()[-1] != "0"
     status, _, _ = delivery_after(step.then, None)
@@ -256,17 +254,19 @@ async def _standing(
 ) -> tuple[TargetHealth, History]:
     """What the step reads: the target's row (locked by record_batch) and the
     delivery's memory of failing (its lease is held: never purged)."""
-    row = await connection.fetchrow(f"SELECT {HEALTH_COLUMNS} FROM targets WHERE name = $1", target)
-    assert row is not None  # inserted by record_batch
-    memory = await connection.fetchrow(
-        "SELECT seen_successes, fails_alone FROM deliveries WHERE id = $1", delivery_id
+    health = await connection.fetchrow(
+        f"SELECT {HEALTH.columns} FROM targets WHERE name = $1", target
     )
-    assert memory is not None
-    return TargetHealth(*row), History(memory[0], memory[1])
+    assert health is not None  # inserted by record_batch
+    history = await connection.fetchrow(
+        f"SELECT {HISTORY.columns} FROM deliveries WHERE id = $1", delivery_id
+    )
+    assert history is not None
+    return HEALTH.from_row(health), HISTORY.from_row(history)
 
 
 async def _write_step(connection: Connection, target: str, delivery_id: int, step: Step) -> Any:
-    """As rows.write_step: the target's row, the delivery's memory of failing,
+    """As SQLite's write_step: the target's row, the delivery's memory of failing,
     and the streak with how many deliveries waited when the target came up."""
     await _write_health(connection, target, step.target)
     if step.remember is not None:
@@ -299,19 +299,19 @@ async def _write_health(connection: Connection, target: str, columns: dict[str, 
 async def resolve_originals(
     connection: Connection, delivery_id: int, event_id: int, original: int | None, now: float
 ) -> None:
-    """As rows.resolve_originals: a delivered corrected copy resolves the dead
+    """As SQLite's resolve_originals: a delivered corrected copy resolves the dead
     delivery it stands for, up a chain of copies."""
     for _ in range(rows.RESOLVE_DEPTH):
         if original is None:
             return
         await lock_lines(connection, [original])  # before its row (RESOLVE)
-        row = await connection.fetchrow(RESOLVE, delivery_id, now, original)
-        if row is None:
+        resolved = await connection.fetchrow(RESOLVE, delivery_id, now, original)
+        if resolved is None:
             return
         detail = f"a corrected copy was delivered: delivery {delivery_id} of event {event_id}"
         await insert_log(connection, [original], now, "resolved", detail)
         await next_in_line(connection, [original], now)
-        original = row[0]
+        (original,) = resolved  # the delivery the original itself stands for, if a copy
 
 
 async def insert_log(
@@ -323,8 +323,7 @@ async def insert_log(
     by: str | None = None,
 ) -> None:
     await connection.executemany(
-        "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES ($1, $2, $3, $4, $5)",
-        [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids],
+        INSERT_LOG, [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids]
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from relay.config import Config
 from relay.store.accept import AcceptJob
 from relay.store.base import Accepted, AlertNote, InstanceState, NewDelivery, NewEvent
+from relay.store.columns import ALERT_NOTE
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.cluster import (
     INSTANCES,
@@ -58,8 +59,8 @@ class PostgresShared(PostgresConnection):
         await self._write_settled(job, ("notes", tuple(notes)))
 
     async def alert_notes(self) -> list[AlertNote]:
-        rows = await self._rows("SELECT id, noted_at, note FROM alert_notes ORDER BY id")
-        return [AlertNote(row[0], row[1], bytes(row[2])) for row in rows]
+        rows = await self._rows(f"SELECT {ALERT_NOTE.columns} FROM alert_notes ORDER BY id")
+        return list(map(ALERT_NOTE.from_row, rows))
 
     async def send_alert(
         self,
@@ -123,4 +124,4 @@ class PostgresShared(PostgresConnection):
             "SELECT name, setting FROM pg_settings"
             " WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')"
         )
-        return {row[0]: row[1] for row in rows}
+        return {name: setting for name, setting in rows}

@@ -159,7 +159,7 @@ class SqliteConnection(Reads):
             isolation_level=None,
             check_same_thread=False,
             timeout=self._busy_timeout,
-            # A batch's events are one INSERT of its size (relay.store.accept):
+            # A batch's events are one INSERT of its size (relay.store.sqlite.accept):
             # one prepared per batch size seen, besides the other statements.
             cached_statements=STATEMENTS_CACHED,
         )

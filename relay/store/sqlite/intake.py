@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 import orjson
 
-from relay.store.accept import AcceptJob
 from relay.store.base import (
     REJECTIONS_KEPT,
     Accepted,
@@ -18,6 +17,7 @@ from relay.store.base import (
     StoreUnavailable,
 )
 from relay.store.rows import INSERT_REJECTION, PRUNE_REJECTIONS
+from relay.store.sqlite.accept import SqliteAccept
 from relay.store.sqlite.connection import SqliteConnection
 
 
@@ -32,7 +32,7 @@ class SqliteIntake(SqliteConnection):
         from_sender: bool = True,
     ) -> asyncio.Future[Accepted]:
         guard = self._still_the_file if from_sender else None
-        job = AcceptJob(event, deliveries, now, refuse_conflict, guard)
+        job = SqliteAccept(event, deliveries, now, refuse_conflict, guard)
         return self._writer.submit(job, queue_timeout=self._write_queue_timeout, sender=from_sender)
 
     def _still_the_file(self) -> None:

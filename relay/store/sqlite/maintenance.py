@@ -26,8 +26,8 @@ class SqliteMaintenance(SqliteConnection):
 
         def job(connection: sqlite3.Connection) -> int:
             event_ids = [
-                row[0]
-                for row in connection.execute(
+                event_id
+                for (event_id,) in connection.execute(
                     f"SELECT id FROM events WHERE {where} ORDER BY received_at LIMIT ?",
                     [*params, limit],
                 )
@@ -36,8 +36,8 @@ class SqliteMaintenance(SqliteConnection):
                 return 0
             marks = placeholders(len(event_ids))
             delivery_ids = [
-                row[0]
-                for row in connection.execute(
+                delivery_id
+                for (delivery_id,) in connection.execute(
                     f"SELECT id FROM deliveries WHERE event_id IN ({marks})", event_ids
                 )
             ]
@@ -122,7 +122,7 @@ class SqliteMaintenance(SqliteConnection):
 def _forget_prepared(connection: sqlite3.Connection) -> None:
     """Finalize every statement Python's sqlite3 keeps prepared on `connection`.
 
-    A batch of n events is one INSERT of n rows (relay.store.accept), and each
+    A batch of n events is one INSERT of n rows (relay.store.sqlite.accept), and each
     batch size seen stays prepared, up to STATEMENTS_CACHED of them: after a
     burst of a few sizes that was 3 MiB, more than the page cache. Python has
     no call for it, but its cache is an lru_cache the connection refers to

@@ -8,27 +8,26 @@ from collections.abc import Callable
 import relay.store.rows as rows
 from relay.store.accept import AcceptJob
 from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
+from relay.store.columns import HELD_BEHIND, STORED_EVENT
 from relay.store.dialect import SQLITE
 from relay.store.reads import selection_where
 from relay.store.rows import (
-    EVENT_COLUMNS,
     HEAD_OF_LINE,
     INSERT_RESEND,
     LINK_COPY,
     NEXT_IN_LINE,
     RETRY_FROM_DEAD,
     RETRY_FROM_PENDING,
+    RETRY_STATE,
     SET_PAUSED,
     SKIP,
     copy_event,
-    delivery_view,
     describe_selection,
-    insert_audit,
-    insert_log,
     resend_subject,
-    select_delivery,
 )
+from relay.store.sqlite.accept import SqliteAccept
 from relay.store.sqlite.connection import SqliteConnection
+from relay.store.sqlite.writes import delivery, insert_audit, insert_log
 from relay.store.verbs import (
     Missing,
     NotApplicable,
@@ -51,18 +50,19 @@ class SqliteOperations(SqliteConnection):
     async def resend(self, resend: Resend, now: float) -> int:
         def job(connection: sqlite3.Connection) -> int | None:
             row = connection.execute(
-                f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (resend.original_id,)
+                f"SELECT {STORED_EVENT.columns} FROM events WHERE id = ?", (resend.original_id,)
             ).fetchone()
             if row is None:
                 return None
-            event = copy_event(row, resend, now)
+            event = copy_event(STORED_EVENT.from_row(row), resend, now)
             deliveries = [NewDelivery(target) for target in resend.targets]
-            copy_id = AcceptJob(event, deliveries, now)(connection).event_id
+            [accepted] = SqliteAccept.run_many(connection, [AcceptJob(event, deliveries, now)])
+            copy_id = accepted.event_id
             connection.execute(INSERT_RESEND, (copy_id, resend.original_id, now, resend.by))
             connection.execute(LINK_COPY, (resend.original_id, copy_id))
             copies = [
-                row[0]
-                for row in connection.execute(
+                delivery_id
+                for (delivery_id,) in connection.execute(
                     "SELECT id FROM deliveries WHERE event_id = ? ORDER BY id", (copy_id,)
                 )
             ]
@@ -77,29 +77,27 @@ class SqliteOperations(SqliteConnection):
 
     async def retry_now(self, delivery_id: int, now: float, *, by: str = UNKNOWN) -> DeliveryView:
         def job(connection: sqlite3.Connection) -> VerbResult:
-            row = connection.execute(
-                "SELECT status, resume_status, next_attempt_at, target, order_key"
-                " FROM deliveries WHERE id = ?",
-                (delivery_id,),
-            ).fetchone()
+            row = connection.execute(RETRY_STATE, (delivery_id,)).fetchone()
             if row is None:
                 return Missing()
-            status = Status(row[0])
-            step = retry_now_step(status, row[1], row[2], row[4])
+            was, resume_status, next_attempt_at, target, order_key = row
+            status = Status(was)
+            step = retry_now_step(status, resume_status, next_attempt_at, order_key)
             if isinstance(step, NotApplicable):
                 return step
             if step is RetryNow.WAITING_TURN:
-                head = connection.execute(HEAD_OF_LINE, (row[3], row[4])).fetchone()
-                return waiting_behind(head[0], head[1])
+                head = connection.execute(HEAD_OF_LINE, (target, order_key)).fetchone()
+                held = HELD_BEHIND.from_row(head)
+                return waiting_behind(held.delivery_id, held.status)
             if step is RetryNow.FROM_PENDING:
                 connection.execute(RETRY_FROM_PENDING, (now, now, delivery_id))
             elif step is RetryNow.FROM_DEAD:
                 connection.execute(RETRY_FROM_DEAD, (now, now, delivery_id))
             else:
-                return delivery_view(select_delivery(connection, delivery_id))
+                return delivery(connection, delivery_id)
             insert_log(connection, [delivery_id], now, "retry", retried(status), by)
             insert_audit(connection, now, by, "retry", f"delivery {delivery_id}", [delivery_id])
-            return delivery_view(select_delivery(connection, delivery_id))
+            return delivery(connection, delivery_id)
 
         return await self._delivery_verb(delivery_id, job)
 
@@ -118,14 +116,14 @@ class SqliteOperations(SqliteConnection):
             ).fetchone()
             if row is None:
                 return Missing()
-            status = Status(row[0])
+            status = Status(*row)
             if (refused := may_skip(status)) is not None:
                 return refused
             connection.execute(SKIP, (skipped_error(status), now, delivery_id))
             insert_log(connection, [delivery_id], now, "skip", skipped(status), by)
             insert_audit(connection, now, by, "skip", f"delivery {delivery_id}", [delivery_id])
             connection.execute(NEXT_IN_LINE, (now, now, delivery_id))
-            return delivery_view(select_delivery(connection, delivery_id))
+            return delivery(connection, delivery_id)
 
         return await self._delivery_verb(delivery_id, job)
 
@@ -136,8 +134,8 @@ class SqliteOperations(SqliteConnection):
 
         def job(connection: sqlite3.Connection) -> list[int]:
             ids = [
-                row[0]
-                for row in connection.execute(
+                delivery_id
+                for (delivery_id,) in connection.execute(
                     # A delivered or skipped one sent again is a person's resend,
                     # outside its key's order (it would otherwise cut in line).
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0, fails_alone = 0,"
@@ -165,8 +163,8 @@ class SqliteOperations(SqliteConnection):
 
         def job(connection: sqlite3.Connection) -> list[int]:
             ids = [
-                row[0]
-                for row in connection.execute(
+                delivery_id
+                for (delivery_id,) in connection.execute(
                     f"SELECT id FROM deliveries WHERE {where} ORDER BY id", params
                 ).fetchall()
             ]

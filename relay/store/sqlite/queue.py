@@ -7,18 +7,36 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from relay.store.base import AttemptRecord, ClaimedDelivery, Decide, Step
+from relay.store.columns import CLAIMED
 from relay.store.dialect import SQLITE, placeholders
-from relay.store.record import RecordJob
-from relay.store.rows import (
-    CLAIM_DUE,
-    CLAIM_EXPIRED,
-    EVENT_COLUMNS,
-    FLAG_UNCONFIGURED,
-    UNCONFIGURED,
-    claimed_delivery,
-    unconfigured,
-)
+from relay.store.rows import FLAG_UNCONFIGURED, UNCONFIGURED, unconfigured
 from relay.store.sqlite.connection import SqliteConnection
+from relay.store.sqlite.record import SqliteRecord
+
+CLAIM_DUE = """
+UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
+WHERE id IN (
+    SELECT id FROM deliveries
+    WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
+    ORDER BY next_attempt_at, id LIMIT ?)
+RETURNING id
+"""
+# A lease taken over is an attempt interrupted (it may have reached the
+# receiver): the next one carries the next number (X-Relay-Attempt), while
+# the cycle's count, the retry budget, is not spent by relay's own crash.
+CLAIM_EXPIRED = """
+UPDATE deliveries SET lease_until = ?, updated_at = ?, attempts = attempts + 1
+WHERE id IN (
+    SELECT id FROM deliveries
+    WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {exclude}
+    ORDER BY lease_until LIMIT ?)
+RETURNING id
+"""
+# The deliveries just claimed (d), each with its event (e).
+CLAIMED_ROWS = (
+    f"SELECT {CLAIMED.columns} FROM deliveries d JOIN events e ON e.id = d.event_id"
+    " WHERE d.id IN ({ids})"
+)
 
 
 class SqliteQueue(SqliteConnection):
@@ -43,7 +61,7 @@ class SqliteQueue(SqliteConnection):
         )
 
         def job(connection: sqlite3.Connection) -> list[ClaimedDelivery]:
-            rows: list[Any] = []
+            ids: list[int] = []
             for target, limit in wanted.items():
                 found = connection.execute(
                     expired, (lease_until, now, target, now, *skip, limit)
@@ -52,13 +70,12 @@ class SqliteQueue(SqliteConnection):
                     found += connection.execute(
                         CLAIM_DUE, (lease_until, now, target, now, limit - len(found))
                     ).fetchall()
-                rows += found
-            if not rows:
+                ids += (delivery_id for (delivery_id,) in found)
+            if not ids:
                 return []
-            event_ids = sorted({row[1] for row in rows})
-            sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN ({placeholders(len(event_ids))})"
-            events = {row[0]: row for row in connection.execute(sql, event_ids)}
-            return [claimed_delivery(row, events[row[1]]) for row in rows if row[1] in events]
+            sql = CLAIMED_ROWS.format(ids=placeholders(len(ids)))
+            claimed = {c.id: c for c in map(CLAIMED.from_row, connection.execute(sql, ids))}
+            return [claimed[delivery_id] for delivery_id in ids if delivery_id in claimed]
 
         result: list[ClaimedDelivery] = await self._write(job)
         return result
@@ -93,7 +110,7 @@ class SqliteQueue(SqliteConnection):
         decide: Decide,
         now: float,
     ) -> Step:
-        step: Step = await self._write(RecordJob(delivery, attempt, decide, now))
+        step: Step = await self._write(SqliteRecord(delivery, attempt, decide, now))
         return step
 
     async def release(self, delivery_ids: Collection[int], now: float) -> None:
@@ -113,7 +130,7 @@ class SqliteQueue(SqliteConnection):
     async def recover_orphans(self, now: float) -> int:
         def job(connection: sqlite3.Connection) -> int:
             return connection.execute(
-                # Each was an attempt interrupted: counted (rows.CLAIM_EXPIRED).
+                # Each was an attempt interrupted: counted (CLAIM_EXPIRED).
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL, updated_at = ?,"
                 " attempts = attempts + 1 WHERE status = 'in_flight'",
                 (now,),

@@ -23,14 +23,26 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from relay.store.base import StoreError, StoreUnavailable
 from relay.store.sqlite.checkpointer import BACKSTOP_PAGES, Checkpointer
 
 T = TypeVar("T")
-Job = Callable[[sqlite3.Connection], T]
+
+
+class Batched(Protocol[T]):
+    """A job of a kind that is run a run at a time: its class's `run_many`
+    gets the jobs of that kind queued one after another, and answers one
+    result each, in order (many webhooks' events in one statement)."""
+
+    @staticmethod
+    def run_many(connection: sqlite3.Connection, jobs: Sequence[Any], /) -> list[T]: ...
+
+
+# A function of the connection, or a Batched request.
+Job: TypeAlias = "Callable[[sqlite3.Connection], T] | Batched[T]"
 
 # Error codes that say "the database cannot take writes now", as opposed to
 # "this one job is wrong". Trying the jobs of a batch one by one will not help.
@@ -429,7 +441,9 @@ def _run_jobs(connection: sqlite3.Connection, jobs: list[Job[Any]]) -> list[Any]
         kind = type(jobs[index])
         run_many = getattr(kind, "run_many", None)
         if run_many is None:
-            results.append(jobs[index](connection))
+            job = jobs[index]
+            assert callable(job)  # not Batched
+            results.append(job(connection))
             index += 1
             continue
         end = index + 1
