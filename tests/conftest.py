@@ -177,6 +177,16 @@ async def _make_template(cluster: Cluster) -> None:
 @pytest.fixture
 def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     """A fresh, migrated database of this test's own."""
+    yield from _fresh_database(pg_cluster)
+
+
+@pytest.fixture
+def other_pg_url(pg_cluster: Cluster) -> Iterator[str]:
+    """A second one, for a test of two relays' databases."""
+    yield from _fresh_database(pg_cluster)
+
+
+def _fresh_database(pg_cluster: Cluster) -> Iterator[str]:
     name = f"test_{uuid.uuid4().hex[:12]}"
     _in_thread(_admin(pg_cluster, f"CREATE DATABASE {name} TEMPLATE {PG_TEMPLATE}"))
     yield pg_cluster.url(name)

@@ -103,7 +103,9 @@ def render(args: argparse.Namespace) -> int:
     else:
         source_key = check.key
     key = idempotency_key(route, incoming, source_key)
-    shown_key = masker.text(key) if key is not None else "(none: the event id is sent instead)"
+    # The event's key: what makes a webhook sent again a duplicate, and what
+    # templates see; each delivery goes out under an Idempotency-Key of its own.
+    shown_key = masker.text(key) if key is not None else "(none: templates see the event id)"
     lines.append(f"idempotency key: {shown_key}")
     report["idempotency_key"] = masker.text(key) if key is not None else None
     envelope = unsent_envelope(

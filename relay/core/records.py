@@ -41,8 +41,12 @@ class ClaimedDelivery:
     idempotency_key: str | None
     received_at: float
     payload: Payload
-    # What makes its webhook-id unique across databases (None: stored before tags).
+    # What makes its identity unique across databases (None: stored before
+    # tags), relay.core.identity.
     message_tag: str | None = None
+    # Stored before each delivery had an identity, and attempted then: it
+    # keeps the key its attempts carried, its event's (relay.core.identity).
+    event_keyed: bool = False
     # A corrected copy's delivery: the original's delivery to the same target,
     # which becomes resolved (if dead) when this one is delivered.
     resolves: int | None = None

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from relay.core.identity import event_key, receiver_key
 from relay.core.outcome import Outcome
 from relay.core.payload import Payload
 from relay.core.records import ClaimedDelivery
@@ -42,9 +43,14 @@ class Envelope:
         return self.delivery.payload
 
     @property
-    def idempotency_key(self) -> str:
-        """The event's idempotency key, or its id: sent so a target can de-duplicate."""
-        return self.delivery.idempotency_key or str(self.delivery.event_id)
+    def event_key(self) -> str:
+        """The event's key, or its id: what templates see (relay.core.identity)."""
+        return event_key(self.delivery)
+
+    @property
+    def receiver_key(self) -> str:
+        """This delivery's identity: what a receiver de-duplicates on."""
+        return receiver_key(self.delivery)
 
 
 class Target(Protocol):

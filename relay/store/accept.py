@@ -194,7 +194,7 @@ def decide(
 
 def message_tags(stores: Sequence[ToStore]) -> Iterator[str]:
     """The random tags of the new deliveries of `stores`, in order. Each is
-    stored with its delivery: its webhook-id is msg_relay_<id>_<tag>, the same
+    stored with its delivery: its identity is msg_relay_<id>_<tag>, the same
     on every attempt, and no other database (a reinstall, a restored backup, a
     second relay) makes it again for another message, as a receiver that
     remembers ids would drop that message. One read of the system's random
@@ -227,6 +227,7 @@ NEW_DELIVERY = Written(
     updated_at="float8",
     order_key="text",
     message_tag="text",
+    event_keyed="boolean",
 )
 
 
@@ -275,6 +276,7 @@ def delivery_rows(
                     job.now,
                     key,
                     next(tags),
+                    False,  # its identity is its own (relay.core.identity)
                 )
             )
     return rows

@@ -170,6 +170,7 @@ CLAIMED = Shape(
     resume_status=Column("d.resume_status", optional_status),
     resume_at="d.resume_at",
     message_tag="d.message_tag",
+    event_keyed=Column("d.event_keyed", bool),
     resolves="d.resolves",
     order_key="d.order_key",
     idempotency_key="e.idempotency_key",

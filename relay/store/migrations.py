@@ -296,6 +296,23 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE attempts ADD COLUMN request_body BLOB",
         ],
     ),
+    (
+        13,
+        "each delivery's own identity: the Idempotency-Key no other delivery is sent with",
+        [
+            # Deliveries stored before are marked (the default, no row
+            # rewritten): an attempted one keeps the key its attempts carried,
+            # its event's, which a receiver may remember (relay.core.identity).
+            "ALTER TABLE deliveries ADD COLUMN event_keyed INTEGER NOT NULL DEFAULT 1",
+            # One never attempted takes its own identity now: no receiver has
+            # seen it. Without a tag (stored before tags) it is given one.
+            """
+            UPDATE deliveries SET event_keyed = 0,
+                message_tag = COALESCE(message_tag, lower(hex(randomblob(8))))
+            WHERE attempts = 0
+            """,
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -8,10 +8,12 @@ import asyncio
 import re
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from relay.core.identity import as_sf_string
 from relay.core.payload import event_fields, template_context
 from relay.kinds.target import Envelope
+from relay.targets.outbound.policy import sendable
 
 if TYPE_CHECKING:
     from relay.templates import Template  # Jinja2: loaded by a config's first template
@@ -19,10 +21,22 @@ if TYPE_CHECKING:
 _Built = TypeVar("_Built")
 
 
-def relay_headers(envelope: Envelope) -> dict[str, str]:
-    """The headers every outgoing request carries, so receivers can de-duplicate."""
+# How Idempotency-Key is written: a bare token, or the draft's quoted String
+# (draft-ietf-httpapi-idempotency-key-header section 2: "Its value MUST be a String").
+KeyForm = Literal["token", "string"]
+KEY_FORMS: tuple[KeyForm, ...] = ("token", "string")
+
+
+def relay_headers(envelope: Envelope, key_form: KeyForm = "token") -> dict[str, str]:
+    """The headers every outgoing HTTP request carries: the delivery's identity
+    as `Idempotency-Key`, what a receiver de-duplicates on (relay.core.
+    identity), in `key_form`: a bare token, as receivers' own documentation
+    shows it (Stripe: `Idempotency-Key: KG5LxwFBepaKHyUD`), or the IETF
+    draft's quoted String. `X-Relay-Event-Id` names the event in this relay
+    (`relay show`), unique only within its database; `X-Relay-Attempt` counts."""
+    key = sendable(envelope.receiver_key)  # an older delivery's event key may need it
     return {
-        "Idempotency-Key": envelope.idempotency_key,
+        "Idempotency-Key": as_sf_string(key) if key_form == "string" else key,
         "X-Relay-Event-Id": str(envelope.delivery.event_id),
         "X-Relay-Attempt": str(envelope.attempt),
     }
@@ -30,16 +44,19 @@ def relay_headers(envelope: Envelope) -> dict[str, str]:
 
 # A preview renders an event not stored yet (`relay render`, the resend
 # preview) with the placeholder id 0, and its delivery with id 0 and no tag
-# (a signed request's webhook-id), which no receiver ever sees.
+# (its identity: Idempotency-Key, a signed request's webhook-id), which no
+# receiver ever sees.
 _UNSTORED_EVENT_ID = re.compile(r"^(X-Relay-Event-Id:) 0$", re.MULTILINE | re.IGNORECASE)
-_UNSTORED_WEBHOOK_ID = re.compile(r"^(webhook-id:) msg_relay_0$", re.MULTILINE | re.IGNORECASE)
+_UNSTORED_IDENTITY = re.compile(
+    r'^(webhook-id:|Idempotency-Key:) "?msg_relay_0"?$', re.MULTILINE | re.IGNORECASE
+)
 
 
 def unstored_event_id(preview: str, said: str) -> str:
     """A preview's `X-Relay-Event-Id: 0` said as what it will be (`said`), and
-    its webhook-id as made once its delivery is stored."""
+    its delivery's identity as made once it is stored."""
     preview = _UNSTORED_EVENT_ID.sub(lambda match: f"{match.group(1)} {said}", preview)
-    return _UNSTORED_WEBHOOK_ID.sub(
+    return _UNSTORED_IDENTITY.sub(
         lambda match: f"{match.group(1)} (the delivery's own, once stored)", preview
     )
 
@@ -57,9 +74,7 @@ def envelope_event(envelope: Envelope) -> dict[str, Any]:
     """The event as every target shows it (templates' `event`, the file
     target's record): its key, or its id when it has none."""
     delivery = envelope.delivery
-    return event_fields(
-        delivery.event_id, delivery.route, delivery.received_at, envelope.idempotency_key
-    )
+    return event_fields(delivery.event_id, delivery.route, delivery.received_at, envelope.event_key)
 
 
 def context(envelope: Envelope, wanted: Iterable[str]) -> dict[str, Any]:

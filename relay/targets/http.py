@@ -18,12 +18,21 @@ import orjson
 from relay.config.reader import ConfigError, Section
 from relay.config.shared import secret_list, whsec
 from relay.core.budget import TemplateError
+from relay.core.identity import delivery_key
 from relay.core.outcome import Outcome
 from relay.core.payload import EVENT_VARIABLES
 from relay.core.secrets import Masker
 from relay.kinds.base import AlertTemplates, TargetKind
 from relay.kinds.target import Envelope, Target
-from relay.targets.base import context, relay_headers, render_map, rendered, variables
+from relay.targets.base import (
+    KEY_FORMS,
+    KeyForm,
+    context,
+    relay_headers,
+    render_map,
+    rendered,
+    variables,
+)
 from relay.targets.outbound.connections import Outbound, SessionOwner, parse_outbound, parse_url
 from relay.targets.outbound.policy import (
     USER_AGENT,
@@ -35,7 +44,7 @@ from relay.targets.outbound.policy import (
     merged_headers,
 )
 from relay.targets.outbound.transport import Request
-from relay.targets.signing import SIGNATURE_HEADERS, signature_headers, webhook_id
+from relay.targets.signing import SIGNATURE_HEADERS, signature_headers
 
 if TYPE_CHECKING:
     from relay.config.model import Listen
@@ -53,6 +62,8 @@ class HttpSettings:
     format: HttpFormat = "raw"
     body: Template | None = None  # format = "json": must render valid JSON
     form: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
+    # How Idempotency-Key is written (relay.targets.base.relay_headers).
+    idempotency_key_form: KeyForm = "token"
     # Standard Webhooks signing keys (decoded from "whsec_<base64>"): one
     # signature each, so a receiver rotating its secret accepts old or new.
     sign: tuple[bytes, ...] = ()
@@ -111,6 +122,7 @@ def parse(section: Section, base: Path) -> HttpSettings:
             section.key(f"headers.{signed[0]}"),
             "is written by relay when sign is set (Standard Webhooks): remove it here",
         )
+    key_form: KeyForm = section.choice("idempotency_key_form", KEY_FORMS, "token")
     follow_redirects = section.boolean("follow_redirects", False)
     redirect_hosts = tuple(
         host.strip().lower().rstrip(".") for host in section.string_list("redirect_hosts", ())
@@ -126,6 +138,7 @@ def parse(section: Section, base: Path) -> HttpSettings:
         format=body_format,
         body=body,
         form=MappingProxyType(form),
+        idempotency_key_form=key_form,
         sign=sign,
         outbound=parse_outbound(section, base),
         follow_redirects=follow_redirects,
@@ -204,10 +217,17 @@ class HttpTarget(SessionOwner):
             body = envelope.payload.body
             if envelope.payload.content_type:
                 defaults["Content-Type"] = envelope.payload.content_type
-        layers = [defaults, relay_headers(envelope), render_map(settings.headers, values)]
+        layers = [
+            defaults,
+            relay_headers(envelope, settings.idempotency_key_form),
+            render_map(settings.headers, values),
+        ]
         if settings.sign:
             # Last: the signature covers the body exactly as it goes out.
-            message_id = webhook_id(envelope.delivery.id, envelope.delivery.message_tag)
+            # webhook-id is the delivery's identity (for one stored before
+            # identities, the msg_relay_<id> its signed attempts carried).
+            delivery = envelope.delivery
+            message_id = delivery_key(delivery.id, delivery.message_tag)
             layers.append(signature_headers(settings.sign, message_id, envelope.sent_at, body))
         return Request(settings.method, settings.url, merged_headers(*layers), body)
 

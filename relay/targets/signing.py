@@ -16,16 +16,6 @@ from collections.abc import Sequence
 SIGNATURE_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature"})
 
 
-def webhook_id(delivery_id: int, tag: str | None) -> str:
-    """The same on every attempt of a delivery: receivers de-duplicate on it.
-
-    The delivery's stored random tag makes it unique across databases: ids
-    start at 1 in every new one. A delivery stored before tags existed keeps
-    the id its earlier attempts carried.
-    """
-    return f"msg_relay_{delivery_id}_{tag}" if tag else f"msg_relay_{delivery_id}"
-
-
 def sign(secrets: Sequence[bytes], message_id: str, timestamp: int, body: bytes) -> str:
     """The `webhook-signature` value: "v1,<base64>" per secret, space-separated."""
     signed = f"{message_id}.{timestamp}.".encode() + body

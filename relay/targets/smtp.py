@@ -273,9 +273,12 @@ _SHOWN_HEADERS = ("From", "To", "Cc", "Reply-To", "Subject", "Date", "Message-ID
 
 
 def message_id(envelope: Envelope, target: str, sender: str) -> str:
+    """The same on every attempt of a delivery (a mail client shows a copy
+    sent twice once): made from its identity, which an older delivery keeps
+    as its event's key, so mail already sent keeps its Message-ID."""
     domain = parseaddr(sender)[1].rpartition("@")[2] or "relay.invalid"
     delivery = envelope.delivery
-    seed = f"{delivery.event_id}|{delivery.received_at}|{envelope.idempotency_key}|{target}"
+    seed = f"{delivery.event_id}|{delivery.received_at}|{envelope.receiver_key}|{target}"
     digest = hashlib.sha256(seed.encode()).hexdigest()[:16]
     return f"<relay.{delivery.event_id}.{target}.{digest}@{domain}>"
 

@@ -60,6 +60,9 @@ async def test_form_fans_out_to_crm_telegram_and_mail(
                 "crm": {
                     "type": "http",
                     "url": crm_url,
+                    # The event's key goes on in a header of its own, beside
+                    # the delivery's Idempotency-Key (docs/reference.md).
+                    "headers": {"X-Order-Key": "{{ event.idempotency_key }}"},
                     "format": "form",
                     "form": {
                         "fields[TITLE]": "Заявка: {{ form.name }}",
@@ -119,7 +122,8 @@ async def test_form_fans_out_to_crm_telegram_and_mail(
         "fields[PHONE][0][VALUE]": ["+7 999 000-11-22"],
         "fields[EMAIL][0][VALUE]": ["anna@example.com"],
     }
-    assert lead.headers["Idempotency-Key"] == "9001:77"
+    assert lead.headers["X-Order-Key"] == "9001:77"  # Tilda's tranid, the route's key
+    assert lead.headers["Idempotency-Key"].startswith("msg_relay_1_")
     assert telegram_calls == [
         {
             "chat_id": "-1001",

@@ -7,9 +7,11 @@ import contextlib
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from helpers import RelayProcess, Sink, arelay_json, eventually, free_port, write_config
+from receivers import Remembering
 
 
 async def burst(
@@ -83,3 +85,57 @@ async def test_kill_9_mid_burst_loses_nothing(
         assert duplicates == 0
     finally:
         await relay.astop()
+
+
+async def test_a_kill_between_sending_and_recording_resends_under_the_same_key(
+    tmp_path: Path, aiohttp_server: AiohttpServer
+) -> None:
+    # The receiver processes the request; relay is killed before its answer
+    # is recorded. The next relay sends the delivery again (at least once):
+    # under the same key, so a receiver that remembers keys processes it once.
+    receiver = Remembering()
+    relay: RelayProcess | None = None
+
+    async def kill_first(request: web.Request) -> web.StreamResponse:
+        answer = await receiver.handle(request)
+        if len(receiver.processed) == 1 and not receiver.acknowledged_again:
+            assert relay is not None
+            await asyncio.to_thread(relay.kill)  # before the answer leaves
+        return answer
+
+    server = web.Application()
+    server.router.add_post("/crm", kill_first)
+    url = str((await aiohttp_server(server)).make_url("/crm"))
+    config = write_config(
+        tmp_path / "relay.toml",
+        {
+            "server": {"listen": "127.0.0.1:0"},
+            "targets": {"crm": {"type": "http", "url": url}},
+            "routes": {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        },
+    )
+    relay = RelayProcess(config, tmp_path / "relay.log").start()
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{relay.url}/hooks/orders", json={"order": 1}) as answer,
+        ):
+            assert answer.status == 200
+
+        async def killed() -> bool:
+            return (
+                relay is not None and relay.process is not None and relay.process.poll() is not None
+            )
+
+        await eventually(killed)
+        relay.start()
+
+        async def delivered() -> bool:
+            [event] = await arelay_json("events", "--config", str(config))
+            return bool(event["status"] == "delivered")
+
+        await eventually(delivered, timeout=20)
+    finally:
+        await relay.astop()
+    assert len(receiver.processed) == 1
+    assert [item.key for item in receiver.acknowledged_again] == [receiver.processed[0].key]

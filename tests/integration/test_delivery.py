@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from typing import Any
 
 import aiohttp
@@ -262,10 +263,13 @@ async def test_outgoing_request_carries_body_and_dedup_headers(
     keyed, unkeyed = by_event[str(with_key)], by_event[str(without_key)]
     assert keyed.body == body
     assert keyed.headers["Content-Type"] == "application/json"
-    assert keyed.headers["Idempotency-Key"] == "k-1"
+    # Each delivery's own identity, whatever key its event came with: the
+    # sender's key is unique only within its route (relay.core.identity).
+    assert re.fullmatch(r"msg_relay_\d+_[0-9a-f]{16}", keyed.headers["Idempotency-Key"])
+    assert re.fullmatch(r"msg_relay_\d+_[0-9a-f]{16}", unkeyed.headers["Idempotency-Key"])
+    assert keyed.headers["Idempotency-Key"] != unkeyed.headers["Idempotency-Key"]
     assert keyed.headers["Authorization"] == "Bearer tok-123"
     assert keyed.headers["X-Relay-Attempt"] == "1"
-    assert unkeyed.headers["Idempotency-Key"] == str(without_key)
 
 
 async def test_concurrency_limit_per_target(

@@ -116,6 +116,7 @@ async def test_a_rejected_lead_is_corrected_resent_and_arrives_original_untouche
     assert '"name": "Иван"' in crm_preview["request"]  # text as text, not \u escapes
     # The copy's id is drawn when it is stored; no CLI hint in a page or API answer.
     assert "X-Relay-Event-Id: (the copy's own event id)" in crm_preview["request"]
+    assert "Idempotency-Key: (the delivery's own, once stored)" in crm_preview["request"]
     assert "--wire" not in crm_preview["request"]
     assert CRM_KEY not in json.dumps(preview)
     assert (await relay.store.search_progress()).newest == int(original)
@@ -134,7 +135,9 @@ async def test_a_rejected_lead_is_corrected_resent_and_arrives_original_untouche
 
     arrived = sink.requests[-1]
     assert json.loads(arrived.body) == FIXED  # the secret is back in its place
-    assert arrived.headers["Idempotency-Key"] == copy  # its own key: the copy's id
+    # Its own key, never the original's: a receiver that remembers keys takes it.
+    [refused] = [r for r in sink.requests if r.headers["X-Relay-Event-Id"] == original]
+    assert arrived.headers["Idempotency-Key"] != refused.headers["Idempotency-Key"]
     assert arrived.headers["X-Relay-Event-Id"] == copy
     assert len(audit.requests) == 1  # audit had it already and was not chosen
 

@@ -57,13 +57,14 @@ async def test_a_claim_carries_the_event_as_stored(store: Store) -> None:
 
 
 async def test_a_delivery_keeps_one_random_message_tag(store: Store) -> None:
-    # What makes its webhook-id (relay.targets.signing) unique across databases that
+    # What makes its identity (relay.core.identity) unique across databases that
     # number their deliveries alike, and the same on every attempt.
     await store.accept_event(event("a"), [NewDelivery("crm"), NewDelivery("audit")], T0)
     claims = await store.claim_due(T0, T0 + 30, {"crm": 1, "audit": 1})
     tags = {claim.id: claim.message_tag for claim in claims}
     assert len(set(tags.values())) == 2
     assert all(len(tag or "") >= 16 for tag in tags.values())
+    assert not any(claim.event_keyed for claim in claims)  # their own identity, not the event's
     for claim in claims:
         await record(store, claim, FAILED, RetryAt(T0 + 10), T0 + 1)
     again = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1, "audit": 1})

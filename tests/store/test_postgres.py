@@ -41,6 +41,7 @@ from relay.store import (
     RetryAt,
     Selection,
     Status,
+    Store,
     StoreError,
     StoreUnavailable,
     Waits,
@@ -56,6 +57,7 @@ from helpers import Hold, record
 from helpers import eventually as poll_until
 from pgcluster import Cluster, commits_off, create_cluster, remove_cluster, server_bin
 from pgcut import CommitCutter
+from samples import identities_survive_their_migration
 
 pytestmark = pytest.mark.postgres
 
@@ -1350,3 +1352,27 @@ async def test_an_instance_that_has_not_read_the_down_state_sends_the_probe_as_a
             await target.close()
         for store in stores:
             await store.close()
+
+
+async def test_deliveries_stored_before_identities_keep_the_key_they_were_sent_with(
+    pg_url: str,
+) -> None:
+    async def roll_back(store: Store, untagged: list[int]) -> Store:
+        await store.close()
+        connection = await asyncpg.connect(pg_url)
+        try:
+            await connection.execute("ALTER TABLE deliveries DROP COLUMN event_keyed")
+            await connection.execute("DELETE FROM schema_migrations WHERE version = 10")
+            await connection.execute(
+                "UPDATE deliveries SET message_tag = NULL WHERE id = ANY($1::bigint[])", untagged
+            )
+        finally:
+            await connection.close()
+        again = PostgresStore(pg_url)
+        await again.open()
+        return again
+
+    store = PostgresStore(pg_url)
+    await store.open()
+    store = await identities_survive_their_migration(store, roll_back)
+    await store.close()

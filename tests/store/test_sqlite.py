@@ -5,6 +5,7 @@ migration. The contract every backend keeps is in test_contract.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from relay.store import (
     SearchDocument,
     SearchTooSlow,
     SqliteStore,
+    Store,
     StoreUnavailable,
     TextSearch,
 )
@@ -24,7 +26,7 @@ from relay.store.migrations import MIGRATIONS
 from relay.store.sqlite.checkpointer import BACKSTOP_PAGES
 
 from helpers import eventually
-from samples import T0, TWO, event
+from samples import T0, TWO, event, identities_survive_their_migration
 
 
 @pytest.fixture
@@ -240,3 +242,26 @@ async def test_a_search_past_its_budget_is_stopped_and_stats_never_wait_for_it(
         await slow
     store.search_seconds = 60.0
     assert len(await store.list_events(EventQuery(search=TextSearch(words=("petrov",))))) == 50
+
+
+async def test_deliveries_stored_before_identities_keep_the_key_they_were_sent_with(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.db"
+
+    async def roll_back(store: Store, untagged: list[int]) -> Store:
+        await store.close()
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("ALTER TABLE deliveries DROP COLUMN event_keyed")
+            db.execute("DELETE FROM schema_migrations WHERE version = 13")
+            db.executemany(
+                "UPDATE deliveries SET message_tag = NULL WHERE id = ?", [(i,) for i in untagged]
+            )
+        again = SqliteStore(path)
+        await again.open()
+        return again
+
+    store = SqliteStore(path)
+    await store.open()
+    store = await identities_survive_their_migration(store, roll_back)
+    await store.close()

@@ -179,8 +179,11 @@ PATTERNS: dict[tuple[str, str], Trusted | Untrusted] = {
         "sub",
         re.MULTILINE | re.IGNORECASE,
     ),
-    ("targets/base.py", "^(webhook-id:) msg_relay_0$"): Untrusted(
-        {"lines": lambda n: "webhook-id: msg_relay_0\nwebhook-id: msg_relay_01\n" * n},
+    ("targets/base.py", '^(webhook-id:|Idempotency-Key:) "?msg_relay_0"?$'): Untrusted(
+        {
+            "lines": lambda n: 'webhook-id: msg_relay_0\nIdempotency-Key: "msg_relay_01\n' * n,
+            "near misses": lambda n: 'Idempotency-Key: "msg_relay_0""\n' * n,
+        },
         "sub",
         re.MULTILINE | re.IGNORECASE,
     ),

@@ -290,6 +290,19 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # NULL until its next heartbeat: then that moment (cluster.ALIVE).
         ["ALTER TABLE instances ADD COLUMN back_at DOUBLE PRECISION"],
     ),
+    (
+        10,
+        "each delivery's own identity: the Idempotency-Key no other delivery is sent with",
+        [
+            # As on SQLite (migration 13); a constant default rewrites no row.
+            "ALTER TABLE deliveries ADD COLUMN event_keyed BOOLEAN NOT NULL DEFAULT true",
+            """
+            UPDATE deliveries SET event_keyed = false, message_tag = COALESCE(
+                message_tag, substr(replace(gen_random_uuid()::text, '-', ''), 1, 16))
+            WHERE attempts = 0
+            """,
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]
