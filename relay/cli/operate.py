@@ -462,7 +462,11 @@ def _heartbeat_text(instance: dict[str, Any]) -> str:
 
 
 def _down_text(info: dict[str, Any], zone: Zone) -> str:
-    """A down target: since when, and which delivery its next probe takes."""
+    """A down target: since when, and which delivery its next probe takes; a
+    throttled one: held until when."""
+    if info.get("throttled"):
+        until = format_iso_local(info["throttled_until"], zone)
+        return f"throttled ({info['throttles']} in a row), held until {until}"
     if not info["down"]:
         return ""
     probe = info.get("probe_delivery")

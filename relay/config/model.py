@@ -153,8 +153,11 @@ class TargetConfig:
     # Limits shared with other targets, by a key naming what is limited: one
     # Telegram bot behind several targets, one chat, one Bitrix24 portal.
     shared_rates: tuple[tuple[str, Rate], ...] = ()
-    # After `down_after` "target down" failures in a row (network, timeout, 5xx,
-    # 429) the target is down: its deliveries wait without spending retries
+    # The keys of shared_rates a receiver's wait (a 429) holds besides the
+    # target itself; None: all of them (a rate group is one receiver).
+    held_by_a_wait: frozenset[str] | None = None
+    # After `down_after` "target down" failures in a row (network, timeout,
+    # 5xx) the target is down: its deliveries wait without spending retries
     # while one probe at a time goes out on the target's backoff schedule.
     hold_when_down: bool = False
     down_after: int = 5

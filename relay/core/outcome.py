@@ -38,6 +38,11 @@ class Outcome:
     response: bytes = b""
     # Seconds the target asked us to wait (Retry-After, Telegram retry_after).
     retry_after: float | None = None
+    # The receiver asks the sender to slow down (a 429, or a status the
+    # target declares temporary: amoCRM's 403 while it blocks an address):
+    # about the pace, not this message nor the target being down
+    # (relay.delivery.step, rule 4).
+    throttle: bool = False
     # False when the event, not the target, is why it failed (a template whose
     # output cannot be sent): the target's failure streak and alerts ignore it.
     target_at_fault: bool = True
@@ -63,8 +68,10 @@ class Outcome:
         status: int | None = None,
         response: bytes = b"",
         retry_after: float | None = None,
+        *,
+        throttle: bool = False,
     ) -> Outcome:
-        return cls(Verdict.RETRY, status, error, response, retry_after)
+        return cls(Verdict.RETRY, status, error, response, retry_after, throttle)
 
     @classmethod
     def fail(cls, error: str, status: int | None = None, response: bytes = b"") -> Outcome:

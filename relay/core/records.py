@@ -133,6 +133,11 @@ class TargetHealth(NamedTuple):
     probes: int = 0
     successes: int = 0
     last_success_at: float | None = None
+    # A receiver's throttle (relay.delivery.step, rule 4): nothing of the
+    # target is claimed before this moment; the throttle answers that grew
+    # the hold in this episode (each success takes one back).
+    throttled_until: float | None = None
+    throttles: int = 0
 
     def written(self, columns: dict[str, Any]) -> TargetHealth:
         """This row once a Step's columns are written."""

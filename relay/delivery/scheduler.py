@@ -29,7 +29,7 @@ from relay.core.status import attempt_outcome
 from relay.core.units import format_duration
 from relay.delivery.ratelimit import Pacer
 from relay.delivery.retry import cycle_length
-from relay.delivery.step import Attempted, Rules, receiver_hold, step
+from relay.delivery.step import Attempted, Rules, first_hold, step
 from relay.kinds.target import Envelope, Target
 from relay.store import (
     AttemptKind,
@@ -54,12 +54,20 @@ LEASE_MARGIN = 60.0
 @dataclass
 class _Lane:
     """One target's room to send: attempts in flight against its concurrency,
-    and the pacers (its own rate, a rate shared with other targets)."""
+    the pacers (its own rate, a rate shared with other targets), and a
+    receiver's hold (relay.delivery.step, rule 4)."""
 
     concurrency: int
     own: Pacer | None = None
     shared: list[Pacer] = field(default_factory=list)
+    # The shared pacers a receiver's wait holds besides the target (a rate
+    # group's: one portal; Telegram's chat, not its bot: relay.targets.telegram).
+    held_by_a_wait: list[Pacer] = field(default_factory=list)
     in_flight: int = 0
+    held_until: float = 0.0  # nothing of the target is claimed before
+    # Held by a throttle: when the hold ends one request goes alone, until
+    # an answer other than a throttle ends the episode.
+    probing: bool = False
 
     @property
     def pacers(self) -> list[Pacer]:
@@ -70,17 +78,24 @@ class _Lane:
         return self.concurrency - self.in_flight
 
     def allowed(self, now: float) -> int:
-        return min([self.free, *(pacer.available(now) for pacer in self.pacers)])
+        if now < self.held_until:
+            return 0
+        free = (1 if self.in_flight == 0 else 0) if self.probing else self.free
+        return min([free, *(pacer.available(now) for pacer in self.pacers)])
 
     def take(self, count: int, now: float) -> None:
         for pacer in self.pacers:
             pacer.take(count, now)
 
     def ready_at(self, now: float) -> float:
-        return max([now, *(pacer.ready_at(now) for pacer in self.pacers)])
+        return max([now, self.held_until, *(pacer.ready_at(now) for pacer in self.pacers)])
 
-    def hold(self, until: float) -> None:
-        for pacer in self.pacers:
+    def hold(self, until: float, *, throttle: bool = False) -> None:
+        """The receiver asked to be left alone until `until`: the target, and
+        the shared paces its wait holds; after a throttle, one at a time."""
+        self.held_until = max(self.held_until, until)
+        self.probing = self.probing or throttle
+        for pacer in self.held_by_a_wait:
             pacer.hold(until)
 
 
@@ -346,11 +361,14 @@ class Scheduler:
             elif lane.own is None or lane.own.rate != target.rate:
                 lane.own = Pacer(target.rate, now)
             lane.shared = []
+            lane.held_by_a_wait = []
             for group, rate in target.shared_rates:
                 shared = self._shared_pacers.get(group)
                 if shared is None or shared.rate != rate:
                     shared = self._shared_pacers[group] = Pacer(rate, now)
                 lane.shared.append(shared)
+                if target.held_by_a_wait is None or group in target.held_by_a_wait:
+                    lane.held_by_a_wait.append(shared)
 
     def _store_failed(self, now: float, error: StoreError) -> None:
         if self._store_failing.failed(now):
@@ -369,6 +387,12 @@ class Scheduler:
             # Down state lives there too: a restart, or another process, sees it.
             held = await self._store.held_targets()
             self._paused, self._down = held.paused, held.down
+            # Held by a receiver (another process may have recorded it; a
+            # restart keeps it).
+            for name, until in held.throttled.items():
+                lane = self._state.lanes.get(name)
+                if lane is not None:
+                    lane.hold(until, throttle=True)
             self._paused_read_at = now
 
     def _eligible(self) -> dict[str, _Lane]:
@@ -492,11 +516,9 @@ class Scheduler:
         target = state.config.targets.get(delivery.target)
         if policy is None:
             policy = target.retry if target is not None else state.config.retry
-        lane = state.lanes.get(delivery.target)
         return Rules(
             policy,
             down_after=target.down_after if target is not None and target.hold_when_down else None,
-            paced=lane is not None and bool(lane.pacers),
         )
 
     async def _attempt(
@@ -520,15 +542,21 @@ class Scheduler:
             duration = time.perf_counter() - began
             now = self._clock.now()
             outcome = replace(outcome, error=self._masker.optional(outcome.error))
-            hold_until = receiver_hold(rules.policy, outcome, now)
-            if hold_until is not None and lane is not None:
-                # The receiver's wait is about the sender, not this message: every
-                # pace of the target holds, so the deliveries queued behind do not
-                # meet another 429 and spend a retry (relay.delivery.step, rule 4).
-                lane.hold(hold_until)
             attempted = Attempted(
-                delivery, outcome, now, probe=probe is not None, draw=self._rng.uniform(-1, 1)
+                delivery,
+                outcome,
+                now,
+                probe=probe is not None,
+                draw=self._rng.uniform(-1, 1),
+                started=started_at,
             )
+            hold = first_hold(rules.policy, outcome)
+            if hold is not None and lane is not None:
+                # Held at once, before the store says for how long (rule 4):
+                # nothing more is claimed meanwhile to meet the same limit.
+                lane.hold(now + hold, throttle=outcome.throttle)
+            elif lane is not None and outcome.target_at_fault:
+                lane.probing = False  # any other answer ends a throttle's episode
             attempt = AttemptRecord(
                 number=number,
                 started_at=started_at,
@@ -546,6 +574,9 @@ class Scheduler:
             if done is None:
                 return
             self._learn(delivery.target, done, now)
+            held_until = done.target.get("throttled_until")
+            if held_until is not None and lane is not None:
+                lane.hold(held_until)
             if self._on_attempt is not None:
                 self._on_attempt(
                     AttemptReport(

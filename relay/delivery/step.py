@@ -25,13 +25,23 @@ The rules, in the order they apply:
 3. **A down target's probe** (hold_when_down) that failed for a reason worth
    retrying spends no retry, its own included: the delivery waits, at the
    back of the line, for the next probe.
-4. **A receiver's wait** on a paced target (its own rate, a rate group,
-   Telegram) is about the sender, not this message: every pace of the target
-   holds until then (the scheduler's pacers; the cluster's on PostgreSQL),
-   and this delivery lines up by arrival, first when the wait ends. A
-   person's retry keeps its own time.
+4. **A receiver's throttle** (a 429, or a status the target declares
+   temporary: amoCRM answers 403 while it blocks an address) is about the
+   sender, not this message: the whole target is held, nothing of it
+   claimed (by any instance), for the receiver's Retry-After, else for a
+   backoff that grows with each throttle answer to a request sent after the
+   last hold ended (the policy's 2^n delays, capped). When the hold ends
+   one request goes alone; any other answer ends the episode, and the
+   target goes at its own pace again. A throttle spends no retry, the
+   delivery that met it included: that one waits first in line, by
+   arrival. A throttle answer says the target is up (never "down"). Any
+   other failure that asked for a wait (a 503 with Retry-After) holds the
+   target as long, and is an ordinary retry. A delivery that fails alone
+   (rule 5) is an ordinary retry too: its payload, not the pace, is what
+   the receiver refuses.
 5. **The target's health**: failures in a row, and for hold_when_down the
-   "down" answers in a row (a retry outcome: network, timeout, 5xx, 429);
+   "down" answers in a row (a retry outcome but a throttle: network,
+   timeout, 5xx);
    the `down_after`-th makes it down, any answer about the payload brings it
    up. A delivery that fails again after its target delivered others since
    its last failure *fails alone*: its payload, not the target, is the
@@ -78,8 +88,6 @@ class Rules:
     policy: RetryPolicy  # the route-target's, else the target's
     # hold_when_down: this many "down" answers in a row make the target down.
     down_after: int | None = None
-    # A receiver's wait holds a pace of the target's (a rate, a rate group, Telegram's).
-    paced: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,9 @@ class Attempted:
     # This attempt's jitter, drawn by the caller in [-1, 1]: a retry's delay
     # and a probe's are spread by policy.jitter times it.
     draw: float = 0.0
+    # When the attempt began (None: `now`): a throttle answer to a request
+    # sent before the target's last hold ended does not grow the hold.
+    started: float | None = None
 
     @property
     def kind(self) -> AttemptKind:
@@ -117,14 +128,17 @@ def step(rules: Rules, attempted: Attempted, health: TargetHealth, history: Hist
         manual = attempted.delivery.manual  # a person's try keeps its own rule
         if probe and not manual and outcome.verdict is Verdict.RETRY:
             then, in_cycle = Waits(at), False
-    hold_until = receiver_hold(rules.policy, outcome, now)
-    if hold_until is not None and rules.paced and isinstance(then, RetryAt):
+    hold = receiver_hold(rules.policy, attempted, health, history)
+    if hold is not None:
         delivery = attempted.delivery
-        at = then.at if delivery.manual else delivery.received_at
-        then = RetryAt(at, hold_until=hold_until)
+        if hold.throttle and not delivery.manual and rules.policy.retry_on_error:
+            # Rule 4: first in line by arrival when the hold ends, no retry spent.
+            then, in_cycle = RetryAt(delivery.received_at, hold_until=hold.until), False
+        elif isinstance(then, RetryAt):
+            then = RetryAt(then.at, hold_until=hold.until)
     # A probe is no step of the cycle, whatever its outcome.
     in_cycle = in_cycle and attempted.kind is AttemptKind.CYCLE
-    return settle(then, attempted, down, health, history, in_cycle=in_cycle)
+    return settle(then, attempted, down, health, history, in_cycle=in_cycle, hold=hold)
 
 
 def _for_the_delivery(policy: RetryPolicy, attempted: Attempted) -> tuple[Transition, bool]:
@@ -178,10 +192,54 @@ def receiver_wait(policy: RetryPolicy, outcome: Outcome) -> float | None:
     return max(0.0, min(outcome.retry_after, cap))
 
 
-def receiver_hold(policy: RetryPolicy, outcome: Outcome, now: float) -> float | None:
-    """Rule 4: until when the receiver asked to be left alone, if it did."""
-    wait = receiver_wait(policy, outcome)
-    return None if wait is None else now + wait
+@dataclass(frozen=True)
+class Hold:
+    """Rule 4: the target is held until `until`; `throttle`: by a throttle
+    answer, the `throttles`-th of its episode that grew the hold."""
+
+    until: float
+    throttles: int
+    throttle: bool
+
+
+def receiver_hold(
+    policy: RetryPolicy, attempted: Attempted, health: TargetHealth, history: History
+) -> Hold | None:
+    """Rule 4: how long the target is held after this attempt, if at all."""
+    outcome, now = attempted.outcome, attempted.now
+    if outcome.verdict is not Verdict.RETRY:
+        return None
+    asked = receiver_wait(policy, outcome)
+    held = health.throttled_until or 0.0
+    if outcome.throttle and not fails_alone(history, health.successes):
+        # The requests in flight when a hold began meet the same limit: only
+        # the first throttle answer after a hold ended grows the next one.
+        started = attempted.now if attempted.started is None else attempted.started
+        grows = started >= held
+        throttles = health.throttles + 1 if grows else max(health.throttles, 1)
+        if asked is None:
+            asked = throttle_delay(policy, throttles, _Draw(attempted.draw)) if grows else 0.0
+        return Hold(max(held, now + asked), throttles, throttle=True)
+    if asked is not None:
+        return Hold(max(held, now + asked), 0, throttle=False)
+    return None
+
+
+def first_hold(policy: RetryPolicy, outcome: Outcome) -> float | None:
+    """The least a throttle answer or an asked wait holds its target (None:
+    this outcome holds nothing): what the scheduler holds at once, before
+    the store has the episode's count."""
+    asked = receiver_wait(policy, outcome)
+    if asked is not None:
+        return asked
+    return throttle_delay(policy, 1) if outcome.throttle else None
+
+
+def throttle_delay(policy: RetryPolicy, throttles: int, rng: _Draw | None = None) -> float:
+    """The hold after the `throttles`-th throttle answer of an episode that
+    gave no Retry-After: the policy's retry delays, capped as a wait asked is."""
+    cap = policy.max_delay if policy.max_delay is not None else DEFAULT_RETRY_AFTER_CAP
+    return min(delay_before_retry(policy, throttles, rng), cap)
 
 
 class _Draw:
@@ -227,8 +285,9 @@ def settle(
     history: History,
     *,
     in_cycle: bool,
+    hold: Hold | None = None,
 ) -> Step:
-    """Rule 5: the Step of an attempt whose delivery goes on to `then`, with
+    """Rules 4 and 5: the Step of an attempt whose delivery goes on to `then`, with
     what it changes of its target's row (`health`).
 
     A success after a success, with none of the target's failures between
@@ -237,7 +296,7 @@ def settle(
     that failed (`fails_alone`). Its time is written when the one shown is
     SUCCESS_SHOWN_WITHIN old. Nothing to write, no row to lock."""
     outcome, now = attempted.outcome, attempted.now
-    before, down_streak, down_since, probes, successes, last_success_at = health
+    before, down_streak, down_since, probes, successes, last_success_at, _, throttles = health
 
     def made(streak: FailureStreak, columns: dict[str, Any] | None = None, **more: Any) -> Step:
         return Step(then, in_cycle, streak, columns or {}, **more)
@@ -250,17 +309,19 @@ def settle(
         and before == 0
         and down_streak == 0
         and down_since is None
+        and throttles == 0
         and last_success_at is not None
         # Either way: one shown ahead of now (a clock stepped back) is written.
         and abs(now - last_success_at) < SUCCESS_SHOWN_WITHIN
     ):
         return made(FailureStreak(0, 0))
-    # A retry outcome (network, timeout, 5xx, 429) says the target may be down;
-    # any answer about the payload (success, a 4xx) says it is up.
-    down_signal = outcome.verdict is Verdict.RETRY
+    # A retry outcome (network, timeout, 5xx) says the target may be down;
+    # any answer (a success, a 4xx, a throttle) says it is up.
+    failed = outcome.verdict is Verdict.RETRY
+    down_signal = failed and not outcome.throttle
     remember = None
     alone = False
-    if down_signal:
+    if failed:
         alone = fails_alone(history, successes)
         remember = History(successes, alone)
     if not (down_signal and alone):  # a payload failing alone leaves the streak as it is
@@ -282,6 +343,12 @@ def settle(
             "consecutive_failures": after,
             "down_streak": down_streak,
         }
+        if hold is not None:
+            columns["throttled_until"] = hold.until
+    # The episode's count: grown by a throttle answer, ended by any other.
+    episode = hold.throttles if hold is not None and hold.throttle else 0
+    if episode != throttles:
+        columns["throttles"] = episode
     delivery_id = attempted.delivery.id
     if down_since is not None and not down_signal:
         columns |= {"down_since": None, "probe_at": None, "probes": 0, "probe_delivery": None}

@@ -75,6 +75,9 @@ class TargetKind(Generic[S]):
     default_concurrency: int = 4
     # Limits shared with other targets sending to the same place.
     shared_rates: Callable[[S], tuple[tuple[str, Rate], ...]] = _no_shared_rates
+    # Which of them a receiver's wait holds besides the target (None: all):
+    # what the kind's receiver says its limits are about.
+    held_by_a_wait: Callable[[S], frozenset[str]] | None = None
     # The settings alerts go out with when this target is `[alerts] target`:
     # its own templates (made for a lead, a payment) replaced by the alert's
     # (relay/targets/alerting.py). None: alerts go as everything else does.

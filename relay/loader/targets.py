@@ -34,6 +34,7 @@ def parse_target(
     retry = parse_retry(section.section("retry"), default_retry)
     settings = kind.parse(section, base)
     shared_rates = kind.shared_rates(settings)
+    held_by_a_wait = kind.held_by_a_wait(settings) if kind.held_by_a_wait is not None else None
     concurrency = section.integer("concurrency", kind.default_concurrency, minimum=1, maximum=1000)
     rate = _rate(section, "rate")
     rate_group = section.string("rate_group", None)
@@ -43,6 +44,8 @@ def parse_target(
         # One pacer for every target of the group (two Bitrix24 targets on one
         # portal: its limit is the portal's, not each target's).
         shared_rates += ((f"group-{rate_group}", rate),)
+        if held_by_a_wait is not None:
+            held_by_a_wait |= {f"group-{rate_group}"}
         rate = None
     hold_when_down = section.boolean("hold_when_down", False)
     down_after = section.integer("down_after", None, minimum=1, maximum=1000)
@@ -57,6 +60,7 @@ def parse_target(
         concurrency=concurrency,
         rate=rate,
         shared_rates=shared_rates,
+        held_by_a_wait=held_by_a_wait,
         hold_when_down=hold_when_down,
         down_after=down_after if down_after is not None else TargetConfig.down_after,
     )

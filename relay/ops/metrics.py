@@ -280,6 +280,11 @@ def _expose_store(lines: list[str], snapshot: StoreSnapshot) -> None:
             "1 when a hold_when_down target is down: its deliveries wait while it is probed.",
             lambda _, state: 1.0 if state is not None and state.down else 0.0,
         ),
+        (
+            "relay_target_throttled",
+            "1 while a receiver's throttle (a 429) holds the target or its episode lasts.",
+            lambda _, state: 1.0 if state is not None and state.throttles else 0.0,
+        ),
     )
     for name, help_text, reading in per_target:
         family(lines, name, help_text, "gauge")

@@ -226,6 +226,11 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
         # line) and the last one's; each failed probe goes to the back.
         "probe_delivery": _id(state.down.next_probe) if state.down else None,
         "last_probe_delivery": _id(state.down.last_probe) if state.down else None,
+        # A receiver's throttle (a 429): the whole target held until then, or
+        # (past) sending one request alone; its answers in a row that grew it.
+        "throttled": state.throttles > 0,
+        "throttled_until": iso(state.throttled_until) if state.throttles else None,
+        "throttles": state.throttles,
     }
 
 

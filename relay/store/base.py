@@ -334,10 +334,12 @@ class AuditEntry:
 
 @dataclass(frozen=True)
 class HeldTargets:
-    """What holds targets back, read together: paused ones, and down ones."""
+    """What holds targets back, read together: paused ones, down ones, and
+    those in a receiver's throttle episode (held until when)."""
 
     paused: frozenset[str]
     down: dict[str, DownState]
+    throttled: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -349,6 +351,10 @@ class TargetState:
     last_error: str | None = None
     consecutive_failures: int = 0
     down: DownState | None = None
+    # Held by a receiver's throttle until then (in the past: no longer held),
+    # after this many throttle answers in its episode (relay.delivery.step).
+    throttled_until: float | None = None
+    throttles: int = 0
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,8 @@ TARGET_STATE = Shape(
     last_error="last_error",
     consecutive_failures="consecutive_failures",
     down=DOWN.or_none("down_since"),
+    throttled_until="throttled_until",
+    throttles="throttles",
 )
 # What the step that follows an attempt reads of its target's row: its
 # columns are TargetHealth's fields.

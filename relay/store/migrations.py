@@ -313,6 +313,17 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        14,
+        "receivers' throttles: a target held until a moment, and the episode's count",
+        [
+            # A 429 (or a status the target declares temporary) holds the whole
+            # target: nothing of it is claimed before throttled_until; throttles
+            # counts the answers that grew the hold (relay.delivery.step, rule 4).
+            "ALTER TABLE targets ADD COLUMN throttled_until REAL",
+            "ALTER TABLE targets ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

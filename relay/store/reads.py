@@ -90,7 +90,10 @@ AND EXISTS (SELECT 1 FROM deliveries w WHERE w.target = d.target
 ORDER BY d.id LIMIT ?
 """
 # Paused or down targets, one row each (held_targets).
-HELD_TARGETS = f"SELECT {TARGET_STATE.columns} FROM targets WHERE paused OR down_since IS NOT NULL"
+HELD_TARGETS = (
+    f"SELECT {TARGET_STATE.columns} FROM targets"
+    " WHERE paused OR down_since IS NOT NULL OR throttles > 0"
+)
 # The delivery a down target's next probe takes: the one under way, else
 # the first in line (as claim_due orders them).
 NEXT_PROBE = (
@@ -508,9 +511,15 @@ def _value(rows: Sequence[Row]) -> Any:
 
 
 def held_targets(rows: Iterable[Row]) -> HeldTargets:
-    """Paused and down targets, from rows of TARGET_STATE."""
+    """Paused, down and throttled targets, from rows of TARGET_STATE."""
     states = list(map(TARGET_STATE.from_row, rows))
     return HeldTargets(
         paused=frozenset(state.name for state in states if state.paused),
         down={state.name: state.down for state in states if state.down is not None},
+        # In a throttle's episode: held, or to send one request alone.
+        throttled={
+            state.name: state.throttled_until
+            for state in states
+            if state.throttled_until is not None and state.throttles > 0
+        },
     )

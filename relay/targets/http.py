@@ -6,6 +6,7 @@ and follows what redirects it is allowed to."""
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -64,6 +65,9 @@ class HttpSettings:
     form: Mapping[str, Template] = field(default_factory=lambda: MappingProxyType({}))
     # How Idempotency-Key is written (relay.targets.base.relay_headers).
     idempotency_key_form: KeyForm = "token"
+    # 4xx statuses that say "slow down" for this receiver, not "bad request":
+    # a throttle, as a 429 is (relay.targets.outbound.policy.classify).
+    temporary_statuses: frozenset[int] = frozenset()
     # Standard Webhooks signing keys (decoded from "whsec_<base64>"): one
     # signature each, so a receiver rotating its secret accepts old or new.
     sign: tuple[bytes, ...] = ()
@@ -123,6 +127,7 @@ def parse(section: Section, base: Path) -> HttpSettings:
             "is written by relay when sign is set (Standard Webhooks): remove it here",
         )
     key_form: KeyForm = section.choice("idempotency_key_form", KEY_FORMS, "token")
+    temporary = _temporary_statuses(section)
     follow_redirects = section.boolean("follow_redirects", False)
     redirect_hosts = tuple(
         host.strip().lower().rstrip(".") for host in section.string_list("redirect_hosts", ())
@@ -139,11 +144,31 @@ def parse(section: Section, base: Path) -> HttpSettings:
         body=body,
         form=MappingProxyType(form),
         idempotency_key_form=key_form,
+        temporary_statuses=temporary,
         sign=sign,
         outbound=parse_outbound(section, base),
         follow_redirects=follow_redirects,
         redirect_hosts=redirect_hosts,
     )
+
+
+def _temporary_statuses(section: Section) -> frozenset[int]:
+    """`temporary_statuses`: 4xx statuses this receiver answers while it
+    limits the sender (amoCRM: 403 while an address is blocked)."""
+    value = section.take("temporary_statuses", [])
+    expected = "a list of 4xx statuses, like [403]"
+    if not isinstance(value, list):
+        raise section.error("temporary_statuses", expected, value)
+    statuses = set()
+    for status in value:
+        if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status < 500:
+            raise section.error("temporary_statuses", expected, status)
+        if status == 429:
+            raise ConfigError(
+                section.key("temporary_statuses"), "need not list 429: it always is one"
+            )
+        statuses.add(status)
+    return frozenset(statuses)
 
 
 def build(name: str, settings: HttpSettings, concurrency: int) -> Target:
@@ -190,6 +215,7 @@ class HttpTarget(SessionOwner):
         self._wanted = variables(
             [*settings.headers.values(), settings.body, *settings.form.values()]
         )
+        self._judge = functools.partial(classify, temporary=settings.temporary_statuses)
 
     def prepare(self, envelope: Envelope) -> Request:
         """The request to send; raises TemplateError when a template fails for this event.
@@ -249,7 +275,7 @@ class HttpTarget(SessionOwner):
         outcome = await exchange(
             self.transport,
             prepared,
-            classify,
+            self._judge,
             envelope.paced,
             body_by=envelope.answer_by,
             follow=follow,

@@ -100,13 +100,34 @@ def is_private(chat_id: str) -> bool:
 def shared_rates(settings: TelegramSettings) -> tuple[tuple[str, Rate], ...]:
     """Paced per bot and per chat, whichever targets send there: two targets on
     one chat share its 1/s (20/min for a group, a channel, a @username)."""
-    bot = hashlib.sha256(settings.bot_token.encode()).hexdigest()[:12]
     chat_id = settings.chat_id
     chat_rate = TELEGRAM_CHAT_RATE if is_private(chat_id) else TELEGRAM_GROUP_RATE
-    return (
-        (f"telegram-bot-{bot}", TELEGRAM_BOT_RATE),
-        (f"telegram-chat-{bot}-{chat_id}", chat_rate),
-    )
+    return ((_bot_pace(settings), TELEGRAM_BOT_RATE), (_chat_pace(settings), chat_rate))
+
+
+def held_by_a_wait(settings: TelegramSettings) -> frozenset[str]:
+    """A flood wait (a 429 with retry_after) holds the chat it answered, not
+    the bot's other chats. Telegram does not name the limit a wait is for,
+    but its documented ones do: relay sends a bot's messages within its 30/s
+    and each chat's within its own (1/s, 20/min for a group), so the limit
+    met is the one Telegram enforces less evenly, a chat's (real group waits
+    run 30-40 s), and a private chat must not wait a group's. Were it ever
+    the bot's, each chat would meet it and hold itself."""
+    return frozenset({_chat_pace(settings)})
+
+
+def _bot_pace(settings: TelegramSettings) -> str:
+    return "telegram-bot-" + hashlib.sha256(settings.bot_token.encode()).hexdigest()[:12]
+
+
+def _chat_pace(settings: TelegramSettings) -> str:
+    """One chat's pace, however it is written: a @username is case-
+    insensitive (Telegram: "Usernames are case-insensitive"), so
+    @Shop_Leads_Chat and @shop_leads_chat are one chat."""
+    chat_id = settings.chat_id
+    if chat_id.startswith("@"):
+        chat_id = chat_id.lower()
+    return f"telegram-chat-{_bot_pace(settings).removeprefix('telegram-bot-')}-{chat_id}"
 
 
 def build(name: str, settings: TelegramSettings, concurrency: int) -> Target:
@@ -220,7 +241,10 @@ def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcom
             if isinstance(wait, int | float)
             else parse_retry_after(headers.get("Retry-After"))
         )
-        return Outcome.retry(f"Telegram: {description}", status, excerpt, retry_after)
+        # A flood wait: a throttle, holding this chat (held_by_a_wait).
+        return Outcome.retry(
+            f"Telegram: {description}", status, excerpt, retry_after, throttle=True
+        )
     if status >= 500:
         return Outcome.retry(f"Telegram: {description}", status, excerpt)
     parameters = answer.get("parameters")
@@ -289,5 +313,6 @@ KIND = TargetKind(
     # One message at a time: a chat's messages arrive in the order relay sends them.
     default_concurrency=1,
     shared_rates=shared_rates,
+    held_by_a_wait=held_by_a_wait,
     alert_settings=alert_settings,
 )

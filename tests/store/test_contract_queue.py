@@ -5,7 +5,11 @@ down_targets. Runs over every backend (tests/store_backends.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 
+from relay.config import RetryPolicy
+from relay.core.outcome import Outcome
+from relay.delivery.step import Attempted, Rules, step
 from relay.store import (
     AttemptRecord,
     Dead,
@@ -28,6 +32,7 @@ from store_backends import Harness
 
 FAILED = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
 OK = AttemptRecord(1, T0, 0.01, "success", 200)
+SUCCESS = Outcome.success(200)
 
 
 async def test_a_claim_carries_the_event_as_stored(store: Store) -> None:
@@ -421,3 +426,32 @@ async def test_pause_is_kept_in_the_store(backend: Harness) -> None:
     store = await backend.restart(store)
     assert await store.paused_targets() == {"crm"}
     assert (await store.target_states())["crm"].paused
+
+
+async def test_a_throttles_episode_is_kept_and_a_success_ends_it(store: Store) -> None:
+    # relay.delivery.step, rule 4: the store keeps the hold and the episode's
+    # count (the scheduler's poll reads them: a restart, another instance),
+    # and a success, recorded alone or with others, ends it.
+    for key in ("a", "b", "c"):
+        await store.accept_event(event(key), [NewDelivery("crm")], T0)
+    [first] = await store.claim_due(T0, T0 + 30, {"crm": 1})
+    rules = Rules(RetryPolicy(jitter=0))
+    too_many = Outcome.retry("HTTP 429", 429, throttle=True)
+    limited = AttemptRecord(1, T0, 0.01, "retry", 429, "HTTP 429")
+    decide = functools.partial(step, rules, Attempted(first, too_many, T0, started=T0))
+    done = await store.record_attempt(first, limited, decide, T0)
+    assert (done.then, done.in_cycle) == (RetryAt(first.received_at, hold_until=T0 + 2), False)
+    assert (await store.held_targets()).throttled == {"crm": T0 + 2}
+    claims = await store.claim_due(T0 + 3, T0 + 60, {"crm": 3})
+    assert claims[0].id == first.id  # first in line, by arrival
+    await asyncio.gather(
+        *(
+            store.record_attempt(
+                claim, OK, functools.partial(step, rules, Attempted(claim, SUCCESS, T0 + 3)), T0 + 3
+            )
+            for claim in claims
+        )
+    )
+    assert (await store.held_targets()).throttled == {}
+    [state] = (await store.target_states()).values()
+    assert (state.throttled_until, state.throttles) == (T0 + 2, 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import socket
@@ -22,11 +23,13 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from relay.background.alerts import Alerter
-from relay.config import AlertsConfig, Config
+from relay.config import AlertsConfig, Config, RetryPolicy
 from relay.core.clock import FakeClock
+from relay.core.outcome import Outcome
 from relay.core.payload import Payload
 from relay.core.pgurl import masked_url
 from relay.delivery.scheduler import AttemptReport, Scheduler
+from relay.delivery.step import Attempted, Rules, step
 from relay.kinds.target import Target
 from relay.loader.registry import build_target
 from relay.store import (
@@ -845,14 +848,16 @@ async def test_a_rate_is_a_total_across_instances(
 
 
 async def test_a_receivers_wait_holds_the_target_for_every_instance(
-    two: tuple[PostgresStore, PostgresStore],
+    two: tuple[PostgresStore, PostgresStore], pg_url: str
 ) -> None:
     # A 429's wait (Telegram's retry_after) recorded by one instance: the
-    # other sends nothing of the target's paces into it.
+    # other sends nothing into the paces it is about (the chat's), and the
+    # bot's other chats go on (relay.targets.telegram.held_by_a_wait).
     a, b = two
     paces = (("group:telegram-chat-1", 1.0), ("group:telegram-bot-1", 1 / 30))
+    limits = TargetLimits(concurrency=1, paces=paces, held_paces=("group:telegram-chat-1",))
     for store in (a, b):
-        store.set_limits({"chat": TargetLimits(concurrency=1, paces=paces)})
+        store.set_limits({"chat": limits})
     for _ in range(3):
         await a.accept_event(event(), [NewDelivery("chat")], T0)
     [first] = await a.claim_due(T0, T0 + 60, {"chat": 1})
@@ -860,6 +865,14 @@ async def test_a_receivers_wait_holds_the_target_for_every_instance(
     await record(a, first, flood, RetryAt(T0, hold_until=T0 + 30), T0 + 0.1)
     assert await b.claim_due(T0 + 29, T0 + 89, {"chat": 1}) == []
     assert (await b.next_due(["chat"]))["chat"] >= T0 + 30
+    connection = await asyncpg.connect(pg_url)
+    try:
+        bot = await connection.fetchval(
+            "SELECT next_at FROM pacing WHERE name = 'group:telegram-bot-1'"
+        )
+    finally:
+        await connection.close()
+    assert bot < T0 + 1  # the bot was not held
     [again] = await b.claim_due(T0 + 30, T0 + 90, {"chat": 1})
     assert again.id == first.id  # lined up by arrival: the first goes first
 
@@ -1354,15 +1367,26 @@ async def test_an_instance_that_has_not_read_the_down_state_sends_the_probe_as_a
             await store.close()
 
 
+# As SQLITE_SINCE_12 in test_sqlite.py: what each migration after 9 adds, undone.
+POSTGRES_SINCE_9 = {
+    10: ["ALTER TABLE deliveries DROP COLUMN event_keyed"],
+    11: ["ALTER TABLE targets DROP COLUMN throttled_until, DROP COLUMN throttles"],
+}
+
+
 async def test_deliveries_stored_before_identities_keep_the_key_they_were_sent_with(
     pg_url: str,
 ) -> None:
+    assert set(POSTGRES_SINCE_9) == set(range(10, LATEST + 1))
+
     async def roll_back(store: Store, untagged: list[int]) -> Store:
         await store.close()
         connection = await asyncpg.connect(pg_url)
         try:
-            await connection.execute("ALTER TABLE deliveries DROP COLUMN event_keyed")
-            await connection.execute("DELETE FROM schema_migrations WHERE version = 10")
+            for version in sorted(POSTGRES_SINCE_9, reverse=True):
+                for statement in POSTGRES_SINCE_9[version]:
+                    await connection.execute(statement)
+            await connection.execute("DELETE FROM schema_migrations WHERE version > 9")
             await connection.execute(
                 "UPDATE deliveries SET message_tag = NULL WHERE id = ANY($1::bigint[])", untagged
             )
@@ -1376,3 +1400,34 @@ async def test_deliveries_stored_before_identities_keep_the_key_they_were_sent_w
     await store.open()
     store = await identities_survive_their_migration(store, roll_back)
     await store.close()
+
+
+async def test_a_throttle_holds_the_target_for_every_instance(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A 429 met by one instance holds the target for the cluster (rule 4 of
+    relay.delivery.step): none claims before the hold ends, then one
+    delivery goes alone until an answer other than a throttle ends it."""
+    a, b = two
+    for store in (a, b):
+        store.set_limits({"crm": TargetLimits(concurrency=4)})
+    for _ in range(4):
+        await a.accept_event(event(), [NewDelivery("crm")], T0)
+    [first] = await a.claim_due(T0, T0 + 70, {"crm": 1})
+    too_many = Outcome.retry("HTTP 429", 429, throttle=True)
+    rules = Rules(RetryPolicy(jitter=0))
+
+    async def answered(
+        store: PostgresStore, claim: ClaimedDelivery, outcome: Outcome, at: float
+    ) -> None:
+        attempt = AttemptRecord(1, at, 0.01, outcome.verdict.value, outcome.status)
+        decide = functools.partial(step, rules, Attempted(claim, outcome, at, started=at))
+        await store.record_attempt(claim, attempt, decide, at)
+
+    await answered(a, first, too_many, T0)  # held for the first retry's delay: 2 s
+    assert await b.claim_due(T0 + 1, T0 + 70, {"crm": 4}) == []
+    [alone] = await b.claim_due(T0 + 3, T0 + 70, {"crm": 4})
+    assert alone.id == first.id  # the one that met the 429 is first in line
+    assert await a.claim_due(T0 + 3, T0 + 70, {"crm": 4}) == []  # one at a time
+    await answered(b, alone, Outcome.success(200), T0 + 3)
+    assert len(await a.claim_due(T0 + 3, T0 + 70, {"crm": 4})) == 3  # the episode is over

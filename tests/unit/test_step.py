@@ -1,6 +1,6 @@
 """relay.delivery.step: what follows one attempt, for its delivery and its
 target, as one table: cycles, a person's retries, probes of a down target,
-receivers' waits on paced and unpaced targets, payloads that fail alone."""
+receivers' throttles and waits, payloads that fail alone."""
 
 from __future__ import annotations
 
@@ -38,7 +38,6 @@ NOW = 1_800_000_000.0
 RECEIVED = NOW - 500
 DEFAULT = Rules(RetryPolicy(jitter=0))
 HELD = replace(DEFAULT, down_after=3)
-PACED = replace(DEFAULT, paced=True)
 
 OK = Outcome.success(200)
 FAILED = Outcome.retry("HTTP 503", 503)
@@ -47,7 +46,13 @@ UNSENDABLE = Outcome.unsendable("template error")
 
 
 def asked_wait(seconds: float) -> Outcome:
-    return Outcome.retry("HTTP 429", 429, retry_after=seconds)
+    """A failure that asks for a wait: a 503 with Retry-After."""
+    return Outcome.retry("HTTP 503", 503, retry_after=seconds)
+
+
+def throttled(seconds: float | None = None) -> Outcome:
+    """A 429, with a Retry-After or without."""
+    return Outcome.retry("HTTP 429", 429, retry_after=seconds, throttle=True)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Case:
     streak: FailureStreak | None = None
     # Columns of the target's row the step sets (a subset is checked).
     target: dict[str, Any] = field(default_factory=dict)
+    started: float | None = None  # when the attempt began (None: NOW)
 
 
 DOWN_SINCE = NOW - 100
@@ -97,17 +103,25 @@ CASES = {
         FAILED,
         Dead("HTTP 503 (retries are off for this target)"),
     ),
+    # A failure that asks for a wait holds the target as long (rule 4).
     "a receiver's wait longer than the delay is kept": Case(
-        DEFAULT, asked_wait(120), RetryAt(NOW + 120)
+        DEFAULT,
+        asked_wait(120),
+        RetryAt(NOW + 120, hold_until=NOW + 120),
+        target={"throttled_until": NOW + 120, "throttles": "absent"},
     ),
     "a delay longer than the receiver's wait is kept": Case(
-        DEFAULT, asked_wait(1), RetryAt(NOW + 8), attempts=2, in_its_cycle=2
+        DEFAULT, asked_wait(1), RetryAt(NOW + 8, hold_until=NOW + 1), attempts=2, in_its_cycle=2
     ),
     "a huge wait is capped": Case(
-        DEFAULT, asked_wait(10**6), RetryAt(NOW + DEFAULT_RETRY_AFTER_CAP)
+        DEFAULT,
+        asked_wait(10**6),
+        RetryAt(NOW + DEFAULT_RETRY_AFTER_CAP, hold_until=NOW + DEFAULT_RETRY_AFTER_CAP),
     ),
     "a wait is capped by max_delay": Case(
-        Rules(RetryPolicy(jitter=0, max_delay=60)), asked_wait(600), RetryAt(NOW + 60)
+        Rules(RetryPolicy(jitter=0, max_delay=60)),
+        asked_wait(600),
+        RetryAt(NOW + 60, hold_until=NOW + 60),
     ),
     # -- a person's retry now ----------------------------------------------------
     "a manual retry of a pending one that fails keeps its place": Case(
@@ -215,23 +229,94 @@ CASES = {
         health=TargetHealth(4, 4),
         streak=FailureStreak(4, 4),
     ),
-    # -- a receiver's wait: on a paced target it holds the pace ------------------
-    "paced: the delivery lines up by arrival, held until the wait ends": Case(
-        PACED, asked_wait(30), RetryAt(RECEIVED, hold_until=NOW + 30)
+    # -- a receiver's throttle: the whole target held, no retry spent ------------
+    "a 429 holds the target for its Retry-After, the delivery first in line": Case(
+        DEFAULT,
+        throttled(30),
+        RetryAt(RECEIVED, hold_until=NOW + 30),
+        in_cycle=False,
+        streak=FailureStreak(0, 1),
+        target={"throttled_until": NOW + 30, "throttles": 1, "consecutive_failures": 1},
     ),
-    "paced: a person's retry keeps its own time": Case(
-        PACED,
-        asked_wait(30),
+    "without a Retry-After, the first hold is the first retry's delay": Case(
+        DEFAULT,
+        throttled(),
+        RetryAt(RECEIVED, hold_until=NOW + 2),
+        in_cycle=False,
+        target={"throttled_until": NOW + 2, "throttles": 1},
+    ),
+    "... and it grows while 429s continue": Case(
+        DEFAULT,
+        throttled(),
+        RetryAt(RECEIVED, hold_until=NOW + 8),
+        in_cycle=False,
+        health=TargetHealth(throttled_until=NOW - 1, throttles=2),
+        target={"throttled_until": NOW + 8, "throttles": 3},
+    ),
+    "a 429 to a request sent before the hold ended does not grow it": Case(
+        DEFAULT,
+        throttled(),
+        RetryAt(RECEIVED, hold_until=NOW + 5),
+        in_cycle=False,
+        health=TargetHealth(throttled_until=NOW + 5, throttles=2),
+        started=NOW - 1,
+        target={"throttled_until": NOW + 5, "throttles": "absent"},  # as it was
+    ),
+    "a success ends the episode: the next throttle starts from the first delay": Case(
+        DEFAULT,
+        OK,
+        Delivered(),
+        health=TargetHealth(throttled_until=NOW - 1, throttles=3, last_success_at=NOW - 0.1),
+        target={"throttles": 0},
+    ),
+    "so does any other answer": Case(
+        DEFAULT,
+        FAILED,
+        RetryAt(NOW + 2),
+        health=TargetHealth(throttled_until=NOW - 1, throttles=3),
+        target={"throttles": 0},
+    ),
+    "a 429 spends no retry, past the last one included": Case(
+        DEFAULT,
+        throttled(30),
+        RetryAt(RECEIVED, hold_until=NOW + 30),
+        in_cycle=False,
+        attempts=15,
+        in_its_cycle=15,
+    ),
+    "a 429 is no down answer: a down target's probe brings it up, held": Case(
+        HELD,
+        throttled(),
+        RetryAt(RECEIVED, hold_until=NOW + 2),
+        in_cycle=False,
+        probe=True,
+        health=DOWN_ROW,
+        streak=FailureStreak(5, 6, came_up=True, down_for=100.0),
+        target={"down_since": None, "down_streak": 0, "throttled_until": NOW + 2},
+    ),
+    "a 429 for a payload failing alone is an ordinary retry, nothing held": Case(
+        HELD,
+        throttled(),
+        RetryAt(NOW + 4),
+        attempts=1,
+        in_its_cycle=1,
+        health=TargetHealth(2, 2, successes=9),
+        history=History(seen_successes=8),
+        target={"throttled_until": "absent"},
+    ),
+    "a person's retry keeps its own time, the target held": Case(
+        DEFAULT,
+        throttled(30),
         RetryAt(NOW + 600, hold_until=NOW + 30),
         in_cycle=False,
         manual=(Status.PENDING, NOW + 600),
+        target={"throttled_until": NOW + 30},
     ),
-    "paced: the wait does not keep the last retry alive": Case(
-        PACED,
-        asked_wait(30),
-        Dead("HTTP 429 (gave up after 16 attempts)"),
-        attempts=15,
-        in_its_cycle=15,
+    "retries off: a 429 is final, and still holds the target": Case(
+        Rules(RetryPolicy(retry_on_error=False)),
+        throttled(30),
+        Dead("HTTP 429 (retries are off for this target)"),
+        target={"throttled_until": NOW + 30},
     ),
 }
 
@@ -256,7 +341,7 @@ def claimed(case: Case) -> ClaimedDelivery:
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_what_follows_one_attempt(case: Case) -> None:
-    attempted = Attempted(claimed(case), case.outcome, NOW, probe=case.probe)
+    attempted = Attempted(claimed(case), case.outcome, NOW, probe=case.probe, started=case.started)
     got = step(case.rules, attempted, case.health, case.history)
     assert (got.then, got.in_cycle) == (case.then, case.in_cycle)
     if case.streak is not None:

@@ -118,6 +118,9 @@ class TargetLimits:
     paces: tuple[tuple[str, float], ...] = ()
     # While down, one probe at a time for the whole cluster (`allowed`).
     hold_when_down: bool = False
+    # The pacing rows a receiver's wait holds besides the target (its rate
+    # groups'; Telegram's chat, not its bot: TargetConfig.held_by_a_wait).
+    held_paces: tuple[str, ...] = ()
 
 
 def cluster_limits(config: Config) -> dict[str, TargetLimits]:
@@ -125,11 +128,16 @@ def cluster_limits(config: Config) -> dict[str, TargetLimits]:
     limits = {}
     for name, target in config.targets.items():
         paces = []
+        held = []
         if target.rate is not None:
             paces.append((f"target:{name}", CLUSTER_PACE_MARGIN / target.rate.per_second))
         for group, rate in target.shared_rates:
             paces.append((f"group:{group}", CLUSTER_PACE_MARGIN / rate.per_second))
-        limits[name] = TargetLimits(target.concurrency, tuple(paces), target.hold_when_down)
+            if target.held_by_a_wait is None or group in target.held_by_a_wait:
+                held.append(f"group:{group}")
+        limits[name] = TargetLimits(
+            target.concurrency, tuple(paces), target.hold_when_down, tuple(held)
+        )
     return limits
 
 
@@ -162,11 +170,20 @@ async def allowed(
     leased = await _leased(connection, list(known), now, instance_id, dead_after, unanswered or {})
     held = sorted(target for target, rule in known.items() if rule.hold_when_down)
     down = await _down_states(connection, held) if held else {}
+    throttled = await _throttled(connection, list(known), now)
     result = {}
     for target, limit in wanted.items():
         rule = known.get(target)
         if rule is not None:
-            limit = room(limit, rule, leased.get(target, 0), next_at, down.get(target), now)
+            limit = room(
+                limit,
+                rule,
+                leased.get(target, 0),
+                next_at,
+                down.get(target),
+                now,
+                throttled.get(target),
+            )
         if limit > 0:
             result[target] = limit
     return result, {target: state for target, state in down.items() if target in result}
@@ -179,6 +196,7 @@ def room(
     next_at: Mapping[str, float],
     down: DownState | None,
     now: float,
+    throttled_until: float | None = None,
 ) -> int:
     """How many of `limit` deliveries of a target may be claimed: the least
     that each of its rules allows (a rule that does not apply allows any)."""
@@ -186,6 +204,7 @@ def room(
         concurrency_room(rule, leased),
         pace_room(rule, next_at, now),
         probe_room(down, leased, now),
+        throttle_room(throttled_until, leased, now),
     )
     return min([limit, *(allows for allows in rules if allows is not None)])
 
@@ -271,6 +290,29 @@ async def _down_states(connection: Connection, held: list[str]) -> dict[str, Dow
     )
     states = map(TARGET_STATE.from_row, rows)
     return {state.name: state.down for state in states if state.down is not None}
+
+
+async def _throttled(connection: Connection, targets: list[str], now: float) -> dict[str, float]:
+    """The targets held by a receiver (relay.delivery.step, rule 4), or in
+    a throttle's episode, with when the hold ends, as the instance that met
+    it recorded it. Read without a lock: a hold recorded while this claim
+    runs is seen by the next one."""
+    rows = await connection.fetch(
+        "SELECT name, throttled_until FROM targets WHERE name = ANY($1::text[])"
+        " AND (throttled_until > $2 OR throttles > 0)",
+        targets,
+        now,
+    )
+    return {name: until for name, until in rows}
+
+
+def throttle_room(until: float | None, leased: int, now: float) -> int | None:
+    """A target a receiver holds (`until`: when the hold ends, or ended in a
+    throttle's episode still on) gives nothing until the hold ends; then, as
+    long as the episode lasts, one delivery at a time for the whole cluster."""
+    if until is None:
+        return None
+    return 1 if until <= now and leased == 0 else 0
 
 
 async def took(

@@ -160,7 +160,11 @@ def _answered(records: Sequence[Record], steps: list[Step]) -> list[Step]:
 
 
 def _all_up(health: dict[str, TargetHealth], targets: list[str]) -> bool:
-    return len(health) == len(targets) and all(health[t].down_since is None for t in targets)
+    """Every target up and in no throttle's episode: a success changes only
+    SUCCESSES's columns of their rows."""
+    return len(health) == len(targets) and all(
+        health[t].down_since is None and health[t].throttles == 0 for t in targets
+    )
 
 
 async def _health(
@@ -238,9 +242,11 @@ async def _one(connection: Connection, record: Record) -> Step:
 
 
 async def _hold_paces(connection: Connection, limits: TargetLimits | None, until: float) -> None:
-    """A receiver's wait holds the target's paces for every instance: none
-    claims for them before `until` (cluster.allowed reads these rows)."""
-    names = [name for name, _ in limits.paces] if limits is not None else []
+    """A receiver's wait holds the paces it is about (a rate group's, a
+    Telegram chat's) for every instance: none claims for them before `until`
+    (cluster.allowed reads these rows). The target itself is held by its
+    row's throttled_until."""
+    names = list(limits.held_paces) if limits is not None else []
     if names:
         await connection.execute(
             "UPDATE pacing SET next_at = GREATEST(next_at, $1) WHERE name = ANY($2::text[])",

@@ -303,6 +303,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        11,
+        "receivers' throttles: a target held until a moment, and the episode's count",
+        [
+            # As on SQLite (migration 14): the cluster's, every instance's claim reads it.
+            "ALTER TABLE targets ADD COLUMN throttled_until DOUBLE PRECISION",
+            "ALTER TABLE targets ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -309,20 +309,41 @@ async def exchange(
 # -- what an answer means -----------------------------------------------------------
 
 
-def classify(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:
-    """An HTTP target's answer as design says: 2xx delivered; 429 and 5xx
-    retried (their Retry-After honoured); anything else dead."""
+def classify(
+    status: int,
+    headers: CIMultiDictProxy[str],
+    excerpt: bytes,
+    temporary: frozenset[int] = frozenset(),
+) -> Outcome:
+    """An HTTP target's answer as design says: 2xx delivered; 5xx retried;
+    429, a status the target declares `temporary` (amoCRM's 403 while it
+    blocks an address) and Bitrix24's QUERY_LIMIT_EXCEEDED (a 503) are a
+    throttle: retried, the whole target held (relay.delivery.step, rule 4);
+    a Retry-After honoured; anything else dead."""
     if 200 <= status < 300:
         return Outcome.success(status, excerpt)
     reason = f"HTTP {status}"
     said = answer_says(excerpt)
     if said:
         reason += f": {said}"
-    if status == 429 or status >= 500:
-        # Bitrix24's QUERY_LIMIT_EXCEEDED is a 503: a retry, like every 5xx.
+    if status == 429 or status >= 500 or status in temporary:
         retry_after = parse_retry_after(headers.get("Retry-After"))
-        return Outcome.retry(reason, status, excerpt, retry_after)
+        throttle = status == 429 or status in temporary or _query_limit(status, excerpt)
+        return Outcome.retry(reason, status, excerpt, retry_after, throttle=throttle)
     return Outcome.fail(reason, status, excerpt)
+
+
+def _query_limit(status: int, excerpt: bytes) -> bool:
+    """Bitrix24's rate limit: a 503 whose JSON says {"error":
+    "QUERY_LIMIT_EXCEEDED"} (apidocs.bitrix24.com, "REST API limits": past
+    its leaky bucket's threshold every request is refused so)."""
+    if status != 503 or b"QUERY_LIMIT_EXCEEDED" not in excerpt:
+        return False
+    try:
+        answer = orjson.loads(excerpt)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(answer, dict) and answer.get("error") == "QUERY_LIMIT_EXCEEDED"
 
 
 # Where JSON APIs put their reason: Bitrix24 ({"error": "...", "error_description":
