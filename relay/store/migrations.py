@@ -325,13 +325,17 @@ def migrate(connection: sqlite3.Connection) -> int:
         " version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)"
     )
     start = current_version(connection)
+    # Every migration not recorded is applied, in order: one numbered below
+    # the newest recorded (two made side by side, applied in the other
+    # order) is not passed over.
+    applied = applied_versions(connection)
     for version, description, statements in MIGRATIONS:
-        if version <= start:
+        if version in applied:
             continue
         connection.execute("BEGIN IMMEDIATE")
         try:
             # Another process may have applied it while we waited for the lock.
-            if current_version(connection) >= version:
+            if version in applied_versions(connection):
                 connection.execute("ROLLBACK")
                 continue
             for statement in statements:
@@ -345,6 +349,10 @@ def migrate(connection: sqlite3.Connection) -> int:
             connection.execute("ROLLBACK")
             raise
     return start
+
+
+def applied_versions(connection: sqlite3.Connection) -> set[int]:
+    return {row[0] for row in connection.execute("SELECT version FROM schema_migrations")}
 
 
 def current_version(connection: sqlite3.Connection) -> int:

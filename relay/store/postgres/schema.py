@@ -325,8 +325,12 @@ async def migrate(connection: asyncpg.Connection) -> int:
             " applied_at DOUBLE PRECISION NOT NULL)"
         )
         start = await current_version(connection)
+        # Every migration not recorded is applied, in order (as on SQLite).
+        applied = {
+            row[0] for row in await connection.fetch("SELECT version FROM schema_migrations")
+        }
         for version, description, statements in MIGRATIONS:
-            if version <= start:
+            if version in applied:
                 continue
             async with connection.transaction():
                 for statement in statements:
