@@ -412,6 +412,8 @@ class Relay:
             # Whether this instance leads is known before anything asks.
             await self.leadership.check()
             now = self.clock.now()
+            # The routes failing when relay last stopped (their streaks go on).
+            await self.alerter.load()
             recovered = await self.store.recover_orphans(now)
             if recovered:
                 log.warning(

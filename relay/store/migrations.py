@@ -313,6 +313,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        14,
+        "a route's failed attempts in a row at each target, kept across restarts",
+        [
+            # What the alerts "failing" and "recovered" count (relay.store.streaks):
+            # kept here, a streak that began before a restart ends after it.
+            """
+            CREATE TABLE route_streaks (
+                route TEXT NOT NULL,
+                target TEXT NOT NULL,
+                failures INTEGER NOT NULL,
+                last_error TEXT,
+                updated_at REAL NOT NULL,
+                PRIMARY KEY (route, target)
+            )
+            """
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -303,6 +303,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        14,
+        "a route's failed attempts in a row at each target, the cluster's",
+        [
+            # Every instance's attempts count into one row per route and
+            # target (relay.store.postgres.streaks).
+            """
+            CREATE TABLE route_streaks (
+                route TEXT NOT NULL,
+                target TEXT NOT NULL,
+                failures INTEGER NOT NULL,
+                last_error TEXT,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (route, target)
+            )
+            """
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]
