@@ -808,8 +808,17 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
     relay.metrics.reloads.labels("ok").inc()
     relay.metrics.reload_failed.set(0)
     log.info("reloaded %s: %d routes, %d targets", source, len(config.routes), len(config.targets))
+    sockets = {"server.listen": "ingress", "admin.listen": "admin"}
     for key in needs_restart:
-        log.warning("%s changed: it takes effect at the next restart", key)
+        if sockets.get(key) in relay.from_systemd:
+            log.warning(
+                "%s changed, but the %s socket is systemd's: change ListenStream= in its"
+                " socket unit too, then restart the socket",
+                key,
+                sockets[key],
+            )
+        else:
+            log.warning("%s changed: it takes effect at the next restart", key)
     notifier.send("READY=1", f"STATUS={await _status_or_trouble(relay)}")
 
 

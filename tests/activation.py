@@ -70,20 +70,21 @@ def service_sockets(service: Path = UNITS / "relay.service") -> list[SocketUnit]
 class SocketUnits:
     """The listening sockets of socket units, held as systemd holds them: open
     from `listen()` to `close()`, whatever the processes started on them do.
-    `ports` moves a unit's port (the units name 8080 and 8081, which another
-    test may hold); by default each listens on a free port of 127.0.0.1."""
+    Each listens on a free port of its unit's address (the units name 8080
+    and 8081, which another test may hold), or, `as_written`, on its unit's."""
 
-    def __init__(self, units: Sequence[SocketUnit], ports: Mapping[str, int] | None = None):
+    def __init__(self, units: Sequence[SocketUnit], *, as_written: bool = False):
         self.units = list(units)
-        self._ports = dict(ports or {})
+        self._as_written = as_written
         self.sockets: dict[str, socket.socket] = {}
 
     def listen(self) -> SocketUnits:
         for unit in self.units:
-            host = unit.listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+            host, _, port = unit.listen.rpartition(":")
+            host = host.strip("[]") or "127.0.0.1"
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as systemd does
-            sock.bind((host, self._ports.get(unit.name, 0)))
+            sock.bind((host, int(port) if self._as_written else 0))
             sock.listen(unit.backlog)
             self.sockets[unit.name] = sock
         return self

@@ -25,7 +25,7 @@ from pytest_aiohttp import AiohttpServer
 from relay.ops.systemd import ActivationError, inherited_listeners
 
 from activation import SocketUnits, service_sockets
-from helpers import RELAY, RelayProcess, Sink, free_port, write_config
+from helpers import RELAY, RelayProcess, Sink, eventually, free_port, write_config
 
 
 @pytest.fixture
@@ -88,6 +88,17 @@ async def test_relay_serve_takes_its_listeners_from_systemd(
             in log
         )
         assert f"server.listen is 127.0.0.1:{elsewhere}, but the ingress socket" in log
+        # A reload that moves it says where the address is decided.
+        config.write_text(
+            config.read_text().replace(f"127.0.0.1:{elsewhere}", f"127.0.0.1:{free_port()}")
+        )
+        assert relay.process is not None
+        relay.process.send_signal(signal.SIGHUP)
+
+        async def told() -> bool:
+            return "the ingress socket is systemd's: change ListenStream=" in relay.log()
+
+        await eventually(told)
     finally:
         assert relay.stop() == 0
 
