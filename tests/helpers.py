@@ -257,7 +257,9 @@ class RelayProcess:
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            text = self.log_path.read_bytes()[self._log_offset :].decode(errors="replace")
+            with self.log_path.open("rb") as written:  # this run's part of a log many share
+                written.seek(self._log_offset)
+                text = written.read().decode(errors="replace")
             match = re.search(r"ingress on (http://\S+?),", text)
             if match:
                 self.url = match.group(1)
