@@ -166,7 +166,7 @@ def figures_of(senders: list[Sender], kills: list[float], stops: list[float]) ->
 
 @pytest.mark.parametrize(
     "restarts",
-    [pytest.param(3, id="3-restarts"), pytest.param(20, marks=pytest.mark.slow, id="20-restarts")],
+    [pytest.param(2, id="2-restarts"), pytest.param(20, marks=pytest.mark.slow, id="20-restarts")],
 )
 @pytest.mark.timeout(300)
 async def test_restarts_refuse_reset_and_lose_no_webhook(
