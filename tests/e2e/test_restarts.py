@@ -117,7 +117,7 @@ class Sender:
                 self.sent.append(sent)
                 try:
                     async with http.post(
-                        self.url, json={"n": n}, headers={"Idempotency-Key": sent.key}
+                        self.url, json={"key": sent.key}, headers={"Idempotency-Key": sent.key}
                     ) as answer:
                         await answer.read()
                         sent.status = answer.status
@@ -178,7 +178,7 @@ async def test_restarts_refuse_reset_and_lose_no_webhook(
     async def sometimes_slow(request: web.Request, number: int) -> web.StreamResponse:
         if rng.random() < 0.05:
             await asyncio.sleep(rng.uniform(0.2, 1.5))
-        delivered.add(request.headers["Idempotency-Key"])
+        delivered.add((await request.json())["key"])  # the body, as sent (format "raw")
         return web.Response(status=200)
 
     server = await aiohttp_server(Sink(script=sometimes_slow).app())
