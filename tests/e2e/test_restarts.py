@@ -142,6 +142,15 @@ def figures_of(senders: list[Sender], kills: list[float], stops: list[float]) ->
         "failed": dict(Counter(s.error for s in sent if s.error)),
         "failed_in_progress_at_a_kill": len(in_progress_at_a_kill),
         "longest_wait_s": round(max(s.waited for s in answered), 3),
+        # Left out: those waiting while the killed relay was down (RestartSec=).
+        "longest_wait_at_a_sigterm_s": round(
+            max(
+                s.waited
+                for s in answered
+                if not any(s.started <= kill + RESTART_SEC and s.ended >= kill for kill in kills)
+            ),
+            3,
+        ),
         "waits_over_1s": sum(s.waited > 1 for s in answered),
         "by_sender": {
             sender.name: {
