@@ -12,7 +12,8 @@ import logging
 import os
 import random
 import signal
-from collections.abc import Callable, Coroutine, Mapping
+import socket
+from collections.abc import Callable, Coroutine, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ from relay.loader.registry import build_target
 from relay.ops import logs
 from relay.ops.logs import log_attempt
 from relay.ops.metrics import Metrics
-from relay.ops.systemd import Notifier, watchdog
+from relay.ops.systemd import BACKLOG, ActivationError, Notifier, inherited_listeners, watchdog
 from relay.store import Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
 
@@ -114,6 +115,7 @@ class Relay:
         poll_interval: float = 1.0,
         log_attempts: bool = True,
         memory_quiet: float = QUIET_SECONDS,
+        listeners: Mapping[str, socket.socket] | None = None,
     ) -> None:
         config = with_admin_token(config)
         logs.reconfigure(config)  # a token just written is masked from the first line
@@ -192,10 +194,9 @@ class Relay:
             leading=self._leading,
             route_health=self._route_health,
         )
-        grace = config.server.shutdown_timeout
         # Everything that runs beside the listeners, in the order it starts and stops.
         self.services = [
-            Service("scheduler", self.scheduler.run, lambda: self.scheduler.stop(grace)),
+            Service("scheduler", self.scheduler.run, lambda: self.scheduler.stop(self._grace())),
             Service("retention", self.retention.run, self.retention.stop),
             Service("search-indexer", self.indexer.run, self.indexer.stop),
             Service("database-watch", self.database_watch.run, self.database_watch.stop),
@@ -210,6 +211,14 @@ class Relay:
                 Service("leadership", self.leadership.run, self.leadership.stop),
             ]
         self._lock = serve_lock(config.storage)
+        # Listening sockets systemd passed (socket activation), by name: used
+        # instead of binding server.listen / admin.listen.
+        self._inherited = dict(listeners or {})
+        # The listeners that came from systemd, at the address each listens on.
+        self.from_systemd: dict[str, Listen] = {}
+        # When a stop must be over, and when attempts in flight must be (`stop`).
+        self._stop_by: float | None = None
+        self._attempts_by: float | None = None
         self._runners: dict[str, web.BaseRunner] = {}
         self._ingress_listener: asyncio.Server | None = None
         self.connection_caps: dict[str, ConnectionCap | None] = {}
@@ -306,24 +315,59 @@ class Relay:
         listen = self.config.server.listen
         cap = ConnectionCap(self.ingress.server(), limit, "ingress")
         loop = asyncio.get_running_loop()
+        inherited = self._inherited.pop("ingress", None)
         try:
-            self._ingress_listener = await loop.create_server(
-                cap, listen.host, listen.port, backlog=1024
-            )
+            if inherited is not None:
+                self._ingress_listener = await loop.create_server(
+                    cap, sock=inherited, backlog=BACKLOG
+                )
+            else:
+                self._ingress_listener = await loop.create_server(
+                    cap, listen.host, listen.port, backlog=BACKLOG
+                )
         except OSError as error:
             raise _cannot_listen(listen, "ingress", error) from None
         self.connection_caps["ingress"] = cap
+        if inherited is not None:
+            self._activated("ingress", inherited, listen, "server.listen")
+
+    def _activated(self, name: str, sock: socket.socket, listen: Listen, key: str) -> Listen:
+        """Note a listener systemd passed; say so when the config names another
+        address. The socket unit's wins: it is the address systemd listens on
+        while relay is stopped, and the one relay is given."""
+        host, port = sock.getsockname()[:2]
+        bound = Listen(host, port)
+        self.from_systemd[name] = bound
+        if bound != listen:
+            log.warning(
+                "%s is %s, but the %s socket systemd passed listens on %s: systemd's"
+                " (ListenStream= of its socket unit) is used; make them the same",
+                key,
+                listen,
+                name,
+                bound,
+            )
+        return bound
 
     async def _close_ingress(self) -> None:
-        """Stop listening; requests waiting for their commit still get their answer."""
+        """The ingress's part of a stop, last: see `stop`."""
         listener, self._ingress_listener = self._ingress_listener, None
         if listener is None:
             return
-        listener.close()
-        await self.ingress.server().shutdown(self.config.server.shutdown_timeout)
+        await self.ingress.server().drain(listener.close, self._stop_by or 0.0)
         await listener.wait_closed()
 
     async def _listen_admin(self, app: web.Application, listen: Listen, limit: int) -> None:
+        inherited = self._inherited.pop("admin", None)
+        if inherited is not None:
+            bound = self._activated("admin", inherited, listen, "admin.listen")
+            if self.config.admin.token is None and not bound.is_loopback:
+                inherited.close()
+                raise StartError(
+                    f"the admin socket systemd passed listens on {bound}, not on loopback,"
+                    " and [admin] has no token: set admin.token, or ListenStream=127.0.0.1:PORT"
+                    " in relay-admin.socket"
+                )
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -331,6 +375,8 @@ class Relay:
             logger=server_log,
             # An idle dashboard or API connection is closed, not kept for an hour.
             keepalive_timeout=self.config.server.read_timeout,
+            # At a stop, how long its requests under way may finish (see `stop`).
+            shutdown_timeout=ADMIN_GRACE,
         )
         await runner.setup()
         self._runners["admin"] = runner
@@ -345,6 +391,7 @@ class Relay:
                 # are answered even with every slot busy.
                 head_timeout=self.config.server.read_timeout,
                 probes=True,
+                sock=inherited,
             )
             await site.start()
         except OSError as error:
@@ -365,6 +412,8 @@ class Relay:
             # Whether this instance leads is known before anything asks.
             await self.leadership.check()
             now = self.clock.now()
+            # The routes failing when relay last stopped (their streaks go on).
+            await self.alerter.load()
             recovered = await self.store.recover_orphans(now)
             if recovered:
                 log.warning(
@@ -386,8 +435,16 @@ class Relay:
                 if admin.token is None:
                     log.warning(
                         "admin API on %s has no token: anyone on this machine can use it",
-                        admin.listen,
+                        self.from_systemd.get("admin", admin.listen),
                     )
+            for name in list(self._inherited):
+                log.warning(
+                    "systemd passed the %s socket, which relay does not use ([admin] enabled"
+                    " = false): its connections would wait unanswered; take its unit out of"
+                    " Sockets= and Requires= in relay.service, and disable it",
+                    name,
+                )
+            self._close_inherited()
         except BaseException:
             await self.stop()
             raise
@@ -512,26 +569,54 @@ class Relay:
         leading = "leading the cluster: " if self.leadership.shared else ""
         return f"{leading}pending {pending}, dead {dead}, last delivery {when}"
 
+    def _grace(self) -> float:
+        """How long attempts in flight may still take to finish (`stop`)."""
+        if self._attempts_by is None:
+            return self.config.server.shutdown_timeout
+        return max(0.0, self._attempts_by - asyncio.get_running_loop().time())
+
+    def _close_inherited(self) -> None:
+        for sock in self._inherited.values():
+            sock.close()
+        self._inherited.clear()
+
     async def stop(self) -> bool:
-        """Stop taking webhooks, finish what is in flight, close everything.
+        """Stop delivering first and taking webhooks last, within one budget.
+
+        `server.shutdown_timeout` is the whole stop's (the unit's
+        TimeoutStopSec= is longer by what closing the database takes). The
+        scheduler stops claiming, and attempts in flight may finish until all
+        but the ingress's share of it (INGRESS_SHARE, at most a quarter) is
+        spent, while webhooks are still answered as always; then the other
+        services stop and the admin listener closes. The ingress goes last
+        (`Http1Server.drain`): every answer closes its connection, idle
+        connections are closed, the listener stops accepting (under socket
+        activation new connections wait in systemd's queue for the next
+        process), and the requests already read are answered, by the end of
+        the budget. Then the targets, the database and its lock.
 
         Each step runs even when one before it failed (a failure is one log
         line): the database and its lock are always let go. True if all went well.
         """
         self._stopping = True
-        # Stops listening and lets requests waiting on a commit get their answer.
-        steps: list[tuple[str, Callable[[], object]]] = [
-            ("closing the ingress listener", self._close_ingress)
-        ]
+        budget = self.config.server.shutdown_timeout
+        self._stop_by = asyncio.get_running_loop().time() + budget
+        self._attempts_by = self._stop_by - min(INGRESS_SHARE, budget / 4)
         tasks, self._tasks = self._tasks, []
-        steps.append(("closing ingress", self.ingress.close))
-        steps += [(f"stopping {service.name}", service.stop) for service in self.services]
+        steps: list[tuple[str, Callable[[], object]]] = [
+            (f"stopping {service.name}", service.stop) for service in self.services
+        ]
         steps.append(("waiting for tasks", lambda: asyncio.gather(*tasks, return_exceptions=True)))
         admin = self._runners.pop("admin", None)
         if admin is not None:
             steps.append(("closing the admin listener", admin.cleanup))
+        steps += [
+            ("closing the ingress listener", self._close_ingress),
+            ("closing ingress", self.ingress.close),
+        ]
         steps += [("closing", closer) for closer in reversed(self._opened)]
         self._opened.clear()
+        steps.append(("closing sockets not used", self._close_inherited))
         clean = True
         for what, step in steps:
             clean &= await _quietly(what, step)
@@ -572,6 +657,13 @@ def _how_it_ended(task: asyncio.Task[None]) -> str:
 
 
 SLOW_STOP_STEP = 5.0
+# Of a stop's budget, what the ingress keeps for its part, last (at most a
+# quarter of it): closing its idle connections, then answering the requests it
+# has read, whose commits take milliseconds (busy_timeout at worst).
+INGRESS_SHARE = 5.0
+# How long the admin listener's requests under way may finish at a stop: its
+# requests are an operator's, short; the budget is the webhooks'.
+ADMIN_GRACE = 1.0
 
 
 async def _quietly(what: str, step: Callable[[], object]) -> bool:
@@ -594,16 +686,18 @@ async def _quietly(what: str, step: Callable[[], object]) -> bool:
     return True
 
 
-async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int:
+async def serve(config: Config, environ: MutableMapping[str, str] | None = None) -> int:
     """`relay serve`: run until SIGTERM or SIGINT; SIGHUP re-reads the config.
+    The listeners are systemd's when it passed them (socket activation), else
+    bound here.
 
     Returns the exit code: 0 after a requested stop, 1 when relay could not
     start or a background task died (systemd then restarts it)."""
     notifier = Notifier(environ)
     try:
-        relay = Relay(config)
+        relay = Relay(config, listeners=inherited_listeners(environ))
         await relay.start()
-    except (StartError, ConfigError) as error:
+    except (StartError, ConfigError, ActivationError) as error:
         log.error("%s", error)
         return 1
     loop = asyncio.get_running_loop()
@@ -619,7 +713,8 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> int
             loop.add_signal_handler(signum, log.info, "already stopping: signal %d ignored", signum)
         notifier.stopping()
         log.info(
-            "stopping: finishing attempts in flight (up to %gs)",
+            "stopping within %gs: attempts in flight finish while webhooks are answered,"
+            " then the listeners close",
             relay.config.server.shutdown_timeout,
         )
         clean = await relay.stop()
@@ -643,6 +738,16 @@ async def _run(relay: Relay, notifier: Notifier, loop: asyncio.AbstractEventLoop
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
+    if relay.from_systemd:
+        log.info(
+            "listeners from systemd (socket activation): %s%s",
+            ", ".join(f"{name} on {listen}" for name, listen in relay.from_systemd.items()),
+            "".join(
+                f"; {name} bound by relay"
+                for name, enabled in (("ingress", True), ("admin", config.admin.enabled))
+                if enabled and name not in relay.from_systemd
+            ),
+        )
     admin = f", admin on {relay.admin_url}" if config.admin.enabled else ""
     # In a cluster, which instance this is (its leases, its connections' name).
     instance = f" as instance {relay.store.instance_id}" if isinstance(relay.store, Shared) else ""
@@ -703,8 +808,17 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
     relay.metrics.reloads.labels("ok").inc()
     relay.metrics.reload_failed.set(0)
     log.info("reloaded %s: %d routes, %d targets", source, len(config.routes), len(config.targets))
+    sockets = {"server.listen": "ingress", "admin.listen": "admin"}
     for key in needs_restart:
-        log.warning("%s changed: it takes effect at the next restart", key)
+        if sockets.get(key) in relay.from_systemd:
+            log.warning(
+                "%s changed, but the %s socket is systemd's: change ListenStream= in its"
+                " socket unit too, then restart the socket",
+                key,
+                sockets[key],
+            )
+        else:
+            log.warning("%s changed: it takes effect at the next restart", key)
     notifier.send("READY=1", f"STATUS={await _status_or_trouble(relay)}")
 
 

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -225,8 +225,14 @@ class RelayProcess:
         env: Mapping[str, str] | None = None,
         *,
         max_open_files: int | None = None,
+        wrapper: Sequence[str] = (),
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.config_path = config_path
+        # A command that execs `relay serve` (keeping its pid), and the
+        # descriptors it inherits: tests/activation.py passes sockets so.
+        self.wrapper = list(wrapper)
+        self.pass_fds = tuple(pass_fds)
         self.log_path = log_path
         # A fatal signal makes Python print every thread's stack: a relay that
         # does not stop is sent SIGABRT, so its log says where it was stuck.
@@ -240,17 +246,20 @@ class RelayProcess:
         log = self.log_path.open("ab")
         self._log_offset = self.log_path.stat().st_size
         self.process = subprocess.Popen(
-            [*RELAY, "serve", "--config", str(self.config_path)],
+            [*self.wrapper, *RELAY, "serve", "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
             preexec_fn=self._limit if self.max_open_files else None,
+            pass_fds=self.pass_fds,
         )
         RelayProcess.started.append(self)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            text = self.log_path.read_bytes()[self._log_offset :].decode(errors="replace")
+            with self.log_path.open("rb") as written:  # this run's part of a log many share
+                written.seek(self._log_offset)
+                text = written.read().decode(errors="replace")
             match = re.search(r"ingress on (http://\S+?),", text)
             if match:
                 self.url = match.group(1)

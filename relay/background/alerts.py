@@ -5,6 +5,13 @@ named in `[alerts] target` with its own retries, so an alert outlives a
 restart once created. Within a group window everything that happened makes
 one message. Nothing about the alert route or the alert target itself
 raises an alert: a broken alert channel cannot feed itself.
+
+A route "failing" at a target and "recovered" are told from its failed
+attempts in a row, kept in the store (relay.store.streaks), not in this
+process: a person who restarts relay during an outage (a changed relay.env)
+is still told when it ends. Attempts are counted into it in runs, soon after
+they are made (COUNT_EVERY) and at a stop; on PostgreSQL the streak is the
+cluster's.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -22,6 +29,7 @@ from relay.core.clock import Clock
 from relay.core.outcome import Verdict
 from relay.core.payload import Payload
 from relay.core.records import Dead
+from relay.core.spell import Spell
 from relay.core.units import count, format_duration
 from relay.delivery.scheduler import AttemptReport
 from relay.store import (
@@ -31,8 +39,11 @@ from relay.store import (
     Intake,
     NewDelivery,
     NewEvent,
+    RouteRun,
+    RouteStreak,
     Status,
     StoreError,
+    Streaks,
 )
 from relay.targets.alerting import ALERTS_ROUTE
 
@@ -52,6 +63,13 @@ Note = dict[str, Any]
 
 # How often the leading instance of a cluster looks for other instances' notes.
 NOTES_POLL = 1.0
+# Attempts are counted into their route's streak (in the store) at most this
+# often: what a kill -9 may lose of a streak, and a write a second at most.
+COUNT_EVERY = 1.0
+
+
+class AlertStore(Intake, Streaks, Protocol):
+    """What alerts keep in the store: their own events, and the streaks."""
 
 
 @dataclass
@@ -116,11 +134,10 @@ def quoted(answer: bytes) -> str | None:
     return text if len(text) <= ANSWER_QUOTED else text[: ANSWER_QUOTED - 1] + "…"
 
 
-def notes_on(
-    report: AttemptReport, config: AlertsConfig, route_streak: tuple[int, int] | None = None
-) -> list[Note]:
-    """What this attempt gives an alert to say (mostly nothing). `route_streak`:
-    its route and target's failures in a row before and after it (RouteHealth)."""
+def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
+    """What this attempt gives an alert to say at once (mostly nothing): a
+    delivery gone dead, a target down or up. A route failing or recovered is
+    told once the attempt is counted into its streak (`streak_notes`)."""
     delivery = report.delivery
     if config.target is None or delivery.route == ALERTS_ROUTE:
         return []
@@ -169,59 +186,67 @@ def notes_on(
                 "down_seconds": round(streak.down_for, 3),
             }
         )
-    if route_streak is None:
-        return notes
-    # Failing and recovered are per route and target: a CRM that takes every
-    # order but refuses every lead (a wrong field mapping) is failing for the
-    # leads route, and an order delivered meanwhile does not say "recovered".
-    threshold = config.failing_after
-    before, after = route_streak
-    if report.outcome.verdict is not Verdict.SUCCESS and after == threshold > before:
-        notes.append(
-            {
-                "kind": "failing",
-                "target": name,
-                "route": delivery.route,
-                "failures": after,
-                "error": error,
-                "answer": answer,
-            }
-        )
-    elif report.outcome.verdict is Verdict.SUCCESS and before >= threshold:
-        notes.append(
-            {
-                "kind": "recovered",
-                "target": name,
-                "route": delivery.route,
-                "failures_before": before,
-            }
-        )
     return notes
 
 
 @dataclass
+class _Run:
+    """Attempts of one route to one target in a row that went the same way,
+    not counted yet: `failures` failed (0: they got through), the last one's
+    error and answer as an alert quotes it."""
+
+    failures: int
+    error: str | None = None
+    answer: str | None = None
+
+
+def streak_notes(
+    config: AlertsConfig, route: str, target: str, run: _Run, before: int, after: int
+) -> list[Note]:
+    """What a run counted into its route's streak (`before` and `after` it)
+    gives an alert to say. Failing and recovered are per route and target: a
+    CRM that takes every order but refuses every lead (a wrong field mapping)
+    is failing for the leads route, and an order delivered meanwhile does not
+    say "recovered"."""
+    if config.target is None or target == config.target:
+        return []
+    threshold = config.failing_after
+    if run.failures and before < threshold <= after:
+        return [
+            {
+                "kind": "failing",
+                "target": target,
+                "route": route,
+                "failures": threshold,
+                "error": run.error,
+                "answer": run.answer,
+            }
+        ]
+    if not run.failures and before >= threshold:
+        return [{"kind": "recovered", "target": target, "route": route, "failures_before": before}]
+    return []
+
+
+@dataclass
 class RouteHealth:
-    """Failed attempts in a row per route and target, as this process saw them
-    (a cluster's instances each count their own; a restart starts at 0)."""
+    """Failed attempts in a row per route and target, as last counted by this
+    process (the store's: relay.store.streaks), for the dashboard's Overview."""
 
     streaks: dict[tuple[str, str], int] = field(default_factory=dict)
-    # The last error of each failing one, for the dashboard's Overview.
+    # The last error of each failing one.
     errors: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def record(
-        self, route: str, target: str, verdict: Verdict, error: str | None = None
-    ) -> tuple[int, int]:
-        """Count one attempt; returns the streak before and after it."""
-        key = (route, target)
-        before = self.streaks.get(key, 0)
-        after = 0 if verdict is Verdict.SUCCESS else before + 1
-        if after:
-            self.streaks[key] = after
+    def load(self, streaks: dict[tuple[str, str], RouteStreak]) -> None:
+        for key, streak in streaks.items():
+            self.set(key, streak.failures, streak.error)
+
+    def set(self, key: tuple[str, str], failures: int, error: str | None) -> None:
+        if failures:
+            self.streaks[key] = failures
             self.errors[key] = error or "failed"
         else:
             self.streaks.pop(key, None)
             self.errors.pop(key, None)
-        return before, after
 
 
 class Alerter:
@@ -237,7 +262,7 @@ class Alerter:
     def __init__(
         self,
         config: AlertsConfig,
-        store: Intake,
+        store: AlertStore,
         clock: Clock,
         *,
         on_created: Callable[[dict[str, Any]], None] | None = None,
@@ -252,6 +277,12 @@ class Alerter:
         self._leading = leading
         self._window = _Window()
         self.health = RouteHealth()
+        # Runs of attempts not counted into their streaks yet, by (route,
+        # target), in order; and a batch whose counting failed, as it was.
+        self._runs: dict[tuple[str, str], list[_Run]] = {}
+        self._uncounted: list[tuple[tuple[str, str], _Run]] | None = None
+        self._counting = asyncio.Lock()  # one batch counted at a time, as notes are stored
+        self._not_counted = Spell()
         self._outbox: list[Note] = []  # shared: noted here, not stored yet
         self._unstored: list[bytes] | None = None  # shared: a batch whose storing failed
         # One batch stored at a time: stop()'s flush while the task stores one
@@ -265,15 +296,74 @@ class Alerter:
     def reconfigure(self, config: Config) -> None:
         self.config = config.alerts
 
+    async def load(self) -> None:
+        """Read the streaks as the store keeps them (at start, for the Overview)."""
+        self.health.load(await self._store.route_streaks())
+
     def observe(self, report: AttemptReport) -> None:
         """Called for every recorded attempt; cheap, never blocks."""
         delivery = report.delivery
-        route_streak = None
         if delivery.route != ALERTS_ROUTE and report.outcome.target_at_fault:
-            route_streak = self.health.record(
-                delivery.route, delivery.target, report.outcome.verdict, report.outcome.error
-            )
-        self._note(notes_on(report, self.config, route_streak))
+            failed = report.outcome.verdict is not Verdict.SUCCESS
+            self._add_run(delivery.route, delivery.target, failed, report)
+        self._note(notes_on(report, self.config))
+
+    def _add_run(self, route: str, target: str, failed: bool, report: AttemptReport) -> None:
+        if not self._runs and self._uncounted is None:
+            self._flush_soon.set()  # the first to count: the loop counts it soon
+        runs = self._runs.setdefault((route, target), [])
+        last = runs[-1] if runs else None
+        if failed:
+            if last is None or not last.failures:
+                last = _Run(0)
+                runs.append(last)
+            last.failures += 1
+            last.error = report.outcome.error
+            last.answer = quoted(report.answer)
+        elif last is None or last.failures:
+            runs.append(_Run(0))
+
+    async def count(self) -> None:
+        """Count the runs of attempts seen so far into their streaks (in the
+        store), and note what made a route failing or recovered. A batch the
+        store did not take is counted again as it was, before the next."""
+        notes: list[Note] = []
+        async with self._counting:
+            while True:
+                if self._uncounted is None:
+                    if not self._runs:
+                        break
+                    self._uncounted = [
+                        (key, run) for key, runs in self._runs.items() for run in runs
+                    ]
+                    self._runs = {}
+                batch = self._uncounted
+                streaks = await self._store.count_runs(
+                    [RouteRun(*key, run.failures, run.error) for key, run in batch],
+                    self._clock.now(),
+                )
+                self._uncounted = None
+                for ((route, target), run), (before, after) in zip(batch, streaks, strict=True):
+                    self.health.set((route, target), after, run.error)
+                    notes += streak_notes(self.config, route, target, run, before, after)
+        self._note(notes)
+
+    async def _count_quietly(self) -> None:
+        """`count`, its failures said as a spell (relay.core.spell)."""
+        now = self._clock.now()
+        try:
+            await self.count()
+        except StoreError as error:
+            if self._not_counted.failed(now):
+                log.warning("attempts not counted into their routes' streaks yet: %s", error)
+            return
+        lasted = self._not_counted.ended(now) if self._not_counted.failures else None
+        if lasted is not None:
+            log.info("attempts counted into their routes' streaks again")
+
+    @property
+    def _to_count(self) -> bool:
+        return bool(self._runs) or self._uncounted is not None
 
     def problem(self, text: str) -> None:
         """Something wrong with relay itself (its database file went away)."""
@@ -285,6 +375,8 @@ class Alerter:
         self._flush_soon.set()
 
     def _note(self, notes: list[Note]) -> None:
+        if not notes:
+            return
         if self._shared is not None:
             self._outbox.extend(notes)
         else:
@@ -294,24 +386,45 @@ class Alerter:
             self._flush_soon.set()
 
     async def run(self) -> None:
-        """Flush at most once per group window, while there is something to say."""
+        """Count attempts at most every COUNT_EVERY while there are some, and
+        flush at most once per group window, while there is something to say."""
         if self._shared is not None:
             await self._run_shared(self._shared)
             return
+        counted_at = float("-inf")
+        window_ends: float | None = None
         while not self._stopping:
-            await self._flush_soon.wait()
-            if self._stopping:
+            now = self._clock.now()
+            if self._to_count and now >= counted_at + COUNT_EVERY:
+                counted_at = now
+                await self._count_quietly()
+            if self._window and window_ends is None:
+                window_ends = now + self.config.group_window
+            if window_ends is not None and now >= window_ends:
+                window_ends = None
+                await self._flush_window()
+                continue
+            dues = [window_ends] if window_ends is not None else []
+            if self._to_count:
+                dues.append(counted_at + COUNT_EVERY)
+            if self._stopping:  # asked while this counted or flushed: its wake-up is spent
                 break
-            await self._clock.wait(self._stopped, self._clock.now() + self.config.group_window)
             self._flush_soon.clear()
-            await self.flush()
+            if not dues:
+                await self._flush_soon.wait()
+            elif self._to_count:  # runs that come meanwhile wait for their turn
+                await self._clock.wait(self._stopped, min(dues))
+            else:  # the first run to count comes sooner than the window's end
+                await self._clock.wait(self._flush_soon, min(dues))
 
     async def _run_shared(self, shared: AlertNotes) -> None:
-        """Store this instance's notes; when leading, send every instance's
-        notes one group window after the oldest of them was noted."""
+        """Count this instance's attempts and store its notes; when leading,
+        send every instance's notes one group window after the oldest of them
+        was noted."""
         while not self._stopping:
-            until = self._clock.now() + NOTES_POLL
+            until = self._clock.now() + max(NOTES_POLL, COUNT_EVERY)
             try:
+                await self.count()
                 await self._store_notes(shared)
                 if self._leading():
                     notes = await shared.alert_notes()
@@ -346,12 +459,14 @@ class Alerter:
         await self.flush()
 
     async def flush(self) -> int | None:
-        """Turn what the window holds into one alert event now; returns its id.
+        """Count the attempts seen so far, then turn what the window holds into
+        one alert event now; returns its id.
 
         Shared: this instance's notes are stored, and, when it leads, every
         instance's notes are sent."""
         if self._shared is not None:
             try:
+                await self.count()
                 await self._store_notes(self._shared)
                 if not self._leading():
                     return None
@@ -359,6 +474,10 @@ class Alerter:
             except StoreError as error:
                 log.error("alert notes not stored or sent (%s): they wait in the store", error)
                 return None
+        await self._count_quietly()
+        return await self._flush_window()
+
+    async def _flush_window(self) -> int | None:
         window, self._window = self._window, _Window()
         if not window or self.config.target is None:
             return None

@@ -40,7 +40,7 @@ class Listen:
 class ServerConfig:
     listen: Listen = Listen("127.0.0.1", 8080)
     max_body_size: int = 1024 * 1024
-    # How long SIGTERM waits for attempts in flight before releasing them.
+    # How long a stop (SIGTERM) may take, all of it: relay.app.Relay.stop.
     shutdown_timeout: float = 30.0
     # Peers whose X-Forwarded-For is believed (nginx, Caddy in front of relay).
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()

@@ -65,6 +65,12 @@ MAX_AHEAD = 1
 # Requests one read may bring before their answers: past this, 429 and the
 # connection closes (reading pauses only after a read is parsed).
 MAX_PIPELINED = 100
+# At a stop, a connection idle this long is closed. One just answered may be
+# sending its next request already, which a close would lose (its sender sees
+# the connection reset): it gets this long to send it, and is answered with
+# Connection: close instead. A sender sends its next webhook as soon as it has
+# one; one idle for longer is as likely to send at any moment as at this one.
+CLOSE_IDLE_AFTER = 0.5
 
 
 # Head and Response are made for every request: plain classes, whose __init__
@@ -368,6 +374,7 @@ class Connection(asyncio.Protocol):
         self._writing_paused = False
         self.deadline: float | None = None
         self._deadline_kind = _IDLE
+        self._since = 0.0  # when the deadline's kind began
 
     @property
     def in_request(self) -> bool:
@@ -774,15 +781,31 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def close_unless_waiting(self) -> None:
-        """For a shutdown: close now unless a request waits for its commit (it
-        gets its answer, then the connection closes)."""
-        if self._waiting is None:
-            self._close()
+    @property
+    def idle_since(self) -> float | None:
+        """Since when it has waited for a request, none begun; None while one is
+        under way, or once it is closing."""
+        if (
+            self._deadline_kind != _IDLE
+            or self._queue
+            or self._in_head
+            or self._closing
+            or self._draining
+            or self._lingering is not None
+            or self._problem is not None
+        ):
+            return None
+        return self._since
+
+    def close_idle(self) -> None:
+        """For a stop: close it while it waits for a request (`idle_since`)."""
+        self._close()
 
     def _expect(self, kind: int) -> None:
+        now = self._loop.time()
         self._deadline_kind = kind
-        self.deadline = self._loop.time() + self._server.timeout
+        self._since = now
+        self.deadline = now + self._server.timeout
 
     def expire(self) -> None:
         """The deadline passed (the server's sweep calls this)."""
@@ -900,18 +923,58 @@ class Http1Server:
         if not self.connections and self._all_closed is not None:
             self._all_closed.set()
 
-    async def shutdown(self, grace: float) -> None:
-        """Close idle connections now; let the others get their answers (within
-        `grace` seconds), closing each after its last answer; then close what is left."""
+    async def drain(
+        self, stop_accepting: Callable[[], object], until: float, *, quiet: float = CLOSE_IDLE_AFTER
+    ) -> None:
+        """The end of a stop, in this order:
+
+        - from now on every answer says `Connection: close` and its connection
+          closes after it;
+        - each connection idle now is closed once it has been idle for `quiet`
+          (if its next request comes first, that is answered, and closes it);
+        - then `stop_accepting()`: under socket activation new connections
+          wait in systemd's queue for the next process;
+        - the requests already read are answered, each connection closing
+          after its last; one that opened meanwhile and sent nothing is closed
+          once it has been idle for `quiet`;
+        - at `until` (the loop's time) whatever is still open is aborted.
+        """
+        loop = self.loop
         self.closing = True
         self._all_closed = asyncio.Event()
-        for connection in list(self.connections):
-            connection.close_unless_waiting()
-        if self.connections:
+        begun = loop.time()
+        while (now := loop.time()) < until:
+            wait = self._close_idle(now, quiet, since_before=begun)
+            if wait is None:
+                break
+            await asyncio.sleep(min(wait, until) - now)
+        stop_accepting()
+        while self.connections and (now := loop.time()) < until:
+            self._all_closed.clear()  # set by forget() once none is left
+            wait = self._close_idle(now, quiet)
+            if not self.connections:
+                break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._all_closed.wait(), grace)
+                await asyncio.wait_for(self._all_closed.wait(), min(wait or until, until) - now)
         for connection in list(self.connections):
             connection.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+
+    def _close_idle(
+        self, now: float, quiet: float, since_before: float | None = None
+    ) -> float | None:
+        """Close the connections idle for `quiet` (only those idle `since_before`
+        that time, when given); when the next of the others may be closed, or
+        None when none is idle."""
+        soonest: float | None = None
+        for connection in list(self.connections):
+            since = connection.idle_since
+            if since is None or (since_before is not None and since >= since_before):
+                continue
+            if now - since >= quiet:
+                connection.close_idle()
+            elif soonest is None or since + quiet < soonest:
+                soonest = since + quiet
+        return soonest

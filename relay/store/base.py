@@ -416,6 +416,26 @@ class AlertNote:
 
 
 @dataclass(frozen=True)
+class RouteRun:
+    """Attempts of one route to one target in a row that went the same way:
+    `failures` failed ones (the last one's `error`), or, with 0, attempts
+    that got through (any number: one ends a streak as well as many)."""
+
+    route: str
+    target: str
+    failures: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RouteStreak:
+    """A route's failed attempts in a row at one target, and the last one's error."""
+
+    failures: int
+    error: str | None
+
+
+@dataclass(frozen=True)
 class InstanceState:
     """One relay instance of a cluster, as the database sees it (times by the
     database's clock, comparable across hosts)."""
@@ -817,7 +837,25 @@ class Maintenance(Protocol):
         ...
 
 
-class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, Protocol):
+class Streaks(Protocol):
+    """Failed attempts in a row per route and target, for the alerts that say
+    a route is failing at a target and that it recovered (relay.alerts):
+    kept in the store so that a restart in the middle of an outage still ends
+    it with "recovered". On a shared store the streak is the cluster's: every
+    instance's attempts count towards it."""
+
+    async def count_runs(self, runs: Sequence[RouteRun], now: float) -> list[tuple[int, int]]:
+        """Count these runs into their route and target's streak, in order (a
+        run that got through ends it), in one transaction; each run's streak
+        before and after it."""
+        ...
+
+    async def route_streaks(self) -> dict[tuple[str, str], RouteStreak]:
+        """Every (route, target) failing now, with its streak."""
+        ...
+
+
+class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, Streaks, Protocol):
     """A whole backend: every role, opened and closed. Only the code that opens
     a store (relay.app, the CLI's `opened_store`) holds one of these; every
     other part takes the role it uses."""

@@ -34,6 +34,7 @@ from relay.store.base import (
     NewEvent,
     Rejection,
     ResendLink,
+    RouteStreak,
     Status,
     TargetHealth,
     TargetState,
@@ -262,3 +263,18 @@ REJECTION = Shape(
 )
 # A cluster's alert notes (PostgreSQL's alert_notes).
 ALERT_NOTE = Shape(AlertNote, id="id", noted_at="noted_at", note=Column("note", bytes))
+
+
+# A route's failed attempts in a row at a target (route_streaks), by the pair.
+ROUTE_STREAK = Shape(RouteStreak, failures="failures", error="last_error")
+
+
+def _pair(route: str, target: str) -> tuple[str, str]:
+    return route, target
+
+
+def _streak_of(pair: tuple[str, str], streak: RouteStreak) -> tuple[tuple[str, str], RouteStreak]:
+    return pair, streak
+
+
+ROUTE_STREAKS = Shape(_streak_of, pair=Columns(("route", "target"), _pair), streak=ROUTE_STREAK)

@@ -324,6 +324,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE targets ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
         ],
     ),
+    (
+        15,
+        "a route's failed attempts in a row at each target, kept across restarts",
+        [
+            # What the alerts "failing" and "recovered" count (relay.store.streaks):
+            # kept here, a streak that began before a restart ends after it.
+            """
+            CREATE TABLE route_streaks (
+                route TEXT NOT NULL,
+                target TEXT NOT NULL,
+                failures INTEGER NOT NULL,
+                last_error TEXT,
+                updated_at REAL NOT NULL,
+                PRIMARY KEY (route, target)
+            )
+            """
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]
@@ -336,13 +354,17 @@ def migrate(connection: sqlite3.Connection) -> int:
         " version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)"
     )
     start = current_version(connection)
+    # Every migration not recorded is applied, in order: one numbered below
+    # the newest recorded (two made side by side, applied in the other
+    # order) is not passed over.
+    applied = applied_versions(connection)
     for version, description, statements in MIGRATIONS:
-        if version <= start:
+        if version in applied:
             continue
         connection.execute("BEGIN IMMEDIATE")
         try:
             # Another process may have applied it while we waited for the lock.
-            if current_version(connection) >= version:
+            if version in applied_versions(connection):
                 connection.execute("ROLLBACK")
                 continue
             for statement in statements:
@@ -356,6 +378,10 @@ def migrate(connection: sqlite3.Connection) -> int:
             connection.execute("ROLLBACK")
             raise
     return start
+
+
+def applied_versions(connection: sqlite3.Connection) -> set[int]:
+    return {row[0] for row in connection.execute("SELECT version FROM schema_migrations")}
 
 
 def current_version(connection: sqlite3.Connection) -> int:

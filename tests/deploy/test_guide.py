@@ -8,20 +8,25 @@ a VPS, the test says so here, and only there:
 * The machine is not ours: every system path the guide names (/etc/relay,
   /opt/relay, /usr/local/bin, /var/lib/relay...) lives under a temporary
   prefix, in the commands and in the installed unit alike.
-* There is no systemd to start the unit: `systemctl enable --now relay`
-  runs the installed unit's ExecStart= the way systemd would — as an
+* There is no systemd to start the unit: `systemctl` is emulated (`Systemd`)
+  as far as the guides use it. Starting the service listens on its socket
+  units' sockets (as installed, `Sockets=`), held until they are stopped,
+  and runs the installed unit's ExecStart= on them the way systemd would
+  (tests/activation.py: LISTEN_FDS from descriptor 3) — as an
   unprivileged uid (the dynamic user) with no capabilities, HOME=/, its
   EnvironmentFile= read by systemd's rules, Environment=, the state and
   cache directories it owns, LoadCredential= files in a directory only it
   can read ($CREDENTIALS_DIRECTORY), UMask=, and, in a mount namespace, the
   whole file system read-only except those directories (ProtectSystem=
-  strict) and a private /tmp (PrivateTmp=).
+  strict) and a private /tmp (PrivateTmp=). A stop that leaves a socket
+  listening while the service is stopped fails the test: the next webhook
+  would start relay again, in the middle of whatever the guide does then.
 * `apt install` checks that the package is there (CI installs it).
 * The CLI's default config, /etc/relay/relay.toml, is the prefix's
   (RELAY_CONFIG in the shell's environment).
 * `editor` on the env file writes the guide's own example with this test's
   values; ports 8080/8081 may be taken on a shared machine, so the config's
-  listeners move to free ports.
+  and the socket units' listeners move to free ports.
 
 Then a Tilda lead (the fields Tilda's forms send) goes in and must reach the
 CRM as a complete lead; the CLI reads it back as root, refuses another user
@@ -29,9 +34,11 @@ in one line. Then docs/operate.md's daily commands run as its reader runs
 them (`sudo relay ...`, no flags): what is stuck, the admin API with the one
 token, a config check and reload, an env change and restart, a backup and its
 restore — after which the service starts on the restored file, owned by its
-user. Where operate.md names an example (event 1842, yesterday's backup), the
-test uses this run's (event 1, today's backup); systemctl and journalctl are
-emulated as for deploy.md. Finally the service stops cleanly.
+user —, and the upgrade of the same install (its variant), to this
+checkout's version installed beside it. Where operate.md names an example
+(event 1842, yesterday's backup), the test uses this run's (event 1, today's
+backup); systemctl and journalctl are emulated as for deploy.md. Finally the
+service stops cleanly.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from pytest_aiohttp import AiohttpServer
 
 from relay.cli.envfile import parse_env_file
 
+from activation import SocketUnit, SocketUnits
 from helpers import Sink, free_port
 from unit.test_watchdog import NotifySocket
 
@@ -261,8 +269,11 @@ class Service:
             self.notify.close()
 
 
-def start_service(machine: Machine, unit_path: Path, *, fresh: bool = False) -> Service:
-    """The unit started as systemd starts it; `fresh`: once more, after a stop."""
+def start_service(
+    machine: Machine, unit_path: Path, sockets: SocketUnits, *, fresh: bool = False
+) -> Service:
+    """The unit started as systemd starts it, on its sockets; `fresh`: once
+    more, after a stop."""
     unit = read_unit(unit_path)
     assert unit["DynamicUser"] == ["yes"]
     prefix = machine.prefix
@@ -334,9 +345,12 @@ def start_service(machine: Machine, unit_path: Path, *, fresh: bool = False) -> 
         ]
     )
     log = prefix / "service.log"
-    with log.open("wb") as output:
+    # Every step execs the next, so LISTEN_PID (the launcher's) is relay's.
+    activation, fds = sockets.launcher()
+    with log.open("ab") as output:
         process = subprocess.Popen(
             [
+                *activation,
                 "unshare",
                 "--mount",
                 "--propagation",
@@ -351,8 +365,78 @@ def start_service(machine: Machine, unit_path: Path, *, fresh: bool = False) -> 
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
+            pass_fds=fds,
         )
     return Service(process, log, notify, state, cache)
+
+
+@dataclass
+class Systemd:
+    """`systemctl`, as far as the guides use it, for the installed unit and
+    the socket units it names in Sockets= (in the prefix, as installed)."""
+
+    machine: Machine
+    service: Service | None = None
+    sockets: SocketUnits | None = None
+
+    @property
+    def unit_path(self) -> Path:
+        return self.machine.path("/etc/systemd/system/relay.service")
+
+    async def run(self, command: str) -> None:
+        verb, *units = command.split()[1:]
+        if verb == "daemon-reload":
+            return
+        if verb == "enable":
+            assert units[0] == "--now", command
+            verb, units = "start", units[1:]
+        names = {unit if "." in unit else f"{unit}.service" for unit in units}
+        service = self.service
+        if verb == "status":
+            assert service is not None
+            ready = next(m for _, m in service.notify.messages if "READY=1" in m)
+            assert "STATUS=pending 0, dead 0" in ready, ready
+            return
+        if verb == "reload":
+            assert service is not None
+            assert names == {"relay.service"}
+            seen = len(service.notify.messages)
+            service.process.send_signal(signal.SIGHUP)
+            await asyncio.to_thread(_wait_message, service, "READY=1", seen)
+            return
+        assert verb in ("start", "stop", "restart"), command
+        if verb in ("stop", "restart") and "relay.service" in names and service is not None:
+            assert await asyncio.to_thread(service.stop) == 0
+            self.service = None
+        if verb == "stop":
+            if self.sockets is not None and {u.name for u in self.sockets.units} <= names:
+                self.sockets.close()
+                self.sockets = None
+            assert self.sockets is None or self.service is not None, (
+                f"{command}: relay is stopped while its sockets listen: the next"
+                " webhook would start it again (stop relay.socket relay-admin.socket too)"
+            )
+            return
+        if self.sockets is None:  # the service's Sockets=, started with it (Wants=, Requires=)
+            self.sockets = SocketUnits(
+                [SocketUnit.read(self.unit_path.parent / name) for name in self._socket_names()],
+                as_written=True,
+            ).listen()
+        if "relay.service" in names:
+            fresh = (self.machine.prefix / "run/credentials/relay.service").exists()
+            started = start_service(self.machine, self.unit_path, self.sockets, fresh=fresh)
+            self.service = started
+            await asyncio.to_thread(wait_ready, started)
+
+    def _socket_names(self) -> list[str]:
+        return read_unit(self.unit_path)["Sockets"][-1].split()
+
+    def close(self) -> None:
+        if self.service is not None and self.service.process.poll() is None:
+            self.service.process.kill()
+            self.service.process.wait()
+        if self.sockets is not None:
+            self.sockets.close()
 
 
 def wait_ready(service: Service, timeout: float = 120) -> str:
@@ -452,16 +536,20 @@ async def test_following_the_guide_gives_a_service_that_takes_a_lead(
     env_example = next(b.text for b in guide_blocks() if b.language == "env")
     unit_path = machine.path("/etc/systemd/system/relay.service")
     config_path = machine.path("/etc/relay/relay.toml")
-    service: Service | None = None
+    systemd = Systemd(machine)
     try:
         for block in install_steps(variant):
             if block.language == "env":
                 continue  # written by `editor` below
             for command in commands(block):
-                service = await _follow(machine, command, env_example, crm_url, service)
-                if unit_path.exists():  # the unit names system paths too
-                    unit_path.write_text(machine.rewrite(unit_path.read_text()))
+                await _follow(machine, command, env_example, crm_url, systemd)
+                _installed_units(machine)
+        service = systemd.service
         assert service is not None, "the guide never started the service"
+        ingress = f"127.0.0.1:{machine.ingress_port}"
+        assert f"listeners from systemd (socket activation): ingress on {ingress}" in (
+            service.log_text()
+        )
 
         # What the guide's steps left on disk.
         mode = lambda p: oct(p.stat().st_mode & 0o777)  # noqa: E731
@@ -469,8 +557,9 @@ async def test_following_the_guide_gives_a_service_that_takes_a_lead(
         assert mode(machine.path("/etc/relay/relay.env")) == "0o600"
         assert mode(machine.path("/etc/relay/credentials/relay_admin_token")) == "0o600"
         assert mode(machine.path("/var/backups/relay.db")) == "0o600"
-        for doc in read_unit_documentation(unit_path):
-            assert doc.exists(), f"Documentation= names {doc}, which the guide did not install"
+        for unit in ("relay.service", "relay.socket", "relay-admin.socket"):
+            for doc in read_unit_documentation(unit_path.parent / unit):
+                assert doc.exists(), f"{unit}'s Documentation= names {doc}, not installed"
 
         # A lead as Tilda's forms send it (tests/fixtures/tilda), with the API
         # key in its field.
@@ -518,7 +607,9 @@ async def test_following_the_guide_gives_a_service_that_takes_a_lead(
         assert database.stat().st_uid == SERVICE_UID
         assert mode(database) == "0o600"
 
-        service = await _operate(machine, service, unit_path)
+        await _operate(machine, systemd, variant)
+        service = systemd.service
+        assert service is not None
         assert database.stat().st_uid == SERVICE_UID  # restored, and still the service's
         shown = await asyncio.to_thread(machine.run, "relay show 1")
         assert shown.returncode == 0, shown.stderr
@@ -529,9 +620,7 @@ async def test_following_the_guide_gives_a_service_that_takes_a_lead(
         assert "Traceback" not in log
         assert await asyncio.to_thread(service.stop) == 0
     finally:
-        if service is not None and service.process.poll() is None:
-            service.process.kill()
-            service.process.wait()
+        systemd.close()
 
 
 OPERATE = ROOT / "docs" / "operate.md"
@@ -539,32 +628,41 @@ OPERATE_SECTIONS = (
     "## What is stuck, what is dead",
     "## Changing the config",
     "## Backups",
+    "## Upgrades",
     "## The admin API and metrics",
 )
 
 
-def operate_blocks() -> list[Block]:
+def operate_blocks(variant: str = "venv") -> list[Block]:
+    """operate.md's shell blocks in OPERATE_SECTIONS; of Upgrades, the install `variant`'s."""
+    other = "### One file" if variant == "venv" else "### A virtual environment"
     blocks: list[Block] = []
-    section = ""
+    section = subsection = ""
     lines = iter(OPERATE.read_text(encoding="utf-8").splitlines())
     for line in lines:
         if line.startswith("## "):
-            section = line
+            section, subsection = line, ""
+        elif line.startswith("### "):
+            subsection = line
         elif line.startswith("```"):
             body = []
             for inner in lines:
                 if inner.startswith("```"):
                     break
                 body.append(inner)
-            if section in OPERATE_SECTIONS and line[3:].strip() == "sh":
-                blocks.append(Block(section, "", "sh", "\n".join(body)))
+            if (
+                section in OPERATE_SECTIONS
+                and line[3:].strip() == "sh"
+                and not subsection.startswith(other)
+            ):
+                blocks.append(Block(section, subsection, "sh", "\n".join(body)))
     return blocks
 
 
-async def _operate(machine: Machine, service: Service, unit_path: Path) -> Service:
+async def _operate(machine: Machine, systemd: Systemd, variant: str) -> None:
     """docs/operate.md's blocks, line by line as root; systemctl emulated."""
     today = time.strftime("%Y-%m-%d")
-    for block in operate_blocks():
+    for block in operate_blocks(variant):
         if block.section == "## The admin API and metrics":
             # One script: its first line sets the token the next ones use.
             script = machine.rewrite(without_sudo(block.text)).replace(
@@ -580,24 +678,21 @@ async def _operate(machine: Machine, service: Service, unit_path: Path) -> Servi
             plain = plain.replace("1842", "1").replace("relay-2026-12-01.db", f"relay-{today}.db")
             if plain.startswith(("journalctl ", "editor ")):
                 continue  # no journal here; the env file is left as it is
-            if plain == "systemctl reload relay":
-                seen = len(service.notify.messages)
-                service.process.send_signal(signal.SIGHUP)
-                await asyncio.to_thread(_wait_message, service, "READY=1", seen)
-                continue
-            if plain in ("systemctl stop relay", "systemctl restart relay"):
-                assert await asyncio.to_thread(service.stop) == 0
-                if plain.endswith("stop relay"):
-                    continue
-            if plain in ("systemctl start relay", "systemctl restart relay"):
-                service = start_service(machine, unit_path, fresh=True)
-                await asyncio.to_thread(wait_ready, service)
+            if plain.startswith("systemctl "):
+                await systemd.run(plain)
                 continue
             done = await asyncio.to_thread(machine.run, machine.rewrite(plain))
             assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
             if plain == "relay check":
                 assert "secrets read from:" in done.stdout, done.stdout
-    return service
+    # Upgraded: the service runs a version installed beside the first one, kept.
+    assert systemd.service is not None
+    relay = machine.path("/usr/local/bin/relay")
+    if variant == "venv":
+        assert relay.resolve().parents[1] != machine.path("/opt/relay")
+        assert machine.path("/opt/relay/bin/relay").exists()
+    else:
+        assert machine.path("/usr/local/bin/relay-previous").exists()
 
 
 def _wait_message(service: Service, prefix: str, after: int, timeout: float = 60) -> None:
@@ -617,33 +712,40 @@ def read_unit_documentation(unit_path: Path) -> list[Path]:
     return found
 
 
+def _installed_units(machine: Machine) -> None:
+    """The units as installed name system paths, and the sockets' ports, which
+    move to this test's free ones as the config's do."""
+    folder = machine.path("/etc/systemd/system")
+    for unit in folder.glob("relay*"):
+        text = machine.rewrite(unit.read_text())
+        text = text.replace(
+            "ListenStream=127.0.0.1:8080", f"ListenStream=127.0.0.1:{machine.ingress_port}"
+        )
+        unit.write_text(
+            text.replace(
+                "ListenStream=127.0.0.1:8081", f"ListenStream=127.0.0.1:{machine.admin_port}"
+            )
+        )
+
+
 async def _follow(
-    machine: Machine, command: str, env_example: str, crm_url: str, service: Service | None
-) -> Service | None:
-    """Run one command of the guide; returns the service once it is started."""
+    machine: Machine, command: str, env_example: str, crm_url: str, systemd: Systemd
+) -> None:
+    """Run one command of the guide."""
     plain = without_sudo(command)
     if plain.startswith("apt install "):
         for package in plain.split()[2:]:
             installed = await asyncio.to_thread(machine.run, f"dpkg -s {shlex.quote(package)}")
             assert installed.returncode == 0, f"{package} is not installed (CI installs it)"
-        return service
+        return
     if plain.startswith("editor "):
         path = machine.path(plain.split()[1])
         assert path.name == "relay.env", f"the test does not know how to edit {path}"
         path.write_text(env_file_text(env_example, crm_url))
-        return service
-    if plain == "systemctl daemon-reload":
-        return service
-    if plain == "systemctl enable --now relay":
-        unit_path = machine.path("/etc/systemd/system/relay.service")
-        started = start_service(machine, unit_path)
-        await asyncio.to_thread(wait_ready, started)
-        return started
-    if plain == "systemctl status relay":
-        assert service is not None
-        ready = next(m for _, m in service.notify.messages if "READY=1" in m)
-        assert "STATUS=pending 0, dead 0" in ready, ready
-        return service
+        return
+    if plain.startswith("systemctl "):
+        await systemd.run(plain)
+        return
     result = await asyncio.to_thread(machine.run, machine.rewrite(plain))
     assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
     if plain == "relay --version":  # both installs compile the hot path, as the guide says
@@ -655,7 +757,6 @@ async def _follow(
         assert '"127.0.0.1:8081"' in text
         text = text.replace("127.0.0.1:8080", f"127.0.0.1:{machine.ingress_port}")
         config.write_text(text.replace("127.0.0.1:8081", f"127.0.0.1:{machine.admin_port}"))
-    return service
 
 
 def test_no_account_has_the_service_uids() -> None:

@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 
 from relay.cli import parser
+from relay.config import AdminConfig, ServerConfig
 from relay.kinds.source import REJECT_REASONS
 from relay.loader import parse_config
 from relay.loader.registry import source_kinds, target_kinds
 from relay.ops.metrics import INGRESS_RESULTS, Metrics
+from relay.ops.systemd import BACKLOG, LISTENERS
 
+from activation import SocketUnit, service_sockets
 from kitchen_sink import TARGETS, every_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,21 +99,27 @@ def test_every_command_is_in_the_readme() -> None:
         assert f"relay {name}" in readme, f"relay {name} missing from the README"
 
 
+UNITS = ("relay.service", "relay.socket", "relay-admin.socket")
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
-def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
+def test_the_systemd_units_verify(tmp_path: Path) -> None:
     # The relay beside this interpreter: PATH may not include the venv's bin.
     relay = shutil.which("relay", path=str(Path(sys.executable).parent))
     assert relay is not None
-    unit = (ROOT / "systemd" / "relay.service").read_text()
     # verify checks that ExecStart exists: point it at this environment's relay.
-    copy = tmp_path / "relay.service"
-    copy.write_text(unit.replace("/usr/local/bin/relay", relay))
+    for name in UNITS:
+        text = (ROOT / "systemd" / name).read_text()
+        (tmp_path / name).write_text(text.replace("/usr/local/bin/relay", relay))
     result = subprocess.run(
-        ["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, check=False
+        ["systemd-analyze", "verify", *(str(tmp_path / name) for name in UNITS)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "Unknown" not in result.stderr, result.stderr
-    assert "ignoring" not in result.stderr, result.stderr
+    assert result.stderr == "", result.stderr
+    unit = (ROOT / "systemd" / "relay.service").read_text()
     for directive in (
         "Type=notify",
         "WatchdogSec=",
@@ -132,14 +141,33 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
         # relay.pyz unpacks into $SHIV_ROOT: under the unit HOME=/ is read-only.
         "CacheDirectory=relay",
         "Environment=SHIV_ROOT=/var/cache/relay",
+        # Socket activation: the listeners are systemd's, and stopping a socket stops relay.
+        "Sockets=relay.socket relay-admin.socket",
+        "Requires=relay.socket relay-admin.socket",
     ):
         assert directive in unit
+    # A stop takes server.shutdown_timeout at most, then closes the database.
     stop = int(re.search(r"^TimeoutStopSec=(\d+)s", unit, re.MULTILINE).group(1))
-    assert stop > 30  # longer than the default server.shutdown_timeout
+    assert stop >= ServerConfig().shutdown_timeout + 10
 
 
-def test_every_directive_is_explained() -> None:
-    lines = (ROOT / "systemd" / "relay.service").read_text().splitlines()
+def test_the_socket_units_are_the_ones_relay_takes() -> None:
+    """Each socket unit names its descriptor as relay takes it, queues as many
+    connections as relay's own listen() asks for (it calls listen() again on
+    the socket it is given), and listens where the config's defaults do."""
+    sockets = [SocketUnit.read(ROOT / "systemd" / name) for name in UNITS[1:]]
+    assert [unit.fd_name for unit in sockets] == list(LISTENERS)
+    assert all(unit.backlog == BACKLOG for unit in sockets)
+    assert [unit.listen for unit in sockets] == [
+        str(ServerConfig().listen),
+        str(AdminConfig().listen),
+    ]
+    assert [unit.name for unit in service_sockets()] == list(UNITS[1:])
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_every_directive_is_explained(name: str) -> None:
+    lines = (ROOT / "systemd" / name).read_text().splitlines()
     for index, line in enumerate(lines):
         if "=" in line and not line.startswith(("#", "[")) and line.strip():
             before = lines[max(0, index - 6) : index]

@@ -20,6 +20,7 @@ ROLES = (
     base.Indexing,
     base.Health,
     base.Maintenance,
+    base.Streaks,
     base.Store,
 )
 
@@ -61,4 +62,4 @@ def test_every_verb_belongs_to_exactly_one_role() -> None:
 
 
 def test_the_store_protocol_is_the_union_of_the_roles() -> None:
-    assert set(inspect.getmro(base.Store)[1:8]) == set(ROLES[:-1])
+    assert set(inspect.getmro(base.Store)[1 : len(ROLES)]) == set(ROLES[:-1])

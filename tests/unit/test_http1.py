@@ -84,8 +84,7 @@ async def served() -> AsyncIterator[tuple[Handler, Http1Server, int]]:
     listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     yield handler, server, port
-    listener.close()
-    await server.shutdown(1)
+    await server.drain(listener.close, asyncio.get_running_loop().time() + 0.3, quiet=0)
     await listener.wait_closed()
 
 
@@ -317,17 +316,30 @@ async def test_answered_on_the_head_expect_continue_and_http_1_0(
     writer.close()
 
 
-async def test_shutdown_answers_what_waits_for_its_commit_and_closes_the_rest(
+async def test_a_drain_answers_what_waits_and_closes_idle_connections_before_it_stops_accepting(
     served: tuple[Handler, Http1Server, int],
 ) -> None:
+    """A stop's end (Http1Server.drain): every answer closes its connection,
+    idle ones are closed, and only then does the listener stop accepting (a
+    sender whose kept-alive connection closes connects again, and is served
+    or waits in systemd's queue); a request waiting for its commit is answered."""
     handler, server, port = served
+    loop = asyncio.get_running_loop()
     waiting_reader, waiting = await connect(port)
     idle_reader, idle = await connect(port)
+    idle.write(post(b"/before", b""))
+    assert (await answers(idle_reader, 1))[0][1] == b"/before  0"
     waiting.write(post(b"/slow", b"a"))
     await asyncio.sleep(0.05)
-    stopping = asyncio.create_task(server.shutdown(3))
-    assert await asyncio.wait_for(idle_reader.read(), 1) == b""  # idle: closed at once
+    idle_when_stopped: list[int] = []
+
+    def stop_accepting() -> None:
+        idle_when_stopped.append(sum(c.idle_since is not None for c in server.connections))
+
+    stopping = asyncio.create_task(server.drain(stop_accepting, loop.time() + 3, quiet=0.2))
+    assert await asyncio.wait_for(idle_reader.read(), 1) == b""  # idle: closed
     await asyncio.sleep(0.05)
+    assert idle_when_stopped == [0]
     assert not stopping.done()
     handler.slow[0].set_result(b"committed")
     answer = await asyncio.wait_for(waiting_reader.read(), 2)
@@ -337,6 +349,54 @@ async def test_shutdown_answers_what_waits_for_its_commit_and_closes_the_rest(
     await asyncio.wait_for(stopping, 2)
     for writer in (waiting, idle):
         writer.close()
+
+
+async def test_a_request_sent_on_an_idle_connection_as_the_drain_begins_is_answered(
+    served: tuple[Handler, Http1Server, int],
+) -> None:
+    """A kept-alive sender may be sending its next request as the stop begins:
+    closing its connection at once would reset it under that request. It is
+    answered, with Connection: close, and so are requests on connections opened
+    while the listener still accepts."""
+    _, server, port = served
+    loop = asyncio.get_running_loop()
+    reader, writer = await connect(port)
+    writer.write(post(b"/one", b""))
+    assert b"Connection: close" not in (await answers(reader, 1))[0][0]
+    accepting = [True]
+    stopping = asyncio.create_task(
+        server.drain(lambda: accepting.pop(), loop.time() + 3, quiet=0.5)
+    )
+    await asyncio.sleep(0.1)
+    writer.write(post(b"/two", b""))
+    answer = await asyncio.wait_for(reader.read(), 1)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"Connection: close" in answer
+    assert answer.endswith(b"/two  0")
+    assert accepting  # answered, then closed: nothing idle kept the listener open
+    new_reader, new = await connect(port)
+    new.write(post(b"/new", b""))
+    answer = await asyncio.wait_for(new_reader.read(), 1)
+    assert b"Connection: close" in answer
+    await asyncio.wait_for(stopping, 2)
+    assert not accepting
+    for client in (writer, new):
+        client.close()
+
+
+async def test_a_drain_ends_by_its_deadline(served: tuple[Handler, Http1Server, int]) -> None:
+    """A request whose commit never comes holds the stop no longer than its budget."""
+    _, server, port = served
+    loop = asyncio.get_running_loop()
+    reader, writer = await connect(port)
+    writer.write(post(b"/slow", b"a"))
+    await asyncio.sleep(0.05)
+    started = loop.time()
+    await server.drain(lambda: None, started + 0.3, quiet=0.1)
+    assert loop.time() - started < 0.5
+    assert await asyncio.wait_for(reader.read(), 1) == b""  # aborted
+    assert not server.connections
+    writer.close()
 
 
 def test_a_header_value_cannot_start_another_header() -> None:
@@ -572,8 +632,7 @@ async def test_room_made_by_the_cap_is_made_even_when_the_client_reads_nothing()
     finally:
         for client in pinned:
             client.close()
-        listener.close()
-        await server.shutdown(1)
+        await server.drain(listener.close, asyncio.get_running_loop().time() + 1, quiet=0)
 
 
 async def test_every_refusal_on_the_head_is_logged_in_one_line(

@@ -86,7 +86,7 @@ async def relay_says(raw: bytes) -> tuple[int, FakeTransport]:
     connection.data_received(raw)
     connection.eof_received()
     connection.connection_lost(None)
-    await server.shutdown(0)
+    await server.drain(lambda: None, asyncio.get_running_loop().time(), quiet=0)
     status_line = bytes(transport.written).split(b"\r\n", 1)[0]
     assert status_line.startswith(b"HTTP/1.1 "), transport.written
     return int(status_line.split()[1]), transport

@@ -312,6 +312,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE targets ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
         ],
     ),
+    (
+        12,
+        "a route's failed attempts in a row at each target, the cluster's",
+        [
+            # Every instance's attempts count into one row per route and
+            # target (relay.store.postgres.streaks).
+            """
+            CREATE TABLE route_streaks (
+                route TEXT NOT NULL,
+                target TEXT NOT NULL,
+                failures INTEGER NOT NULL,
+                last_error TEXT,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (route, target)
+            )
+            """
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]
@@ -334,8 +352,12 @@ async def migrate(connection: asyncpg.Connection) -> int:
             " applied_at DOUBLE PRECISION NOT NULL)"
         )
         start = await current_version(connection)
+        # Every migration not recorded is applied, in order (as on SQLite).
+        applied = {
+            row[0] for row in await connection.fetch("SELECT version FROM schema_migrations")
+        }
         for version, description, statements in MIGRATIONS:
-            if version <= start:
+            if version in applied:
                 continue
             async with connection.transaction():
                 for statement in statements:

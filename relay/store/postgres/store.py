@@ -25,6 +25,7 @@ from relay.store.postgres.maintenance import PostgresMaintenance
 from relay.store.postgres.operations import PostgresOperations
 from relay.store.postgres.queue import PostgresQueue
 from relay.store.postgres.shared import PostgresShared
+from relay.store.postgres.streaks import PostgresStreaks
 
 
 class PostgresStore(
@@ -34,6 +35,7 @@ class PostgresStore(
     PostgresIndexing,
     PostgresHealth,
     PostgresMaintenance,
+    PostgresStreaks,
     PostgresShared,
 ):
     pass

@@ -12,9 +12,16 @@ from relay.store.sqlite.intake import SqliteIntake
 from relay.store.sqlite.maintenance import SqliteMaintenance
 from relay.store.sqlite.operations import SqliteOperations
 from relay.store.sqlite.queue import SqliteQueue
+from relay.store.sqlite.streaks import SqliteStreaks
 
 
 class SqliteStore(
-    SqliteIntake, SqliteQueue, SqliteOperations, SqliteIndexing, SqliteHealth, SqliteMaintenance
+    SqliteIntake,
+    SqliteQueue,
+    SqliteOperations,
+    SqliteIndexing,
+    SqliteHealth,
+    SqliteMaintenance,
+    SqliteStreaks,
 ):
     pass
