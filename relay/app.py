@@ -166,7 +166,12 @@ class Relay:
         if shared is not None:
             shared.reconfigure(config)
         self.indexer = SearchIndexer(
-            self.store, self.clock, config.masker, leading=self._leading, one_writer=shared is None
+            self.store,
+            self.clock,
+            config.masker,
+            leading=self._leading,
+            one_writer=shared is None,
+            on_flagged=self._flagged,
         )
         self.leadership.on_gained(self.indexer.lead_taken)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
@@ -252,6 +257,15 @@ class Relay:
 
     def _leading(self) -> bool:
         return self.leadership.leading
+
+    def _flagged(self, event_id: int) -> None:
+        """A background pass skipped a stored event relay stopped on: a person
+        must know (relay.background.indexer)."""
+        self.alerter.problem(
+            f"relay stopped while indexing event {event_id} for search: it is now"
+            f" left out of the search index and flagged (relay show {event_id});"
+            " its deliveries go on"
+        )
 
     def _accepted(self, route: str) -> None:
         self.scheduler.arrived(route)

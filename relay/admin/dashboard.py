@@ -403,6 +403,7 @@ async def overview(request: web.Request) -> web.Response:
     pending = sum(info["pending"] for info in stats["targets"].values())
     last_look = _last_look(request)
     attention = await operator.store.attention(last_look or 0.0, HELD_SHOWN)
+    flagged = await operator.store.flagged_events(HELD_SHOWN)
     failing_routes = [
         {"route": route, "target": target, "failures": failures, "error": masker.text(error)}
         for (route, target), (failures, error) in sorted(operator.route_health().items())
@@ -421,6 +422,7 @@ async def overview(request: web.Request) -> web.Response:
         last_look=format_local(last_look, operator.config.zone) if last_look is not None else None,
         dead_since=attention.dead_since,
         held=attention.held,
+        flagged=[event_summary(event, masker) for event in flagged],
         failing_routes=failing_routes,
         auto_refresh=True,
     )

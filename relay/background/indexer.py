@@ -20,6 +20,16 @@ ingest waits behind (each write has a connection of its own), so the leader
 neither waits for quiet moments nor cuts a batch into pieces: it follows the
 whole cluster's webhooks as they come, resting after each batch as long as
 it took.
+
+A stored event cannot stop relay through it. Its work on an event is linear
+(relay.ops.search; tests/unit/test_patterns.py), and the store is told what
+it is on before it reads (`indexing_begins`: the batch's last event), so a
+process that dies there, killed by the watchdog or a bug not found yet, is
+known at the next start: that start reads what was left one event at a time,
+each said before it is read, and an event it was on alone when relay
+stopped is skipped, flagged on the event (shown on its page, in the
+Overview, `relay_events_flagged`) and alerted (`on_flagged`), never read
+again by the index. One crash more at most; never a loop.
 """
 
 from __future__ import annotations
@@ -68,6 +78,12 @@ MAX_DEFER = 0.1
 # never ends, and meets a sender twice a second.
 FLOOD_DEFER = 0.5
 RETRY_AFTER_ERROR = 5.0
+# Why an event is left out of the index (relay show, the event page).
+SKIPPED = (
+    "the search indexer was reading it when relay stopped (a crash or a kill):"
+    " left out of the search index so it cannot stop relay again; its deliveries"
+    " go on as before"
+)
 
 
 class SearchIndexer:
@@ -82,6 +98,7 @@ class SearchIndexer:
         retry_after_error: float = RETRY_AFTER_ERROR,
         leading: Callable[[], bool] = lambda: True,
         one_writer: bool = True,
+        on_flagged: Callable[[int], None] | None = None,
     ) -> None:
         """`one_writer`: the store writes the index through the writer that
         stores webhooks (SQLite), so the index gives way to them."""
@@ -99,6 +116,12 @@ class SearchIndexer:
         self._arrived = False  # a webhook came since the indexer last looked
         self._arrivals = 0  # webhooks noticed so far
         self._failing = Spell()  # the store refusing the index's reads or writes
+        self._on_flagged = on_flagged
+        # Whether what a stopped process was on is still to be looked at (at
+        # each start, and each time the lead is taken), and the last event
+        # of it, read one at a time.
+        self._look_back = True
+        self._careful_through: int | None = None
         self.indexed = 0
 
     def reconfigure(self, config: Config) -> None:
@@ -119,11 +142,32 @@ class SearchIndexer:
         `give_way`, stop after the piece during which a webhook arrived; on
         stop(), after the piece under way."""
         batch = await self._store.events_to_index(limit or self._batch, MAX_BODY_BYTES)
+        if not batch:
+            return 0
+        if self._look_back:
+            self._look_back = False
+            await self._looked_back(batch[0].event_id)
+            batch = await self._store.events_to_index(limit or self._batch, MAX_BODY_BYTES)
+            if not batch:
+                return 1
+        careful = self._careful_through
+        if careful is not None and batch[0].event_id > careful:
+            careful = self._careful_through = None
+        chunk = 1 if careful is not None else self._chunk
+        if careful is None:
+            await self._store.indexing_begins(batch[-1].event_id)
         done = 0
         while done < len(batch):
             if done and (self._stop.is_set() or (give_way and self._arrived)):
+                if self._stop.is_set():
+                    # A stop between pieces: on none, nothing to look back at.
+                    await self._store.indexing_begins(None)
                 break
-            piece = batch[done : done + self._chunk]
+            piece = batch[done : done + chunk]
+            if careful is not None:
+                if piece[0].event_id > careful:
+                    break
+                await self._store.indexing_begins(piece[0].event_id)
             found = await asyncio.to_thread(documents, piece, self._masker)
             # Each piece is written with its own mark: a crash between pieces
             # loses nothing, the next start goes on after the last one written.
@@ -131,6 +175,26 @@ class SearchIndexer:
             self.indexed += len(piece)
             done += len(piece)
         return done
+
+    async def _looked_back(self, first: int) -> None:
+        """What the last process was on when it stopped: an event alone is
+        skipped and flagged; more are read one at a time (`first`: the first
+        event not indexed)."""
+        through = await self._store.interrupted_indexing()
+        if through is None:
+            return
+        if through == first:
+            await self._store.skip_indexing(first, SKIPPED)
+            log.error(
+                "event %d: relay stopped while the search indexer read it; it is"
+                " left out of the search index and flagged (relay show %d)",
+                first,
+                first,
+            )
+            if self._on_flagged is not None:
+                self._on_flagged(first)
+            return
+        self._careful_through = through
 
     async def catch_up(self) -> int:
         """Index everything stored so far (tests, benchmarks, `relay` tools)."""
@@ -140,7 +204,9 @@ class SearchIndexer:
         return total
 
     def lead_taken(self) -> None:
-        """This instance has just taken the cluster's lead: index from now on."""
+        """This instance has just taken the cluster's lead: index from now on,
+        after a look at what the last leader was on."""
+        self._look_back = True
         self._lead_taken.set()
 
     async def run(self) -> None:

@@ -272,6 +272,8 @@ def _event_text(event: dict[str, Any], zone: Zone) -> str:
         f"idempotency key: {_key_text(event)}",
         f"{event['method']} {event['path']}{'?' + event['query'] if event['query'] else ''}",
     ]
+    if event.get("flagged"):
+        lines.append(f"FLAGGED: {event['flagged']}")
     if event.get("resent_from"):
         link = event["resent_from"]
         lines.append(

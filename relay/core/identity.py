@@ -11,9 +11,11 @@ tag does not. It goes out as `Idempotency-Key` and, on a signed request, as
 characters for ids below 10^10 (Worldline, the strictest receiver we know of,
 takes 40).
 
-A delivery stored before each delivery had an identity of its own, and
-already attempted then, keeps the key its attempts carried (its event's key,
-else its event id; `event_keyed`), so a receiver that saw it still knows it.
+A delivery stored before each delivery had an identity of its own, and not
+waiting for its first attempt then, keeps the key its attempts carried (its
+event's key, else its event id; `event_keyed`), so a receiver that saw it
+still knows it; as does one stored by an older relay on a cluster being
+upgraded one instance at a time.
 """
 
 from __future__ import annotations

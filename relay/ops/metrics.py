@@ -256,6 +256,15 @@ def _expose_store(lines: list[str], snapshot: StoreSnapshot) -> None:
         "gauge",
     )
     sample(lines, name, (), snapshot.index_behind)
+    name = "relay_events_flagged"
+    family(
+        lines,
+        name,
+        "Stored events a background pass skipped because relay stopped while reading"
+        " them (a crash, a kill): shown on the Overview and alerted.",
+        "gauge",
+    )
+    sample(lines, name, (), snapshot.gauges.flagged)
     if snapshot.free_bytes is not None:
         name = "relay_storage_free_bytes"
         family(lines, name, "Bytes free on the file system of the SQLite database.", "gauge")

@@ -84,6 +84,8 @@ def event_summary(event: EventView, masker: Masker) -> dict[str, Any]:
         # Set when the key already named that event and this payload differs:
         # a different notification under a reused key, kept, not dropped.
         "key_conflict_of": str(event.conflict_of) if event.conflict_of is not None else None,
+        # Set when a background pass skipped it: relay stopped while it read it.
+        "flagged": event.flagged,
         "status": event.status.value,
         "deliveries": [delivery_summary(d, masker) for d in event.deliveries],
     }

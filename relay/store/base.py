@@ -18,7 +18,8 @@ The verbs are grouped by who uses them; each part of relay takes only its role:
                  release, recover_orphans, ...
     Operations   retry_now, requeue, resend, pause...    admin API, dashboard, CLI
     Queries      list_events, get_event, stats...        admin API, dashboard, CLI, metrics
-    Indexing     events_to_index, index_events           the search indexer
+    Indexing     events_to_index, index_events,          the search indexer
+                 indexing_begins, skip_indexing...
     Health       heartbeat, file_problem                 /readyz, database watch
     Maintenance  purge, reclaim_space, backup...         retention, `relay backup`
     Store        all of them, plus open/close            whoever opens it (relay.store.open_store)
@@ -254,6 +255,8 @@ class EventView:
     # The event that already held this key when this one, with other content,
     # arrived: a key conflict, stored rather than dropped as a duplicate.
     conflict_of: int | None = None
+    # Why a background pass skipped it (relay stopped while it read it), if one did.
+    flagged: str | None = None
 
     @property
     def status(self) -> Status:
@@ -402,6 +405,8 @@ class Gauges:
     oldest_pending_received_at: float | None
     # Per target: pending deliveries behind a dead one of their ordering key.
     held: Mapping[str, int] = field(default_factory=dict)
+    # Events a background pass skipped: relay stopped while it read them.
+    flagged: int = 0
 
 
 @dataclass(frozen=True)
@@ -739,6 +744,11 @@ class Queries(Protocol):
 
     async def target_states(self) -> dict[str, TargetState]: ...
 
+    async def flagged_events(self, limit: int) -> list[EventView]:
+        """The newest events a background pass skipped (relay stopped while it
+        read them), at most `limit`."""
+        ...
+
     async def gauges(self) -> Gauges: ...
 
     async def stats(self) -> Stats: ...
@@ -785,7 +795,24 @@ class Indexing(Protocol):
     async def index_events(self, documents: Sequence[SearchDocument], through: int) -> None:
         """Put these documents in the index and mark every event up to `through`
         indexed, in one transaction (a crash loses neither, nor doubles them).
-        Events purged meanwhile are left out."""
+        Events purged meanwhile are left out. Reaching the event it began
+        through (`indexing_begins`), the indexer is on none."""
+        ...
+
+    async def indexing_begins(self, through: int | None) -> None:
+        """The indexer is on the events up to `through` (None: on none), said
+        before it reads them: a crash meanwhile is known at the next start.
+        Survives the process (it need not survive a power cut)."""
+        ...
+
+    async def interrupted_indexing(self) -> int | None:
+        """The last event of what the indexer was on when relay stopped without
+        finishing it (a crash, a kill), or None."""
+        ...
+
+    async def skip_indexing(self, event_id: int, reason: str) -> None:
+        """Leave this event out of the index, flagged with `reason`, and go on
+        after it."""
         ...
 
 

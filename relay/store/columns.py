@@ -110,6 +110,7 @@ EVENT = Shape(
     remote_addr="remote_addr",
     conflict_of="conflict_of",
     deliveries=GIVEN,
+    flagged="flagged",
 )
 # One event with everything about it, each part read by a query of its own.
 EVENT_DETAIL = Shape(

@@ -304,12 +304,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             # rewritten): an attempted one keeps the key its attempts carried,
             # its event's, which a receiver may remember (relay.core.identity).
             "ALTER TABLE deliveries ADD COLUMN event_keyed INTEGER NOT NULL DEFAULT 1",
-            # One never attempted takes its own identity now: no receiver has
-            # seen it. Without a tag (stored before tags) it is given one.
+            # One waiting for its first attempt takes its own identity now: no
+            # receiver has seen it (one in flight may have been sent when relay
+            # stopped: its attempt is counted at the next start). Without a tag
+            # (stored before tags) it is given one.
             """
             UPDATE deliveries SET event_keyed = 0,
                 message_tag = COALESCE(message_tag, lower(hex(randomblob(8))))
-            WHERE attempts = 0
+            WHERE status = 'pending' AND attempts = 0
             """,
         ],
     ),
@@ -340,6 +342,19 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 PRIMARY KEY (route, target)
             )
             """
+        ],
+    ),
+    (
+        18,
+        "a stored event cannot stop relay: what the search indexer is on, events it skipped",
+        [
+            # The last event of the batch the indexer is on, written before
+            # it begins (NULL: on none): after a crash it knows what it was
+            # reading (relay.background.indexer).
+            "ALTER TABLE search_progress ADD COLUMN working_through INTEGER",
+            # Why a background pass skipped this event (NULL: it did not).
+            "ALTER TABLE events ADD COLUMN flagged TEXT",
+            "CREATE INDEX events_flagged ON events (id) WHERE flagged IS NOT NULL",
         ],
     ),
 ]

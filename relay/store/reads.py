@@ -198,8 +198,13 @@ class Reads(ABC):
                 for target, count in await fetch(sql, (status.value,)):
                     counts[(target, status)] = count
             held = {target: count for target, count in await fetch(HELD_BEHIND_DEAD)}
+            # Over the partial index of the few flagged: no scan of events.
+            flagged = _value(await fetch("SELECT COUNT(*) FROM events WHERE flagged IS NOT NULL"))
             return Gauges(
-                counts=counts, oldest_pending_received_at=await _oldest_pending(fetch), held=held
+                counts=counts,
+                oldest_pending_received_at=await _oldest_pending(fetch),
+                held=held,
+                flagged=int(flagged or 0),
             )
 
     async def stats(self) -> Stats:
@@ -327,6 +332,27 @@ class Reads(ABC):
             slow=True,
         )
         return list(map(INDEX_SOURCE.from_row, rows))
+
+    async def interrupted_indexing(self) -> int | None:
+        rows = await self._read(
+            "SELECT working_through FROM search_progress"
+            " WHERE id = 1 AND working_through > indexed_through",
+            (),
+        )
+        return int(rows[0][0]) if rows else None
+
+    async def flagged_events(self, limit: int) -> list[EventView]:
+        async with self._reading() as fetch:
+            rows = await fetch(
+                f"SELECT {LISTED.columns} FROM events WHERE flagged IS NOT NULL"
+                " ORDER BY id DESC LIMIT ?",
+                (limit,),
+            )
+            deliveries = await deliveries_of(fetch, self.dialect, list(map(LISTED_ID, rows)))
+        return [
+            LISTED.from_row(row, deliveries=tuple(deliveries.get(LISTED_ID(row), ())))
+            for row in rows
+        ]
 
     # Maintenance's
 

@@ -101,6 +101,7 @@ async def test_short_schedule_end_to_end(tmp_path: Path, aiohttp_server: Aiohttp
             "route",
             "idempotency_key",
             "key_conflict_of",
+            "flagged",
             "received_at",
             "status",
             "deliveries",

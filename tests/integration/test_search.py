@@ -220,7 +220,8 @@ async def test_index_catches_up_after_a_crash_and_purge_removes_from_it(
 async def test_a_batch_is_indexed_a_piece_at_a_time_each_with_its_mark(tmp_path: Path) -> None:
     # Each piece holds up a webhook that arrives meanwhile (the text holds the
     # GIL, the write holds the writer): a backlog after a restart must not go
-    # in one 60-120 ms batch. Pieces of CHUNK events, one write each.
+    # in one 60-120 ms batch. Pieces of CHUNK events, one write each, after
+    # the one that says what the indexer is on (relay.background.indexer).
     store = SqliteStore(tmp_path / "relay.db")
     await store.open()
     await store_leads(store, 2 * CHUNK + 1)
@@ -236,8 +237,9 @@ async def test_a_batch_is_indexed_a_piece_at_a_time_each_with_its_mark(tmp_path:
     indexer = SearchIndexer(store, FakeClock(), Masker())
     assert await indexer.step() == 2 * CHUNK + 1
 
-    assert store.write_stats[1] - write_jobs == 3
+    assert store.write_stats[1] - write_jobs == 1 + 3
     assert marks == [CHUNK, 2 * CHUNK, 2 * CHUNK + 1]
+    assert await store.interrupted_indexing() is None  # on none once through
     assert (await store.search_progress()).indexed_through == 2 * CHUNK + 1
     await store.close()
 

@@ -518,6 +518,32 @@ async def test_search_index_follows_a_high_water_mark_and_finds_by_text_and_digi
     assert await found("100%_off") == [ids[1]]
 
 
+async def test_what_the_indexer_is_on_is_kept_and_a_skipped_event_is_flagged(
+    store: Store,
+) -> None:
+    # relay.background.indexer: said before it reads, known after a crash,
+    # cleared once reached; an event skipped is flagged and never read again.
+    ids = [(await store.accept_event(event(key=f"k{n}"), TWO, T0)).event_id for n in range(3)]
+    assert await store.interrupted_indexing() is None
+    await store.indexing_begins(ids[1])
+    assert await store.interrupted_indexing() == ids[1]  # what a crash now leaves
+    batch = await store.events_to_index(1, body_limit=10)
+    await store.index_events(documents(batch, Masker()), ids[0])
+    assert await store.interrupted_indexing() == ids[1]  # not reached yet
+    await store.skip_indexing(ids[1], "relay stopped while reading it")
+    assert await store.interrupted_indexing() is None
+    assert [source.event_id for source in await store.events_to_index(10, 10)] == [ids[2]]
+    [flagged] = await store.flagged_events(10)
+    assert (flagged.id, flagged.flagged) == (ids[1], "relay stopped while reading it")
+    assert (await store.gauges()).flagged == 1
+    detail = await store.get_event(ids[1])
+    assert detail is not None
+    assert detail.event.flagged == "relay stopped while reading it"
+    await store.indexing_begins(ids[2])
+    await store.indexing_begins(None)  # a stop between pieces: on none
+    assert await store.interrupted_indexing() is None
+
+
 async def test_search_leaves_out_events_purged_meanwhile_and_purge_takes_index_rows(
     store: Store,
 ) -> None:

@@ -24,13 +24,34 @@ class PostgresIndexing(PostgresConnection):
                     [_text(doc.text) for doc in documents],
                     [_text(doc.digits) for doc in documents],
                 )
+            await connection.execute(PROGRESS, through)
+
+        await self._write(job)
+
+    async def indexing_begins(self, through: int | None) -> None:
+        async def job(connection: Connection) -> None:
             await connection.execute(
-                "UPDATE search_progress SET indexed_through = GREATEST(indexed_through, $1)"
-                " WHERE id = 1",
-                through,
+                "UPDATE search_progress SET working_through = $1 WHERE id = 1", through
             )
 
         await self._write(job)
+
+    async def skip_indexing(self, event_id: int, reason: str) -> None:
+        async def job(connection: Connection) -> None:
+            await connection.execute(
+                "UPDATE events SET flagged = $1 WHERE id = $2", reason, event_id
+            )
+            await connection.execute(PROGRESS, event_id)
+
+        await self._write(job)
+
+
+# As SQLite's (relay.store.sqlite.indexing.PROGRESS).
+PROGRESS = (
+    "UPDATE search_progress SET indexed_through = GREATEST(indexed_through, $1),"
+    " working_through = CASE WHEN working_through <= $1 THEN NULL ELSE working_through END"
+    " WHERE id = 1"
+)
 
 
 def _text(value: str) -> str:

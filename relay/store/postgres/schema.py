@@ -299,7 +299,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """
             UPDATE deliveries SET event_keyed = false, message_tag = COALESCE(
                 message_tag, substr(replace(gen_random_uuid()::text, '-', ''), 1, 16))
-            WHERE attempts = 0
+            WHERE status = 'pending' AND attempts = 0
             """,
         ],
     ),
@@ -328,6 +328,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 PRIMARY KEY (route, target)
             )
             """
+        ],
+    ),
+    (
+        15,
+        "a stored event cannot stop relay: what the search indexer is on, events it skipped",
+        [
+            # As on SQLite (migration 18).
+            "ALTER TABLE search_progress ADD COLUMN working_through BIGINT",
+            "ALTER TABLE events ADD COLUMN flagged TEXT",
+            "CREATE INDEX events_flagged ON events (id) WHERE flagged IS NOT NULL",
         ],
     ),
 ]

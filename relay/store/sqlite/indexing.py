@@ -19,10 +19,32 @@ class SqliteIndexing(SqliteConnection):
                 " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM events WHERE id = ?)",
                 rows,
             )
-            connection.execute(
-                "UPDATE search_progress SET indexed_through = max(indexed_through, ?) WHERE id = 1",
-                (through,),
-            )
+            connection.execute(PROGRESS, (through, through))
 
         # Made again from the events if a power cut undoes it: no fsync of its own.
         await self._write(job, durable=False)
+
+    async def indexing_begins(self, through: int | None) -> None:
+        def job(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "UPDATE search_progress SET working_through = ? WHERE id = 1", (through,)
+            )
+
+        # In the file before the indexer reads: a crash of the process keeps
+        # it (the OS has it); a power cut that loses it loses no event.
+        await self._write(job, durable=False)
+
+    async def skip_indexing(self, event_id: int, reason: str) -> None:
+        def job(connection: sqlite3.Connection) -> None:
+            connection.execute("UPDATE events SET flagged = ? WHERE id = ?", (reason, event_id))
+            connection.execute(PROGRESS, (event_id, event_id))
+
+        await self._write(job)
+
+
+# The index reaches `through`: the indexer is on none once it reaches what it began.
+PROGRESS = (
+    "UPDATE search_progress SET indexed_through = max(indexed_through, ?),"
+    " working_through = CASE WHEN working_through <= ? THEN NULL ELSE working_through END"
+    " WHERE id = 1"
+)
