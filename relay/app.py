@@ -45,7 +45,7 @@ from relay.ops import logs
 from relay.ops.logs import log_attempt
 from relay.ops.metrics import Metrics
 from relay.ops.systemd import BACKLOG, ActivationError, Notifier, inherited_listeners, watchdog
-from relay.store import Status, StoreError, open_store, serve_lock
+from relay.store import INTERRUPTED_LIMIT, Status, StoreError, open_store, serve_lock
 from relay.store.base import Shared
 
 log = logging.getLogger("relay")
@@ -429,11 +429,19 @@ class Relay:
             # The routes failing when relay last stopped (their streaks go on).
             await self.alerter.load()
             recovered = await self.store.recover_orphans(now)
-            if recovered:
+            if recovered.taken_back:
                 log.warning(
                     "%d deliveries were in flight when relay last stopped; retrying them",
-                    recovered,
+                    recovered.taken_back - len(recovered.parked),
                 )
+            for delivery_id in recovered.parked:
+                said = (
+                    f"delivery {delivery_id} is parked dead: relay stopped"
+                    f" {INTERRUPTED_LIMIT} times in a row while sending it, so it is"
+                    " not sent again until a person requeues it"
+                )
+                log.error("%s (relay show %d)", said, delivery_id)
+                self.alerter.problem(said)
             await self._report_unconfigured()
             self._opened.append(self._close_targets)
             for target in self.targets.values():

@@ -3,6 +3,7 @@
 from relay.store.backends import BACKENDS, Backend, open_store, serve_lock
 from relay.store.base import (
     AUDIT_IDS_KEPT,
+    INTERRUPTED_LIMIT,
     UNKNOWN,
     Accepted,
     AlertNote,
@@ -44,6 +45,7 @@ from relay.store.base import (
     Operations,
     Queries,
     Queue,
+    Recovered,
     Rejection,
     Resend,
     ResendLink,
@@ -73,6 +75,7 @@ from relay.store.sqlite import SqliteStore
 __all__ = [
     "AUDIT_IDS_KEPT",
     "BACKENDS",
+    "INTERRUPTED_LIMIT",
     "UNKNOWN",
     "Accepted",
     "AlertNote",
@@ -116,6 +119,7 @@ __all__ = [
     "Operations",
     "Queries",
     "Queue",
+    "Recovered",
     "Rejection",
     "Resend",
     "ResendLink",

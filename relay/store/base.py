@@ -336,6 +336,22 @@ class AuditEntry:
 
 
 @dataclass(frozen=True)
+class Recovered:
+    """What a start found in flight: how many deliveries it took back, and
+    which of them it parked as dead instead of attempting again, relay
+    having stopped INTERRUPTED_LIMIT times in a row while sending each."""
+
+    taken_back: int
+    parked: tuple[int, ...] = ()
+
+
+# An attempt relay stopped in the middle of (a crash, a kill, the watchdog)
+# spends no retry; this many in a row, and the delivery is parked dead: a
+# stored event cannot keep stopping relay (relay.store.rows.INTERRUPTED).
+INTERRUPTED_LIMIT = 5
+
+
+@dataclass(frozen=True)
 class HeldTargets:
     """What holds targets back, read together: paused ones, down ones, and
     those in a receiver's throttle episode (held until when)."""
@@ -654,11 +670,12 @@ class Queue(Protocol):
         """Give back leases without counting an attempt (shutdown, target gone)."""
         ...
 
-    async def recover_orphans(self, now: float) -> int:
+    async def recover_orphans(self, now: float) -> Recovered:
         """At start, make claimable again the in-flight deliveries no live
         process is attempting: this store's own leases, expired ones and, where
         the serve lock proves this process is the only one (SQLite), all of
-        them at once. Returns how many."""
+        them at once; each attempt cut short is counted, and a delivery whose
+        last INTERRUPTED_LIMIT attempts were all cut short is parked dead."""
         ...
 
     async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:

@@ -17,6 +17,7 @@ from relay.core.payload import Payload
 from relay.core.units import format_instant
 from relay.store.base import (
     AUDIT_IDS_KEPT,
+    INTERRUPTED_LIMIT,
     AttemptRecord,
     Delivered,
     NewEvent,
@@ -30,6 +31,28 @@ from relay.store.base import (
 from relay.store.columns import HELD_BEHIND
 from relay.store.dialect import Dialect
 from relay.store.shape import Written
+
+# A delivery in flight at a start whose attempts since the last recorded one,
+# the one cut short now counted, reach INTERRUPTED_LIMIT: each time relay
+# stopped while sending it. It is parked dead (PARKED), whatever the reason,
+# rather than attempted again: a stored event cannot keep stopping relay.
+INTERRUPTED = (
+    "attempts + 1 - COALESCE((SELECT MAX(a.number) FROM attempts a"
+    f" WHERE a.delivery_id = deliveries.id), 0) >= {INTERRUPTED_LIMIT}"
+)
+PARKED = (
+    f"relay stopped {INTERRUPTED_LIMIT} times in a row while sending it (a crash, a kill"
+    " or the watchdog): parked so it cannot stop relay again; requeue it once the cause"
+    " is known"
+)
+# What a start does to what was in flight: pending again, or parked (its SET,
+# the parked reason its one parameter).
+TAKEN_BACK = (
+    f"status = CASE WHEN {INTERRUPTED} THEN 'dead' ELSE 'pending' END,"
+    f" next_attempt_at = CASE WHEN {INTERRUPTED} THEN NULL ELSE next_attempt_at END,"
+    f" last_error = CASE WHEN {INTERRUPTED} THEN ? ELSE last_error END,"
+    " attempts = attempts + 1"
+)
 
 # The first unfinished delivery of a key: the only one of its line that may go.
 HEAD_OF_LINE = f"""

@@ -227,7 +227,7 @@ async def test_release_gives_a_lease_back_without_an_attempt_recover_counts_one(
     await store.release([claimed[0].id], T0)
     # At a start: the other was under way when the process stopped (it may
     # have reached the receiver), so it counts; the released one never began.
-    assert await store.recover_orphans(T0) == 1
+    assert (await store.recover_orphans(T0)).taken_back == 1
     again = await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1})
     assert sorted(c.id for c in again) == sorted(c.id for c in claimed)
     attempts = {c.id: (c.attempts, c.attempts_in_cycle) for c in again}

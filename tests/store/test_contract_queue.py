@@ -11,6 +11,7 @@ from relay.config import RetryPolicy
 from relay.core.outcome import Outcome
 from relay.delivery.step import Attempted, Rules, step
 from relay.store import (
+    INTERRUPTED_LIMIT,
     AttemptRecord,
     Dead,
     Delivered,
@@ -386,7 +387,7 @@ async def test_after_a_crash_the_next_process_takes_orphaned_leases_back_at_once
     # when they expire, as another instance may still be at work.)
     store = await backend.restart(store)
     later = T0 + 3600
-    assert await store.recover_orphans(later) == 2
+    assert (await store.recover_orphans(later)).taken_back == 2
     again = await store.claim_due(later, later + 60, {"crm": 5, "audit": 5})
     assert sorted(c.id for c in again) == sorted(c.id for c in claimed[1:])
     # An interrupted attempt is counted (the next says X-Relay-Attempt: 2),
@@ -395,8 +396,38 @@ async def test_after_a_crash_the_next_process_takes_orphaned_leases_back_at_once
     view = await store.get_delivery(claimed[0].id)
     assert view is not None
     assert (view.status, view.attempts) == (Status.PENDING, 1)  # recorded: not an orphan
-    assert await store.recover_orphans(later + 1) == 2  # its own leases, from this start
-    assert await store.recover_orphans(later + 1) == 0
+    assert (
+        await store.recover_orphans(later + 1)
+    ).taken_back == 2  # its own leases, from this start
+    assert (await store.recover_orphans(later + 1)).taken_back == 0
+
+
+async def test_a_delivery_relay_keeps_stopping_on_is_parked_dead(backend: Harness) -> None:
+    # A stored event cannot keep stopping relay: an attempt cut short by a
+    # stop spends no retry, but after INTERRUPTED_LIMIT in a row the delivery
+    # is parked dead, saying why, and the others are taken back as usual.
+    store = await backend.open()
+    await store.accept_event(event("poison"), [NewDelivery("crm")], T0)
+    [poison] = await store.claim_due(T0, T0 + 1, {"crm": 1})
+    await record(store, poison, FAILED, RetryAt(T0), T0)  # one attempt recorded
+    now = T0 + 10
+    for stop in range(1, INTERRUPTED_LIMIT + 1):
+        if stop == INTERRUPTED_LIMIT:
+            await store.accept_event(event("other"), [NewDelivery("crm")], now)
+        claimed = await store.claim_due(now, now + 1, {"crm": 5})
+        assert poison.id in [c.id for c in claimed]
+        store = await backend.restart(store)  # relay stops while sending it
+        now += 10
+        recovered = await store.recover_orphans(now)
+        parked = stop == INTERRUPTED_LIMIT
+        assert recovered.parked == ((poison.id,) if parked else ())
+        assert recovered.taken_back == (2 if parked else 1)
+    view = await store.get_delivery(poison.id)
+    assert view is not None
+    assert view.status is Status.DEAD
+    assert view.attempts == 1 + INTERRUPTED_LIMIT
+    assert "stopped 5 times in a row while sending it" in (view.last_error or "")
+    assert [c.id for c in await store.claim_due(now, now + 1, {"crm": 5})] == [poison.id + 1]
 
 
 async def test_deliveries_for_a_target_gone_from_the_config_wait_with_a_note(store: Store) -> None:

@@ -163,7 +163,7 @@ async def test_orphans_are_recovered_per_instance_never_another_live_ones(
     [held_by_a] = await a.claim_due(T0, T0 + 60, {"crm": 1})
     [held_by_b] = await b.claim_due(T0, T0 + 60, {"mail": 1})
     # b restarting gives back its own lease only: a's attempt is still under way.
-    assert await b.recover_orphans(T0 + 1) == 1
+    assert (await b.recover_orphans(T0 + 1)).taken_back == 1
     assert await b.claim_due(T0 + 1, T0 + 61, {"crm": 1}) == []
     [again] = await b.claim_due(T0 + 1, T0 + 61, {"mail": 1})
     assert again.id == held_by_b.id
@@ -223,7 +223,7 @@ async def test_a_clock_minutes_ahead_takes_no_live_instances_lease(
     [held] = await a.claim_due(T0, T0 + 70, {"crm": 1})
     ahead = T0 + 600
     assert await b.claim_due(ahead, ahead + 70, {"crm": 1}) == []
-    assert await b.recover_orphans(ahead) == 0
+    assert (await b.recover_orphans(ahead)).taken_back == 0
     view = await b.get_delivery(held.id)
     assert view is not None
     assert view.status is Status.IN_FLIGHT

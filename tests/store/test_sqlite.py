@@ -113,7 +113,7 @@ async def test_under_the_serve_lock_every_orphaned_lease_comes_back_at_once(
     second = SqliteStore(tmp_path / "relay.db")
     await second.open()
     try:
-        assert await second.recover_orphans(T0 + 1) == 2
+        assert (await second.recover_orphans(T0 + 1)).taken_back == 2
         again = await second.claim_due(T0 + 1, T0 + 61, {"crm": 1, "audit": 1})
         assert sorted(c.id for c in again) == sorted(c.id for c in claimed)
     finally:

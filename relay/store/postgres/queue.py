@@ -13,6 +13,8 @@ from relay.store.base import (
     AttemptRecord,
     ClaimedDelivery,
     Decide,
+    Recovered,
+    Status,
     Step,
     StoreError,
     StoreUnavailable,
@@ -33,7 +35,7 @@ from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 from relay.store.postgres.record import Record
 from relay.store.record import RecordJob
-from relay.store.rows import UNCONFIGURED, unconfigured
+from relay.store.rows import PARKED, TAKEN_BACK, UNCONFIGURED, unconfigured
 
 FLAG_UNCONFIGURED = numbered(rows.FLAG_UNCONFIGURED)  # (why, now, target)
 # What a claim's updates return of each delivery: what CLAIMED reads of it (d).
@@ -248,25 +250,27 @@ class PostgresQueue(PostgresConnection):
                 self.instance_id,
             )
 
-    async def recover_orphans(self, now: float) -> int:
+    async def recover_orphans(self, now: float) -> Recovered:
         """Give back this instance's own leases and every one that may be taken
         over; leases other live instances hold are theirs until they run out
         (by the server's clock)."""
         self._beat()  # `relay serve` starts here: it is one of the cluster now
         async with self._connection() as connection:
             await connection.execute(STARTED, self.instance_id, socket.gethostname())
-            result = await connection.execute(
-                # Each was an attempt interrupted: counted (CLAIM).
-                "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
-                " lease_owner = NULL, lease_expires = NULL, updated_at = $1,"
-                " attempts = attempts + 1"
+            rows = await connection.fetch(
+                # Each was an attempt interrupted: counted (CLAIM); parked
+                # after INTERRUPTED_LIMIT in a row, as on SQLite.
+                f"UPDATE deliveries SET {TAKEN_BACK.replace('?', '$4')}, lease_until = NULL,"
+                " lease_owner = NULL, lease_expires = NULL, updated_at = $1"
                 " WHERE status = 'in_flight' AND (lease_owner = $2"
-                f" OR {lapsed('$2', '$1', '$3')})",
+                f" OR {lapsed('$2', '$1', '$3')}) RETURNING id, status",
                 now,
                 self.instance_id,
                 self.dead_after,
+                PARKED,
             )
-        return int(result.split()[-1])
+        parked = sorted(i for i, status in rows if status == Status.DEAD.value)
+        return Recovered(len(rows), tuple(parked))
 
     async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
         sql, params = unconfigured(POSTGRES, list(configured))

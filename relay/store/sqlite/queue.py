@@ -6,10 +6,16 @@ import sqlite3
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from relay.store.base import AttemptRecord, ClaimedDelivery, Decide, Step
+from relay.store.base import AttemptRecord, ClaimedDelivery, Decide, Recovered, Status, Step
 from relay.store.columns import CLAIMED
 from relay.store.dialect import SQLITE, placeholders
-from relay.store.rows import FLAG_UNCONFIGURED, UNCONFIGURED, unconfigured
+from relay.store.rows import (
+    FLAG_UNCONFIGURED,
+    PARKED,
+    TAKEN_BACK,
+    UNCONFIGURED,
+    unconfigured,
+)
 from relay.store.sqlite.connection import SqliteConnection
 from relay.store.sqlite.record import SqliteRecord
 
@@ -127,16 +133,18 @@ class SqliteQueue(SqliteConnection):
 
         await self._write(job)
 
-    async def recover_orphans(self, now: float) -> int:
-        def job(connection: sqlite3.Connection) -> int:
-            return connection.execute(
+    async def recover_orphans(self, now: float) -> Recovered:
+        def job(connection: sqlite3.Connection) -> Recovered:
+            rows = connection.execute(
                 # Each was an attempt interrupted: counted (CLAIM_EXPIRED).
-                "UPDATE deliveries SET status = 'pending', lease_until = NULL, updated_at = ?,"
-                " attempts = attempts + 1 WHERE status = 'in_flight'",
-                (now,),
-            ).rowcount
+                f"UPDATE deliveries SET {TAKEN_BACK}, lease_until = NULL, updated_at = ?"
+                " WHERE status = 'in_flight' RETURNING id, status",
+                (PARKED, now),
+            ).fetchall()
+            parked = sorted(i for i, status in rows if status == Status.DEAD.value)
+            return Recovered(len(rows), tuple(parked))
 
-        result: int = await self._write(job)
+        result: Recovered = await self._write(job)
         return result
 
     async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
