@@ -37,11 +37,33 @@ def warnings(config: Config) -> list[str]:
                 " change every delivery and its credentials; trust the target's CA with"
                 " ca_file instead"
             )
+        if isinstance(outbound, Outbound):
+            found += _readable_key(target.name, outbound)
     written = _as_written(config)
     if written is not None:
         found += _readable_secrets(config, written)
         found += _sqlite_keys_beside_a_url(config, written)
     return found
+
+
+def _readable_key(target: str, outbound: Outbound) -> list[str]:
+    """A client certificate's private key is a credential: one any user of
+    the machine may read lets them pose as relay to the target."""
+    key, name = outbound.client_key, "client_key"
+    if key is None and outbound.client_cert is not None:
+        key, name = outbound.client_cert, "client_cert"  # the key in the same file
+    if key is None:
+        return []
+    try:
+        mode = stat.S_IMODE(key.stat().st_mode)
+    except OSError:
+        return []
+    if not mode & (stat.S_IRGRP | stat.S_IROTH):
+        return []
+    return [
+        f"targets.{target}.{name}: {key} holds a private key and is mode {mode:o}, readable"
+        f" by other users of this machine: chmod 600 {key} (owned by the service's user)"
+    ]
 
 
 def _as_written(config: Config) -> dict[str, object] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import re
@@ -9,7 +10,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, quote_plus, unquote_plus, urlsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
 
 import orjson
 
@@ -270,6 +271,26 @@ def _json_secrets(document: Any, found: set[str]) -> None:
                 found.add(str(item))
                 if len(found) >= MAX_VALUE_SECRETS:
                     return
+
+
+def userinfo_secrets(url: str) -> list[str]:
+    """The credentials of a URL's `user:password@`, in every form relay sends
+    them: the password, and base64 of `user:password` (Basic authorization:
+    a target's url, a proxy's Proxy-Authorization), which a peer that quotes
+    the request back would otherwise show in clear. Nothing without userinfo."""
+    if "@" not in url:
+        return []
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return []
+    if user is None:
+        return []
+    # The header carries them decoded (yarl and urllib alike: %40 is "@").
+    user, password = unquote(user), unquote(password or "")
+    pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return [pair, password] if password else [pair]
 
 
 def _scalar(value: Any) -> bool:

@@ -33,7 +33,7 @@ from relay.config.shared import parse_answer, parse_networks
 from relay.core.localtime import UnknownZone, zone_named
 from relay.core.payload import REQUEST_VARIABLES
 from relay.core.pgurl import masked_url, url_problem
-from relay.core.secrets import Masker
+from relay.core.secrets import Masker, userinfo_secrets
 from relay.loader.registry import source_kinds, target_kinds
 from relay.loader.targets import NAME, parse_target
 
@@ -110,6 +110,10 @@ def _too_deep(data: object) -> bool:
     return False
 
 
+# What the outbound client reads for a proxy (relay.targets.outbound.client.environment_proxy).
+PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY")
+
+
 def parse_config(
     data: Mapping[str, Any],
     environ: Mapping[str, str],
@@ -121,6 +125,12 @@ def parse_config(
     """The config in `data`; `asked_keys`, when given, gets every key read."""
     secrets: set[str] = set()
     substituted = substitute(dict(data), environ, "", secrets)
+    # The proxies relay's environment names (HTTPS_PROXY, HTTP_PROXY): their
+    # credentials go out with every request through them.
+    for name in PROXY_VARIABLES:
+        proxy = environ.get(name, "")
+        # "user:password@proxy.corp:3128" without a scheme, as curl takes it.
+        secrets.update(userinfo_secrets(proxy if "://" in proxy else f"http://{proxy}"))
     try:
         return _parse_config(substituted, secrets, base, source, asked_keys)
     except ConfigError as error:

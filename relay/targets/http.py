@@ -22,7 +22,7 @@ from relay.core.budget import TemplateError
 from relay.core.identity import delivery_key
 from relay.core.outcome import Outcome
 from relay.core.payload import EVENT_VARIABLES
-from relay.core.secrets import Masker
+from relay.core.secrets import Masker, userinfo_secrets
 from relay.kinds.base import AlertTemplates, TargetKind
 from relay.kinds.target import Envelope, Target
 from relay.targets.base import (
@@ -191,8 +191,13 @@ def view(settings: HttpSettings, masker: Masker) -> dict[str, Any]:
 
 
 def secrets(settings: HttpSettings) -> Iterable[str]:
-    # The base64 part of "whsec_...": masked whether or not the prefix shows.
-    return [base64.b64encode(key).decode() for key in settings.sign] + settings.outbound.secrets()
+    # The base64 part of "whsec_...": masked whether or not the prefix shows;
+    # the url's user:password as sent (Basic authorization) too.
+    return [
+        *(base64.b64encode(key).decode() for key in settings.sign),
+        *userinfo_secrets(settings.url),
+        *settings.outbound.secrets(),
+    ]
 
 
 def alert_settings(settings: HttpSettings, alert: AlertTemplates) -> HttpSettings | None:

@@ -16,7 +16,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import aiohttp
 import pytest
@@ -948,3 +948,73 @@ async def test_a_client_certificate_renewed_in_place_is_taken_up_by_a_reload(
     await relay.scheduler.drain()
     assert (await detail(relay, taken)).event.deliveries[0].status.value == "delivered"
     assert len(seen) == 1
+
+
+async def test_credentials_relay_sends_are_masked_in_every_form_a_peer_quotes_back(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """user:password in a target's url goes as Basic authorization, and a
+    proxy's as Proxy-Authorization: base64 of the pair. A receiver that quotes
+    the request back (httpbin's /anything, many CRMs' error pages) showed it in
+    the attempt's answer, where base64 is as good as clear."""
+
+    def echo(request: web.Request, number: int) -> web.StreamResponse:
+        # As httpbin's /anything answers: the request's headers, verbatim.
+        return web.json_response({"error": "refused", "headers": dict(request.headers)}, status=400)
+
+    sink, url = await start_sink(echo)
+    password = "crm-p@ss:word"
+    with_user = url.replace("http://", "http://crm:${CRM_PASSWORD}@")
+    relay = await start_relay(
+        make_config(
+            {"crm": target(with_user)},
+            ROUTES,
+            environ={
+                "CRM_PASSWORD": quote(password, safe=""),
+                "HTTPS_PROXY": f"egress:{PROXY_PASSWORD}@proxy.corp:3128",
+            },
+        ),
+        background=False,
+        clock=FakeClock(),
+    )
+    await post_order(relay, b'{"order": 1}')
+    await relay.scheduler.drain()
+    [request] = sink.requests
+    pair = base64.b64encode(f"crm:{password}".encode()).decode()
+    assert request.headers["Authorization"] == f"Basic {pair}"
+    [event] = await relay.store.list_events(EventQuery())
+    found = await relay.store.get_event(event.id)
+    assert found is not None
+    [[attempt]] = found.attempts.values()
+    assert b"Basic " in attempt.response
+    assert pair.encode() not in attempt.response
+    assert password.encode() not in attempt.response
+    # The environment's proxy, written without a scheme as curl takes it.
+    proxied = base64.b64encode(f"egress:{PROXY_PASSWORD}".encode()).decode()
+    assert proxied not in relay.config.masker.text(f"Proxy-Authorization: Basic {proxied}")
+
+
+def test_relay_check_warns_of_a_client_key_other_users_may_read(
+    tmp_path: Path, make_config: ConfigFactory
+) -> None:
+    # The key lets whoever reads it pose as relay to the CRM (mutual TLS).
+    files = TLSFiles(tmp_path)
+    for mode, keys, warned in (
+        (0o644, {"client_cert": files.client_cert, "client_key": files.client_key}, "client_key"),
+        (0o640, {"client_cert": files.client_both}, "client_cert"),
+        (0o600, {"client_cert": files.client_cert, "client_key": files.client_key}, None),
+    ):
+        for path in (files.client_key, files.client_both):
+            path.chmod(mode)
+        crm = target("https://crm.example/hook", **{k: str(v) for k, v in keys.items()})
+        found = [w for w in warnings(make_config({"crm": crm}, ROUTES)) if "private key" in w]
+        if warned is None:
+            assert found == []
+        else:
+            [said] = found
+            assert said.startswith(f"targets.crm.{warned}: ")
+            assert f"is mode {mode:o}" in said
+            assert "chmod 600" in said

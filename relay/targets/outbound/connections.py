@@ -14,6 +14,7 @@ import yarl
 
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
+from relay.core.secrets import userinfo_secrets
 from relay.targets.outbound.transport import Transport
 
 TransportName = Literal["relay", "aiohttp"]
@@ -53,11 +54,9 @@ class Outbound:
         return context
 
     def secrets(self) -> list[str]:
-        """The proxy's password, masked wherever it could show."""
-        if self.proxy is None or "@" not in self.proxy:
-            return []
-        password = yarl.URL(self.proxy).password
-        return [password] if password else []
+        """The proxy's credentials, masked wherever they could show, in every
+        form they are sent (relay.core.secrets.userinfo_secrets)."""
+        return userinfo_secrets(self.proxy) if self.proxy is not None else []
 
 
 def parse_outbound(section: Section, base: Path) -> Outbound:
