@@ -241,16 +241,30 @@ def _in_cycle(delivery: dict[str, Any]) -> str:
     return f" ({steps} in this cycle)" if steps != delivery["attempts"] else ""
 
 
-def _sent_body(request: dict[str, Any]) -> str:
-    """A sent body as a person reads it: a form's fields decoded, else its text."""
+def _sent_lines(request: dict[str, Any]) -> list[str]:
+    """What an attempt sent, as a person reads it, under the attempt: a mail
+    with its headers, a form's fields decoded one a line, JSON indented, any
+    other text as it is (what is kept of it: its first 2 KiB)."""
+    head = f"      sent: {request['method']} {request['url']}"
+    size, body = request.get("size"), request["body"]
+    if size is not None and size > len(body.encode()):
+        head += f" ({size:,} bytes, the first kept)"
+    lines = [head]
+    if request["method"] == "SMTP":
+        lines += [f"{name}: {value}" for name, value in request["headers"]]
+        lines.append("")
     content_type = next(
         (value for name, value in request["headers"] if name.lower() == "content-type"), ""
     )
-    fields = parse_form(content_type, request["body"].encode())
+    fields = parse_form(content_type, body.encode())
+    parsed = parse_json(body.encode()) if not fields else None
     if fields:
-        return " ".join(f"{name}={value}" for name, value in fields.items())
-    text: str = request["body"]
-    return text
+        lines += [f"{name} = {value}" for name, value in fields.items()]
+    elif parsed is not None:
+        lines += orjson.dumps(parsed, option=orjson.OPT_INDENT_2).decode().splitlines()
+    elif body:
+        lines += body.splitlines()
+    return [lines[0], *(f"        {line}" if line else "" for line in lines[1:])]
 
 
 def _attempt_label(attempt: dict[str, Any]) -> str:
@@ -328,9 +342,7 @@ def _event_text(event: dict[str, Any], zone: Zone) -> str:
             ]
             request = attempt.get("request")
             if request:
-                sent = f"{request['method']} {request['url']}"
-                body = _one_line(_sent_body(request))
-                said.append(f"      sent: {sent}" + (f" {body}" if body else ""))
+                said += _sent_lines(request)
             answer = _one_line(attempt.get("response") or "")
             if answer:
                 said.append(f"      answer: {answer}")

@@ -22,6 +22,9 @@ class SentRequest:
     url: str
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    # How large the body was (None: as kept); what is kept may be cut
+    # (relay.delivery.kept).
+    size: int | None = None
 
 
 class Verdict(StrEnum):

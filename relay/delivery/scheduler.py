@@ -16,17 +16,17 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlsplit
 
 from relay.config import Config
 from relay.core.clock import Clock
-from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome, SentRequest
+from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.core.payload import Payload, strip_form_fields
 from relay.core.records import next_status
-from relay.core.secrets import Masker, inbound_secrets, mask_fields, shown_body
+from relay.core.secrets import Masker
 from relay.core.spell import Spell
 from relay.core.status import attempt_outcome
 from relay.core.units import format_duration
+from relay.delivery.kept import kept
 from relay.delivery.ratelimit import Pacer
 from relay.delivery.retry import cycle_length
 from relay.delivery.step import Attempted, Rules, first_hold, step
@@ -565,7 +565,7 @@ class Scheduler:
                 http_status=outcome.status,
                 error=outcome.error,
                 response=self._masker.data(outcome.response[:RESPONSE_EXCERPT_BYTES]),
-                request=self._kept(outcome.request),
+                request=kept(outcome.request, self._masker) if outcome.request else None,
                 target_at_fault=outcome.target_at_fault,
                 kind=attempted.kind,
             )
@@ -598,30 +598,6 @@ class Scheduler:
                 lane.in_flight -= 1
             self._tasks.pop(delivery.id, None)
             self._wake.set()
-
-    def _kept(self, request: SentRequest | None) -> SentRequest | None:
-        """The request as the attempt keeps it: the config's secrets and
-        credential headers masked, the body cut as the answer is."""
-        if request is None:
-            return None
-        # Masked before it is cut (a secret across the cut is masked whole), on
-        # twice the excerpt at most: bounded work whatever the body's size.
-        head = request.body[: 2 * RESPONSE_EXCERPT_BYTES]
-        url = urlsplit(request.url)
-        content_type = next(
-            (value for name, value in request.headers if name.lower() == "content-type"), None
-        )
-        # The request's own credentials too (an api_key field, a ?token=), by
-        # name; most requests have none, and keep the config's compiled masker.
-        own = frozenset(inbound_secrets(url.query, content_type, head))
-        masker = _merged(self._masker, own) if own else self._masker
-        shown = shown_body(head.decode("utf-8", "replace"), content_type, masker)
-        return SentRequest(
-            method=request.method,
-            url=masker.text(url._replace(query=mask_fields(url.query)).geturl()),
-            headers=tuple(masker.headers(request.headers)),
-            body=shown.encode()[:RESPONSE_EXCERPT_BYTES],
-        )
 
     def _learn(self, target: str, done: Step, now: float) -> None:
         """Keep the cached down state in step with what the store just recorded."""
@@ -712,13 +688,6 @@ class Scheduler:
                 continue
             self._records_failing.ended(self._clock.now())
             return done
-
-
-@functools.lru_cache(maxsize=64)
-def _merged(masker: Masker, own: frozenset[str]) -> Masker:
-    """The config's masker with a request's own credentials: compiled once for
-    credentials that come back (a target's token on every request)."""
-    return masker.merged(Masker(own))
 
 
 def _envelope(delivery: ClaimedDelivery, number: int, now: float, state: _State) -> Envelope:

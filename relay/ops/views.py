@@ -136,6 +136,8 @@ def _request_view(request: SentRequest | None, masker: Masker) -> dict[str, Any]
         "url": masker.text(request.url),
         "headers": [list(pair) for pair in masker.headers(request.headers)],
         "body": masker.text(request.body.decode("utf-8", errors="replace")),
+        # How large the body was; what is kept is cut at 2 KiB (relay.delivery.kept).
+        "size": request.size if request.size is not None else len(request.body),
     }
 
 

@@ -76,7 +76,8 @@ def sent_request(head: str | None, body: bytes | None) -> SentRequest | None:
         return None
     values = orjson.loads(head)
     headers = tuple((str(name), str(value)) for name, value in values["headers"])
-    return SentRequest(values["method"], values["url"], headers, bytes(body or b""))
+    size = values.get("size")  # absent from attempts kept before it was
+    return SentRequest(values["method"], values["url"], headers, bytes(body or b""), size)
 
 
 # Events

@@ -277,7 +277,12 @@ def request_values(request: SentRequest | None) -> tuple[str | None, bytes | Non
     """(request, request_body) columns of an attempt."""
     if request is None:
         return None, None
-    head = {"method": request.method, "url": request.url, "headers": request.headers}
+    head = {
+        "method": request.method,
+        "url": request.url,
+        "headers": request.headers,
+        "size": request.size,
+    }
     return orjson.dumps(head).decode(), request.body
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from relay.config.files import ca_file_problem
 from relay.config.reader import ConfigError, Section
 from relay.core.budget import TemplateError
-from relay.core.outcome import Outcome
+from relay.core.outcome import Outcome, SentRequest
 from relay.core.payload import EVENT_VARIABLES
 from relay.core.printable import printable
 from relay.kinds.base import AlertTemplates, TargetKind
@@ -205,10 +205,17 @@ class SmtpTarget:
             return Outcome.unsendable(
                 f"template error: {error}" if not isinstance(error, TemplateError) else str(error)
             )
-        import aiosmtplib  # the mail client: when mail is sent, not when a config is read
-
         if envelope.paced is not None:
             await envelope.paced()
+        outcome = await self._send(message)
+        # The mail as sent, kept with the attempt as an http request is: its
+        # headers and text as a mail program shows them.
+        return replace(outcome, request=sent_mail(message, settings))
+
+    async def _send(self, message: EmailMessage) -> Outcome:
+        import aiosmtplib  # the mail client: when mail is sent, not when a config is read
+
+        settings = self._settings
         try:
             await aiosmtplib.send(
                 message,
@@ -270,6 +277,22 @@ def readable_mail(message: EmailMessage) -> str:
 
 
 _SHOWN_HEADERS = ("From", "To", "Cc", "Reply-To", "Subject", "Date", "Message-ID")
+
+
+def sent_mail(message: EmailMessage, settings: SmtpSettings) -> SentRequest:
+    """The mail an attempt sent, as it is kept (relay.delivery.kept bounds and
+    masks it): the headers a person reads, decoded, and the plain text (else
+    the HTML), so an attempt's page shows what the manager received."""
+    headers = [
+        (name, str(message[name]))
+        for name in (*_SHOWN_HEADERS, "X-Relay-Note")
+        if message[name] is not None
+    ]
+    part = message.get_body(preferencelist=("plain", "html"))
+    text = str(part.get_content()) if part is not None else ""
+    return SentRequest(
+        "SMTP", f"smtp://{settings.host}:{settings.port}", tuple(headers), text.encode()
+    )
 
 
 def message_id(envelope: Envelope, target: str, sender: str) -> str:

@@ -219,9 +219,11 @@ class TelegramTarget(SessionOwner):
             {"Content-Type": "application/json", "User-Agent": USER_AGENT},
             orjson.dumps(payload),
         )
-        return await exchange(
+        outcome = await exchange(
             self.transport, prepared, judge, envelope.paced, body_by=envelope.answer_by
         )
+        # The message as sent (its text rendered), kept with the attempt.
+        return replace(outcome, request=prepared.sent())
 
 
 def judge(status: int, headers: CIMultiDictProxy[str], excerpt: bytes) -> Outcome:

@@ -184,7 +184,7 @@ async def test_reload_whose_new_target_cannot_start_keeps_the_running_config(
         (tmp_path / "later").write_text("now a file")
         with pytest.raises(NotADirectoryError):
             await relay.reload(config)
-        assert relay.loader.targets["audit"].settings != config.targets["audit"].settings
+        assert relay.config.targets["audit"].settings != config.targets["audit"].settings
     finally:
         await relay.stop()
 

@@ -73,10 +73,19 @@ async def test_show_tells_the_whole_story(
     sent = [line for line in story if line.startswith("sent:")]
     assert len(sent) == 4
     assert sent[0].startswith("sent: POST http://127.0.0.1:")
-    assert "Name=Анна Петрова Phone=+7 999 123-45-67 api_key=***" in sent[0]
+    first = story.index(sent[0])
+    assert story[first + 1 : first + 4] == [
+        "Name = Анна Петрова",
+        "Phone = +7 999 123-45-67",
+        "api_key = ***",
+    ]
     assert "answer: answer 3: 200" in story
     # The retry and the requeue sit between the attempts they caused.
-    kinds = [line for line in story if not line.startswith(("#", "answer:", "delivery", "last"))]
+    kinds = [
+        line
+        for line in story
+        if not line.startswith(("#", "answer:", "delivery", "last")) and " = " not in line
+    ]
     assert len(kinds) >= 2, story
     position = {line: index for index, line in enumerate(story)}
     retry_line = next(line for line in kinds if "retry" in line)

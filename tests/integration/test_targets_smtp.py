@@ -301,3 +301,34 @@ async def test_a_mistyped_reply_to_leaves_it_out_and_the_mail_goes(
     assert message["Bcc"] is None
     assert "is not a mail address" in str(message["X-Relay-Note"])
     assert (await delivery_of(relay)).status is Status.DELIVERED
+
+
+async def test_an_attempt_keeps_the_mail_it_sent(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    http: aiohttp.ClientSession,
+    smtp: Any,
+) -> None:
+    # What the manager received, beside the server's reply: before, a mail
+    # attempt kept nothing of its message, and a person could not tell.
+    box = MailBox(["451 4.3.0 try later", "250 OK"])
+    port = smtp(box)
+    relay = await start_relay(
+        make_config({"mail": mail_target(port, subject="Заявка: {{ form.name }}")}, ROUTES),
+        background=False,
+        clock=FakeClock(),
+    )
+    await submit(relay, http)
+    await relay.scheduler.drain()
+    [event] = await relay.store.list_events(EventQuery())
+    detail = await relay.store.get_event(event.id)
+    assert detail is not None
+    refused, sent = detail.attempts[event.deliveries[0].id]
+    for attempt in (refused, sent):
+        assert attempt.request is not None
+        assert attempt.request.method == "SMTP"
+        assert attempt.request.url == f"smtp://127.0.0.1:{port}"
+        headers = dict(attempt.request.headers)
+        assert headers["Subject"] == "Заявка: <b>Anna</b>"  # decoded, as a mail program shows it
+        assert headers["To"] == "manager@shop.example"
+        assert attempt.request.body.decode() == "Name: <b>Anna</b>\nComment: Call me\n"

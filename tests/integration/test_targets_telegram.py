@@ -401,3 +401,26 @@ def test_a_markdown_v2_cut_never_splits_an_escape() -> None:
         body = result.removesuffix(marker)
         assert len(result) <= MAX_TEXT
         assert (len(body) - len(body.rstrip("\\"))) % 2 == 0
+
+
+async def test_an_attempt_keeps_the_message_it_sent(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    bot: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    # The text the chat got, rendered, beside Telegram's answer; the token in
+    # the URL masked (it is a credential).
+    _api, base, clock = bot
+    relay = await start(make_config, start_relay, {"sales": chat_target(base)}, clock)
+    await submit(relay, http, name="Анна")
+    await relay.scheduler.drain()
+    [event] = await relay.store.list_events(EventQuery())
+    detail = await relay.store.get_event(event.id)
+    assert detail is not None
+    [[attempt]] = detail.attempts.values()
+    assert attempt.request is not None
+    assert json.loads(attempt.request.body)["text"] == "New lead: <b>Анна</b>"
+    assert "Анна".encode() in attempt.request.body  # UTF-8, not \\u escapes
+    assert TOKEN not in attempt.request.url
+    assert attempt.request.url.endswith("/sendMessage")
