@@ -30,7 +30,7 @@ from relay.background.retention import RetentionJob
 from relay.config import Config, ConfigError, Listen
 from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
-from relay.core.errors import describe
+from relay.core.errors import one_line
 from relay.core.records import Dead
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
@@ -681,7 +681,7 @@ async def _quietly(what: str, step: Callable[[], object]) -> bool:
                     break
                 log.warning("stopping: still %s", what)
     except Exception as error:
-        log.error("%s failed: %s", what, describe(error))
+        log.error("%s failed: %s", what, one_line(error))
         return False
     return True
 
@@ -757,7 +757,7 @@ async def _run(relay: Relay, notifier: Notifier, loop: asyncio.AbstractEventLoop
         admin,
         len(config.routes),
         len(config.targets),
-        config.storage.describe(),
+        config.storage.location(),
         instance,
     )
     notifier.ready(await relay.status_line())
@@ -797,7 +797,7 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
         needs_restart = await relay.reload(config)
     except Exception as error:
         # Whatever went wrong, the running config stays: one line, counted.
-        problem = str(error) if isinstance(error, ConfigError) else describe(error)
+        problem = str(error) if isinstance(error, ConfigError) else one_line(error)
         relay.metrics.reloads.labels("failed").inc()
         relay.metrics.reload_failed.set(1)
         log.error("reload failed, still running the previous config: %s", problem)

@@ -43,7 +43,7 @@ from relay.ops.resend import (
     fields_body,
     plan_resend,
 )
-from relay.ops.search import SearchError, describe, parse_search
+from relay.ops.search import SearchError, parse_search, searched_for
 from relay.ops.views import (
     audit_view,
     delivery_summary,
@@ -552,7 +552,7 @@ async def _search(
         return events, "", ""
     terms = query.search
     progress = await operator.store.search_progress()
-    note = f"Searched for {describe(terms)} in bodies, queries and headers"
+    note = f"Searched for {searched_for(terms)} in bodies, queries and headers"
     if progress.behind:
         note += f"; the newest {not_indexed(progress)} are not indexed yet and were not searched."
     else:

@@ -72,7 +72,7 @@ class StorageConfig:
     # CONNECTIONS_BESIDES_POOL (relay.store.postgres.cluster) more of its own.
     pool_size: int = 10
 
-    def describe(self) -> str:
+    def location(self) -> str:
         """Where the data is, for logs and messages (a URL without its password)."""
         if self.url is None:
             return str(self.path)

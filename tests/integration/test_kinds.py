@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from relay.cli.advice import warnings
-from relay.cli.check import describe as check_text
+from relay.cli.check import check_text
 from relay.config import Answer, ConfigError, RouteConfig
 from relay.config.reader import Section
 from relay.core.clock import FakeClock
@@ -85,7 +85,7 @@ def build(name: str, settings: NotebookSettings, concurrency: int) -> Target:
     return Notebook(name, settings)
 
 
-def describe(settings: NotebookSettings, masker: Masker) -> str:
+def destination(settings: NotebookSettings, masker: Masker) -> str:
     return masker.text(f"notebook {settings.label} (key {settings.key})")
 
 
@@ -105,7 +105,7 @@ NOTEBOOK = TargetKind(
     name="notebook",
     parse=parse,
     build=build,
-    describe=describe,
+    destination=destination,
     view=view,
     secrets=secrets,
     secret_keys=("key",),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from relay.cli.check import describe, durability_warnings
+from relay.cli.check import check_text, durability_warnings
 from relay.config import ConfigError
 from relay.loader import load_config, load_operator_config, parse_config
 from relay.targets.file import FileSettings
@@ -82,7 +82,7 @@ def test_the_issue_config_loads_with_paths_relative_to_its_folder(tmp_path: Path
 def test_check_prints_each_schedule(tmp_path: Path) -> None:
     path = tmp_path / "relay.toml"
     path.write_text(ISSUE_CONFIG)
-    text = describe(load_config(path, {}))
+    text = check_text(load_config(path, {}))
     assert "route orders: POST /hooks/orders" in text
     assert "15 retries, 2s … 9h06m, cycle 18h12m" in text
     assert "6 retries, 30s … 1d00h, cycle 1d07h" in text
