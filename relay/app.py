@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from relay.admin import Operator, admin_application
+from relay.admin import Console, admin_application
 from relay.admin.site import CappedSite
 from relay.background.alerts import Alerter
 from relay.background.dbwatch import DatabaseWatch
@@ -184,7 +184,7 @@ class Relay:
             metrics=self.metrics,
             on_accepted=self._accepted,
         )
-        self.operator = Operator(
+        self.console = Console(
             store=self.store,
             scheduler=self.scheduler,
             clock=self.clock,
@@ -431,7 +431,7 @@ class Relay:
             await self._listen_ingress(ingress_cap)
             admin = self.config.admin
             if admin.enabled:
-                await self._listen_admin(admin_application(self.operator), admin.listen, admin_cap)
+                await self._listen_admin(admin_application(self.console), admin.listen, admin_cap)
                 if admin.token is None:
                     log.warning(
                         "admin API on %s has no token: anyone on this machine can use it",

@@ -14,7 +14,7 @@ from relay.core.pgurl import masked_url
 from relay.core.secrets import Masker
 
 if TYPE_CHECKING:
-    # Compiled by the reader; the operator commands read no template and start
+    # Compiled by the reader; the database commands read no template and start
     # without Jinja2.
     from relay.templates import Template
 

@@ -31,7 +31,7 @@ from relay.core.secrets import Masker, is_sensitive_header
 from relay.kinds import AlertTemplates, SenderRetry, SourceKind, TargetKind
 from relay.kinds.source import Accept, Check, Reject, Source
 from relay.kinds.target import Envelope, Target
-from relay.loader import load_operator_config
+from relay.loader import load_database_command_config
 from relay.loader.registry import (
     register_source,
     register_target,
@@ -205,7 +205,7 @@ def test_the_operator_commands_mask_its_credential_keys(
             "routes": {"orders": {"path": "/o", "targets": ["book"]}},
         },
     )
-    assert "inline-key-123" in load_operator_config(path, {}).secrets
+    assert "inline-key-123" in load_database_command_config(path, {}).secrets
 
 
 @dataclass(frozen=True)

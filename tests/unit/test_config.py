@@ -10,7 +10,7 @@ import pytest
 
 from relay.cli.check import check_text, durability_warnings
 from relay.config import ConfigError
-from relay.loader import load_config, load_operator_config, parse_config
+from relay.loader import load_config, load_database_command_config, parse_config
 from relay.targets.file import FileSettings
 from relay.targets.http import HttpSettings
 
@@ -279,11 +279,11 @@ def test_an_error_about_a_value_never_shows_what_a_reference_put_in_it() -> None
 def test_a_commands_error_about_the_storage_url_never_shows_its_password(
     tmp_path: Path,
 ) -> None:
-    # Operator commands read only [storage] (relay.loader.operator): the same rule.
+    # Database commands read only [storage] (relay.loader.database_commands): the same rule.
     path = tmp_path / "relay.toml"
     path.write_text('[storage]\nurl = "mysql://relay:${PGPASSWORD}@db/relay"\n')
     with pytest.raises(ConfigError) as raised:
-        load_operator_config(path, {"PGPASSWORD": "s3cret-password"})
+        load_database_command_config(path, {"PGPASSWORD": "s3cret-password"})
     assert str(raised.value).startswith("storage.url: expected a URL like")
     assert "s3cret-password" not in str(raised.value)
 
