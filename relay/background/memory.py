@@ -3,7 +3,7 @@
 After a burst SQLite keeps each connection's page cache full, and the C
 allocator keeps the pages Python and SQLite freed. Neither is of use while
 nothing arrives, which on a small VPS is most of the day: relay after a
-burst held ~6 MiB more than before it. Once no webhook has arrived and no
+burst held megabytes more than before it. Once no webhook has arrived and no
 attempt has been made for `quiet` seconds (the store's own writes are no
 measure: the scheduler reads it every second and may write), relay
 asks for both back, once per quiet spell. The first webhook afterwards
