@@ -15,6 +15,8 @@ import pytest
 
 from relay.ops.systemd import Notifier, watchdog
 
+from helpers import Timeline
+
 
 class NotifySocket:
     """A datagram socket like systemd's; a thread stamps each message on arrival.
@@ -93,41 +95,6 @@ def notify() -> Iterator[NotifySocket]:
     sock = NotifySocket()
     yield sock
     sock.close()
-
-
-class Timeline:
-    """Monotonic time that moves when the test moves it: the watchdog's sleep
-    ends once the test has moved time past it."""
-
-    STEP = 0.01
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._moved = asyncio.Condition()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        until = self.now + seconds
-        async with self._moved:
-            await self._moved.wait_for(lambda: self.now >= until - 1e-9)
-
-    async def advance(self, seconds: float) -> None:
-        """Move on in steps; at each (and before the first), whatever is due
-        runs before time moves again."""
-        end = self.now + seconds
-        await self._settle()
-        while self.now < end - 1e-9:
-            self.now = min(end, self.now + self.STEP)
-            async with self._moved:
-                self._moved.notify_all()
-            await self._settle()
-
-    @staticmethod
-    async def _settle() -> None:
-        for _ in range(10):
-            await asyncio.sleep(0)
 
 
 def test_no_socket_means_no_op() -> None:
