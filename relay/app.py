@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from relay.admin import Operator, admin_application
+from relay.admin import Console, admin_application
 from relay.admin.site import CappedSite
 from relay.background.alerts import Alerter
 from relay.background.dbwatch import DatabaseWatch
@@ -30,7 +30,7 @@ from relay.background.retention import RetentionJob
 from relay.config import Config, ConfigError, Listen
 from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
-from relay.core.errors import describe
+from relay.core.errors import one_line
 from relay.core.records import Dead
 from relay.core.secrets import Masker
 from relay.core.units import format_instant
@@ -189,7 +189,7 @@ class Relay:
             metrics=self.metrics,
             on_accepted=self._accepted,
         )
-        self.operator = Operator(
+        self.console = Console(
             store=self.store,
             scheduler=self.scheduler,
             clock=self.clock,
@@ -453,7 +453,7 @@ class Relay:
             await self._listen_ingress(ingress_cap)
             admin = self.config.admin
             if admin.enabled:
-                await self._listen_admin(admin_application(self.operator), admin.listen, admin_cap)
+                await self._listen_admin(admin_application(self.console), admin.listen, admin_cap)
                 if admin.token is None:
                     log.warning(
                         "admin API on %s has no token: anyone on this machine can use it",
@@ -703,7 +703,7 @@ async def _quietly(what: str, step: Callable[[], object]) -> bool:
                     break
                 log.warning("stopping: still %s", what)
     except Exception as error:
-        log.error("%s failed: %s", what, describe(error))
+        log.error("%s failed: %s", what, one_line(error))
         return False
     return True
 
@@ -779,7 +779,7 @@ async def _run(relay: Relay, notifier: Notifier, loop: asyncio.AbstractEventLoop
         admin,
         len(config.routes),
         len(config.targets),
-        config.storage.describe(),
+        config.storage.location(),
         instance,
     )
     notifier.ready(await relay.status_line())
@@ -819,7 +819,7 @@ async def _reload(relay: Relay, notifier: Notifier) -> None:
         needs_restart = await relay.reload(config)
     except Exception as error:
         # Whatever went wrong, the running config stays: one line, counted.
-        problem = str(error) if isinstance(error, ConfigError) else describe(error)
+        problem = str(error) if isinstance(error, ConfigError) else one_line(error)
         relay.metrics.reloads.labels("failed").inc()
         relay.metrics.reload_failed.set(1)
         log.error("reload failed, still running the previous config: %s", problem)

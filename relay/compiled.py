@@ -47,7 +47,7 @@ def compiled_modules(package: Path = _PACKAGE) -> list[str]:
     return compiled
 
 
-def describe() -> str:
+def build_name() -> str:
     """For `relay --version`: how the hot path runs here."""
     compiled = compiled_modules()
     if not compiled:

@@ -163,6 +163,52 @@ class Sink:
                 await asyncio.wait_for(self.arrived.wait(), 0.1)
 
 
+class Timeline:
+    """Monotonic time that moves when the test moves it, for the code that takes
+    `monotonic` and `sleep` or `wait` (relay.ops.systemd.watchdog,
+    relay.background.memory): a sleep ends once the test has moved time past
+    it; a wait then, or as soon as its event is set."""
+
+    STEP = 0.01
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._moved = asyncio.Event()  # set, and replaced, at each step
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        until = self.now + seconds
+        while self.now < until - 1e-9:
+            await self._moved.wait()
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> None:
+        until = self.now + seconds
+        while not event.is_set() and self.now < until - 1e-9:
+            waiters = [asyncio.create_task(self._moved.wait()), asyncio.create_task(event.wait())]
+            _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending:
+                waiter.cancel()
+
+    async def advance(self, seconds: float) -> None:
+        """Move on in steps; at each (and before the first), whatever is due
+        runs before time moves again."""
+        end = self.now + seconds
+        await self.settle()
+        while self.now < end - 1e-9:
+            self.now = min(end, self.now + self.STEP)
+            moved, self._moved = self._moved, asyncio.Event()
+            moved.set()
+            await self.settle()
+
+    @staticmethod
+    async def settle() -> None:
+        """A few turns of the loop: what was woken runs up to its next wait."""
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
     """Poll `check` until it holds; for state reached by another process."""
     deadline = time.monotonic() + timeout

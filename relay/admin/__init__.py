@@ -15,23 +15,23 @@ from __future__ import annotations
 from aiohttp import web
 
 from relay.admin.api import api_application
+from relay.admin.console import CONSOLE, Console
 from relay.admin.dashboard import add_dashboard
-from relay.admin.operator import OPERATOR, Operator
 from relay.admin.origin import origin_guard
 from relay.admin.probes import add_probes
 from relay.admin.throttle import AUTH_FAILURES, AuthFailures
 
 
-def admin_application(operator: Operator) -> web.Application:
+def admin_application(console: Console) -> web.Application:
     # The origin guard comes first: it applies to every route, present and future.
     app = web.Application(middlewares=[origin_guard], client_max_size=1024 * 1024)
-    app[OPERATOR] = operator
+    app[CONSOLE] = console
     # One count of failed tries per address, whether a bearer token or a sign-in.
     app[AUTH_FAILURES] = AuthFailures()
     add_probes(app)
     app.add_subapp("/api", api_application())
-    add_dashboard(app, operator)  # last: it answers every path the others do not
+    add_dashboard(app, console)  # last: it answers every path the others do not
     return app
 
 
-__all__ = ["OPERATOR", "Operator", "admin_application"]
+__all__ = ["CONSOLE", "Console", "admin_application"]

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from relay.admin.operator import OPERATOR, Operator
+from relay.admin.console import CONSOLE, Console
 from relay.admin.origin import SAFE_METHODS
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.core.localtime import Zone
@@ -81,8 +81,8 @@ def token_matches(header: str | None, token: str | None) -> bool:
 async def api_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every API call needs the bearer token, even to a path that does not exist;
     store trouble becomes 503, bad input 400."""
-    operator = request.config_dict[OPERATOR]
-    token = operator.config.admin.token
+    console = request.config_dict[CONSOLE]
+    token = console.config.admin.token
     if token is not None:
         failures = request.config_dict[AUTH_FAILURES]
         address = client(request)
@@ -112,14 +112,14 @@ async def api_guard(request: web.Request, handler: Handler) -> web.StreamRespons
         return error(503, f"store unavailable: {problem}")
 
 
-def _operator(request: web.Request) -> Operator:
-    return request.config_dict[OPERATOR]
+def _console(request: web.Request) -> Console:
+    return request.config_dict[CONSOLE]
 
 
 def caller(request: web.Request) -> str:
     """Who acts through the API: the holder of the admin token ([admin] token,
     the only one there is), and from where."""
-    token = "admin token" if _operator(request).config.admin.token else "no token set"
+    token = "admin token" if _console(request).config.admin.token else "no token set"
     return f"admin API from {request.remote or 'unknown address'} ({token})"
 
 
@@ -152,22 +152,22 @@ def event_query(params: Mapping[str, str], now: float, zone: Zone = None) -> Eve
 
 
 async def list_events(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    query = event_query(request.query, operator.clock.now(), operator.config.zone)
-    await operator.check_names(query.route, query.target)
+    console = _console(request)
+    query = event_query(request.query, console.clock.now(), console.config.zone)
+    await console.check_names(query.route, query.target)
     try:
-        events = await operator.store.list_events(query)
+        events = await console.store.list_events(query)
     except SearchTooSlow as problem:
         raise BadRequest(f"q: {problem}") from None
-    masker = operator.masker
+    masker = console.masker
     next_cursor = str(events[-1].id) if len(events) == query.limit else None
-    found = await glances(operator.store, events, masker, query.search)
+    found = await glances(console.store, events, masker, query.search)
     page: dict[str, Any] = {
         "events": [with_glance(event_summary(e, masker), found.get(e.id)) for e in events],
         "next_cursor": next_cursor,
     }
     if query.search is not None:
-        page["search"] = search_view(query.search, await operator.store.search_progress())
+        page["search"] = search_view(query.search, await console.store.search_progress())
     return json_response(page)
 
 
@@ -175,16 +175,16 @@ async def export_events(request: web.Request) -> web.StreamResponse:
     """GET /v1/export: the events GET /v1/events would list (its filters), all
     of them, as ?format=ndjson (the default), csv or excel, with ?fields= for
     csv's columns (relay.ops.export). Streamed a page at a time."""
-    operator = _operator(request)
+    console = _console(request)
     params = request.query
-    query = event_query(params, operator.clock.now(), operator.config.zone)
-    await operator.check_names(query.route, query.target)
-    export = export_of(params.get("format"), params.get("fields"), operator.config.zone)
-    return await stream_export(request, operator, query, export)
+    query = event_query(params, console.clock.now(), console.config.zone)
+    await console.check_names(query.route, query.target)
+    export = export_of(params.get("format"), params.get("fields"), console.config.zone)
+    return await stream_export(request, console, query, export)
 
 
 async def stream_export(
-    request: web.Request, operator: Operator, query: EventQuery, export: Export
+    request: web.Request, console: Console, query: EventQuery, export: Export
 ) -> web.StreamResponse:
     """An export as a download, written as it is read: a failure half-way
     closes the connection (the file is seen cut, never taken for whole)."""
@@ -195,43 +195,43 @@ async def stream_export(
         }
     )
     await response.prepare(request)
-    async for chunk in exported(operator.store, query, operator.masker, export):
+    async for chunk in exported(console.store, query, console.masker, export):
         await response.write(chunk)
     await response.write_eof()
     return response
 
 
 async def get_event(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     event_id = row_id(request.match_info["event_id"], "event_id")
-    detail = await operator.event(event_id)
-    states = await operator.store.target_states()
+    detail = await console.event(event_id)
+    states = await console.store.target_states()
     # Masking is linear in the body, and a body may be a MiB: off the loop.
-    view = await asyncio.to_thread(event_detail, detail, operator.masker)
+    view = await asyncio.to_thread(event_detail, detail, console.masker)
     return json_response(mark_probes(view, states))
 
 
 async def retry_delivery(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
-    delivery = await operator.retry(delivery_id, by=caller(request))
-    view = event_summary_delivery(delivery, operator)
+    delivery = await console.retry(delivery_id, by=caller(request))
+    view = event_summary_delivery(delivery, console)
     return json_response({"delivery": view})
 
 
 async def skip_delivery(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     delivery_id = row_id(request.match_info["delivery_id"], "delivery_id")
-    delivery = await operator.skip(delivery_id, by=caller(request))
-    return json_response({"delivery": event_summary_delivery(delivery, operator)})
+    delivery = await console.skip(delivery_id, by=caller(request))
+    return json_response({"delivery": event_summary_delivery(delivery, console)})
 
 
-def event_summary_delivery(delivery: DeliveryView, operator: Operator) -> dict[str, Any]:
-    view = delivery_summary(delivery, operator.masker)
+def event_summary_delivery(delivery: DeliveryView, console: Console) -> dict[str, Any]:
+    view = delivery_summary(delivery, console.masker)
     view["event_id"] = str(delivery.event_id)
-    if delivery.target in operator.scheduler.paused:
+    if delivery.target in console.scheduler.paused:
         view["note"] = "target is paused: the attempt waits for resume"
-    elif delivery.target in operator.scheduler.down:
+    elif delivery.target in console.scheduler.down:
         view["note"] = "target is down: deliveries wait for a probe to find it up"
     return view
 
@@ -282,25 +282,25 @@ def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selectio
 async def _bulk(request: web.Request, verb: str) -> web.Response:
     """POST /v1/requeue, /v1/skip: act on every delivery the body names, or with
     "dry_run": true only say which (at most BULK_LIMIT ids, the count in full)."""
-    operator = _operator(request)
+    console = _console(request)
     body = _json_object(await request.read() if request.can_read_body else b"", BULK_KEYS)
     dry_run = body.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise BadRequest("dry_run: expected true or false")
-    selection = _bulk_selection(body, operator.clock.now(), operator.config.zone)
-    await operator.check_names(selection.route, selection.target)
+    selection = _bulk_selection(body, console.clock.now(), console.config.zone)
+    await console.check_names(selection.route, selection.target)
     if verb == "skip" and selection.status not in (Status.DEAD, Status.PENDING):
         raise BadRequest("status: a skip takes dead or pending deliveries")
     if dry_run:
-        ids = await operator.select(selection)
-        count = await operator.store.count(selection)
+        ids = await console.select(selection)
+        count = await console.store.count(selection)
         return json_response(
             {"dry_run": True, f"would_{verb}": count, "ids": [str(i) for i in ids]}
         )
     if verb == "requeue":
-        done = await operator.requeue(selection, by=caller(request))
+        done = await console.requeue(selection, by=caller(request))
         return json_response({"requeued": len(done), "ids": [str(i) for i in done]})
-    done = await operator.skip_selected(selection, by=caller(request))
+    done = await console.skip_selected(selection, by=caller(request))
     return json_response({"skipped": len(done), "ids": [str(i) for i in done]})
 
 
@@ -317,7 +317,7 @@ RESEND_KEYS = frozenset({"body", "content_type", "targets", "confirm"})
 
 async def resend_event(request: web.Request) -> web.Response:
     """An edited copy of an event as a new event: previewed, then sent with confirm: true."""
-    operator = _operator(request)
+    console = _console(request)
     event_id = row_id(request.match_info["event_id"], "event_id")
     if media_type(request.content_type) != "application/json":
         return error(415, "expected a JSON object (Content-Type: application/json)")
@@ -334,12 +334,12 @@ async def resend_event(request: web.Request) -> web.Response:
     confirm = body.get("confirm", False)
     if not isinstance(confirm, bool):
         raise BadRequest("confirm: expected true or false")
-    detail = await operator.event(event_id)
-    masker = operator.masker
+    detail = await console.event(event_id)
+    masker = console.masker
     try:
         plan = await asyncio.to_thread(
             plan_resend,
-            operator.config,
+            console.config,
             detail,
             text.encode("utf-8"),
             content_type,
@@ -357,7 +357,7 @@ async def resend_event(request: web.Request) -> web.Response:
     if plan.failures:
         failed = ", ".join(f"{p.target}: {p.error}" for p in plan.failures)
         return json_response({"error": f"would be dead: {failed}", "previews": previews}, 422)
-    copy_id = await operator.resend(plan.resend)
+    copy_id = await console.resend(plan.resend)
     return json_response(
         {
             "sent": True,
@@ -371,13 +371,13 @@ async def resend_event(request: web.Request) -> web.Response:
 
 
 async def list_targets(request: web.Request) -> web.Response:
-    return json_response({"targets": await _operator(request).target_views()})
+    return json_response({"targets": await _console(request).target_views()})
 
 
 async def set_paused(request: web.Request, paused: bool) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     name = request.match_info["name"]
-    await operator.set_paused(name, paused, by=caller(request))
+    await console.set_paused(name, paused, by=caller(request))
     return json_response({"target": name, "paused": paused})
 
 
@@ -390,39 +390,37 @@ async def resume_target(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    store = operator.store
+    console = _console(request)
+    store = console.store
     result = await store.stats()
     instances = await store.instances() if isinstance(store, Shared) else None
     return json_response(
-        stats_view(
-            result, operator.clock.now(), operator.scheduler.paused, operator.masker, instances
-        )
+        stats_view(result, console.clock.now(), console.scheduler.paused, console.masker, instances)
     )
 
 
 async def list_rejections(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     limit = whole_number(request.query.get("limit") or "100", "limit", maximum=MAX_PAGE)
     route = optional_text(request.query.get("route"), "route")
-    await operator.check_names(route, None)
-    now, zone = operator.clock.now(), operator.config.zone
-    found = await operator.store.list_rejections(
+    await console.check_names(route, None)
+    now, zone = console.clock.now(), console.config.zone
+    found = await console.store.list_rejections(
         route,
         limit,
         since=instant(request.query.get("since"), "since", now, zone),
         until=instant(request.query.get("until"), "until", now, zone),
     )
-    masker = operator.masker
+    masker = console.masker
     return json_response({"rejections": [rejection_view(r, masker) for r in found]})
 
 
 async def list_audit(request: web.Request) -> web.Response:
     """Operator actions, newest first: ?limit= (50), ?cursor= (the last id seen)."""
-    operator = _operator(request)
+    console = _console(request)
     limit = whole_number(request.query.get("limit") or "50", "limit", maximum=MAX_PAGE)
     cursor = request.query.get("cursor")
-    entries = await operator.audit(limit, row_id(cursor, "cursor") if cursor else None)
+    entries = await console.audit(limit, row_id(cursor, "cursor") if cursor else None)
     next_cursor = str(entries[-1].id) if len(entries) == limit else None
     return json_response({"audit": [audit_view(e) for e in entries], "next_cursor": next_cursor})
 

@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from relay.admin.api import stream_export
-from relay.admin.operator import OPERATOR, Operator
+from relay.admin.console import CONSOLE, Console
 from relay.admin.session import LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Sessions
 from relay.admin.throttle import AUTH_FAILURES, client, too_many
 from relay.core.localtime import Zone, format_iso_local, format_local
@@ -43,7 +43,7 @@ from relay.ops.resend import (
     fields_body,
     plan_resend,
 )
-from relay.ops.search import SearchError, describe, parse_search
+from relay.ops.search import SearchError, parse_search, searched_for
 from relay.ops.views import (
     audit_view,
     delivery_summary,
@@ -136,13 +136,13 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
     }
 
 
-def add_dashboard(app: web.Application, operator: Operator) -> None:
+def add_dashboard(app: web.Application, console: Console) -> None:
     """The dashboard's pages on the admin listener, each behind the dashboard's
     own rules (`signed_in`). They are routes of the listener, not a sub-app:
     aiohttp mounts no sub-app at "/" (aio-libs/aiohttp#2979, where its author
     advises guarding the handlers instead), and a domain-matched one is tried
     before every other path, so it would take /api and the probes too."""
-    app[SESSIONS] = Sessions(lambda: operator.config.admin.token)
+    app[SESSIONS] = Sessions(lambda: console.config.admin.token)
     app[STATIC] = _load_static()
     router = app.router
     # What a signed-out browser may load: the sign-in and its stylesheet and script.
@@ -182,12 +182,12 @@ def signed_in(page: Handler) -> Handler:
 
 
 async def guard(request: web.Request, page: Handler) -> web.StreamResponse:
-    operator = request.config_dict[OPERATOR]
+    console = request.config_dict[CONSOLE]
     sessions = request.app[SESSIONS]
     session = sessions.valid(request.cookies.get(SESSION_COOKIE), time.time())
     fresh: str | None = None
     if session is None:
-        if operator.config.admin.token is not None:
+        if console.config.admin.token is not None:
             if request.method != "GET":
                 return _plain(403, "Sign in first.")
             target = "/login?" + urlencode({"next": request.path_qs})
@@ -259,7 +259,7 @@ def _html(html: str, status: int) -> web.Response:
 def _prepared(
     request: web.Request, name: str, context: dict[str, Any]
 ) -> tuple[jinja2.Template, dict[str, Any], int]:
-    operator = request.config_dict[OPERATOR]
+    console = request.config_dict[CONSOLE]
     session = request.get(SESSION)
     done = request.query.get("done", "")
     message = MESSAGES.get(done, "")
@@ -270,12 +270,12 @@ def _prepared(
         "title": context.get("title", "relay"),
         "page": context.get("page", ""),
         "signed_in": session is not None,
-        "token_set": operator.config.admin.token is not None,
+        "token_set": console.config.admin.token is not None,
         "csrf": request.app[SESSIONS].csrf(session) if session else "",
         "dead_total": context.pop("dead_total", None),
         "done": message,
         "problem": context.pop("problem", ""),
-        "zone": operator.config.zone,
+        "zone": console.config.zone,
         # The page keeps itself up to date in place (relay.js): its parts marked data-live.
         "auto_refresh": False,
     }
@@ -293,8 +293,8 @@ def _back(path: str, **params: object) -> web.HTTPSeeOther:
 
 
 async def login_page(request: web.Request) -> web.StreamResponse:
-    operator = request.config_dict[OPERATOR]
-    if operator.config.admin.token is None:
+    console = request.config_dict[CONSOLE]
+    if console.config.admin.token is None:
         raise web.HTTPFound("/")
     login_csrf = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
     response = _render(
@@ -372,8 +372,8 @@ def _by(request: web.Request) -> str:
     return f"dashboard session {session[:8]} from {where}" if session else f"dashboard from {where}"
 
 
-def _operator(request: web.Request) -> Operator:
-    return request.config_dict[OPERATOR]
+def _console(request: web.Request) -> Console:
+    return request.config_dict[CONSOLE]
 
 
 # When this browser last looked at Dead letter: the Overview counts what
@@ -393,22 +393,22 @@ def _last_look(request: web.Request) -> float | None:
 
 
 async def overview(request: web.Request) -> web.Response:
-    operator = _operator(request)
-    now = operator.clock.now()
-    store = operator.store
-    masker = operator.masker
+    console = _console(request)
+    now = console.clock.now()
+    store = console.store
+    masker = console.masker
     instances = await store.instances() if isinstance(store, Shared) else None
-    stats = stats_view(await store.stats(), now, operator.scheduler.paused, masker, instances)
-    activity = await operator.store.activity(now - 23 * 3600, now)
+    stats = stats_view(await store.stats(), now, console.scheduler.paused, masker, instances)
+    activity = await console.store.activity(now - 23 * 3600, now)
     pending = sum(info["pending"] for info in stats["targets"].values())
     last_look = _last_look(request)
-    attention = await operator.store.attention(last_look or 0.0, HELD_SHOWN)
-    flagged = await operator.store.flagged_events(HELD_SHOWN)
+    attention = await console.store.attention(last_look or 0.0, HELD_SHOWN)
+    flagged = await console.store.flagged_events(HELD_SHOWN)
     failing_routes = [
         {"route": route, "target": target, "failures": failures, "error": masker.text(error)}
-        for (route, target), (failures, error) in sorted(operator.route_health().items())
+        for (route, target), (failures, error) in sorted(console.route_health().items())
         # A down target is listed as such: its routes need no line of their own.
-        if route in operator.config.routes and not stats["targets"].get(target, {}).get("down")
+        if route in console.config.routes and not stats["targets"].get(target, {}).get("down")
     ]
     return _render(
         request,
@@ -417,9 +417,9 @@ async def overview(request: web.Request) -> web.Response:
         page="overview",
         stats=stats,
         pending_total=pending,
-        chart=_chart(activity, operator.config.zone),
+        chart=_chart(activity, console.config.zone),
         dead_total=stats["dead"],
-        last_look=format_local(last_look, operator.config.zone) if last_look is not None else None,
+        last_look=format_local(last_look, console.config.zone) if last_look is not None else None,
         dead_since=attention.dead_since,
         held=attention.held,
         flagged=[event_summary(event, masker) for event in flagged],
@@ -467,35 +467,35 @@ def _filters(request: web.Request) -> dict[str, str]:
 async def _listing(
     request: web.Request, *, status: Status | None, template: str, **extra: Any
 ) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     filters = _filters(request)
     search = filters["q"]
     cursor = request.query.get("cursor", "")
     before_id = row_id(cursor, "cursor") if cursor else None
     try:
-        query = await _event_filters(operator, filters, status, before_id)
+        query = await _event_filters(console, filters, status, before_id)
     except BadRequest as bad:
         # Said beside the form, which keeps what was typed: never a bare text page.
         query, problem = None, _sentence(str(bad))
         extra["http_status"] = 400
     if query is not None:
-        events, search_note, problem = await _search(operator, query, search)
+        events, search_note, problem = await _search(console, query, search)
     else:
         events, search_note = [], ""
     terms = None
     if search and search_note:  # a content search: its words around each match
         with contextlib.suppress(SearchError):
             terms = parse_search(search)
-    found = await glances(operator.store, events, operator.masker, terms)
+    found = await glances(console.store, events, console.masker, terms)
     event_id = search.removeprefix("#")
-    if not events and _is_id(event_id) and await operator.store.get_event(int(event_id)):
+    if not events and _is_id(event_id) and await console.store.get_event(int(event_id)):
         raise web.HTTPFound(f"/events/{int(event_id)}")  # the search was an event id
-    masker = operator.masker
+    masker = console.masker
     next_page = None
     if len(events) == PAGE_SIZE:
         params = {k: v for k, v in filters.items() if v} | {"cursor": str(events[-1].id)}
         next_page = f"{request.path}?{urlencode(params)}"
-    config = operator.config
+    config = console.config
     return _render(
         request,
         template,
@@ -513,11 +513,11 @@ async def _listing(
 
 
 async def _event_filters(
-    operator: Operator, filters: Mapping[str, str], status: Status | None, before_id: int | None
+    console: Console, filters: Mapping[str, str], status: Status | None, before_id: int | None
 ) -> EventQuery:
     """The listing's filters, each checked: an unknown route, target or status
     or a time that does not parse is a BadRequest naming the field."""
-    now, zone = operator.clock.now(), operator.config.zone
+    now, zone = console.clock.now(), console.config.zone
     named = known_name(filters["status"], "status", "status", [s.value for s in Status])
     if status is None and named:
         status = Status(named)
@@ -530,12 +530,12 @@ async def _event_filters(
         limit=PAGE_SIZE,
         before_id=before_id,
     )
-    await operator.check_names(query.route, query.target)
+    await console.check_names(query.route, query.target)
     return query
 
 
 async def _search(
-    operator: Operator, query: EventQuery, text: str
+    console: Console, query: EventQuery, text: str
 ) -> tuple[list[EventView], str, str]:
     """Events for the search box: an exact idempotency key first, else content.
 
@@ -543,18 +543,18 @@ async def _search(
     with the search text (too short) when there is one.
     """
     try:
-        query = await operator.searched(query, text)
+        query = await console.searched(query, text)
     except SearchError as problem:
         return [], "", str(problem).capitalize() + "."
     try:
-        events = await operator.store.list_events(query)
+        events = await console.store.list_events(query)
     except SearchTooSlow as problem:
         return [], "", str(problem).capitalize() + "."
     if query.search is None:
         return events, "", ""
     terms = query.search
-    progress = await operator.store.search_progress()
-    note = f"Searched for {describe(terms)} in bodies, queries and headers"
+    progress = await console.store.search_progress()
+    note = f"Searched for {searched_for(terms)} in bodies, queries and headers"
     if progress.behind:
         note += f"; the newest {not_indexed(progress)} are not indexed yet and were not searched."
     else:
@@ -566,17 +566,17 @@ async def export_listing(request: web.Request) -> web.StreamResponse:
     """The Deliveries listing's events, all of them, as a download (Export):
     the same filters, search included, as ?format= and ?fields= say
     (relay.ops.export; excel by default, for a spreadsheet)."""
-    operator = _operator(request)
+    console = _console(request)
     filters = _filters(request)
-    query = await _event_filters(operator, filters, None, None)
+    query = await _event_filters(console, filters, None, None)
     if filters["q"]:
         try:
-            query = await operator.searched(query, filters["q"])
+            query = await console.searched(query, filters["q"])
         except SearchError as problem:
             raise BadRequest(f"q: {problem}") from None
     params = request.query
-    export = export_of(params.get("format") or "excel", params.get("fields"), operator.config.zone)
-    return await stream_export(request, operator, query, export)
+    export = export_of(params.get("format") or "excel", params.get("fields"), console.config.zone)
+    return await stream_export(request, console, query, export)
 
 
 async def deliveries(request: web.Request) -> web.Response:
@@ -604,12 +604,12 @@ def _query(fields: Mapping[str, str], now: float, zone: Zone) -> EventQuery:
     )
 
 
-async def _shown(operator: Operator, fields: Mapping[str, str]) -> Selection:
+async def _shown(console: Console, fields: Mapping[str, str]) -> Selection:
     """The dead deliveries the Dead letter page shows for these fields, search
     box included: what its bulk actions take, no more."""
-    query = _query(fields, operator.clock.now(), operator.config.zone)
+    query = _query(fields, console.clock.now(), console.config.zone)
     try:
-        query = await operator.searched(query, fields.get("q", ""))
+        query = await console.searched(query, fields.get("q", ""))
     except SearchError as problem:
         raise BadRequest(f"q: {problem}") from None
     return selection_of(query, Status.DEAD)
@@ -619,16 +619,16 @@ BULK_FIELDS = ("q", "route", "target", "since", "until")
 
 
 async def dead_letter(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     filters = _filters(request)
     try:
-        total = await operator.store.count(await _shown(operator, filters))
+        total = await console.store.count(await _shown(console, filters))
     except BadRequest:
         total = 0  # the listing says what is wrong with the search
     fields = [(k, v) for k, v in filters.items() if v and k in BULK_FIELDS]
     response = await _dead_listing(request, total, fields)
     # Looked at: the Overview's "dead since your last look" starts again here.
-    seen = repr(operator.clock.now())
+    seen = repr(console.clock.now())
     _set_cookie(request, response, SEEN_COOKIE, seen, SEEN_SECONDS)
     return response
 
@@ -677,19 +677,19 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
     shows (its filters and search). First a confirmation that states the count
     and carries the very ids counted; confirmed, it acts on those ids alone
     (any that stopped being dead meanwhile are left as they are)."""
-    operator = _operator(request)
+    console = _console(request)
     form = await request.post()
     fields = {k: str(form.get(k, "")).strip() for k in BULK_FIELDS}
-    await operator.check_names(fields["route"] or None, fields["target"] or None)
+    await console.check_names(fields["route"] or None, fields["target"] or None)
     kept = [(k, v) for k, v in fields.items() if v]
     back = ("?" + urlencode(kept)) if kept else ""
     if form.get("confirm") != "yes":
         ticked = row_ids([str(v) for v in form.getall("ids", [])], "ids")
         selection = (
-            Selection(status=Status.DEAD, ids=ticked) if ticked else await _shown(operator, fields)
+            Selection(status=Status.DEAD, ids=ticked) if ticked else await _shown(console, fields)
         )
-        ids = await operator.select(selection, BULK_LIMIT + 1)
-        matching = await operator.store.count(selection) if len(ids) > BULK_LIMIT else len(ids)
+        ids = await console.select(selection, BULK_LIMIT + 1)
+        matching = await console.store.count(selection) if len(ids) > BULK_LIMIT else len(ids)
         ids = ids[:BULK_LIMIT]
         title, _, effect = BULK[verb]
         return _render(
@@ -713,18 +713,18 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
         raise _back("/dead", **dict(kept))
     selection = Selection(status=Status.DEAD, ids=named)
     if verb == "requeue":
-        done = await operator.requeue(selection, by=_by(request))
+        done = await console.requeue(selection, by=_by(request))
     else:
-        done = await operator.skip_selected(selection, by=_by(request))
+        done = await console.skip_selected(selection, by=_by(request))
     raise _back("/dead", done=f"{verb}_bulk", n=len(done), **dict(kept))
 
 
 async def event_page(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     detail = await _detail(request)
-    states = await operator.store.target_states()
+    states = await console.store.target_states()
     # Masking is linear in the body, and a body may be a MiB: off the loop.
-    event, pretty_json, form_fields = await asyncio.to_thread(_event_view, detail, operator.masker)
+    event, pretty_json, form_fields = await asyncio.to_thread(_event_view, detail, console.masker)
     event = mark_probes(event, states)
     return await _render_body(
         request,
@@ -734,7 +734,7 @@ async def event_page(request: web.Request) -> web.Response:
         event=event,
         pretty_json=pretty_json,
         form_fields=form_fields,
-        down=frozenset(operator.scheduler.down),
+        down=frozenset(console.scheduler.down),
     )
 
 
@@ -758,21 +758,21 @@ def _event_view(
 
 async def _detail(request: web.Request) -> EventDetail:
     event_id = row_id(request.match_info["event_id"], "event id")
-    return await _operator(request).event(event_id)
+    return await _console(request).event(event_id)
 
 
 async def resend_page(request: web.Request) -> web.Response:
     """The edit form: the body as shown (secrets masked), the event's targets."""
-    operator = _operator(request)
+    console = _console(request)
     detail = await _detail(request)
     fields: str | None = None
     if request.query.get("wire") != "1":  # the form's fields decoded, unless asked
-        fields = await asyncio.to_thread(editable_fields, detail, operator.masker)
+        fields = await asyncio.to_thread(editable_fields, detail, console.masker)
     try:
         body: str = (
             fields
             if fields is not None
-            else await asyncio.to_thread(editable_body, detail, operator.masker)
+            else await asyncio.to_thread(editable_body, detail, console.masker)
         )
     except EditRejected as problem:
         return _plain(problem.status, str(problem))
@@ -789,7 +789,7 @@ async def resend_page(request: web.Request) -> web.Response:
 
 async def resend_post(request: web.Request) -> web.StreamResponse:
     """Preview (action=preview), then send (action=send) exactly what was previewed."""
-    operator = _operator(request)
+    console = _console(request)
     detail = await _detail(request)
     form = await request.post()
     text = str(form.get("body", ""))
@@ -803,18 +803,18 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
         if not wanted:  # an empty choice is not "the default targets" here
             raise EditRejected(400, "choose at least one target")
         if as_fields:
-            edited = await asyncio.to_thread(fields_body, text, detail, operator.masker)
+            edited = await asyncio.to_thread(fields_body, text, detail, console.masker)
         else:
             edited = text.encode("utf-8")
         plan = await asyncio.to_thread(
             plan_resend,
-            operator.config,
+            console.config,
             detail,
             edited,
             content_type or None,
             wanted,
             by,
-            operator.masker,
+            console.masker,
         )
     except EditRejected as rejected:
         return await _resend_form(
@@ -832,7 +832,7 @@ async def resend_post(request: web.Request) -> web.StreamResponse:
     )
     confirmed = form.get("action") == "send" and form.get("previewed") == digest
     if confirmed and not plan.failures:
-        copy_id = await operator.resend(plan.resend)
+        copy_id = await console.resend(plan.resend)
         raise _back(f"/events/{copy_id}", done="resent", id=detail.event.id)
     problem = ""
     if form.get("action") == "send" and not confirmed:
@@ -891,29 +891,29 @@ async def _resend_form(
 
 
 async def retry_delivery(request: web.Request) -> web.StreamResponse:
-    operator = _operator(request)
+    console = _console(request)
     delivery_id = _delivery_id(request)
     try:
-        delivery = await operator.retry(delivery_id, by=_by(request))
+        delivery = await console.retry(delivery_id, by=_by(request))
     except Conflict as problem:
         return _plain(409, str(problem))
     raise _back(f"/events/{delivery.event_id}", done="retried", id=delivery_id)
 
 
 async def requeue_delivery(request: web.Request) -> web.StreamResponse:
-    operator = _operator(request)
+    console = _console(request)
     delivery_id = _delivery_id(request)
-    delivery = await operator.delivery(delivery_id)
-    requeued = await operator.requeue(Selection(ids=(delivery_id,)), by=_by(request))
+    delivery = await console.delivery(delivery_id)
+    requeued = await console.requeue(Selection(ids=(delivery_id,)), by=_by(request))
     raise _back(f"/events/{delivery.event_id}", done="requeued", n=len(requeued))
 
 
 async def skip_delivery(request: web.Request) -> web.StreamResponse:
     """Skip asks first: a skipped delivery is never sent, and it lets the next
     delivery of its ordering key go."""
-    operator = _operator(request)
+    console = _console(request)
     delivery_id = _delivery_id(request)
-    delivery = await operator.delivery(delivery_id)
+    delivery = await console.delivery(delivery_id)
     form = await request.post()
     if form.get("confirm") != "yes":
         return _render(
@@ -921,11 +921,11 @@ async def skip_delivery(request: web.Request) -> web.StreamResponse:
             "confirm_skip.html",
             title="Skip",
             page="deliveries",
-            delivery=delivery_summary(delivery, operator.masker),
+            delivery=delivery_summary(delivery, console.masker),
             event_id=delivery.event_id,
         )
     try:
-        await operator.skip(delivery_id, by=_by(request))
+        await console.skip(delivery_id, by=_by(request))
     except Conflict as problem:
         return _plain(409, str(problem))
     raise _back(f"/events/{delivery.event_id}", done="skipped", id=delivery_id)
@@ -934,7 +934,7 @@ async def skip_delivery(request: web.Request) -> web.StreamResponse:
 async def delivery_page(request: web.Request) -> web.StreamResponse:
     """A delivery is shown on its event's page: links name deliveries (a
     down target's probe, a held key's head), this finds the event."""
-    delivery = await _operator(request).delivery(_delivery_id(request))
+    delivery = await _console(request).delivery(_delivery_id(request))
     raise web.HTTPFound(f"/events/{delivery.event_id}#delivery-{delivery.id}")
 
 
@@ -951,7 +951,7 @@ def _is_id(text: str) -> bool:
 
 
 async def targets_page(request: web.Request) -> web.Response:
-    targets = await _operator(request).target_views()
+    targets = await _console(request).target_views()
     for target in targets:
         target["schedule"] = target["schedule"].split("\n")[0]  # the full one is in the API
     return _render(
@@ -960,9 +960,9 @@ async def targets_page(request: web.Request) -> web.Response:
 
 
 async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
-    operator = _operator(request)
+    console = _console(request)
     name = request.match_info["name"]
-    await operator.set_paused(name, paused, by=_by(request))
+    await console.set_paused(name, paused, by=_by(request))
     raise _back("/targets", done="paused" if paused else "resumed", name=name)
 
 
@@ -975,14 +975,14 @@ async def resume_target(request: web.Request) -> web.StreamResponse:
 
 
 async def rejections_page(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     route = request.query.get("route", "").strip() or None
     since, until = (request.query.get(k, "").strip() for k in ("since", "until"))
-    now, zone = operator.clock.now(), operator.config.zone
+    now, zone = console.clock.now(), console.config.zone
     found, problem, status = [], "", 200
     try:
-        await operator.check_names(route, None)
-        found = await operator.store.list_rejections(
+        await console.check_names(route, None)
+        found = await console.store.list_rejections(
             route,
             200,
             since=instant(since, "since", now, zone),
@@ -990,14 +990,14 @@ async def rejections_page(request: web.Request) -> web.Response:
         )
     except BadRequest as bad:  # said beside the form, which keeps what was typed
         problem, status = _sentence(str(bad)), 400
-    masker = operator.masker
+    masker = console.masker
     return _render(
         request,
         "rejections.html",
         title="Rejections",
         page="rejections",
         rejections=[rejection_view(r, masker) for r in found],
-        routes=sorted(operator.config.routes),
+        routes=sorted(console.config.routes),
         route=route or "",
         since=since,
         until=until,
@@ -1010,10 +1010,10 @@ AUDIT_PAGE = 100
 
 
 async def audit_page(request: web.Request) -> web.Response:
-    operator = _operator(request)
+    console = _console(request)
     cursor = request.query.get("cursor", "")
     before_id = row_id(cursor, "cursor") if cursor else None
-    entries = await operator.audit(AUDIT_PAGE, before_id)
+    entries = await console.audit(AUDIT_PAGE, before_id)
     next_page = f"/audit?cursor={entries[-1].id}" if len(entries) == AUDIT_PAGE else None
     return _render(
         request,

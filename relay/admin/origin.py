@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 
-from relay.admin.operator import OPERATOR
+from relay.admin.console import CONSOLE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -85,7 +85,7 @@ def cross_origin_problem(request: web.Request, allowed: frozenset[str]) -> str |
 
 @web.middleware
 async def origin_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    allowed = request.config_dict[OPERATOR].config.admin.allowed_hosts
+    allowed = request.config_dict[CONSOLE].config.admin.allowed_hosts
     host = request.headers.get("Host")
     if host is not None and not host_allowed(host, allowed):
         return _refuse(

@@ -8,7 +8,7 @@ import contextlib
 from aiohttp import web
 
 from relay.admin.api import json_response
-from relay.admin.operator import OPERATOR
+from relay.admin.console import CONSOLE
 from relay.ops.exposition import CONTENT_TYPE
 from relay.store import StoreError
 
@@ -18,13 +18,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    operator = request.config_dict[OPERATOR]
+    console = request.config_dict[CONSOLE]
     problems = []
     try:
-        await operator.store.heartbeat(operator.clock.now())
+        await console.store.heartbeat(console.clock.now())
     except StoreError as problem:
         problems.append(f"store not writable: {problem}")
-    if not operator.scheduler.running:
+    if not console.scheduler.running:
         problems.append("scheduler not running")
     if problems:
         return json_response({"status": "not ready", "problems": problems}, 503)
@@ -32,12 +32,12 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    operator = request.config_dict[OPERATOR]
+    console = request.config_dict[CONSOLE]
     # If the store cannot be read, counters still count and gauges keep their last reading.
     with contextlib.suppress(StoreError):
-        await operator.refresh_metrics()
+        await console.refresh_metrics()
     return web.Response(
-        body=operator.metrics.render(),
+        body=console.metrics.render(),
         headers={"Content-Type": CONTENT_TYPE},
     )
 

@@ -26,10 +26,10 @@ import orjson
 
 from relay.config import AlertsConfig, Config
 from relay.core.clock import Clock
+from relay.core.outage_log import OutageLog
 from relay.core.outcome import Verdict
 from relay.core.payload import Payload
 from relay.core.records import Dead
-from relay.core.spell import Spell
 from relay.core.units import count, format_duration
 from relay.delivery.scheduler import AttemptReport
 from relay.store import (
@@ -282,7 +282,7 @@ class Alerter:
         self._runs: dict[tuple[str, str], list[_Run]] = {}
         self._uncounted: list[tuple[tuple[str, str], _Run]] | None = None
         self._counting = asyncio.Lock()  # one batch counted at a time, as notes are stored
-        self._not_counted = Spell()
+        self._not_counted = OutageLog()
         self._outbox: list[Note] = []  # shared: noted here, not stored yet
         self._unstored: list[bytes] | None = None  # shared: a batch whose storing failed
         # One batch stored at a time: stop()'s flush while the task stores one
@@ -349,7 +349,7 @@ class Alerter:
         self._note(notes)
 
     async def _count_quietly(self) -> None:
-        """`count`, its failures said as a spell (relay.core.spell)."""
+        """`count`, its failures said as an outage (relay.core.outage_log)."""
         now = self._clock.now()
         try:
             await self.count()

@@ -40,8 +40,8 @@ from collections.abc import Callable
 
 from relay.config import Config
 from relay.core.clock import Clock
+from relay.core.outage_log import OutageLog
 from relay.core.secrets import Masker
-from relay.core.spell import Spell
 from relay.core.units import format_duration
 from relay.ops.search import MAX_BODY_BYTES, documents
 from relay.store import Indexing, StoreError
@@ -115,7 +115,7 @@ class SearchIndexer:
         self._stop = asyncio.Event()
         self._arrived = False  # a webhook came since the indexer last looked
         self._arrivals = 0  # webhooks noticed so far
-        self._failing = Spell()  # the store refusing the index's reads or writes
+        self._failing = OutageLog()  # the store refusing the index's reads or writes
         self._on_flagged = on_flagged
         # Whether what a stopped process was on is still to be looked at (at
         # each start, and each time the lead is taken), and the last event

@@ -3,7 +3,7 @@
 After a burst SQLite keeps each connection's page cache full, and the C
 allocator keeps the pages Python and SQLite freed. Neither is of use while
 nothing arrives, which on a small VPS is most of the day: relay after a
-burst held ~6 MiB more than before it. Once no webhook has arrived and no
+burst held megabytes more than before it. Once no webhook has arrived and no
 attempt has been made for `quiet` seconds (the store's own writes are no
 measure: the scheduler reads it every second and may write), relay
 asks for both back, once per quiet spell. The first webhook afterwards
@@ -18,7 +18,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from relay.store import Maintenance, StoreError
 
@@ -33,6 +33,11 @@ CHECK_SECONDS = 5.0
 BODY_TRIM_BYTES = 16 * 1024 * 1024
 
 
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
+
+
 class MemoryRelease:
     def __init__(
         self,
@@ -42,27 +47,33 @@ class MemoryRelease:
         quiet: float = QUIET_SECONDS,
         every: float = CHECK_SECONDS,
         bodies: Callable[[], tuple[int, int]] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[asyncio.Event, float], Awaitable[None]] = _wait,
     ) -> None:
         """`activity` only grows while relay works (webhooks received and
         attempts made, relay.ops.metrics); `bodies` gives (held now, most held
-        since the last call) of request bodies being received."""
+        since the last call) of request bodies being received. Time is
+        monotonic (a wall clock stepped back must not put the release off);
+        `wait(event, seconds)` returns when the event is set or the seconds
+        have passed (tests pass their own, with `monotonic`)."""
         self._store = store
         self._activity = activity
         self._bodies = bodies
         self.trims = 0  # allocator trims after a burst of bodies, quiet or not
         self._quiet = quiet
         self._every = every
+        self._monotonic = monotonic
+        self._wait = wait
         self._stopped = asyncio.Event()
         self.releases = 0  # quiet spells whose memory was given back
 
     async def run(self) -> None:
         seen = self._activity()
-        quiet_since = time.monotonic()
+        quiet_since = self._monotonic()
         released = False
         while not self._stopped.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), self._every)
-            now = time.monotonic()
+            await self._wait(self._stopped, self._every)
+            now = self._monotonic()
             self._after_bodies()
             if self._activity() != seen:
                 seen, quiet_since, released = self._activity(), now, False

@@ -52,7 +52,7 @@ def parser(command: str | None = None) -> Parser:
         prog="relay", description="A webhook relay: accept, keep on disk, deliver with retries."
     )
     root.add_argument(
-        "--version", action="version", version=f"relay {__version__}, {compiled.describe()}"
+        "--version", action="version", version=f"relay {__version__}, {compiled.build_name()}"
     )
     commands = root.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=Parser

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit(args, {**summary(config), "secrets_from": sources, "warnings": found}, str)
         return 0
-    print(describe(config))
+    print(check_text(config))
     if sources:
         print(f"secrets read from: {', '.join(sources)} (as the unit hands them to the service)")
     for warning in found:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary(config: Config) -> dict[str, Any]:
-    """What `describe` says, as data (`relay check --json`)."""
+    """What `check_text` says, as data (`relay check --json`)."""
     masker = config.masker
     routes = []
     for route in config.routes.values():
@@ -86,7 +86,7 @@ def summary(config: Config) -> dict[str, Any]:
         "config": str(config.source),
         "ok": True,
         "ingress": str(config.server.listen),
-        "storage": str(storage.path) if storage.url is None else masker.text(storage.describe()),
+        "storage": str(storage.path) if storage.url is None else masker.text(storage.location()),
         "routes": routes,
         "unused_targets": unused_targets(config),
     }
@@ -174,7 +174,7 @@ def database_warnings(config: Config) -> list[str]:
     try:
         settings, connections, pooled = asyncio.run(_server_facts(config))
     except Exception as error:
-        return [masker.text(f"cannot reach {config.storage.describe()}: {error}")]
+        return [masker.text(f"cannot reach {config.storage.location()}: {error}")]
     said, found = connection_budget(config.storage.pool_size, connections)
     print(said)
     if pooled:
@@ -284,10 +284,10 @@ def _connections(settings: dict[str, Any], others: int, running: int) -> ServerC
 
 
 def where(target: TargetConfig, masker: Masker) -> str:
-    return target_kind(target.type).describe(target.settings, masker)
+    return target_kind(target.type).destination(target.settings, masker)
 
 
-def describe(config: Config) -> str:
+def check_text(config: Config) -> str:
     masker = config.masker
     server, storage = config.server, config.storage
     lines = [
@@ -295,7 +295,7 @@ def describe(config: Config) -> str:
         f"ingress: {server.listen} (max body {format_size(server.max_body_size)})",
         f"storage: {storage.path} (synchronous = {storage.synchronous})"
         if storage.url is None
-        else f"storage: PostgreSQL {masker.text(storage.describe())}",
+        else f"storage: PostgreSQL {masker.text(storage.location())}",
     ]
     for route in config.routes.values():
         lines.append(f"route {route.name}: POST {masker.text(route.path)}")

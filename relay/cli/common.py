@@ -24,7 +24,7 @@ from relay.config import Config, ConfigError
 from relay.core.clock import SystemClock
 from relay.core.closest import closest
 from relay.core.printable import printable, printable_lines
-from relay.loader import OperatorConfig, load_config, load_operator_config
+from relay.loader import DatabaseCommandConfig, load_config, load_database_command_config
 from relay.ops.actions import Actions
 from relay.ops.inputs import BadRequest, instant, whole_number
 from relay.store import Store, open_store
@@ -91,7 +91,7 @@ def add_time_options(parser: argparse.ArgumentParser, what: str = "events receiv
 
 
 def time_window(
-    args: argparse.Namespace, config: Config | OperatorConfig
+    args: argparse.Namespace, config: Config | DatabaseCommandConfig
 ) -> tuple[float | None, float | None]:
     """--since and --until as Unix times, read in the config's time zone."""
     now = time.time()
@@ -229,7 +229,7 @@ def read_config(args: argparse.Namespace, *, command: bool = False) -> Config:
         raise CommandError(f"config error: {error}{hint}") from None
 
 
-def read_operator_config(args: argparse.Namespace) -> OperatorConfig:
+def read_database_command_config(args: argparse.Namespace) -> DatabaseCommandConfig:
     """For commands that work on the database: secrets of targets are not needed.
     [storage] may name some (a PostgreSQL password): the service's env file and
     credentials beside the config are read when this user may read them."""
@@ -242,7 +242,7 @@ def read_operator_config(args: argparse.Namespace) -> OperatorConfig:
     if not environ.get("CREDENTIALS_DIRECTORY") and os.access(credentials, os.R_OK | os.X_OK):
         environ["CREDENTIALS_DIRECTORY"] = str(credentials.resolve())
     try:
-        return load_operator_config(path, environ)
+        return load_database_command_config(path, environ)
     except ConfigError as error:
         raise CommandError(f"config error: {error}") from None
 
@@ -285,7 +285,7 @@ def existing_database(path: Path) -> None:
 
 
 @asynccontextmanager
-async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[Store]:
+async def opened_store(config: Config | DatabaseCommandConfig) -> AsyncIterator[Store]:
     if config.storage.url is None:
         existing_database(config.storage.path)
     store = open_store(config.storage)
@@ -297,7 +297,7 @@ async def opened_store(config: Config | OperatorConfig) -> AsyncIterator[Store]:
 
 
 @asynccontextmanager
-async def acting(config: Config | OperatorConfig) -> AsyncIterator[Actions]:
+async def acting(config: Config | DatabaseCommandConfig) -> AsyncIterator[Actions]:
     """What a person may do, with the same rules and words as the admin API."""
     async with opened_store(config) as store:
         yield Actions(store, SystemClock(), lambda: config)

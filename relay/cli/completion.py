@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from relay.cli.common import CommandError, add_config_option, read_operator_config
+from relay.cli.common import CommandError, add_config_option, read_database_command_config
 from relay.store import Status
 
 # What `relay COMMAND --help` shows under "examples:", for the daily commands.
@@ -87,7 +87,7 @@ def names(args: argparse.Namespace) -> list[str]:
     if args.names == "statuses":
         return [s.value for s in Status]
     try:
-        config = read_operator_config(args)
+        config = read_database_command_config(args)
     except CommandError:
         return []  # no config here: nothing to offer, and nothing to say mid-line
     return sorted(config.routes if args.names == "routes" else config.targets)

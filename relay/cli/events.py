@@ -16,7 +16,7 @@ from relay.cli.common import (
     add_time_options,
     count_type,
     emit,
-    read_operator_config,
+    read_database_command_config,
     run,
     table,
     time_window,
@@ -75,7 +75,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def list_events(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     try:
         search = parse_search(args.search) if args.search is not None else None
     except SearchError as problem:
@@ -114,7 +114,7 @@ def list_events(args: argparse.Namespace) -> int:
 
 
 def list_rejections(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     since, until = time_window(args, config)
 
     async def fetch() -> list[dict[str, Any]]:
@@ -144,7 +144,7 @@ def _rejections_text(rejections: list[dict[str, Any]], zone: Zone) -> str:
 
 
 def show_event(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     event_id = row_id(args.event_id, "event id")
 
     async def fetch() -> dict[str, Any]:

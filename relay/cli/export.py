@@ -8,7 +8,7 @@ from relay.cli.common import (
     acting,
     add_config_option,
     add_time_options,
-    read_operator_config,
+    read_database_command_config,
     run,
     time_window,
     write_all,
@@ -61,7 +61,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def export_events(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     since, until = time_window(args, config)
     export = export_of(args.format, args.fields, config.zone, prefix="--")
     query = EventQuery(

@@ -9,7 +9,7 @@ from relay.cli.common import (
     add_config_option,
     add_json_option,
     emit,
-    read_operator_config,
+    read_database_command_config,
     run,
 )
 from relay.core.pgurl import masked_url, url_problem, url_to_write
@@ -34,7 +34,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def migrate_store(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     if config.storage.url is not None:
         raise CommandError("this config already uses PostgreSQL (storage.url): nothing to copy")
     url: str = args.to

@@ -1,4 +1,4 @@
-"""Operator commands on the database: retry, requeue, pause, resume, stats, purge.
+"""The database commands: retry, requeue, pause, resume, stats, purge.
 
 They work with the daemon stopped; a running daemon picks their changes up
 within its poll interval (a second).
@@ -23,7 +23,7 @@ from relay.cli.common import (
     add_time_options,
     emit,
     opened_store,
-    read_operator_config,
+    read_database_command_config,
     run,
     table,
     time_window,
@@ -31,7 +31,7 @@ from relay.cli.common import (
 )
 from relay.core.localtime import Zone, format_iso_local
 from relay.core.units import format_duration
-from relay.loader import OperatorConfig
+from relay.loader import DatabaseCommandConfig
 from relay.ops.actions import BULK_LIMIT, Actions
 from relay.ops.inputs import MAX_IDS, optional_text, row_ids
 from relay.ops.search import SearchError, parse_search
@@ -135,7 +135,7 @@ def _add_filters(parser: argparse.ArgumentParser, statuses: list[str]) -> None:
     )
 
 
-def _selection(args: argparse.Namespace, config: OperatorConfig) -> Selection:
+def _selection(args: argparse.Namespace, config: DatabaseCommandConfig) -> Selection:
     since, until = time_window(args, config)
     try:
         search = parse_search(args.search) if args.search is not None else None
@@ -161,7 +161,7 @@ def _filtered(args: argparse.Namespace) -> bool:
 
 
 def _dry_run(
-    args: argparse.Namespace, verb: str, selection: Selection, config: OperatorConfig
+    args: argparse.Namespace, verb: str, selection: Selection, config: DatabaseCommandConfig
 ) -> int:
     """Say how many deliveries `selection` takes, and which: a plan that
     `--plan` can take (every id, up to MAX_IDS; past it the first BULK_LIMIT,
@@ -234,11 +234,11 @@ def skip_deliveries(args: argparse.Namespace) -> int:
     """By id, each is skipped and said; by filter, only with --yes (else a dry
     run): a bulk skip is not undone by a requeue of the same filter."""
     if args.plan is not None:
-        config = read_operator_config(args)
+        config = read_database_command_config(args)
         planned = _planned(args, SKIPPED)
         return _bulk(args, config, "skipped", lambda a: a.skip_selected(planned, by=who()), planned)
     if _filtered(args) or args.dry_run:
-        config = read_operator_config(args)
+        config = read_database_command_config(args)
         selection = _selection(args, config)
         if args.dry_run or not args.yes:
             return _dry_run(args, "skip", selection, config)
@@ -261,7 +261,7 @@ def _each_delivery(
 ) -> int:
     """One operator verb on each delivery named; those it does not apply to are
     reported together at the end (and make the exit status 1)."""
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     ids = row_ids(args.delivery_ids, "delivery id")
 
     async def act() -> tuple[list[dict[str, Any]], list[str]]:
@@ -285,7 +285,7 @@ def _each_delivery(
 
 
 def requeue_deliveries(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     if args.plan is not None:
         planned = _planned(args, REQUEUED)
         return _bulk(args, config, "requeued", lambda a: a.requeue(planned, by=who()), planned)
@@ -297,7 +297,7 @@ def requeue_deliveries(args: argparse.Namespace) -> int:
 
 def _bulk(
     args: argparse.Namespace,
-    config: OperatorConfig,
+    config: DatabaseCommandConfig,
     done: str,
     verb: Callable[[Actions], Awaitable[list[int]]],
     planned: Selection | None = None,
@@ -333,7 +333,7 @@ def _bulk(
 
 
 def pause_target(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
 
     async def act() -> None:
         async with acting(config) as actions:
@@ -349,7 +349,7 @@ def pause_target(args: argparse.Namespace) -> int:
 
 
 def show_audit(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
 
     async def fetch() -> list[dict[str, Any]]:
         async with acting(config) as actions:
@@ -376,7 +376,7 @@ def show_audit(args: argparse.Namespace) -> int:
 
 
 def show_stats(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
 
     async def fetch() -> dict[str, Any]:
         async with opened_store(config) as store:
@@ -475,7 +475,7 @@ def _down_text(info: dict[str, Any], zone: Zone) -> str:
 
 
 def purge_events(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
 
     async def act() -> int:
         async with opened_store(config) as store:

@@ -27,7 +27,7 @@ def handle(args: argparse.Namespace) -> int:
         log_config = dataclasses.replace(log_config, level=args.log_level)
     logs.configure(log_config, config.masker)
     # The daemon's whole machinery (aiohttp.web, Jinja2) is imported
-    # here, not with the CLI: the operator commands start without it.
+    # here, not with the CLI: the database commands start without it.
     from relay.app import serve
 
     return run(serve(config))

@@ -19,7 +19,7 @@ from relay.cli.common import (
     add_json_option,
     emit,
     opened_store,
-    read_operator_config,
+    read_database_command_config,
     run,
 )
 from relay.core.units import format_size
@@ -145,7 +145,7 @@ def _make_folders(folder: Path) -> None:
 
 
 def make_backup(args: argparse.Namespace) -> int:
-    config = read_operator_config(args)
+    config = read_database_command_config(args)
     destination: Path = args.destination
     if destination.exists() and not args.force:
         raise CommandError(f"{destination} exists (use --force to overwrite it)")

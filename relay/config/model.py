@@ -14,7 +14,7 @@ from relay.core.pgurl import masked_url
 from relay.core.secrets import Masker
 
 if TYPE_CHECKING:
-    # Compiled by the reader; the operator commands read no template and start
+    # Compiled by the reader; the database commands read no template and start
     # without Jinja2.
     from relay.templates import Template
 
@@ -72,7 +72,7 @@ class StorageConfig:
     # CONNECTIONS_BESIDES_POOL (relay.store.postgres.cluster) more of its own.
     pool_size: int = 10
 
-    def describe(self) -> str:
+    def location(self) -> str:
         """Where the data is, for logs and messages (a URL without its password)."""
         if self.url is None:
             return str(self.path)

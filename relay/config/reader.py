@@ -48,7 +48,7 @@ D = TypeVar("D")
 C = TypeVar("C", bound=str)
 
 
-def describe(value: object) -> str:
+def as_toml(value: object) -> str:
     """A value as it would look in TOML, for error messages."""
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
@@ -99,7 +99,7 @@ class Section:
         return default
 
     def error(self, name: str, expected: str, value: object) -> ConfigError:
-        return ConfigError(self.key(name), f"expected {expected}, got {describe(value)}")
+        return ConfigError(self.key(name), f"expected {expected}, got {as_toml(value)}")
 
     def _typed(self, name: str, default: Any, check: Callable[[Any], bool], expected: str) -> Any:
         value = self.take(name, default)
@@ -223,7 +223,7 @@ class Section:
         for item_key, item in value.items():
             if not isinstance(item, str):
                 raise ConfigError(
-                    self.key(f"{name}.{item_key}"), f"expected a string, got {describe(item)}"
+                    self.key(f"{name}.{item_key}"), f"expected a string, got {as_toml(item)}"
                 )
         return dict(value)
 
@@ -285,7 +285,7 @@ class Section:
         try:
             return compile_expression(source, offers=offers)
         except ValueError as error:
-            raise ConfigError(self.key(name), f"{error} in {describe(source)}") from None
+            raise ConfigError(self.key(name), f"{error} in {as_toml(source)}") from None
 
     def _compile(
         self,

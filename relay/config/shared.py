@@ -16,7 +16,7 @@ import ipaddress
 from ipaddress import IPv4Network, IPv6Network
 
 from relay.config.model import Answer
-from relay.config.reader import ConfigError, Section, describe
+from relay.config.reader import ConfigError, Section, as_toml
 
 
 def secret_list(section: Section, name: str, *, required: bool = True) -> tuple[str, ...]:
@@ -82,7 +82,7 @@ def parse_networks(section: Section, name: str) -> tuple[IPv4Network | IPv6Netwo
         except ValueError:
             raise ConfigError(
                 section.key(f"{name}[{index}]"),
-                f'expected an address or network like "91.194.226.0/23", got {describe(value)}',
+                f'expected an address or network like "91.194.226.0/23", got {as_toml(value)}',
             ) from None
     return tuple(networks)
 

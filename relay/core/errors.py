@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def describe(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     """`Type: what it says`, on one line (a driver's message may span several:
     a journal line, or a 503's reason, must not), or the type alone when it
     says nothing (asyncio.TimeoutError())."""

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field, replace
 
 from relay.config import Config
 from relay.core.clock import Clock
+from relay.core.outage_log import OutageLog
 from relay.core.outcome import RESPONSE_EXCERPT_BYTES, Outcome
 from relay.core.payload import Payload, strip_form_fields
 from relay.core.records import next_status
 from relay.core.secrets import Masker
-from relay.core.spell import Spell
 from relay.core.status import attempt_outcome
 from relay.core.units import format_duration
 from relay.delivery.kept import kept
@@ -172,8 +172,8 @@ class Scheduler:
         self._paused: frozenset[str] = frozenset()
         self._down: dict[str, DownState] = {}
         self._paused_read_at: float | None = None
-        self._store_failing = Spell()  # the store not answering its reads
-        self._records_failing = Spell()  # nor taking the records of attempts made
+        self._store_failing = OutageLog()  # the store not answering its reads
+        self._records_failing = OutageLog()  # nor taking the records of attempts made
         self._running = False
         self.last_tick: float | None = None
         self._ticked = time.monotonic()

@@ -2,9 +2,9 @@
 
 A webhook needs its method, path, query, headers and body, and one answer
 once its commit is done. aiohttp's server builds per request a request
-object, a stream reader, a task, a response object and a writer: ~24 µs of
-CPU a request on this project's machine, against ~8 µs for llhttp driven
-by a bare protocol (bench/bare_lowlevel.py under bench/ingest.py's load).
+object, a stream reader, a task, a response object and a writer, several
+times what llhttp driven by a bare protocol costs (bench/bare_lowlevel.py
+under bench/ingest.py's load; the figures: bench/RESULTS.md).
 This module does only the framing, with the bounds
 relay relied on aiohttp for, each pinned by a test (tests/unit/test_http1.py,
 tests/chaos/test_hostile_http.py):

@@ -25,9 +25,9 @@ from relay.config import Answer, Config, RouteConfig
 from relay.core.budget import one_budget
 from relay.core.clock import Clock
 from relay.core.incoming import Incoming
+from relay.core.outage_log import OutageLog
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
-from relay.core.spell import Spell
 from relay.core.units import format_duration
 from relay.ingress.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
 from relay.ingress.http1 import Head, Http1Server, Response
@@ -98,7 +98,7 @@ class Ingress:
         self._rejections_logged: dict[str, tuple[int, int]] = {}
         self._unlogged: dict[str, int] = {}  # refused since the route's last line
         # Events not stored, each answered 503 (its failures).
-        self._not_storing = Spell()
+        self._not_storing = OutageLog()
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.bodies_in_flight = 0
@@ -229,10 +229,10 @@ class Ingress:
         again (stored): a database restart answered hundreds of webhooks 503,
         and a line each buried what happened in the journal."""
         now = self._clock.now()
-        spell = self._not_storing
-        if not spell.failed(now):
+        outage = self._not_storing
+        if not outage.failed(now):
             log.debug("route %s: event not stored, answering 503: %s", route, error)
-        elif spell.failures == 1:
+        elif outage.failures == 1:
             log.error(
                 "events cannot be stored, answering 503 with Retry-After until they can:"
                 " route %s: %s",
@@ -242,8 +242,8 @@ class Ingress:
         else:
             log.error(
                 "events still cannot be stored, for %s (%d answered 503): route %s: %s",
-                format_duration(spell.lasted(now)),
-                spell.failures,
+                format_duration(outage.lasted(now)),
+                outage.failures,
                 route,
                 error,
             )

@@ -64,7 +64,7 @@ class TargetKind(Generic[S]):
     # imported when built, so reading a config loads no sender's client.
     build: Callable[[str, S, int], Target]
     # One line for `relay check`: where it sends.
-    describe: Callable[[S, Masker], str]
+    destination: Callable[[S, Masker], str]
     # Fields for the admin API and dashboard (`name` and `type` are added).
     view: Callable[[S, Masker], dict[str, Any]]
     # The credential values in its settings, masked wherever they show.

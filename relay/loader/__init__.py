@@ -2,14 +2,14 @@
 keys read by its module (relay.loader.registry lists them). Sits above the
 kinds, which read their own keys with relay.config's primitives.
 
-`load_config` reads what the daemon needs; `load_operator_config` what the
-operator commands need (the database and the names), with no secret of a
+`load_config` reads what the daemon needs; `load_database_command_config` what the
+database commands need (the database and the names), with no secret of a
 target required.
 """
 
 from __future__ import annotations
 
+from relay.loader.database_commands import DatabaseCommandConfig, load_database_command_config
 from relay.loader.load import load_config, parse_config
-from relay.loader.operator import OperatorConfig, load_operator_config
 
-__all__ = ["OperatorConfig", "load_config", "load_operator_config", "parse_config"]
+__all__ = ["DatabaseCommandConfig", "load_config", "load_database_command_config", "parse_config"]

@@ -1,7 +1,7 @@
 """`Actions`: what a person may do to deliveries and targets, and its rules, in
 one place for every way in — the admin API and the dashboard (through
-`relay.admin.operator.Operator`, which adds the running daemon's side) and the
-CLI's operator commands.
+`relay.admin.console.Console`, which adds the running daemon's side) and the
+CLI's database commands.
 
 The rules here are the ones a person meets: which target may be paused, what
 a missing event or delivery says; the store decides what may be retried,
@@ -61,7 +61,7 @@ class ActionStore(Operations, Queries, Protocol):
 
 class KnowsTargets(Protocol):
     """A config as far as acting needs it: the daemon's `Config` or the CLI's
-    `OperatorConfig` (route and target names only)."""
+    `DatabaseCommandConfig` (route and target names only)."""
 
     @property
     def targets(self) -> Collection[str]: ...
@@ -78,7 +78,7 @@ class Actions:
 
     def changed(self) -> None:
         """After every change. Here nothing more: a running daemon sees what the
-        CLI did within its poll interval; the daemon's Operator acts at once."""
+        CLI did within its poll interval; the daemon's Console acts at once."""
 
     async def event(self, event_id: int) -> EventDetail:
         detail = await self.store.get_event(event_id)

@@ -89,7 +89,8 @@ _NEEDS_QUOTES = re.compile(r'[ "=]')
 def _text_fields(fields: dict[str, Any]) -> str:
     """key=value pairs, a value quoted when it holds a space, a quote or "=".
     One loop, numbers and None without a look at their text: an attempt's line
-    has ten fields, and a call and a regex search for each cost ~2.5 us a line."""
+    has ten fields, and a call and a regex search for each were a measurable
+    share of the line's cost (bench/RESULTS.md)."""
     parts = []
     for key, value in fields.items():
         kind = type(value)

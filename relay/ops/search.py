@@ -237,7 +237,7 @@ def documents(events: Iterable[IndexSource], masker: Masker) -> list[SearchDocum
     return found
 
 
-def describe(search: TextSearch) -> str:
+def searched_for(search: TextSearch) -> str:
     """The query as it was searched, for "searched for ..." lines."""
     if search.digits is not None:
         return f"the number {search.digits}"

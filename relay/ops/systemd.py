@@ -71,9 +71,15 @@ async def watchdog(
     summary: Callable[[], Awaitable[str]],
     *,
     status_every: float = 10.0,
+    monotonic: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> None:
     """Ping the watchdog at half its interval while `alive(interval)` holds,
-    and refresh the status line every `status_every` seconds."""
+    and refresh the status line every `status_every` seconds.
+
+    Time is monotonic, never the wall clock: a clock stepped back must not
+    hold the pings. Pings go from the event loop (`sleep` is the loop's), so
+    a stuck loop stops them; tests pass their own `monotonic` and `sleep`."""
     interval = notifier.watchdog_interval
     period = min(interval / 2, status_every) if interval else status_every
     last_status = float("-inf")
@@ -82,13 +88,13 @@ async def watchdog(
             notifier.send("WATCHDOG=1")
         elif interval:
             log.error("scheduler has not ticked for %gs: letting the watchdog fire", interval)
-        if time.monotonic() - last_status >= status_every:
+        if monotonic() - last_status >= status_every:
             try:
                 notifier.status(await summary())
             except Exception as error:  # a status line must never stop the pings
                 log.debug("no status line: %s", error)
-            last_status = time.monotonic()
-        await asyncio.sleep(period)
+            last_status = monotonic()
+        await sleep(period)
 
 
 # The first descriptor systemd passes (SD_LISTEN_FDS_START).

@@ -38,7 +38,7 @@ def build(name: str, settings: FileSettings, concurrency: int) -> Target:
     return FileTarget(name, settings.path)
 
 
-def describe(settings: FileSettings, masker: Masker) -> str:
+def destination(settings: FileSettings, masker: Masker) -> str:
     return str(settings.path)
 
 
@@ -98,4 +98,4 @@ def _record(envelope: Envelope) -> dict[str, Any]:
     return record
 
 
-KIND = TargetKind(name="file", parse=parse, build=build, describe=describe, view=view)
+KIND = TargetKind(name="file", parse=parse, build=build, destination=destination, view=view)

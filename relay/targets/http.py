@@ -175,7 +175,7 @@ def build(name: str, settings: HttpSettings, concurrency: int) -> Target:
     return HttpTarget(name, settings, concurrency=concurrency)
 
 
-def describe(settings: HttpSettings, masker: Masker) -> str:
+def destination(settings: HttpSettings, masker: Masker) -> str:
     body = "" if settings.format == "raw" else f", {settings.format} body"
     return f"{settings.method} {masker.text(settings.url)}{body}"
 
@@ -263,7 +263,7 @@ class HttpTarget(SessionOwner):
         return Request(settings.method, settings.url, merged_headers(*layers), body)
 
     def preview(self, envelope: Envelope, *, wire: bool = False) -> str:
-        return self.prepare(envelope).describe(wire=wire)
+        return self.prepare(envelope).display(wire=wire)
 
     async def send(self, envelope: Envelope) -> Outcome:
         try:
@@ -292,7 +292,7 @@ KIND = TargetKind(
     name="http",
     parse=parse,
     build=build,
-    describe=describe,
+    destination=destination,
     view=view,
     secrets=secrets,
     secret_keys=("sign",),

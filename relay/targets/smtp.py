@@ -117,7 +117,7 @@ def build(name: str, settings: SmtpSettings, concurrency: int) -> Target:
     return SmtpTarget(name, settings)
 
 
-def describe(settings: SmtpSettings, masker: Masker) -> str:
+def destination(settings: SmtpSettings, masker: Masker) -> str:
     return f"{settings.host}:{settings.port} {settings.tls}, to {', '.join(settings.to)}"
 
 
@@ -310,7 +310,7 @@ KIND = TargetKind(
     name="smtp",
     parse=parse,
     build=build,
-    describe=describe,
+    destination=destination,
     view=view,
     secrets=secrets,
     secret_keys=("password",),

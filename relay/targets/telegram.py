@@ -134,7 +134,7 @@ def build(name: str, settings: TelegramSettings, concurrency: int) -> Target:
     return TelegramTarget(name, settings, concurrency=concurrency)
 
 
-def describe(settings: TelegramSettings, masker: Masker) -> str:
+def destination(settings: TelegramSettings, masker: Masker) -> str:
     return f"chat {settings.chat_id}, {settings.parse_mode}"
 
 
@@ -308,7 +308,7 @@ KIND = TargetKind(
     name="telegram",
     parse=parse,
     build=build,
-    describe=describe,
+    destination=destination,
     view=view,
     secrets=secrets,
     secret_keys=("bot_token",),

@@ -88,11 +88,11 @@ async def test_held_behind_a_dead_one_skip_with_confirmation_and_a_down_target(
     # Which delivery probes, linked; its page says it is the next probe.
     await expect(page.locator("#down-erp a.probe")).to_have_text(re.compile(r"delivery \d+"))
     # (Paused meanwhile: no probe moves the line while the page is read.)
-    await relay.operator.set_paused("erp", True, by="test")
+    await relay.console.set_paused("erp", True, by="test")
     await page.reload()
     await page.locator("#down-erp a.probe").click()
     await expect(page.locator("p.probing")).to_contain_text("this delivery is its next probe")
-    await relay.operator.set_paused("erp", False, by="test")
+    await relay.console.set_paused("erp", False, by="test")
     await page.go_back()
     # A probe's attempt says it was one.
     for _ in range(100):

@@ -205,11 +205,11 @@ async def test_the_overview_counts_update_in_place_and_the_pages_work_without_sc
 
     # Targets too: a pause made elsewhere (the CLI, another browser) shows.
     await _loaded(page, relay.admin_url + "/targets")
-    await relay.operator.set_paused("crm", True, by="test")
+    await relay.console.set_paused("crm", True, by="test")
     await page.clock.run_for(EVERY_MS)
     await expect(page.locator("#target-crm .status")).to_have_text("paused")
     await _same_document(page)
-    await relay.operator.set_paused("crm", False, by="test")
+    await relay.console.set_paused("crm", False, by="test")
 
     # Signed out (in another tab): it stops, saying so, and keeps what it shows.
     other = await page.context.new_page()

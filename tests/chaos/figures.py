@@ -1,4 +1,4 @@
-"""What the chaos tests measured, kept for the README's table."""
+"""What the chaos tests measured, kept for docs/develop.md's table."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ async def test_no_route_without_credentials_and_no_secret_anywhere(
     routes = sorted(
         {
             (route.method, route.resource.canonical)  # type: ignore[union-attr]
-            for route in admin_application(relay.operator).router.routes()
+            for route in admin_application(relay.console).router.routes()
             if route.method in ("GET", "POST")
         }
     )

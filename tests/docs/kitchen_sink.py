@@ -45,27 +45,8 @@ SOURCE_OPTIONS: dict[str, dict[str, Any]] = {
 def every_key() -> set[str]:
     """Every dotted key the loader asks for, with names and indexes generalised:
     targets.NAME.url, routes.NAME.targets[].when, retry.base..."""
-    asked: set[str] = set()
-    routes = {
-        f"r_{source}": {
-            "path": f"/{source}",
-            "targets": [
-                "http",
-                {
-                    "target": "file",
-                    "when": "true",
-                    "retry": {"retries": 1},
-                    "order_by": "{{ json.id }}",
-                },
-            ],
-            "source": source,
-            "response": {"status": 200, "body": "ok"},
-            "strip_fields": ["api_key"],
-            **SOURCE_OPTIONS.get(source, {}),
-        }
-        for source in source_kinds()
-    }
-    parse_config(
+    routes = {f"r_{source}": route_of(source) for source in source_kinds()}
+    return asked_by(
         {
             "server": {},
             "storage": {},
@@ -75,11 +56,49 @@ def every_key() -> set[str]:
             "alerts": {"target": "http"},
             "targets": {name: {**table, "retry": {}} for name, table in TARGETS.items()},
             "routes": routes,
-        },
-        {},
-        base=Path("/tmp"),
-        asked_keys=asked,
+        }
     )
+
+
+def route_of(source: str) -> dict[str, Any]:
+    """A route of `source` that asks for every key a route may have."""
+    return {
+        "path": f"/{source}",
+        "targets": [
+            "http",
+            {
+                "target": "file",
+                "when": "true",
+                "retry": {"retries": 1},
+                "order_by": "{{ json.id }}",
+            },
+        ],
+        "source": source,
+        "response": {"status": 200, "body": "ok"},
+        "strip_fields": ["api_key"],
+        **SOURCE_OPTIONS.get(source, {}),
+    }
+
+
+def source_keys(source: str) -> set[str]:
+    """The keys a route asks for with this source: routes.NAME.secret..."""
+    config = {"targets": {name: TARGETS[name] for name in ("http", "file")}}
+    keys = asked_by({**config, "routes": {"r": route_of(source)}})
+    return {key for key in keys if key.startswith("routes.NAME.")}
+
+
+def target_keys(kind: str) -> set[str]:
+    """The keys a target of this type asks for: targets.NAME.url..."""
+    [table] = [table for table in TARGETS.values() if table["type"] == kind]
+    route = {"path": "/x", "targets": ["t"]}
+    keys = asked_by({"targets": {"t": table}, "routes": {"r": route}})
+    return {key for key in keys if key.startswith("targets.NAME.")}
+
+
+def asked_by(config: dict[str, Any]) -> set[str]:
+    """The generalised keys parsing `config` asks for."""
+    asked: set[str] = set()
+    parse_config(config, {}, base=Path("/tmp"), asked_keys=asked)
     keys = set()
     for key in asked:
         key = re.sub(r"^targets\.[^.]+\.", "targets.NAME.", key)

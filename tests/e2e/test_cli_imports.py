@@ -1,4 +1,4 @@
-"""Operator commands import only what they use: no daemon machinery to start.
+"""Database commands import only what they use: no daemon machinery to start.
 
 Every `relay` command once imported aiohttp.web, Jinja2 and prometheus
 through the daemon's wiring (~0.75 s before `relay events` printed a line).

@@ -1,4 +1,4 @@
-"""What the CLI's operator commands say to a bad or missing id, target or time:
+"""What the CLI's database commands say to a bad or missing id, target or time:
 the rule and its words are the admin API's (relay.ops.actions, relay.ops.inputs), in one
 line on stderr with exit status 2, never a traceback or a 'database error'.
 

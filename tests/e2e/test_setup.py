@@ -265,7 +265,7 @@ def _service_layout(tmp_path: Path) -> Path:
 def test_check_reads_the_services_env_file_and_credentials_beside_the_config(
     tmp_path: Path,
 ) -> None:
-    """One way to run operator commands against the service's config: `sudo
+    """One way to run database commands against the service's config: `sudo
     relay check` with no flag (it failed: "credential relay_admin_token needs
     $CREDENTIALS_DIRECTORY", and operate.md's `sh -c 'set -a; . relay.env'`
     could not give it one)."""

@@ -329,7 +329,7 @@ async def test_stats(relay_with_sink: tuple[Relay, Any], http: aiohttp.ClientSes
 
 
 async def metric(http: aiohttp.ClientSession, relay: Relay, line_start: str) -> float:
-    relay.operator.changed()  # skip the 5 s snapshot cache
+    relay.console.changed()  # skip the 5 s snapshot cache
     async with http.get(relay.admin_url + "/metrics") as response:
         text = await response.text()
     for line in text.splitlines():

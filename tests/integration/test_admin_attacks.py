@@ -326,7 +326,7 @@ async def test_a_reload_cannot_leave_a_public_admin_listener_without_a_token(
     with pytest.raises(ConfigError, match=r"admin\.token: is required while the admin listener"):
         await relay.reload(moved)
     assert relay.config.admin.token == TOKEN
-    assert relay.operator.config.admin.token == TOKEN
+    assert relay.console.config.admin.token == TOKEN
 
 
 BAD_API = [

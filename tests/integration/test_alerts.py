@@ -120,13 +120,13 @@ async def test_the_group_window_runs_on_its_own(
     config = make_config(
         {"crm": {"type": "http", "url": crm_url}, "ops": {"type": "http", "url": ops_url}},
         {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
-        alerts={"target": "ops", "group_window": "300ms"},
+        alerts={"target": "ops", "group_window": "150ms"},
     )
-    relay = await start_relay(config)
+    relay = await start_relay(config, poll_interval=0.05)
     await post_events(relay.ingress_url + "/hooks/orders", 20)
     await crm.wait_for(20)
     await ops.wait_for(1)
-    await asyncio.sleep(0.5)  # past another window: nothing more to say
+    await asyncio.sleep(0.3)  # past two more windows: nothing more to say
     assert len(ops.requests) == 1
     assert json.loads(ops.requests[0].body)["dead_count"] == 20
 

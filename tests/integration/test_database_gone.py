@@ -40,7 +40,7 @@ async def start(
         {"orders": {"path": "/orders", "targets": ["audit"]}},
         alerts={"target": "ops", "group_window": "10ms"},
     )
-    return await start_relay(config), ops
+    return await start_relay(config, poll_interval=0.05), ops
 
 
 async def test_deleted_database_gets_503_a_failed_readyz_a_critical_line_and_an_alert(

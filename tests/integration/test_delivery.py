@@ -378,9 +378,9 @@ async def test_the_attempt_log_counts_within_the_cycle_and_names_manual_retries(
     assert delivery.status is Status.DEAD
     caplog.clear()
     with caplog.at_level("INFO", logger="relay.attempts"):
-        await relay.operator.retry(delivery.id, by="test")
+        await relay.console.retry(delivery.id, by="test")
         await relay.scheduler.drain()
-        await relay.operator.requeue(Selection(ids=(delivery.id,)), by="test")
+        await relay.console.requeue(Selection(ids=(delivery.id,)), by="test")
         await relay.scheduler.drain()
     said = [r.__dict__["fields"] for r in caplog.records if r.name == "relay.attempts"]
     assert [(f["attempt"], f["total"], f["outcome"]) for f in said] == [

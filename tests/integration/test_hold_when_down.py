@@ -300,18 +300,18 @@ async def test_down_state_survives_a_restart_and_respects_a_pause(
     assert "this delivery is its next probe" in shown
 
     # Paused, a down target is not even probed, however late it gets.
-    await relay.operator.set_paused("crm", True, by="test")
+    await relay.console.set_paused("crm", True, by="test")
     clock.set(start + 10)
     assert await relay.scheduler.run_once() == 0
-    await relay.operator.set_paused("crm", False, by="test")
+    await relay.console.set_paused("crm", False, by="test")
     assert await relay.scheduler.run_once() == 1  # the probe, alone
     await relay.scheduler.wait_idle()
     next_probe = (await relay.store.down_targets())["crm"].probe_at
     assert next_probe == start + 10 + 4  # probe 2 follows the backoff
     # Resuming a down target probes it at once, to check a fix without waiting.
     clock.set(start + 11)
-    await relay.operator.set_paused("crm", True, by="test")
-    await relay.operator.set_paused("crm", False, by="test")
+    await relay.console.set_paused("crm", True, by="test")
+    await relay.console.set_paused("crm", False, by="test")
     assert await relay.scheduler.run_once() == 1
     await relay.scheduler.wait_idle()
     await relay.scheduler.drain()

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from relay.cli.advice import warnings
-from relay.cli.check import describe as check_text
+from relay.cli.check import check_text
 from relay.config import Answer, ConfigError, RouteConfig
 from relay.config.reader import Section
 from relay.core.clock import FakeClock
@@ -31,7 +31,7 @@ from relay.core.secrets import Masker, is_sensitive_header
 from relay.kinds import AlertTemplates, SenderRetry, SourceKind, TargetKind
 from relay.kinds.source import Accept, Check, Reject, Source
 from relay.kinds.target import Envelope, Target
-from relay.loader import load_operator_config
+from relay.loader import load_database_command_config
 from relay.loader.registry import (
     register_source,
     register_target,
@@ -85,7 +85,7 @@ def build(name: str, settings: NotebookSettings, concurrency: int) -> Target:
     return Notebook(name, settings)
 
 
-def describe(settings: NotebookSettings, masker: Masker) -> str:
+def destination(settings: NotebookSettings, masker: Masker) -> str:
     return masker.text(f"notebook {settings.label} (key {settings.key})")
 
 
@@ -105,7 +105,7 @@ NOTEBOOK = TargetKind(
     name="notebook",
     parse=parse,
     build=build,
-    describe=describe,
+    destination=destination,
     view=view,
     secrets=secrets,
     secret_keys=("key",),
@@ -205,7 +205,7 @@ def test_the_operator_commands_mask_its_credential_keys(
             "routes": {"orders": {"path": "/o", "targets": ["book"]}},
         },
     )
-    assert "inline-key-123" in load_operator_config(path, {}).secrets
+    assert "inline-key-123" in load_database_command_config(path, {}).secrets
 
 
 @dataclass(frozen=True)

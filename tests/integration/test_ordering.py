@@ -177,7 +177,7 @@ async def test_a_requeued_dead_delivery_goes_first(
     await post(relay, notification("A-1", "CONFIRMED"))
     await relay.scheduler.drain()
     refusing["on"] = False  # the CRM's field mapping was fixed
-    await relay.operator.requeue(Selection(ids=(first,)), by="test")
+    await relay.console.requeue(Selection(ids=(first,)), by="test")
     await relay.scheduler.drain()
     assert crm.delivered("A-1") == ["AUTHORIZED", "CONFIRMED"]
 

@@ -17,7 +17,7 @@ async def test_a_quiet_relay_gives_memory_back_once(
         {"crm": {"type": "http", "url": url}},
         {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
     )
-    relay = await start_relay(config, poll_interval=0.05, memory_quiet=0.3)
+    relay = await start_relay(config, poll_interval=0.05, memory_quiet=0.15)
     await post_events(relay.ingress_url + "/hooks/orders", 20)
     await sink.wait_for(20, timeout=5)
 
@@ -25,7 +25,7 @@ async def test_a_quiet_relay_gives_memory_back_once(
         return relay.memory.releases == 1
 
     await eventually(released, timeout=5)
-    await asyncio.sleep(0.6)  # quiet on: nothing more to give
+    await asyncio.sleep(0.3)  # quiet on, twice as long: nothing more to give
     assert relay.memory.releases == 1
     await post_events(relay.ingress_url + "/hooks/orders", 5)
 

@@ -96,7 +96,7 @@ async def test_every_distinct_delivery_is_processed_once_across_databases_routes
     first_config = make_config(targets(base), ROUTES, storage={"path": str(first_db)})
     first = await start_relay(first_config, background=False, clock=FakeClock())
     # The IETF receiver's target is paused: its deliveries wait, and are in the backup below.
-    await first.operator.set_paused("ietf", True, by="test")
+    await first.console.set_paused("ietf", True, by="test")
 
     await post(http, first, "/hooks/shop1", {"order": 1}, "order-1001")
     await post(http, first, "/hooks/shop2", {"order": 2}, "order-1001")  # the same sender key
@@ -123,7 +123,7 @@ async def test_every_distinct_delivery_is_processed_once_across_databases_routes
         clock=FakeClock(),
     )
     for relay in (first, second):
-        await relay.operator.set_paused("ietf", False, by="test")
+        await relay.console.set_paused("ietf", False, by="test")
     in_first = await post(http, first, "/hooks/shop1", {"order": 6}, "order-3000")
     in_second = await post(http, second, "/hooks/shop1", {"order": 7}, "order-3000")
     assert in_first == in_second

@@ -51,7 +51,7 @@ async def test_a_reload_masks_the_new_configs_secrets_everywhere(
     relay = await start_relay(before, background=False, clock=FakeClock())
     assert await relay.reload(after) == []
     assert relay.masker is relay.config.masker
-    assert relay.operator.masker is relay.config.masker  # the API's and dashboard's too
+    assert relay.console.masker is relay.config.masker  # the API's and dashboard's too
 
     caplog.set_level(logging.DEBUG)
     async with http.post(relay.ingress_url + "/hooks/orders", data=b"{}") as answer:

@@ -16,7 +16,7 @@ import pytest
 from relay.background.memory import MemoryRelease
 from relay.store import SqliteStore
 
-from helpers import eventually
+from helpers import Timeline, eventually
 from samples import T0, TWO, event
 
 _memory_used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
@@ -61,24 +61,36 @@ async def test_caches_are_given_back_once_quiet_and_once_a_spell(store: SqliteSt
     full = sqlite_memory()
     work = itertools.count()
     activity = 0.0
-    release = MemoryRelease(store, lambda: activity, quiet=0.2, every=0.02)
+    timeline = Timeline()  # the release's time; the store's work is real
+    release = MemoryRelease(
+        store,
+        lambda: activity,
+        quiet=0.2,
+        every=0.02,
+        monotonic=timeline.monotonic,
+        wait=timeline.wait,
+    )
     running = asyncio.create_task(release.run())
     try:
         # While relay works, nothing is given back, however long it lasts.
         for _ in range(30):
             activity = next(work)
-            await asyncio.sleep(0.02)
+            await timeline.advance(0.02)
         assert release.releases == 0
         assert sqlite_memory() >= full - MIB // 4
         # Quiet: the caches go, once.
+        await timeline.advance(0.25)
         await eventually(lambda: released(release, 1))
         assert sqlite_memory() < full - 2 * MIB, (full, sqlite_memory())
-        await asyncio.sleep(0.5)
+        await timeline.advance(0.5)
         assert release.releases == 1
         # Work again, then quiet again: given back again, and the store
         # still answers from the file.
         await busy(store, range(3000, 4000))
         activity = next(work)
+        await timeline.advance(0.05)
+        assert release.releases == 1  # not quiet yet
+        await timeline.advance(0.25)
         await eventually(lambda: released(release, 2))
         assert await store.get_event(4000) is not None
     finally:

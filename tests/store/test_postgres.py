@@ -1026,7 +1026,7 @@ async def test_a_name_is_held_by_one_running_instance(pg_url: str) -> None:
     a = PostgresStore(pg_url, instance_id="vps1")
     b = PostgresStore(pg_url, instance_id="vps1")
     await a.open()
-    await b.open()  # operator commands open the store too: only serving holds the name
+    await b.open()  # database commands open the store too: only serving holds the name
     try:
         assert await a.lead()
         with pytest.raises(StoreError, match="another relay instance named 'vps1' is running"):
@@ -1108,7 +1108,7 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 async def test_a_store_that_never_leases_leaves_no_instance_behind(pg_url: str) -> None:
-    # Operator commands (relay stats, events, retry...) open the store and
+    # Database commands (relay stats, events, retry...) open the store and
     # close it again without claiming anything. Each one left a row in
     # `instances` under a random id for ever: one a command, a row a cron run.
     command = PostgresStore(pg_url)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.compiled import HOT_PATH, compiled_modules, describe, module_file
+from relay.compiled import HOT_PATH, build_name, compiled_modules, module_file
 
 from helpers import relay_cli
 
@@ -45,7 +45,7 @@ def test_a_module_counts_as_compiled_by_its_extension_file(tmp_path: Path) -> No
 def test_a_pure_checkout_says_so() -> None:
     # The README's test command installs the checkout editable: never compiled.
     assert compiled_modules() == []
-    assert describe() == "pure Python"
+    assert build_name() == "pure Python"
 
 
 @pytest.mark.skipif(not EXPECT_COMPILED, reason="only in .ci/run's run against the compiled wheel")

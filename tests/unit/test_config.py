@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from relay.cli.check import describe, durability_warnings
+from relay.cli.check import check_text, durability_warnings
 from relay.config import ConfigError
-from relay.loader import load_config, load_operator_config, parse_config
+from relay.loader import load_config, load_database_command_config, parse_config
 from relay.targets.file import FileSettings
 from relay.targets.http import HttpSettings
 
@@ -82,7 +82,7 @@ def test_the_issue_config_loads_with_paths_relative_to_its_folder(tmp_path: Path
 def test_check_prints_each_schedule(tmp_path: Path) -> None:
     path = tmp_path / "relay.toml"
     path.write_text(ISSUE_CONFIG)
-    text = describe(load_config(path, {}))
+    text = check_text(load_config(path, {}))
     assert "route orders: POST /hooks/orders" in text
     assert "15 retries, 2s … 9h06m, cycle 18h12m" in text
     assert "6 retries, 30s … 1d00h, cycle 1d07h" in text
@@ -279,11 +279,11 @@ def test_an_error_about_a_value_never_shows_what_a_reference_put_in_it() -> None
 def test_a_commands_error_about_the_storage_url_never_shows_its_password(
     tmp_path: Path,
 ) -> None:
-    # Operator commands read only [storage] (relay.loader.operator): the same rule.
+    # Database commands read only [storage] (relay.loader.database_commands): the same rule.
     path = tmp_path / "relay.toml"
     path.write_text('[storage]\nurl = "mysql://relay:${PGPASSWORD}@db/relay"\n')
     with pytest.raises(ConfigError) as raised:
-        load_operator_config(path, {"PGPASSWORD": "s3cret-password"})
+        load_database_command_config(path, {"PGPASSWORD": "s3cret-password"})
     assert str(raised.value).startswith("storage.url: expected a URL like")
     assert "s3cret-password" not in str(raised.value)
 

@@ -32,6 +32,8 @@ from relay.targets.outbound.transport import (
     TransportError,
 )
 
+from helpers import eventually
+
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
@@ -162,7 +164,14 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used() -> None:
     client = Client(keep=4)
     async with AppServer(answer_ok) as server:
         assert (await client.request("POST", server.url, {}, b"1", keep=2048)).status == 200
-        await asyncio.sleep(0.6)
+        assert server.runner is not None
+        web_server = server.runner.server
+        assert web_server is not None
+
+        async def closed() -> bool:  # by the server, idle past its keepalive_timeout
+            return not web_server.connections
+
+        await eventually(closed, timeout=5)
         assert (await client.request("POST", server.url, {}, b"2", keep=2048)).status == 200
         assert len(server.peers) == 2
     await client.close()

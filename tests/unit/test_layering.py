@@ -8,6 +8,7 @@ built-in kinds): a string must not hide an edge."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,8 +65,14 @@ class _Imports(ast.NodeVisitor):
 
 
 def import_graph() -> dict[str, set[str]]:
+    """Each module's imports; a copy each call, of one reading of the source."""
+    return {name: set(targets) for name, targets in _read_graph().items()}
+
+
+@functools.cache
+def _read_graph() -> dict[str, frozenset[str]]:
     files = {_module(path): path for path in (ROOT / "relay").rglob("*.py")}
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, frozenset[str]] = {}
     for name, path in files.items():
         visitor = _Imports()
         visitor.visit(ast.parse(path.read_text(encoding="utf-8")))
@@ -81,7 +88,7 @@ def import_graph() -> dict[str, set[str]]:
                 package = ".".join(parts[:end])
                 if package in files and not name.startswith(package + "."):
                     targets.add(package)
-        graph[name] = targets
+        graph[name] = frozenset(targets)
     return graph
 
 

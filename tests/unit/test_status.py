@@ -40,9 +40,9 @@ def test_the_store_speaks_the_one_vocabulary() -> None:
 
 
 def test_the_docs_name_every_status_and_no_other() -> None:
-    readme = _section("README.md", "### Statuses", "### Retries")
+    statuses = _section("docs/reference.md", "### Statuses", "### Retries")
     # The states as the paragraph lists them, what is said in brackets left out.
-    listed = re.sub(r"\([^()]*\)", "", readme.split("`attempts`")[0])
+    listed = re.sub(r"\([^()]*\)", "", statuses.split("`attempts`")[0])
     said = set(re.findall(r"`(\w+)`", listed))
     assert said == STATUSES
     events = _section("docs/reference.md", "### `relay events`", "`--route R`")

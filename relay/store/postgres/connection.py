@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from relay.core.errors import describe
+from relay.core.errors import one_line
 from relay.core.pgurl import masked_url
 from relay.store.accept import AcceptJob
 from relay.store.base import (
@@ -176,7 +176,7 @@ class PostgresConnection(Reads):
             # tried ("[Errno 2] No such file or directory" when the server's
             # socket is gone): the operator's next question is which.
             raise ConnectionError(
-                f"no PostgreSQL server answers at {self.path} ({describe(error)})"
+                f"no PostgreSQL server answers at {self.path} ({one_line(error)})"
             ) from None
         try:
             level = await connection.fetchval("SHOW synchronous_commit")

@@ -15,7 +15,7 @@ from typing import TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from relay.core.errors import describe
+from relay.core.errors import one_line
 from relay.store.base import StoreError, StoreUnavailable
 
 # A connection of relay's own or one lent by the pool: the same verbs.
@@ -66,7 +66,7 @@ def unavailable(error: BaseException) -> StoreError:
     if isinstance(error, StoreError):
         return error
     if isinstance(error, _POOLED):
-        said = describe(error)
+        said = one_line(error)
         return StoreError(f"the session changed between two statements ({said}): {POOLER}")
     if isinstance(error, asyncpg.exceptions.InternalClientError):
         # The driver's own state machine ("cannot switch to state 15"), seen
@@ -76,8 +76,8 @@ def unavailable(error: BaseException) -> StoreError:
             "database cannot be reached or written: the connection broke during an operation"
         )
     if is_environmental(error):
-        return StoreUnavailable(f"database cannot be reached or written: {describe(error)}")
-    return StoreError(f"database error: {describe(error)}")
+        return StoreUnavailable(f"database cannot be reached or written: {one_line(error)}")
+    return StoreError(f"database error: {one_line(error)}")
 
 
 def at(where: str, error: BaseException) -> StoreError:
@@ -112,7 +112,7 @@ class OneLine(logging.Filter):
             if not logging.getLogger("relay").isEnabledFor(logging.DEBUG):
                 return False
         if record.exc_info and record.exc_info[1] is not None:
-            record.msg = f"{record.getMessage()}: {describe(record.exc_info[1])}"
+            record.msg = f"{record.getMessage()}: {one_line(record.exc_info[1])}"
             record.args = ()
             record.exc_info = None
             record.exc_text = None

@@ -4,8 +4,8 @@ SQLite copies the WAL back into the database file (a checkpoint: the copy and
 an fsync of the database file) inside whichever COMMIT takes the WAL past
 `wal_autocheckpoint` pages. That commit's senders, and every one queued
 behind it, wait for it. For a lone sender at SQLite's default of 1,000 pages
-it was a ~2.4 ms answer every ~120 webhooks: 1.4 % of them, so its p99 was
-the checkpoint's length (bench/lone_sender.py, per request: 2.3-2.6 ms).
+more than one answer in a hundred waited for a checkpoint, so its p99 was
+the checkpoint's length (bench/lone_sender.py; the figures: bench/RESULTS.md).
 
 Here a thread of its own, on a connection of its own, runs SQLite's PASSIVE
 checkpoint a moment after commits: it takes no lock a writer needs, so the

@@ -124,11 +124,11 @@ def _forget_prepared(connection: sqlite3.Connection) -> None:
 
     A batch of n events is one INSERT of n rows (relay.store.sqlite.accept), and each
     batch size seen stays prepared, up to STATEMENTS_CACHED of them: after a
-    burst of a few sizes that was 3 MiB, more than the page cache. Python has
+    burst of a few sizes that was more than the page cache. Python has
     no call for it, but its cache is an lru_cache the connection refers to
     (CPython 3.11 to 3.13), reached through the collector. Should a later
     Python hide it, nothing is cleared, and tests/store/test_memory_release.py
-    fails to say so. The next batch of a size prepares it again: ~150 us.
+    fails to say so. The next batch of a size prepares it again, once.
     """
     for referent in gc.get_referents(connection):
         if callable(getattr(referent, "cache_clear", None)):

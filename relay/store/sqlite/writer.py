@@ -271,10 +271,9 @@ class GroupCommitWriter:
             # again as soon as they are answered: the next batch waits for as
             # many (or LINGER_SECONDS) to share its commit. Otherwise, under
             # load, batches settle into two halves, one committing while the
-            # other gathers, and each pays a commit: 32 and 32 from 64
-            # connections, against 57-64 with the wait and ~3 us less CPU a
-            # webhook (PostgreSQL's commit_delay and commit_siblings, by
-            # count). Three limits:
+            # other gathers, and each pays a commit (PostgreSQL's commit_delay
+            # and commit_siblings, by count; what it bought: bench/RESULTS.md).
+            # Three limits:
             # - only while relay keeps its core busy: the loop then has
             #   requests to read meanwhile, and the wait costs nobody time.
             #   With the core idle between commits (senders on their own

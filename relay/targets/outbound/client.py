@@ -1,9 +1,9 @@
 """relay's own transport: an HTTP/1.1 client, keep-alive connections over llhttp.
 
-aiohttp's client cost ~88 us of CPU a request here against ~33 for this one
-(bench/end_to_end.py's sink, 32 at once, one core): its request, response,
-stream, timer and connector objects are built for every use relay has no
-need of: cookies, streaming uploads, decompression. relay sends one body it
+aiohttp's client builds request, response, stream, timer and connector
+objects for every use relay has no need of (cookies, streaming uploads,
+decompression), and that is most of its CPU a request (the figures:
+bench/RESULTS.md, and docs/develop.md's scope). relay sends one body it
 holds in memory and keeps at most RESPONSE_EXCERPT_BYTES of the answer, so a
 request is one write and a parser fed what arrives. URLs are read by yarl, as
 aiohttp reads them, and TLS is the standard library's verified default (or a

@@ -168,7 +168,7 @@ class SessionOwner:
 def open_transport(outbound: Outbound, concurrency: int) -> Transport:
     """The transport `outbound` asks for, keeping as many idle connections as
     attempts may run at once. Imported when a target is started to send, not
-    when a config is read (`relay check`, the operator commands)."""
+    when a config is read (`relay check`, the database commands)."""
     from relay.targets.outbound.client import ENVIRONMENT, Client, Proxy
 
     proxy: Proxy | str | None = ENVIRONMENT

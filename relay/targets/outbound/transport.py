@@ -105,7 +105,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
 
-    def describe(self, *, wire: bool = False) -> str:
+    def display(self, *, wire: bool = False) -> str:
         """For display (`relay render`, the resend preview): credential headers
         are masked. A form body shows its fields decoded, one a line; a JSON
         body indented, its text as text (a template's `tojson` writes Cyrillic

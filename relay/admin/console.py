@@ -1,4 +1,4 @@
-"""`Operator`: what the API, metrics and dashboard can reach and do, as one object:
+"""`Console`: what the API, metrics and dashboard can reach and do, as one object:
 the actions a person may take (`relay.ops.actions`, shared with the CLI) and the
 running daemon's side of them (the scheduler acts at once, metrics re-read)."""
 
@@ -48,7 +48,7 @@ def _free_bytes(storage: StorageConfig) -> int | None:
 
 
 @dataclass
-class Operator(Actions):
+class Console(Actions):
     store: ConsoleStore
     current_config: Callable[[], Config]
     scheduler: Scheduler
@@ -125,4 +125,4 @@ class Operator(Actions):
         ]
 
 
-OPERATOR = web.AppKey("operator", Operator)
+CONSOLE = web.AppKey("console", Console)

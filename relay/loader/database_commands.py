@@ -1,4 +1,4 @@
-"""What the operator commands need: the database, and the names in the config.
+"""What the database commands need: the database, and the names in the config.
 
 `relay events`, `retry`, `pause`... work on the database. They must not
 refuse to run because a target's secret (a CRM token, a bot token) lives
@@ -23,7 +23,7 @@ from relay.loader.registry import source_kinds, target_kinds
 
 
 @dataclass(frozen=True)
-class OperatorConfig:
+class DatabaseCommandConfig:
     storage: StorageConfig
     targets: frozenset[str]
     # Each route's dedup_window (None: the storage retention applies).
@@ -46,7 +46,7 @@ class OperatorConfig:
         return Masker(self.secrets)
 
 
-def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConfig:
+def load_database_command_config(path: Path, environ: Mapping[str, str]) -> DatabaseCommandConfig:
     data = read_toml(path)
     base = path.resolve().parent
     secrets: set[str] = set()
@@ -75,7 +75,7 @@ def load_operator_config(path: Path, environ: Mapping[str, str]) -> OperatorConf
     except ConfigError as error:
         raise masked_error(error, secrets) from None
     targets = rest.get("targets", {})
-    return OperatorConfig(
+    return DatabaseCommandConfig(
         storage=storage,
         targets=frozenset(targets if isinstance(targets, dict) else ()),
         dedup_windows=MappingProxyType(windows),
