@@ -51,6 +51,7 @@ from relay.store import (
     StoreError,
 )
 from relay.store.base import Shared
+from relay.store.verbs import REQUEUED
 
 MAX_PAGE = 500
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -291,6 +292,11 @@ async def _bulk(request: web.Request, verb: str) -> web.Response:
     await operator.check_names(selection.route, selection.target)
     if verb == "skip" and selection.status not in (Status.DEAD, Status.PENDING):
         raise BadRequest("status: a skip takes dead or pending deliveries")
+    if verb == "requeue" and selection.status not in REQUEUED:
+        raise BadRequest(
+            "status: a requeue takes dead, delivered or skipped deliveries"
+            " (for a superseded one, requeue the corrected copy that goes instead)"
+        )
     if dry_run:
         ids = await operator.select(selection)
         count = await operator.store.count(selection)
@@ -299,9 +305,24 @@ async def _bulk(request: web.Request, verb: str) -> web.Response:
         )
     if verb == "requeue":
         done = await operator.requeue(selection, by=caller(request))
-        return json_response({"requeued": len(done), "ids": [str(i) for i in done]})
-    done = await operator.skip_selected(selection, by=caller(request))
-    return json_response({"skipped": len(done), "ids": [str(i) for i in done]})
+        answer = {"requeued": len(done), "ids": [str(i) for i in done]}
+    else:
+        done = await operator.skip_selected(selection, by=caller(request))
+        answer = {"skipped": len(done), "ids": [str(i) for i in done]}
+    return json_response(answer | await _not_taken(operator, selection.ids, done))
+
+
+async def _not_taken(operator: Operator, named: tuple[int, ...], done: list[int]) -> dict[str, Any]:
+    """The ids a bulk action named but left, each with why (a superseded one
+    names the corrected copy that goes instead)."""
+    if not named:
+        return {}
+    taken = set(done)
+    why = await operator.not_taken(named, taken)
+    return {
+        "not_taken": [str(i) for i in named if i not in taken],
+        "not_taken_why": {str(i): said for i, said in why.items()},
+    }
 
 
 async def requeue(request: web.Request) -> web.Response:

@@ -863,7 +863,7 @@ async def _resend_form(
     chosen: Sequence[str],
     **context: Any,
 ) -> web.Response:
-    own = list(dict.fromkeys(d.target for d in detail.event.deliveries))
+    own = {d.target: d.status.value for d in detail.event.deliveries}
     masked = MASK in body
     as_fields: bool = context.pop("as_fields", False)
     # The other form of the same body is one click away (a link, not re-parsed here).
@@ -876,7 +876,7 @@ async def _resend_form(
         event={"id": str(detail.event.id)},
         body=body,
         content_type=content_type,
-        targets=[(name, name in chosen) for name in own],
+        targets=[(name, name in chosen, state) for name, state in own.items()],
         chosen=list(chosen),
         masked=masked,
         as_fields=as_fields,

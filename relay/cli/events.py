@@ -295,12 +295,15 @@ def _event_text(event: dict[str, Any], zone: Zone) -> str:
                 else ""
             )
         )
-        if delivery.get("resolved_by"):
+        if delivery["status"] == "resolved" and delivery.get("resolved_by"):
             lines.append(
                 f"  resolved: delivery {delivery['resolved_by']} of a corrected copy was delivered"
             )
         if delivery.get("resolves"):
-            lines.append(f"  a corrected copy: delivered, resolves delivery {delivery['resolves']}")
+            lines.append(
+                f"  a corrected copy: stands in for delivery {delivery['resolves']}"
+                " (which is not sent again), and resolves it once delivered"
+            )
         if delivery["last_error"]:
             lines.append(f"  last error: {delivery['last_error']}")
         if delivery.get("note"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,12 @@ from relay.ops.actions import BULK_LIMIT, Actions
 from relay.ops.inputs import MAX_IDS, optional_text, row_ids
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import audit_view, delivery_summary, stats_view
-from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
+from relay.store import Conflict, DeliveryView, NotFound, Selection, Status, verbs
 from relay.store.base import Shared
 
 # The states each bulk command takes deliveries from.
 SKIPPED = ["dead", "pending"]
-REQUEUED = ["dead", "delivered", "skipped"]
+REQUEUED = [status.value for status in verbs.REQUEUED]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -292,7 +292,13 @@ def requeue_deliveries(args: argparse.Namespace) -> int:
     selection = _selection(args, config)
     if args.dry_run:
         return _dry_run(args, "requeue", selection, config)
-    return _bulk(args, config, "requeued", lambda actions: actions.requeue(selection, by=who()))
+    return _bulk(
+        args,
+        config,
+        "requeued",
+        lambda actions: actions.requeue(selection, by=who()),
+        named=selection.ids,
+    )
 
 
 def _bulk(
@@ -301,31 +307,42 @@ def _bulk(
     done: str,
     verb: Callable[[Actions], Awaitable[list[int]]],
     planned: Selection | None = None,
+    named: Sequence[int] = (),
 ) -> int:
-    """A bulk action by filter or by plan: its names checked, then done, then
-    said; a plan's deliveries no longer in its state are said too."""
+    """A bulk action by filter, by id or by plan: its names checked, then done,
+    then said; the deliveries a plan or the command line named that it did
+    not take are said too, each in its state (a superseded one names the
+    corrected copy that goes instead)."""
+    wanted = planned.ids if planned is not None else tuple(named)
 
-    async def act() -> list[int]:
+    async def act() -> tuple[list[int], dict[int, str]]:
         async with acting(config) as actions:
             await actions.check_names(args.route, args.target, prefix="--")
-            return await verb(actions)
+            ids = await verb(actions)
+            return ids, await actions.not_taken(wanted, ids)
 
-    ids = run(act())
+    ids, left = run(act())
     result: dict[str, Any] = {done: len(ids), "ids": [str(i) for i in ids]}
-    if planned is not None:
+    if wanted:
         taken = set(ids)
-        result["not_taken"] = [str(i) for i in planned.ids if i not in taken]
+        result["not_taken"] = [str(i) for i in wanted if i not in taken]
+        result["not_taken_why"] = {str(i): said for i, said in left.items()}
 
     def text(data: dict[str, Any]) -> str:
         said = f"{done} {data[done]} deliveries" + (
             f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else ""
         )
-        left = data.get("not_taken")
-        if left:
-            said += (
-                f"\n{len(left)} of the plan no longer {planned.status.value if planned else ''},"
-                f" left as they are: {' '.join(left[:50])}"
+        not_taken = data.get("not_taken")
+        if not_taken:
+            state = f"the plan no longer {planned.status.value}" if planned else "those named"
+            said += f"\n{len(not_taken)} of {state}, left as they are:"
+            said += "".join(
+                f"\n  delivery {i}: {data['not_taken_why'][i]}"
+                for i in not_taken
+                if i in data["not_taken_why"]
             )
+            if len(not_taken) > len(data["not_taken_why"]):
+                said += f"\n  and {len(not_taken) - len(data['not_taken_why'])} more"
         return said
 
     emit(args, result, text)

@@ -72,6 +72,9 @@ from relay.core.records import (
     Step as Step,
 )
 from relay.core.records import (
+    Superseded as Superseded,
+)
+from relay.core.records import (
     TargetHealth as TargetHealth,
 )
 from relay.core.records import (
@@ -210,10 +213,14 @@ class DeliveryView:
     order_key: str | None = None
     # Pending behind an earlier delivery of the same key (order_by), if so.
     held_behind: HeldBehind | None = None
-    # The two ends of a resolution: this corrected copy's delivery resolves
-    # that one of the original; this resolved one was resolved by that one.
+    # The two ends of a corrected copy (relay.store.supersede): this copy's
+    # delivery stands in for that one of the original (and resolves it once
+    # delivered); this one was superseded, or resolved, by that one of a copy
+    # (in flight: the copy waits for this attempt).
     resolves: int | None = None
     resolved_by: int | None = None
+    # A copy's delivery waiting for the attempt under way of the one it stands in for.
+    waits_for: int | None = None
 
     @property
     def waiting_turn(self) -> bool:
@@ -263,6 +270,7 @@ class EventView:
             Status.DEAD,
             Status.IN_FLIGHT,
             Status.PENDING,
+            Status.SUPERSEDED,
             Status.RESOLVED,
             Status.DELIVERED,
         ):
@@ -306,7 +314,8 @@ class EventDetail:
 @dataclass(frozen=True)
 class LogEntry:
     """Something done to a delivery: "retry" (one more attempt), "requeue",
-    "skip" by a person (`by`), or "resolved" by a corrected copy."""
+    "skip" by a person (`by`); "superseded", "copy" (one waits for this
+    attempt) or "resolved" by a corrected copy (relay.store.supersede)."""
 
     delivery_id: int
     at: float
@@ -695,8 +704,9 @@ class Operations(Protocol):
 
     async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         """A fresh retry cycle for each selected delivery (history kept, the
-        requeue logged). Deliveries already pending are left as they are.
-        Returns the ids requeued."""
+        requeue logged). Deliveries already pending are left as they are, and
+        a superseded or resolved one is never taken (verbs.REQUEUED). Returns
+        the ids requeued."""
         ...
 
     async def count(self, selection: Selection) -> int:
@@ -719,8 +729,10 @@ class Operations(Protocol):
     async def resend(self, resend: Resend, now: float) -> int:
         """Store an edited copy of an event as a new event (no idempotency key:
         it goes out with its own id as one), linked to the original, with one
-        pending delivery per chosen target, in one transaction; the original
-        is not touched. Returns the new event's id; NotFound without the original."""
+        pending delivery per chosen target, in one transaction. The original's
+        body is not touched; its delivery to each chosen target is superseded
+        (relay.store.supersede: at once, or once its attempt under way ends).
+        Returns the new event's id; NotFound without the original."""
         ...
 
     async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:

@@ -1,5 +1,6 @@
 """The write side's shared SQL text and rows: ordering lines, a person's
-verbs, the history and audit rows, an attempt's row, a corrected copy.
+verbs, the history and audit rows, an attempt's row, a corrected copy's
+event (what a copy does to its original: relay.store.supersede).
 SQLite's write jobs (relay.store.sqlite) run the SQL as it is; PostgreSQL's
 numbered (relay.store.dialect) or in statements of its own, with the same
 columns. What the store reads from a row is declared in relay.store.columns;
@@ -24,6 +25,7 @@ from relay.store.base import (
     RetryAt,
     Selection,
     Status,
+    Superseded,
     Transition,
     Waits,
 )
@@ -37,7 +39,7 @@ SELECT {HELD_BEHIND.columns} FROM deliveries
 WHERE target = ? AND order_key = ? AND status IN ('pending', 'in_flight', 'dead')
 ORDER BY id LIMIT 1
 """
-# When a delivery leaves its line (delivered, skipped), the next one is due.
+# When a delivery leaves its line (delivered, skipped, superseded), the next one is due.
 NEXT_IN_LINE = """
 UPDATE deliveries SET next_attempt_at = ?, updated_at = ?
 WHERE id = (
@@ -48,28 +50,14 @@ WHERE id = (
     ORDER BY n.id LIMIT 1)
 AND status = 'pending' AND next_attempt_at IS NULL
 """
-# A corrected copy delivered: the original's dead delivery to that target is
-# resolved, and so on up a chain of copies of copies. A resolved delivery
-# leaves its key's line like a delivered one (NEXT_IN_LINE).
-RESOLVE = """
-UPDATE deliveries SET status = 'resolved', resolved_by = ?, next_attempt_at = NULL,
-    resume_status = NULL, resume_at = NULL, updated_at = ?
-WHERE id = ? AND status = 'dead'
-RETURNING resolves
-"""
-# Which delivery of the original each delivery of a corrected copy resolves.
-LINK_COPY = """
-UPDATE deliveries SET resolves = (
-    SELECT o.id FROM deliveries o WHERE o.event_id = ? AND o.target = deliveries.target
-    ORDER BY o.id LIMIT 1)
-WHERE event_id = ?
-"""
 INSERT_RESEND = "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)"
 
-# What retry_now reads of a delivery (relay.store.verbs.retry_now_step), and
-# its line's (order_by): (status, resume_status, next_attempt_at, target, order_key).
+# What retry_now reads of a delivery (relay.store.verbs.retry_now_step), its
+# line's (order_by) and its copy's: (status, resume_status, next_attempt_at,
+# target, order_key, resolved_by).
 RETRY_STATE = (
-    "SELECT status, resume_status, next_attempt_at, target, order_key FROM deliveries WHERE id = ?"
+    "SELECT status, resume_status, next_attempt_at, target, order_key, resolved_by"
+    " FROM deliveries WHERE id = ?"
 )
 # What a person's verbs write (relay.store.verbs decides which applies).
 # One more attempt now, then back to its schedule: (now, now, delivery id).
@@ -129,9 +117,6 @@ PRUNE_REJECTIONS = (
     "DELETE FROM rejections WHERE route = ? AND id <= (SELECT id FROM rejections"
     " WHERE route = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
 )
-# How deep a chain of copies of copies is followed (a loop cannot be made,
-# a copy being a new event; the bound is only a guard).
-RESOLVE_DEPTH = 20
 # A line of a delivery's history: (delivery id, at, kind, detail, by).
 INSERT_LOG = "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)"
 
@@ -148,9 +133,13 @@ def audit_values(
     return (now, by, action, subject, len(delivery_ids), kept)
 
 
-def resend_subject(resend: Resend, copy_id: int) -> str:
-    """What a resend's audit entry names."""
-    return f"event {resend.original_id} as event {copy_id}, to {', '.join(resend.targets)}"
+def resend_subject(resend: Resend, copy_id: int, superseded: Sequence[int] = ()) -> str:
+    """What a resend's audit entry names: the copy, and the deliveries it
+    stopped (relay.store.supersede)."""
+    said = f"event {resend.original_id} as event {copy_id}, to {', '.join(resend.targets)}"
+    if superseded:
+        said += f"; supersedes delivery {', '.join(str(i) for i in superseded)}"
+    return said
 
 
 def describe_selection(selection: Selection) -> str:
@@ -207,6 +196,8 @@ def delivery_after(then: Transition, error: str | None) -> tuple[Status, float |
         return Status.DELIVERED, None, None
     if isinstance(then, RetryAt | Waits):
         return Status.PENDING, then.at, error
+    if isinstance(then, Superseded):
+        return Status.SUPERSEDED, None, error
     return Status.DEAD, None, then.reason
 
 

@@ -173,6 +173,31 @@ async def test_orphans_are_recovered_per_instance_never_another_live_ones(
     assert taken.id == held_by_a.id
 
 
+async def test_a_copy_waiting_for_a_gone_instances_attempt_goes_once_that_lease_is_taken_over(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """a dies with an attempt under way; a person made a corrected copy of its
+    event meanwhile. b never sends the original again (it may have gone out,
+    and the copy is what the person wants sent): the next claim ends it as
+    interrupted, superseded, and the one after takes the copy."""
+    a, b = two
+    b.set_limits({"crm": TargetLimits(concurrency=4)})
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    [held] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+    copy_id = await b.resend(
+        Resend(held.event_id, (), b'{"a": 2}', "application/json", ("crm",), "cli user anna"),
+        T0 + 1,
+    )
+    assert await b.claim_due(T0 + 2, T0 + 62, {"crm": 4}) == []  # a's attempt is under way
+    await a.close()  # stopped: its lease may be taken at once
+    assert await b.claim_due(T0 + 3, T0 + 63, {"crm": 4}) == []  # ended, not taken over
+    view = await b.get_delivery(held.id)
+    assert view is not None
+    assert (view.status, view.attempts) == (Status.SUPERSEDED, 1)
+    [copy] = await b.claim_due(T0 + 4, T0 + 64, {"crm": 4})
+    assert copy.event_id == copy_id
+
+
 async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_over(
     two: tuple[PostgresStore, PostgresStore], pg_url: str
 ) -> None:

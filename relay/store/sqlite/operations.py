@@ -14,7 +14,6 @@ from relay.store.reads import selection_where
 from relay.store.rows import (
     HEAD_OF_LINE,
     INSERT_RESEND,
-    LINK_COPY,
     NEXT_IN_LINE,
     RETRY_FROM_DEAD,
     RETRY_FROM_PENDING,
@@ -27,8 +26,10 @@ from relay.store.rows import (
 )
 from relay.store.sqlite.accept import SqliteAccept
 from relay.store.sqlite.connection import SqliteConnection
+from relay.store.sqlite.supersede import link_copy
 from relay.store.sqlite.writes import delivery, insert_audit, insert_log
 from relay.store.verbs import (
+    REQUEUED,
     Missing,
     NotApplicable,
     RetryNow,
@@ -59,15 +60,15 @@ class SqliteOperations(SqliteConnection):
             [accepted] = SqliteAccept.run_many(connection, [AcceptJob(event, deliveries, now)])
             copy_id = accepted.event_id
             connection.execute(INSERT_RESEND, (copy_id, resend.original_id, now, resend.by))
-            connection.execute(LINK_COPY, (resend.original_id, copy_id))
+            stopped = link_copy(connection, resend.original_id, copy_id, now, resend.by)
             copies = [
                 delivery_id
                 for (delivery_id,) in connection.execute(
                     "SELECT id FROM deliveries WHERE event_id = ? ORDER BY id", (copy_id,)
                 )
             ]
-            subject = resend_subject(resend, copy_id)
-            insert_audit(connection, now, resend.by, "resend", subject, copies)
+            subject = resend_subject(resend, copy_id, stopped)
+            insert_audit(connection, now, resend.by, "resend", subject, [*copies, *stopped])
             return copy_id
 
         copy_id: int | None = await self._write(job)
@@ -80,9 +81,9 @@ class SqliteOperations(SqliteConnection):
             row = connection.execute(RETRY_STATE, (delivery_id,)).fetchone()
             if row is None:
                 return Missing()
-            was, resume_status, next_attempt_at, target, order_key = row
+            was, resume_status, next_attempt_at, target, order_key, resolved_by = row
             status = Status(was)
-            step = retry_now_step(status, resume_status, next_attempt_at, order_key)
+            step = retry_now_step(status, resume_status, next_attempt_at, order_key, resolved_by)
             if isinstance(step, NotApplicable):
                 return step
             if step is RetryNow.WAITING_TURN:
@@ -128,7 +129,7 @@ class SqliteOperations(SqliteConnection):
         return await self._delivery_verb(delivery_id, job)
 
     async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
-        if selection.status in (Status.PENDING, Status.IN_FLIGHT):
+        if selection.status not in REQUEUED:
             return []
         where, params = selection_where(selection, SQLITE)
 
@@ -141,7 +142,7 @@ class SqliteOperations(SqliteConnection):
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0, fails_alone = 0,"
                     " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
                     " resume_at = NULL, updated_at = ?, order_key = CASE WHEN status"
-                    " IN ('delivered', 'skipped', 'resolved') THEN NULL ELSE order_key END"
+                    " IN ('delivered', 'skipped') THEN NULL ELSE order_key END"
                     f" WHERE {where} RETURNING id",
                     [now, now, *params],
                 ).fetchall()
