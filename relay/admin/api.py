@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ from relay.ops.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    iso,
     mark_probes,
     preview_view,
     rejection_view,
@@ -51,7 +53,7 @@ from relay.store import (
     StoreError,
 )
 from relay.store.base import Shared
-from relay.store.verbs import REQUEUED
+from relay.store.verbs import REQUEUED, RETRIED
 
 MAX_PAGE = 500
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -257,9 +259,12 @@ def _json_object(raw: bytes, keys: frozenset[str]) -> dict[str, Any]:
 BULK_KEYS = frozenset({"status", "route", "target", "since", "until", "ids", "q", "key", "dry_run"})
 
 
-def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selection:
+def _bulk_selection(
+    body: Mapping[str, Any], now: float, zone: Zone, default: Status = Status.DEAD
+) -> Selection:
     """The deliveries a bulk action names: the same filters as GET /v1/events
-    (`q` a content search, `key` an idempotency key), or ids."""
+    (`q` a content search, `key` an idempotency key), or ids; in `default`
+    when the body names no status."""
     ids = body.get("ids") or []
     if not isinstance(ids, list):
         raise BadRequest("ids: expected a list of delivery ids")
@@ -269,7 +274,7 @@ def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selectio
     except SearchError as problem:
         raise BadRequest(f"q: {problem}") from None
     return Selection(
-        status=_status(body.get("status")) or Status.DEAD,
+        status=_status(body.get("status")) or default,
         route=optional_text(body.get("route"), "route"),
         target=optional_text(body.get("target"), "target"),
         since=instant(body.get("since"), "since", now, zone),
@@ -281,14 +286,26 @@ def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selectio
 
 
 async def _bulk(request: web.Request, verb: str) -> web.Response:
-    """POST /v1/requeue, /v1/skip: act on every delivery the body names, or with
-    "dry_run": true only say which (at most BULK_LIMIT ids, the count in full)."""
+    """POST /v1/requeue, /v1/skip, /v1/retry: act on every delivery the body
+    names, or with "dry_run": true only say which (at most BULK_LIMIT ids,
+    the count in full)."""
     operator = _operator(request)
     body = _json_object(await request.read() if request.can_read_body else b"", BULK_KEYS)
     dry_run = body.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise BadRequest("dry_run: expected true or false")
-    selection = _bulk_selection(body, operator.clock.now(), operator.config.zone)
+    retry = verb == "retry"
+    selection = _bulk_selection(
+        body,
+        operator.clock.now(),
+        operator.config.zone,
+        Status.PENDING if retry else Status.DEAD,
+    )
+    if retry:
+        if selection.status not in RETRIED:
+            raise BadRequest("status: a retry now takes pending or dead deliveries")
+        # A line's waiting ones are not taken: their head goes first.
+        selection = replace(selection, sendable=True)
     await operator.check_names(selection.route, selection.target)
     if verb == "skip" and selection.status not in (Status.DEAD, Status.PENDING):
         raise BadRequest("status: a skip takes dead or pending deliveries")
@@ -303,7 +320,16 @@ async def _bulk(request: web.Request, verb: str) -> web.Response:
         return json_response(
             {"dry_run": True, f"would_{verb}": count, "ids": [str(i) for i in ids]}
         )
-    if verb == "requeue":
+    if retry:
+        sent = await operator.retry_selected(selection, by=caller(request))
+        done = sent.ids
+        answer = {
+            "retried": len(done),
+            "ids": [str(i) for i in done],
+            "probed": sent.probed,
+            "held": {name: iso(until) for name, until in sent.held.items()},
+        }
+    elif verb == "requeue":
         done = await operator.requeue(selection, by=caller(request))
         answer = {"requeued": len(done), "ids": [str(i) for i in done]}
     else:
@@ -331,6 +357,10 @@ async def requeue(request: web.Request) -> web.Response:
 
 async def skip_selected(request: web.Request) -> web.Response:
     return await _bulk(request, "skip")
+
+
+async def retry_selected(request: web.Request) -> web.Response:
+    return await _bulk(request, "retry")
 
 
 RESEND_KEYS = frozenset({"body", "content_type", "targets", "confirm"})
@@ -459,6 +489,7 @@ def api_application() -> web.Application:
     app.router.add_post("/v1/deliveries/{delivery_id}/skip", skip_delivery)
     app.router.add_post("/v1/requeue", requeue)
     app.router.add_post("/v1/skip", skip_selected)
+    app.router.add_post("/v1/retry", retry_selected)
     app.router.add_get("/v1/targets", list_targets)
     app.router.add_post("/v1/targets/{name}/pause", pause_target)
     app.router.add_post("/v1/targets/{name}/resume", resume_target)

@@ -30,6 +30,7 @@ from relay.store import (
     Operations,
     Queries,
     Resend,
+    RetriedNow,
     Selection,
     Status,
 )
@@ -120,6 +121,15 @@ class Actions:
         requeued = await self.store.requeue(selection, self.clock.now(), by=by)
         self.acted(by, "requeue", describe_selection(selection), len(requeued))
         return requeued
+
+    async def retry_selected(self, selection: Selection, *, by: str) -> RetriedNow:
+        """One more attempt now for every pending or dead delivery `selection`
+        takes (its line's waiting ones left to their turn); Conflict when a
+        target they go to is paused."""
+        done = await self.store.retry_selected(selection, self.clock.now(), by=by)
+        subject = describe_selection(replace(selection, sendable=True))
+        self.acted(by, "retry", subject, len(done.ids))
+        return done
 
     async def skip_selected(self, selection: Selection, *, by: str) -> list[int]:
         """Skip every pending or dead delivery `selection` takes."""

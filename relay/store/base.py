@@ -368,10 +368,10 @@ class TargetState:
 
 @dataclass(frozen=True)
 class Selection:
-    """Which deliveries a bulk action (requeue, skip) takes: those in `status`
-    that meet every filter given. Time bounds are on the event's arrival;
-    `key` and `search` as in EventQuery, so a bulk action on a listing takes
-    exactly the deliveries the listing shows."""
+    """Which deliveries a bulk action (requeue, skip, retry now) takes: those
+    in `status` that meet every filter given. Time bounds are on the event's
+    arrival; `key` and `search` as in EventQuery, so a bulk action on a
+    listing takes exactly the deliveries the listing shows."""
 
     status: Status = Status.DEAD
     route: str | None = None
@@ -381,6 +381,23 @@ class Selection:
     ids: tuple[int, ...] = ()
     key: str | None = None
     search: TextSearch | None = None
+    # Only those that may be attempted now: not a pending one waiting its turn
+    # behind an earlier one of its ordering key (a retry now would overtake
+    # it; its line's head is the one to send).
+    sendable: bool = False
+
+
+@dataclass(frozen=True)
+class RetriedNow:
+    """What a retry now by filter did (Operations.retry_selected): `ids` are
+    due now, each a person's retry (its count kept, no new cycle), to go at
+    their targets' pace; the down targets of `probed` are probed now, their
+    deliveries going once a probe finds them up; those of `held` wait, a
+    receiver having asked to be left alone until then."""
+
+    ids: list[int]
+    probed: list[str] = field(default_factory=list)
+    held: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -716,6 +733,17 @@ class Operations(Protocol):
     async def select(self, selection: Selection, limit: int) -> list[int]:
         """The ids of the deliveries `selection` takes (what a bulk action on it
         would act on), oldest first, at most `limit`."""
+        ...
+
+    async def retry_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> RetriedNow:
+        """`retry_now` for every pending (not waiting its turn) or dead delivery
+        `selection` takes, in one transaction: each due now, the attempt count
+        kept, no new cycle; the scheduler sends them at their target's rate,
+        after any hold a receiver asked for. A down target's probe is made due
+        now (its deliveries go once it finds the target up). Raises Conflict,
+        changing nothing, when a target they go to is paused (verbs.paused)."""
         ...
 
     async def skip_selected(

@@ -395,6 +395,8 @@ def selection_where(selection: Selection, dialect: Dialect) -> tuple[str, list[A
     """The WHERE of the deliveries `selection` takes (`?` placeholders)."""
     where = ["status = ?"]
     params: list[Any] = [selection.status.value]
+    if selection.sendable:
+        where.append("(status <> 'pending' OR next_attempt_at IS NOT NULL)")
     for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
         if value is not None:
             where.append(clause)

@@ -70,6 +70,24 @@ RETRY_FROM_DEAD = (
     "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
     " resume_at = NULL, next_attempt_at = ?, updated_at = ? WHERE id = ?"
 )
+# A person's retry now of every delivery a Selection takes (pending or dead;
+# verbs.retry_now_step for one): due now, to return where it was if it fails
+# (a retry asked already keeps where it returns to). {where}: the selection's;
+# (now, now, *its values).
+RETRY_SELECTED = """
+UPDATE deliveries SET resume_status = coalesce(resume_status, status),
+    resume_at = CASE WHEN resume_status IS NOT NULL THEN resume_at
+        WHEN status = 'pending' THEN next_attempt_at END,
+    status = 'pending', next_attempt_at = ?, updated_at = ?
+WHERE {where}
+RETURNING id
+"""
+# The targets a Selection's deliveries go to, as a bulk retry now reads them:
+# {where}: the selection's; (*its values) -> (name, paused, down, held until).
+SELECTED_TARGETS = """
+SELECT t.name, t.paused, t.down_since IS NOT NULL, t.throttled_until
+FROM targets t WHERE t.name IN (SELECT DISTINCT target FROM deliveries WHERE {where})
+"""
 # Not to be sent: (last_error, now, delivery id).
 SKIP = (
     "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"

@@ -91,6 +91,22 @@ def waiting_behind(delivery_id: int, status: str) -> NotApplicable:
     )
 
 
+# What a retry now by filter takes: what may be attempted once more now.
+RETRIED = (Status.PENDING, Status.DEAD)
+
+
+def paused(targets: list[str]) -> str:
+    """Why a retry now by filter is refused: a paused target's deliveries would
+    only wait (its state in the store survives restarts; resume names it)."""
+    named = ", ".join(targets)
+    first = targets[0]
+    return (
+        f"target {named} {'is' if len(targets) == 1 else 'are'} paused: nothing is sent to it;"
+        f" resume it first (relay resume {first}, or Resume on the dashboard's Targets page),"
+        " or leave it out (choose a target)"
+    )
+
+
 # What a requeue takes: a finished delivery sent again. Never a superseded or
 # resolved one: a corrected copy goes (or went) in its place, and sending the
 # original too is the double delivery superseding prevents; requeue the copy.

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import relay.store.rows as rows
 from relay.store.accept import AcceptJob
-from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
+from relay.store.base import (
+    UNKNOWN,
+    Conflict,
+    DeliveryView,
+    NewDelivery,
+    NotFound,
+    Resend,
+    RetriedNow,
+    Selection,
+    Status,
+)
 from relay.store.columns import DELIVERY, HELD_BEHIND, STORED_EVENT
 from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.accept import store_batch
@@ -18,12 +29,14 @@ from relay.store.reads import selection_where
 from relay.store.rows import copy_event, describe_selection, resend_subject
 from relay.store.verbs import (
     REQUEUED,
+    RETRIED,
     Missing,
     NotApplicable,
     RetryNow,
     VerbResult,
     may_skip,
     outcome,
+    paused,
     requeued,
     retried,
     retry_now_step,
@@ -169,6 +182,45 @@ class PostgresOperations(PostgresConnection):
         if ids:
             await self._wake("requeue")
         return ids
+
+    async def retry_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> RetriedNow:
+        if selection.status not in RETRIED:
+            return RetriedNow([])
+        sendable = replace(selection, sendable=True)
+        where, params = selection_where(sendable, POSTGRES)
+
+        async def job(connection: Connection) -> RetriedNow | str:
+            targets = await connection.fetch(
+                numbered(rows.SELECTED_TARGETS.format(where=where)), *params
+            )
+            refused = sorted(name for name, paused_, _, _ in targets if paused_)
+            if refused:
+                return paused(refused)
+            # Targets first, then deliveries: the order an attempt's record locks them.
+            probed = sorted(name for name, _, down, _ in targets if down)
+            for name in probed:
+                await connection.execute(PROBE_NOW, now, name)
+            ids = sorted(
+                int(delivery_id)
+                for (delivery_id,) in await connection.fetch(
+                    numbered(rows.RETRY_SELECTED.format(where=where)), now, now, *params
+                )
+            )
+            await insert_log(connection, ids, now, "retry", retried(selection.status), by)
+            subject = describe_selection(sendable)
+            await _insert_audit(connection, now, by, "retry", subject, ids)
+            held = {name: until for name, _, _, until in targets if until and until > now}
+            return RetriedNow(ids, probed, held)
+
+        # Made twice, it is asked twice: the second finds them asked already.
+        result = await self._write(job)
+        if isinstance(result, str):
+            raise Conflict(result)
+        if result.ids or result.probed:
+            await self._wake("retry")
+        return result
 
     async def skip_selected(
         self, selection: Selection, now: float, *, by: str = UNKNOWN

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 
 import relay.store.rows as rows
 from relay.store.accept import AcceptJob
-from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
+from relay.store.base import (
+    UNKNOWN,
+    Conflict,
+    DeliveryView,
+    NewDelivery,
+    NotFound,
+    Resend,
+    RetriedNow,
+    Selection,
+    Status,
+)
 from relay.store.columns import HELD_BEHIND, STORED_EVENT
 from relay.store.dialect import SQLITE
 from relay.store.reads import selection_where
@@ -17,7 +28,9 @@ from relay.store.rows import (
     NEXT_IN_LINE,
     RETRY_FROM_DEAD,
     RETRY_FROM_PENDING,
+    RETRY_SELECTED,
     RETRY_STATE,
+    SELECTED_TARGETS,
     SET_PAUSED,
     SKIP,
     copy_event,
@@ -30,12 +43,14 @@ from relay.store.sqlite.supersede import link_copy
 from relay.store.sqlite.writes import delivery, insert_audit, insert_log
 from relay.store.verbs import (
     REQUEUED,
+    RETRIED,
     Missing,
     NotApplicable,
     RetryNow,
     VerbResult,
     may_skip,
     outcome,
+    paused,
     requeued,
     retried,
     retry_now_step,
@@ -153,6 +168,39 @@ class SqliteOperations(SqliteConnection):
             return ids
 
         result: list[int] = await self._write(job)
+        return result
+
+    async def retry_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> RetriedNow:
+        if selection.status not in RETRIED:
+            return RetriedNow([])
+        sendable = replace(selection, sendable=True)
+        where, params = selection_where(sendable, SQLITE)
+
+        def job(connection: sqlite3.Connection) -> RetriedNow | str:
+            targets = connection.execute(SELECTED_TARGETS.format(where=where), params).fetchall()
+            refused = sorted(name for name, paused_, _, _ in targets if paused_)
+            if refused:
+                return paused(refused)
+            probed = sorted(name for name, _, down, _ in targets if down)
+            for name in probed:
+                connection.execute(PROBE_NOW, (now, name))
+            ids = sorted(
+                delivery_id
+                for (delivery_id,) in connection.execute(
+                    RETRY_SELECTED.format(where=where), [now, now, *params]
+                ).fetchall()
+            )
+            insert_log(connection, ids, now, "retry", retried(selection.status), by)
+            subject = describe_selection(sendable)
+            insert_audit(connection, now, by, "retry", subject, ids)
+            held = {name: until for name, _, _, until in targets if until and until > now}
+            return RetriedNow(ids, probed, held)
+
+        result: RetriedNow | str = await self._write(job)
+        if isinstance(result, str):
+            raise Conflict(result)
         return result
 
     async def skip_selected(
