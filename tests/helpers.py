@@ -502,6 +502,18 @@ async def record(
     """Record `attempt`, its delivery going on to `then` as the test says, and
     its target's health as relay.delivery.step settles it (`hold`: the
     hold_when_down rule of this attempt). The store's half of the step, told."""
+    return (await recorded(store, delivery, attempt, then, now, hold)).streak
+
+
+async def recorded(
+    store: Queue,
+    delivery: ClaimedDelivery,
+    attempt: AttemptRecord,
+    then: Transition,
+    now: float,
+    hold: Hold | None = None,
+) -> Step:
+    """`record`, answering the whole Step the store wrote."""
     attempted = Attempted(
         delivery,
         Outcome(
@@ -518,4 +530,4 @@ async def record(
     def told(health: TargetHealth, history: History) -> Step:
         return settle(then, attempted, hold, health, history, in_cycle=in_cycle)
 
-    return (await store.record_attempt(delivery, attempt, told, now)).streak
+    return await store.record_attempt(delivery, attempt, told, now)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ from relay.ops.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    iso,
     mark_probes,
     preview_view,
     rejection_view,
@@ -51,6 +53,7 @@ from relay.store import (
     StoreError,
 )
 from relay.store.base import Shared
+from relay.store.verbs import REQUEUED, RETRIED
 
 MAX_PAGE = 500
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -256,9 +259,12 @@ def _json_object(raw: bytes, keys: frozenset[str]) -> dict[str, Any]:
 BULK_KEYS = frozenset({"status", "route", "target", "since", "until", "ids", "q", "key", "dry_run"})
 
 
-def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selection:
+def _bulk_selection(
+    body: Mapping[str, Any], now: float, zone: Zone, default: Status = Status.DEAD
+) -> Selection:
     """The deliveries a bulk action names: the same filters as GET /v1/events
-    (`q` a content search, `key` an idempotency key), or ids."""
+    (`q` a content search, `key` an idempotency key), or ids; in `default`
+    when the body names no status."""
     ids = body.get("ids") or []
     if not isinstance(ids, list):
         raise BadRequest("ids: expected a list of delivery ids")
@@ -268,7 +274,7 @@ def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selectio
     except SearchError as problem:
         raise BadRequest(f"q: {problem}") from None
     return Selection(
-        status=_status(body.get("status")) or Status.DEAD,
+        status=_status(body.get("status")) or default,
         route=optional_text(body.get("route"), "route"),
         target=optional_text(body.get("target"), "target"),
         since=instant(body.get("since"), "since", now, zone),
@@ -280,28 +286,69 @@ def _bulk_selection(body: Mapping[str, Any], now: float, zone: Zone) -> Selectio
 
 
 async def _bulk(request: web.Request, verb: str) -> web.Response:
-    """POST /v1/requeue, /v1/skip: act on every delivery the body names, or with
-    "dry_run": true only say which (at most BULK_LIMIT ids, the count in full)."""
+    """POST /v1/requeue, /v1/skip, /v1/retry: act on every delivery the body
+    names, or with "dry_run": true only say which (at most BULK_LIMIT ids,
+    the count in full)."""
     console = _console(request)
     body = _json_object(await request.read() if request.can_read_body else b"", BULK_KEYS)
     dry_run = body.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise BadRequest("dry_run: expected true or false")
-    selection = _bulk_selection(body, console.clock.now(), console.config.zone)
+    retry = verb == "retry"
+    selection = _bulk_selection(
+        body,
+        console.clock.now(),
+        console.config.zone,
+        Status.PENDING if retry else Status.DEAD,
+    )
+    if retry:
+        if selection.status not in RETRIED:
+            raise BadRequest("status: a retry now takes pending or dead deliveries")
+        # A line's waiting ones are not taken: their head goes first.
+        selection = replace(selection, sendable=True)
     await console.check_names(selection.route, selection.target)
     if verb == "skip" and selection.status not in (Status.DEAD, Status.PENDING):
         raise BadRequest("status: a skip takes dead or pending deliveries")
+    if verb == "requeue" and selection.status not in REQUEUED:
+        raise BadRequest(
+            "status: a requeue takes dead, delivered or skipped deliveries"
+            " (for a superseded one, requeue the corrected copy that goes instead)"
+        )
     if dry_run:
         ids = await console.select(selection)
         count = await console.store.count(selection)
         return json_response(
             {"dry_run": True, f"would_{verb}": count, "ids": [str(i) for i in ids]}
         )
-    if verb == "requeue":
+    if retry:
+        sent = await console.retry_selected(selection, by=caller(request))
+        done = sent.ids
+        answer = {
+            "retried": len(done),
+            "ids": [str(i) for i in done],
+            "probed": sent.probed,
+            "held": {name: iso(until) for name, until in sent.held.items()},
+        }
+    elif verb == "requeue":
         done = await console.requeue(selection, by=caller(request))
-        return json_response({"requeued": len(done), "ids": [str(i) for i in done]})
-    done = await console.skip_selected(selection, by=caller(request))
-    return json_response({"skipped": len(done), "ids": [str(i) for i in done]})
+        answer = {"requeued": len(done), "ids": [str(i) for i in done]}
+    else:
+        done = await console.skip_selected(selection, by=caller(request))
+        answer = {"skipped": len(done), "ids": [str(i) for i in done]}
+    return json_response(answer | await _not_taken(console, selection.ids, done))
+
+
+async def _not_taken(console: Console, named: tuple[int, ...], done: list[int]) -> dict[str, Any]:
+    """The ids a bulk action named but left, each with why (a superseded one
+    names the corrected copy that goes instead)."""
+    if not named:
+        return {}
+    taken = set(done)
+    why = await console.not_taken(named, taken)
+    return {
+        "not_taken": [str(i) for i in named if i not in taken],
+        "not_taken_why": {str(i): said for i, said in why.items()},
+    }
 
 
 async def requeue(request: web.Request) -> web.Response:
@@ -310,6 +357,10 @@ async def requeue(request: web.Request) -> web.Response:
 
 async def skip_selected(request: web.Request) -> web.Response:
     return await _bulk(request, "skip")
+
+
+async def retry_selected(request: web.Request) -> web.Response:
+    return await _bulk(request, "retry")
 
 
 RESEND_KEYS = frozenset({"body", "content_type", "targets", "confirm"})
@@ -436,6 +487,7 @@ def api_application() -> web.Application:
     app.router.add_post("/v1/deliveries/{delivery_id}/skip", skip_delivery)
     app.router.add_post("/v1/requeue", requeue)
     app.router.add_post("/v1/skip", skip_selected)
+    app.router.add_post("/v1/retry", retry_selected)
     app.router.add_get("/v1/targets", list_targets)
     app.router.add_post("/v1/targets/{name}/pause", pause_target)
     app.router.add_post("/v1/targets/{name}/resume", resume_target)

@@ -16,6 +16,7 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
@@ -65,6 +66,7 @@ from relay.store import (
     Selection,
     Status,
     StoreError,
+    verbs,
 )
 from relay.store.base import Shared
 
@@ -96,6 +98,12 @@ MESSAGES = {
     "requeued": "Requeued {n}: each starts a fresh retry cycle.",
     "requeue_bulk": "Requeued {n}: each starts a fresh retry cycle.",
     "skip_bulk": "Skipped {n}: they will not be sent.",
+    "retried_bulk": "Sent now: {n}, each one more attempt at its target's pace (counts kept,"
+    " no new cycle).",
+    "retried_down": "Sent now: {n}. Target {name} is down: its probe goes now, the rest once"
+    " it answers.",
+    "retried_held": "Sent now: {n}. Target {name} asked relay to wait: they go when its hold"
+    " ends (see Targets).",
     "skipped": "Delivery {id} is skipped: it will not be sent; the next of its key may go.",
     "paused": "Target {name} is paused: its deliveries wait, no retries are spent.",
     "resumed": "Target {name} is resumed.",
@@ -580,6 +588,14 @@ async def export_listing(request: web.Request) -> web.StreamResponse:
 
 
 async def deliveries(request: web.Request) -> web.Response:
+    console = _console(request)
+    filters = _filters(request)
+    # Filtered to pending (or dead): those it shows can be sent now.
+    waiting = 0
+    if filters["status"] in [status.value for status in verbs.RETRIED]:
+        with contextlib.suppress(BadRequest):  # the listing says what is wrong
+            shown = await _shown(console, filters, Status(filters["status"]))
+            waiting = await console.store.count(replace(shown, sendable=True))
     return await _listing(
         request,
         status=None,
@@ -590,13 +606,17 @@ async def deliveries(request: web.Request) -> web.Response:
         action="/deliveries",
         show_status=True,
         auto_refresh=True,
+        waiting=waiting,
+        filter_fields=[(k, v) for k, v in filters.items() if v and k in (*BULK_FIELDS, "status")],
     )
 
 
-def _query(fields: Mapping[str, str], now: float, zone: Zone) -> EventQuery:
+def _query(
+    fields: Mapping[str, str], now: float, zone: Zone, status: Status = Status.DEAD
+) -> EventQuery:
     """The listing's filters (the search box apart) from a page's fields."""
     return EventQuery(
-        status=Status.DEAD,
+        status=status,
         route=fields.get("route") or None,
         target=fields.get("target") or None,
         since=instant(fields.get("since", ""), "since", now, zone),
@@ -604,15 +624,18 @@ def _query(fields: Mapping[str, str], now: float, zone: Zone) -> EventQuery:
     )
 
 
-async def _shown(console: Console, fields: Mapping[str, str]) -> Selection:
-    """The dead deliveries the Dead letter page shows for these fields, search
-    box included: what its bulk actions take, no more."""
-    query = _query(fields, console.clock.now(), console.config.zone)
+async def _shown(
+    console: Console, fields: Mapping[str, str], status: Status = Status.DEAD
+) -> Selection:
+    """The deliveries in `status` a listing shows for these fields (Dead
+    letter's, or Deliveries' with that status), search box included: what
+    its bulk actions take, no more."""
+    query = _query(fields, console.clock.now(), console.config.zone, status)
     try:
         query = await console.searched(query, fields.get("q", ""))
     except SearchError as problem:
         raise BadRequest(f"q: {problem}") from None
-    return selection_of(query, Status.DEAD)
+    return selection_of(query, status)
 
 
 BULK_FIELDS = ("q", "route", "target", "since", "until")
@@ -691,7 +714,7 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
         ids = await console.select(selection, BULK_LIMIT + 1)
         matching = await console.store.count(selection) if len(ids) > BULK_LIMIT else len(ids)
         ids = ids[:BULK_LIMIT]
-        title, _, effect = BULK[verb]
+        title, doing, effect = BULK[verb]
         return _render(
             request,
             "confirm.html",
@@ -699,14 +722,17 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
             page="dead",
             verb=verb,
             label=title,
+            doing=doing,
+            state="dead",
             effect=effect,
+            action=f"/dead/{verb}",
+            cancel=f"/dead{back}",
             count=len(ids),
             matching=matching,
             ids=" ".join(str(i) for i in ids),
             ticked=bool(ticked),
             filter_fields=kept,
             description=", ".join(f"{k} {v}" for k, v in kept),
-            back=back,
         )
     named = row_ids(str(form.get("ids", "")).split(), "ids")
     if not named:
@@ -717,6 +743,93 @@ async def _bulk(request: web.Request, verb: str) -> web.StreamResponse:
     else:
         done = await console.skip_selected(selection, by=_by(request))
     raise _back("/dead", done=f"{verb}_bulk", n=len(done), **dict(kept))
+
+
+# What "Send now" does, as its confirmation says it.
+SEND_NOW = (
+    "one more attempt each, now, at its target's pace (its rate and concurrency, and any"
+    " wait the receiver asked for); the attempt count is kept and no new cycle starts;"
+    " a line's waiting ones keep their turn; a down target is probed first"
+)
+
+
+async def retry_waiting(request: web.Request) -> web.StreamResponse:
+    """Send the waiting ones now (a retry now by filter): the pending (or dead)
+    deliveries the Deliveries page shows with its filters, or a target's from
+    the Targets page. First a confirmation that states the count and carries
+    the very ids counted; confirmed, it acts on those ids alone. A paused
+    target is refused with how to resume it."""
+    console = _console(request)
+    form = await request.post()
+    fields = {k: str(form.get(k, "")).strip() for k in (*BULK_FIELDS, "status")}
+    status = Status(
+        known_name(
+            fields["status"] or "pending", "status", "status", [s.value for s in verbs.RETRIED]
+        )
+        or "pending"
+    )
+    fields["status"] = status.value
+    await console.check_names(fields["route"] or None, fields["target"] or None)
+    kept = [(k, v) for k, v in fields.items() if v]
+    cancel = "/targets" if form.get("from") == "targets" else f"/deliveries?{urlencode(kept)}"
+    if form.get("from") == "targets":
+        kept.append(("from", "targets"))
+    page: dict[str, Any] = {
+        "title": "Send now",
+        "page": "deliveries",
+        "verb": "retry",
+        "label": "Send now",
+        "doing": "send now",
+        "state": status.value,
+        "effect": SEND_NOW,
+        "action": "/retry",
+        "cancel": cancel,
+        "filter_fields": kept,
+        "description": ", ".join(f"{k} {v}" for k, v in kept if k not in ("from", "status")),
+        "ticked": False,
+    }
+    if form.get("confirm") != "yes":
+        selection = replace(await _shown(console, fields, status), sendable=True)
+        ids = await console.select(selection, BULK_LIMIT + 1)
+        matching = await console.store.count(selection) if len(ids) > BULK_LIMIT else len(ids)
+        ids = ids[:BULK_LIMIT]
+        paused = sorted(console.scheduler.paused & {fields["target"]})
+        return _render(
+            request,
+            "confirm.html",
+            **page,
+            count=len(ids),
+            matching=matching,
+            ids=" ".join(str(i) for i in ids),
+            problem=_sentence(verbs.paused(paused)) if paused else "",
+        )
+    named = row_ids(str(form.get("ids", "")).split(), "ids")
+    if not named:
+        raise web.HTTPSeeOther(cancel)
+    selection = Selection(status=status, ids=named, sendable=True)
+    try:
+        done = await console.retry_selected(selection, by=_by(request))
+    except Conflict as refused:
+        return _render(
+            request,
+            "confirm.html",
+            **page,
+            count=len(named),
+            matching=len(named),
+            ids=" ".join(map(str, named)),
+            problem=_sentence(str(refused)),
+            http_status=409,
+        )
+    said = "retried_bulk"
+    names = done.probed or sorted(done.held)
+    if done.probed:
+        said = "retried_down"
+    elif done.held:
+        said = "retried_held"
+    raise web.HTTPSeeOther(
+        f"{cancel}{'&' if '?' in cancel else '?'}"
+        + urlencode({"done": said, "n": len(done.ids), "name": ", ".join(names)})
+    )
 
 
 async def event_page(request: web.Request) -> web.Response:
@@ -865,7 +978,7 @@ async def _resend_form(
     chosen: Sequence[str],
     **context: Any,
 ) -> web.Response:
-    own = list(dict.fromkeys(d.target for d in detail.event.deliveries))
+    own = {d.target: d.status.value for d in detail.event.deliveries}
     masked = MASK in body
     as_fields: bool = context.pop("as_fields", False)
     # The other form of the same body is one click away (a link, not re-parsed here).
@@ -878,7 +991,7 @@ async def _resend_form(
         event={"id": str(detail.event.id)},
         body=body,
         content_type=content_type,
-        targets=[(name, name in chosen) for name in own],
+        targets=[(name, name in chosen, state) for name, state in own.items()],
         chosen=list(chosen),
         masked=masked,
         as_fields=as_fields,
@@ -1050,6 +1163,7 @@ PAGES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/dead", dead_letter),
     ("POST", "/dead/requeue", requeue_dead),
     ("POST", "/dead/skip", skip_dead),
+    ("POST", "/retry", retry_waiting),
     ("GET", "/events/{event_id}", event_page),
     ("GET", "/events/{event_id}/resend", resend_page),
     ("POST", "/events/{event_id}/resend", resend_post),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -21,7 +22,7 @@ from relay.cli.common import (
     table,
     time_window,
 )
-from relay.core.localtime import Zone, format_iso_local
+from relay.core.localtime import Zone, format_iso_local, format_local
 from relay.core.payload import media_type, parse_form, parse_json
 from relay.core.units import count
 from relay.ops.glance import glances, who_text, with_glance
@@ -169,20 +170,36 @@ def _cut(text: str, limit: int) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _deliveries_text(event: dict[str, Any]) -> str:
+def _deliveries_text(event: dict[str, Any], zone: Zone, now: float) -> str:
+    """Each delivery as `crm#431:pending(3) next 15:00:03`: its id, for `relay
+    retry`, `skip` or `show`, and what it waits for (its next attempt, its
+    turn, the copy that superseded it) or, dead, why."""
     said = []
     for d in event["deliveries"]:
-        error = (
-            f" {_cut(d['last_error'], ERROR_CHARS)}"
-            if d["status"] == "dead" and d["last_error"]
-            else ""
-        )
-        said.append(f"{d['target']}:{d['status']}({d['attempts']}){error}")
+        text = f"{d['target']}#{d['id']}:{d['status']}({d['attempts']})"
+        held = d.get("held_behind")
+        if d["status"] == "pending" and d["next_attempt_at"]:
+            text += f" next {_when(d['next_attempt_at'], zone, now)}"
+        elif d["status"] == "pending" and held:
+            text += f" behind #{held['delivery_id']}"
+        elif d["status"] in ("superseded", "resolved") and d.get("resolved_by"):
+            text += f" by #{d['resolved_by']}"
+        elif d["status"] == "dead" and d["last_error"]:
+            text += f" {_cut(d['last_error'], ERROR_CHARS)}"
+        said.append(text)
     return " ".join(said)
+
+
+def _when(text: str, zone: Zone, now: float) -> str:
+    """A time in a listing's column: the time of day when it falls on today's
+    local date, else the date and the minute."""
+    shown = format_iso_local(text, zone)
+    return shown[11:19] if shown[:10] == format_local(now, zone)[:10] else shown[:16]
 
 
 def _events_text(events: list[dict[str, Any]], zone: Zone) -> str:
     searched = any(event.get("snippet") for event in events)
+    now = time.time()
     rows = [
         [
             event["id"],
@@ -191,7 +208,7 @@ def _events_text(events: list[dict[str, Any]], zone: Zone) -> str:
             event["status"],
             _cut(_key_text(event), KEY_CHARS),
             _cut(who_text(event), WHO_CHARS) or "-",
-            _deliveries_text(event),
+            _deliveries_text(event, zone, now),
             *([_cut(event.get("snippet") or "-", 2 * WHO_CHARS)] if searched else []),
         ]
         for event in events
@@ -311,12 +328,15 @@ def _event_text(event: dict[str, Any], zone: Zone) -> str:
                 else ""
             )
         )
-        if delivery.get("resolved_by"):
+        if delivery["status"] == "resolved" and delivery.get("resolved_by"):
             lines.append(
                 f"  resolved: delivery {delivery['resolved_by']} of a corrected copy was delivered"
             )
         if delivery.get("resolves"):
-            lines.append(f"  a corrected copy: delivered, resolves delivery {delivery['resolves']}")
+            lines.append(
+                f"  a corrected copy: stands in for delivery {delivery['resolves']}"
+                " (which is not sent again), and resolves it once delivered"
+            )
         if delivery["last_error"]:
             lines.append(f"  last error: {delivery['last_error']}")
         if delivery.get("note"):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +36,26 @@ from relay.loader import DatabaseCommandConfig
 from relay.ops.actions import BULK_LIMIT, Actions
 from relay.ops.inputs import MAX_IDS, optional_text, row_ids
 from relay.ops.search import SearchError, parse_search
-from relay.ops.views import audit_view, delivery_summary, stats_view
-from relay.store import Conflict, DeliveryView, NotFound, Selection, Status
+from relay.ops.views import audit_view, delivery_summary, iso, stats_view
+from relay.store import Conflict, DeliveryView, NotFound, RetriedNow, Selection, Status, verbs
 from relay.store.base import Shared
 
 # The states each bulk command takes deliveries from.
 SKIPPED = ["dead", "pending"]
-REQUEUED = ["dead", "delivered", "skipped"]
+REQUEUED = [status.value for status in verbs.REQUEUED]
+RETRIED = [status.value for status in verbs.RETRIED]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     retry = commands.add_parser(
-        "retry", help="one more attempt now (the attempt count is kept; no new cycle)"
+        "retry",
+        help="one more attempt now, by id or filter (the waiting ones sent now, at the"
+        " target's pace; the attempt count is kept; no new cycle)",
     )
     add_config_option(retry)
     add_json_option(retry)
-    retry.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="+")
+    _add_filters(retry, RETRIED, default="pending")
+    retry.add_argument("delivery_ids", metavar="DELIVERY_ID", nargs="*")
     retry.set_defaults(handler=retry_deliveries)
 
     skip = commands.add_parser(
@@ -108,7 +113,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     purge.set_defaults(handler=purge_events)
 
 
-def _add_filters(parser: argparse.ArgumentParser, statuses: list[str]) -> None:
+def _add_filters(
+    parser: argparse.ArgumentParser, statuses: list[str], default: str = "dead"
+) -> None:
     """A bulk command's filters: the same as `relay events` (search included),
     and --dry-run to see what they take before anything is done."""
     parser.add_argument("--route", help="only deliveries of this route")
@@ -118,10 +125,11 @@ def _add_filters(parser: argparse.ArgumentParser, statuses: list[str]) -> None:
     parser.add_argument("--search", help="only events whose content holds this text or number")
     parser.add_argument(
         "--status",
-        default="dead",
+        default=default,
         choices=statuses,
-        help=f"which deliveries to take (default dead; one of {', '.join(statuses)})",
+        help=f"which deliveries to take (default {default}; one of {', '.join(statuses)})",
     )
+    parser.set_defaults(default_status=default)
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -157,7 +165,7 @@ def _filtered(args: argparse.Namespace) -> bool:
     return any(
         getattr(args, name) is not None
         for name in ("route", "target", "since", "until", "key", "search")
-    ) or (args.status != "dead")
+    ) or (args.status != args.default_status)
 
 
 def _dry_run(
@@ -192,8 +200,8 @@ def _dry_run(
     return 0
 
 
-def _planned(args: argparse.Namespace, statuses: list[str]) -> Selection:
-    """The deliveries a saved dry run lists, in the state it planned for."""
+def _planned(args: argparse.Namespace, statuses: list[str], verb: str) -> Selection:
+    """The deliveries a saved dry run of `verb` lists, in the state it planned for."""
     if _filtered(args) or args.delivery_ids:
         raise CommandError("--plan: the plan names the deliveries; give no filters or ids")
     try:
@@ -204,7 +212,11 @@ def _planned(args: argparse.Namespace, statuses: list[str]) -> Selection:
         raise CommandError(
             f"--plan: {args.plan}: not JSON (relay ... --dry-run --json > FILE)"
         ) from None
-    if not isinstance(plan, dict) or plan.get("status") not in statuses:
+    if (
+        not isinstance(plan, dict)
+        or plan.get("status") not in statuses
+        or f"would_{verb}" not in plan
+    ):
         raise CommandError(
             f"--plan: {args.plan}: not a dry run of this command (--dry-run --json > FILE)"
         )
@@ -220,6 +232,23 @@ def _planned(args: argparse.Namespace, statuses: list[str]) -> Selection:
 
 
 def retry_deliveries(args: argparse.Namespace) -> int:
+    """By filter or plan, the waiting ones (or dead ones) sent now, each a
+    person's retry; by id alone, each retried and said."""
+    if args.plan is not None:
+        config = read_database_command_config(args)
+        planned = replace(_planned(args, RETRIED, "retry"), sendable=True)
+        return _retried(args, config, planned, planned)
+    if _filtered(args) or args.dry_run:
+        config = read_database_command_config(args)
+        selection = replace(_selection(args, config), sendable=True)
+        if args.dry_run:
+            return _dry_run(args, "retry", selection, config)
+        return _retried(args, config, selection)
+    if not args.delivery_ids:
+        raise CommandError(
+            "name delivery ids, or filters (--target crm: every delivery to crm"
+            " waiting for its retry; --dry-run first says which)"
+        )
     return _each_delivery(
         args,
         lambda actions, delivery_id, by: actions.retry(delivery_id, by=by),
@@ -235,7 +264,7 @@ def skip_deliveries(args: argparse.Namespace) -> int:
     run): a bulk skip is not undone by a requeue of the same filter."""
     if args.plan is not None:
         config = read_database_command_config(args)
-        planned = _planned(args, SKIPPED)
+        planned = _planned(args, SKIPPED, "skip")
         return _bulk(args, config, "skipped", lambda a: a.skip_selected(planned, by=who()), planned)
     if _filtered(args) or args.dry_run:
         config = read_database_command_config(args)
@@ -287,12 +316,18 @@ def _each_delivery(
 def requeue_deliveries(args: argparse.Namespace) -> int:
     config = read_database_command_config(args)
     if args.plan is not None:
-        planned = _planned(args, REQUEUED)
+        planned = _planned(args, REQUEUED, "requeue")
         return _bulk(args, config, "requeued", lambda a: a.requeue(planned, by=who()), planned)
     selection = _selection(args, config)
     if args.dry_run:
         return _dry_run(args, "requeue", selection, config)
-    return _bulk(args, config, "requeued", lambda actions: actions.requeue(selection, by=who()))
+    return _bulk(
+        args,
+        config,
+        "requeued",
+        lambda actions: actions.requeue(selection, by=who()),
+        named=selection.ids,
+    )
 
 
 def _bulk(
@@ -301,32 +336,102 @@ def _bulk(
     done: str,
     verb: Callable[[Actions], Awaitable[list[int]]],
     planned: Selection | None = None,
+    named: Sequence[int] = (),
 ) -> int:
-    """A bulk action by filter or by plan: its names checked, then done, then
-    said; a plan's deliveries no longer in its state are said too."""
+    """A bulk action by filter, by id or by plan: its names checked, then done,
+    then said; the deliveries a plan or the command line named that it did
+    not take are said too, each in its state (a superseded one names the
+    corrected copy that goes instead)."""
+    wanted = planned.ids if planned is not None else tuple(named)
 
-    async def act() -> list[int]:
+    async def act() -> tuple[list[int], dict[int, str]]:
         async with acting(config) as actions:
             await actions.check_names(args.route, args.target, prefix="--")
-            return await verb(actions)
+            ids = await verb(actions)
+            return ids, await actions.not_taken(wanted, ids)
 
-    ids = run(act())
+    ids, left = run(act())
     result: dict[str, Any] = {done: len(ids), "ids": [str(i) for i in ids]}
-    if planned is not None:
+    if wanted:
         taken = set(ids)
-        result["not_taken"] = [str(i) for i in planned.ids if i not in taken]
+        result["not_taken"] = [str(i) for i in wanted if i not in taken]
+        result["not_taken_why"] = {str(i): said for i, said in left.items()}
 
     def text(data: dict[str, Any]) -> str:
         said = f"{done} {data[done]} deliveries" + (
             f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else ""
         )
-        left = data.get("not_taken")
-        if left:
-            said += (
-                f"\n{len(left)} of the plan no longer {planned.status.value if planned else ''},"
-                f" left as they are: {' '.join(left[:50])}"
+        not_taken = data.get("not_taken")
+        if not_taken:
+            state = f"the plan no longer {planned.status.value}" if planned else "those named"
+            said += f"\n{len(not_taken)} of {state}, left as they are:"
+            said += "".join(
+                f"\n  delivery {i}: {data['not_taken_why'][i]}"
+                for i in not_taken
+                if i in data["not_taken_why"]
             )
+            if len(not_taken) > len(data["not_taken_why"]):
+                said += f"\n  and {len(not_taken) - len(data['not_taken_why'])} more"
         return said
+
+    emit(args, result, text)
+    return 0
+
+
+def _retried(
+    args: argparse.Namespace,
+    config: DatabaseCommandConfig,
+    selection: Selection,
+    planned: Selection | None = None,
+) -> int:
+    """A retry now by filter or plan: done, then said, with what holds some back
+    (a down target probed, a receiver's wait) and what a plan or the command
+    line named that it did not take."""
+    named = planned.ids if planned is not None else selection.ids
+
+    async def act() -> tuple[RetriedNow, dict[int, str]]:
+        async with acting(config) as actions:
+            await actions.check_names(args.route, args.target, prefix="--")
+            done = await actions.retry_selected(selection, by=who())
+            return done, await actions.not_taken(named, done.ids)
+
+    done, left = run(act())
+    result: dict[str, Any] = {
+        "retried": len(done.ids),
+        "ids": [str(i) for i in done.ids],
+        "probed": done.probed,
+        "held": {name: iso(until) for name, until in done.held.items()},
+    }
+    if named:
+        taken = set(done.ids)
+        result["not_taken"] = [str(i) for i in named if i not in taken]
+        result["not_taken_why"] = {str(i): said for i, said in left.items()}
+
+    def text(data: dict[str, Any]) -> str:
+        lines = [
+            f"sent now: {data['retried']} deliveries"
+            + (f" ({' '.join(data['ids'])})" if 0 < len(data["ids"]) <= 50 else "")
+            + ", each one more attempt (its count kept, no new cycle), at its target's pace"
+        ]
+        lines += [
+            f"target {name} is down: its probe goes now; the rest follow once it answers"
+            for name in data["probed"]
+        ]
+        lines += [
+            f"target {name}: the receiver asked to be left alone until"
+            f" {format_iso_local(until, config.zone)}; they go then"
+            for name, until in data["held"].items()
+        ]
+        not_taken = data.get("not_taken")
+        if not_taken:
+            state = "the plan" if planned is not None else "those named"
+            lines.append(f"{len(not_taken)} of {state} not taken, left as they are:")
+            lines += [
+                f"  delivery {i}: {data['not_taken_why'][i]}"
+                for i in not_taken
+                if i in data["not_taken_why"]
+            ]
+        return "\n".join(lines)
 
     emit(args, result, text)
     return 0

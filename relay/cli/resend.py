@@ -51,8 +51,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="T",
         action="append",
         default=[],
-        help="send to this target of the event (repeatable; default: the dead ones,"
-        " or all when none is dead)",
+        help="send to this target of the event (repeatable; default: those whose delivery"
+        " is not delivered, or all when each is); the original's delivery to it is"
+        " never sent again",
     )
     parser.add_argument(
         "--wire",
@@ -163,7 +164,9 @@ def _preview_text(plan: ResendPlan) -> str:
     resend = plan.resend
     lines = [
         f"corrected copy of event {resend.original_id}: {len(resend.body)} bytes,"
-        f" {resend.content_type}, to {', '.join(resend.targets)}"
+        f" {resend.content_type}, to {', '.join(resend.targets)}",
+        f"the original's delivery to {', '.join(resend.targets)} is then superseded: never"
+        " sent again (one under way decides: delivered, the copy is skipped)",
     ]
     for preview in plan.previews:
         lines.append(f"\n=== {preview.target} ({preview.type})")

@@ -102,7 +102,16 @@ class Waits:
     at: float
 
 
-Transition = Delivered | RetryAt | Dead | Waits
+@dataclass(frozen=True)
+class Superseded:
+    """Never the step's word, the store's: a person made a corrected copy for
+    the target while this attempt was under way, and the attempt failed. The
+    delivery stops there; `by`, the copy's delivery, goes instead."""
+
+    by: int
+
+
+Transition = Delivered | RetryAt | Dead | Waits | Superseded
 
 
 def next_status(then: Transition) -> Status:
@@ -111,6 +120,8 @@ def next_status(then: Transition) -> Status:
         return Status.DELIVERED
     if isinstance(then, Dead):
         return Status.DEAD
+    if isinstance(then, Superseded):
+        return Status.SUPERSEDED
     return Status.PENDING
 
 

@@ -3,8 +3,11 @@
     pending ──leased──▶ in_flight ──attempt──▶ delivered
        ▲                    │
        └──── retry ─────────┤
-                            └──────────────▶ dead ──a corrected copy delivered──▶ resolved
+                            └──────────────▶ dead
     skipped: never sent (its route's `when` said no, or a person skipped it)
+    superseded: pending or dead (or in flight, once that attempt failed) when
+        a person made a corrected copy for its target: never sent again, the
+        copy's delivery goes instead ──that copy delivered──▶ resolved
 
 `Status` is a delivery's state: the `status` column of both backends, the
 API's and the CLI's `status`, `relay events --status`. An attempt leaves it
@@ -28,8 +31,11 @@ class Status(StrEnum):
     DELIVERED = "delivered"
     DEAD = "dead"
     SKIPPED = "skipped"
-    # Dead, then a person's corrected copy of its event was delivered to the
-    # same target: nothing is left to do for it (DeliveryView.resolved_by).
+    # A person made a corrected copy of its event for its target: it is not
+    # sent again, the copy's delivery goes instead (DeliveryView.resolved_by).
+    SUPERSEDED = "superseded"
+    # Superseded (or dead, before copies superseded), then the corrected copy
+    # was delivered to the same target: nothing is left to do for it.
     RESOLVED = "resolved"
 
 

@@ -13,13 +13,14 @@ retry` starts without them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from relay.core.clock import Clock
 from relay.ops.inputs import known_name, unknown_name
 from relay.ops.search import parse_search, refuse_controls
+from relay.ops.views import state_said
 from relay.store import (
     AuditEntry,
     DeliveryView,
@@ -29,6 +30,7 @@ from relay.store import (
     Operations,
     Queries,
     Resend,
+    RetriedNow,
     Selection,
     Status,
 )
@@ -39,6 +41,8 @@ audit_log = logging.getLogger("relay.audit")
 # A bulk action shown before it is done (the dashboard's confirmation) names
 # the deliveries it will act on; at most this many at once.
 BULK_LIMIT = 1000
+# Deliveries named that a bulk action left are said one by one, this many at most.
+NOT_TAKEN_SAID = 50
 
 
 def selection_of(query: EventQuery, status: Status = Status.DEAD) -> Selection:
@@ -118,6 +122,15 @@ class Actions:
         self.acted(by, "requeue", describe_selection(selection), len(requeued))
         return requeued
 
+    async def retry_selected(self, selection: Selection, *, by: str) -> RetriedNow:
+        """One more attempt now for every pending or dead delivery `selection`
+        takes (its line's waiting ones left to their turn); Conflict when a
+        target they go to is paused."""
+        done = await self.store.retry_selected(selection, self.clock.now(), by=by)
+        subject = describe_selection(replace(selection, sendable=True))
+        self.acted(by, "retry", subject, len(done.ids))
+        return done
+
     async def skip_selected(self, selection: Selection, *, by: str) -> list[int]:
         """Skip every pending or dead delivery `selection` takes."""
         skipped = await self.store.skip_selected(selection, self.clock.now(), by=by)
@@ -131,6 +144,19 @@ class Actions:
             extra={"fields": {"action": action, "by": by, "subject": subject, "count": count}},
         )
         self.changed()
+
+    async def not_taken(
+        self, named: Sequence[int], taken: Collection[int], limit: int = NOT_TAKEN_SAID
+    ) -> dict[int, str]:
+        """The deliveries named (by id or plan) that a bulk action left, each
+        with its state in words (state_said: a superseded one names the copy
+        that goes instead); the first `limit` of them."""
+        done = set(taken)
+        said: dict[int, str] = {}
+        for delivery_id in [i for i in named if i not in done][:limit]:
+            delivery = await self.store.get_delivery(delivery_id)
+            said[delivery_id] = "no such delivery" if delivery is None else state_said(delivery)
+        return said
 
     async def select(self, selection: Selection, limit: int = BULK_LIMIT) -> list[int]:
         """What a bulk action on `selection` would act on (a dry run), oldest first."""

@@ -201,10 +201,18 @@ def _segments(detail: EventDetail, text: str, masker: Masker) -> Segments:
     return body_segments(text, detail.payload.content_type, own)
 
 
+# The deliveries a corrected copy is for by default: those still owed to their
+# target (a superseded one's copy is owed too). Not a delivered or resolved
+# one (the target has it: a copy would be a second lead), nor a skipped one
+# (its route's `when`, or a person, said no).
+OWED = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD, Status.SUPERSEDED)
+
+
 def default_targets(detail: EventDetail) -> list[str]:
-    """The targets whose delivery is dead; all of the event's when none is."""
-    dead = [d.target for d in detail.event.deliveries if d.status is Status.DEAD]
-    return dead or list(dict.fromkeys(d.target for d in detail.event.deliveries))
+    """The targets whose delivery is not delivered (OWED); all of the event's
+    when none is."""
+    owed = [d.target for d in detail.event.deliveries if d.status in OWED]
+    return owed or list(dict.fromkeys(d.target for d in detail.event.deliveries))
 
 
 def plan_resend(

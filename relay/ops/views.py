@@ -50,8 +50,9 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
         "attempts_in_cycle": delivery.attempts_in_cycle,
         "next_attempt_at": iso(delivery.next_attempt_at),
         "last_error": masker.optional(delivery.last_error),
-        # A corrected copy's delivery and the original's it resolved (or will,
-        # once delivered), both ways.
+        # A corrected copy's delivery and the original's it stands in for, both
+        # ways: `resolves` on the copy's; `resolved_by` on the one it superseded
+        # (or resolved, once delivered; in flight: the copy waits for it).
         "resolved_by": _id(delivery.resolved_by),
         "resolves": _id(delivery.resolves),
     }
@@ -62,8 +63,43 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
             "event_id": str(held.event_id),
             "status": held.status.value,
         }
-        view["note"] = held_note(delivery)
+    if delivery.waits_for is not None:
+        view["waits_for"] = str(delivery.waits_for)
+    note = held_note(delivery) or copy_note(delivery)
+    if note is not None:
+        view["note"] = note
     return view
+
+
+def state_said(delivery: DeliveryView) -> str:
+    """A delivery's state in words, with why it waits or which copy superseded
+    it: what a person is told of one an action named but did not take."""
+    said = delivery.status.value.replace("_", " ")
+    note = held_note(delivery) or copy_note(delivery)
+    if note is None:
+        return said
+    return note if note.startswith(said) else f"{said}, {note}"
+
+
+def copy_note(delivery: DeliveryView) -> str | None:
+    """What a corrected copy did to this delivery, or what this copy waits for
+    (relay.store.supersede)."""
+    copy = delivery.resolved_by
+    if delivery.status is Status.SUPERSEDED and copy is not None:
+        return (
+            f"superseded by delivery {copy}, a corrected copy, which goes instead: not sent again"
+        )
+    if delivery.status is Status.IN_FLIGHT and copy is not None:
+        return (
+            f"a corrected copy, delivery {copy}, waits for this attempt:"
+            " sent if it fails, skipped if it succeeds"
+        )
+    if delivery.waits_for is not None:
+        return (
+            f"waits for the attempt of delivery {delivery.waits_for} (the original) under way:"
+            " sent if it fails, skipped if it succeeds"
+        )
+    return None
 
 
 def held_note(delivery: DeliveryView) -> str | None:

@@ -73,6 +73,9 @@ from relay.core.records import (
     Step as Step,
 )
 from relay.core.records import (
+    Superseded as Superseded,
+)
+from relay.core.records import (
     TargetHealth as TargetHealth,
 )
 from relay.core.records import (
@@ -211,10 +214,14 @@ class DeliveryView:
     order_key: str | None = None
     # Pending behind an earlier delivery of the same key (order_by), if so.
     held_behind: HeldBehind | None = None
-    # The two ends of a resolution: this corrected copy's delivery resolves
-    # that one of the original; this resolved one was resolved by that one.
+    # The two ends of a corrected copy (relay.store.supersede): this copy's
+    # delivery stands in for that one of the original (and resolves it once
+    # delivered); this one was superseded, or resolved, by that one of a copy
+    # (in flight: the copy waits for this attempt).
     resolves: int | None = None
     resolved_by: int | None = None
+    # A copy's delivery waiting for the attempt under way of the one it stands in for.
+    waits_for: int | None = None
 
     @property
     def waiting_turn(self) -> bool:
@@ -266,6 +273,7 @@ class EventView:
             Status.DEAD,
             Status.IN_FLIGHT,
             Status.PENDING,
+            Status.SUPERSEDED,
             Status.RESOLVED,
             Status.DELIVERED,
         ):
@@ -309,7 +317,8 @@ class EventDetail:
 @dataclass(frozen=True)
 class LogEntry:
     """Something done to a delivery: "retry" (one more attempt), "requeue",
-    "skip" by a person (`by`), or "resolved" by a corrected copy."""
+    "skip" by a person (`by`); "superseded", "copy" (one waits for this
+    attempt) or "resolved" by a corrected copy (relay.store.supersede)."""
 
     delivery_id: int
     at: float
@@ -378,10 +387,10 @@ class TargetState:
 
 @dataclass(frozen=True)
 class Selection:
-    """Which deliveries a bulk action (requeue, skip) takes: those in `status`
-    that meet every filter given. Time bounds are on the event's arrival;
-    `key` and `search` as in EventQuery, so a bulk action on a listing takes
-    exactly the deliveries the listing shows."""
+    """Which deliveries a bulk action (requeue, skip, retry now) takes: those
+    in `status` that meet every filter given. Time bounds are on the event's
+    arrival; `key` and `search` as in EventQuery, so a bulk action on a
+    listing takes exactly the deliveries the listing shows."""
 
     status: Status = Status.DEAD
     route: str | None = None
@@ -391,6 +400,23 @@ class Selection:
     ids: tuple[int, ...] = ()
     key: str | None = None
     search: TextSearch | None = None
+    # Only those that may be attempted now: not a pending one waiting its turn
+    # behind an earlier one of its ordering key (a retry now would overtake
+    # it; its line's head is the one to send).
+    sendable: bool = False
+
+
+@dataclass(frozen=True)
+class RetriedNow:
+    """What a retry now by filter did (Operations.retry_selected): `ids` are
+    due now, each a person's retry (its count kept, no new cycle), to go at
+    their targets' pace; the down targets of `probed` are probed now, their
+    deliveries going once a probe finds them up; those of `held` wait, a
+    receiver having asked to be left alone until then."""
+
+    ids: list[int]
+    probed: list[str] = field(default_factory=list)
+    held: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -717,8 +743,9 @@ class Operations(Protocol):
 
     async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
         """A fresh retry cycle for each selected delivery (history kept, the
-        requeue logged). Deliveries already pending are left as they are.
-        Returns the ids requeued."""
+        requeue logged). Deliveries already pending are left as they are, and
+        a superseded or resolved one is never taken (verbs.REQUEUED). Returns
+        the ids requeued."""
         ...
 
     async def count(self, selection: Selection) -> int:
@@ -728,6 +755,17 @@ class Operations(Protocol):
     async def select(self, selection: Selection, limit: int) -> list[int]:
         """The ids of the deliveries `selection` takes (what a bulk action on it
         would act on), oldest first, at most `limit`."""
+        ...
+
+    async def retry_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> RetriedNow:
+        """`retry_now` for every pending (not waiting its turn) or dead delivery
+        `selection` takes, in one transaction: each due now, the attempt count
+        kept, no new cycle; the scheduler sends them at their target's rate,
+        after any hold a receiver asked for. A down target's probe is made due
+        now (its deliveries go once it finds the target up). Raises Conflict,
+        changing nothing, when a target they go to is paused (verbs.paused)."""
         ...
 
     async def skip_selected(
@@ -741,8 +779,10 @@ class Operations(Protocol):
     async def resend(self, resend: Resend, now: float) -> int:
         """Store an edited copy of an event as a new event (no idempotency key:
         it goes out with its own id as one), linked to the original, with one
-        pending delivery per chosen target, in one transaction; the original
-        is not touched. Returns the new event's id; NotFound without the original."""
+        pending delivery per chosen target, in one transaction. The original's
+        body is not touched; its delivery to each chosen target is superseded
+        (relay.store.supersede: at once, or once its attempt under way ends).
+        Returns the new event's id; NotFound without the original."""
         ...
 
     async def set_paused(self, target: str, paused: bool, now: float, *, by: str = UNKNOWN) -> None:

@@ -113,11 +113,18 @@ OLDEST_PENDING = (
     "SELECT e.received_at FROM events e JOIN deliveries d ON d.event_id = e.id"
     " WHERE d.id = (SELECT MIN(id) FROM deliveries WHERE status = 'pending')"
 )
-# An event with nothing left to deliver (retention removes only those).
+# An event with nothing left to deliver (retention removes only those): a
+# superseded delivery is finished once the corrected copy that stands for it
+# is (relay.store.supersede): till then it says which copy, and why.
 FINISHED = (
     "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
-    " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
+    " AND d.status NOT IN ('delivered', 'skipped', 'resolved')"
+    " AND NOT (d.status = 'superseded' AND NOT EXISTS (SELECT 1 FROM deliveries c"
+    " WHERE c.id = d.resolved_by AND c.status IN ('pending', 'in_flight', 'dead'))))"
 )
+# Whether what a corrected copy's delivery stands in for is in flight and
+# linked to it (the copy waits for that attempt, relay.store.supersede): (id, copy)
+WAITS_FOR = "SELECT 1 FROM deliveries WHERE id = ? AND resolved_by = ? AND status = 'in_flight'"
 # The states with partial indexes: a listing collects their events directly.
 RARE = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
 
@@ -414,6 +421,8 @@ def selection_where(selection: Selection, dialect: Dialect) -> tuple[str, list[A
     """The WHERE of the deliveries `selection` takes (`?` placeholders)."""
     where = ["status = ?"]
     params: list[Any] = [selection.status.value]
+    if selection.sendable:
+        where.append("(status <> 'pending' OR next_attempt_at IS NOT NULL)")
     for clause, value in (("route = ?", selection.route), ("target = ?", selection.target)):
         if value is not None:
             where.append(clause)
@@ -472,7 +481,8 @@ async def deliveries_of(
 
 
 async def _with_holds(fetch: Fetch, views: Iterable[DeliveryView]) -> list[DeliveryView]:
-    """Say what each delivery waiting its turn waits for (one index probe each)."""
+    """Say what each delivery waiting its turn waits for, and each corrected
+    copy's waiting for an attempt of its original (one index probe each)."""
     result = []
     for view in views:
         if view.waiting_turn:
@@ -480,6 +490,9 @@ async def _with_holds(fetch: Fetch, views: Iterable[DeliveryView]) -> list[Deliv
             held = HELD_BEHIND.from_row(head[0]) if head else None
             if held is not None and held.delivery_id != view.id:
                 view = replace(view, held_behind=held)
+        copy = view.status is Status.PENDING and view.resolves is not None
+        if copy and await fetch(WAITS_FOR, (view.resolves, view.id)):
+            view = replace(view, waits_for=view.resolves)
         result.append(view)
     return result
 

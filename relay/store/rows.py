@@ -1,5 +1,6 @@
 """The write side's shared SQL text and rows: ordering lines, a person's
-verbs, the history and audit rows, an attempt's row, a corrected copy.
+verbs, the history and audit rows, an attempt's row, a corrected copy's
+event (what a copy does to its original: relay.store.supersede).
 SQLite's write jobs (relay.store.sqlite) run the SQL as it is; PostgreSQL's
 numbered (relay.store.dialect) or in statements of its own, with the same
 columns. What the store reads from a row is declared in relay.store.columns;
@@ -25,6 +26,7 @@ from relay.store.base import (
     RetryAt,
     Selection,
     Status,
+    Superseded,
     Transition,
     Waits,
 )
@@ -60,7 +62,7 @@ SELECT {HELD_BEHIND.columns} FROM deliveries
 WHERE target = ? AND order_key = ? AND status IN ('pending', 'in_flight', 'dead')
 ORDER BY id LIMIT 1
 """
-# When a delivery leaves its line (delivered, skipped), the next one is due.
+# When a delivery leaves its line (delivered, skipped, superseded), the next one is due.
 NEXT_IN_LINE = """
 UPDATE deliveries SET next_attempt_at = ?, updated_at = ?
 WHERE id = (
@@ -71,28 +73,14 @@ WHERE id = (
     ORDER BY n.id LIMIT 1)
 AND status = 'pending' AND next_attempt_at IS NULL
 """
-# A corrected copy delivered: the original's dead delivery to that target is
-# resolved, and so on up a chain of copies of copies. A resolved delivery
-# leaves its key's line like a delivered one (NEXT_IN_LINE).
-RESOLVE = """
-UPDATE deliveries SET status = 'resolved', resolved_by = ?, next_attempt_at = NULL,
-    resume_status = NULL, resume_at = NULL, updated_at = ?
-WHERE id = ? AND status = 'dead'
-RETURNING resolves
-"""
-# Which delivery of the original each delivery of a corrected copy resolves.
-LINK_COPY = """
-UPDATE deliveries SET resolves = (
-    SELECT o.id FROM deliveries o WHERE o.event_id = ? AND o.target = deliveries.target
-    ORDER BY o.id LIMIT 1)
-WHERE event_id = ?
-"""
 INSERT_RESEND = "INSERT INTO resends (copy_id, original_id, at, by) VALUES (?, ?, ?, ?)"
 
-# What retry_now reads of a delivery (relay.store.verbs.retry_now_step), and
-# its line's (order_by): (status, resume_status, next_attempt_at, target, order_key).
+# What retry_now reads of a delivery (relay.store.verbs.retry_now_step), its
+# line's (order_by) and its copy's: (status, resume_status, next_attempt_at,
+# target, order_key, resolved_by).
 RETRY_STATE = (
-    "SELECT status, resume_status, next_attempt_at, target, order_key FROM deliveries WHERE id = ?"
+    "SELECT status, resume_status, next_attempt_at, target, order_key, resolved_by"
+    " FROM deliveries WHERE id = ?"
 )
 # What a person's verbs write (relay.store.verbs decides which applies).
 # One more attempt now, then back to its schedule: (now, now, delivery id).
@@ -105,6 +93,24 @@ RETRY_FROM_DEAD = (
     "UPDATE deliveries SET status = 'pending', resume_status = 'dead',"
     " resume_at = NULL, next_attempt_at = ?, updated_at = ? WHERE id = ?"
 )
+# A person's retry now of every delivery a Selection takes (pending or dead;
+# verbs.retry_now_step for one): due now, to return where it was if it fails
+# (a retry asked already keeps where it returns to). {where}: the selection's;
+# (now, now, *its values).
+RETRY_SELECTED = """
+UPDATE deliveries SET resume_status = coalesce(resume_status, status),
+    resume_at = CASE WHEN resume_status IS NOT NULL THEN resume_at
+        WHEN status = 'pending' THEN next_attempt_at END,
+    status = 'pending', next_attempt_at = ?, updated_at = ?
+WHERE {where}
+RETURNING id
+"""
+# The targets a Selection's deliveries go to, as a bulk retry now reads them:
+# {where}: the selection's; (*its values) -> (name, paused, down, held until).
+SELECTED_TARGETS = """
+SELECT t.name, t.paused, t.down_since IS NOT NULL, t.throttled_until
+FROM targets t WHERE t.name IN (SELECT DISTINCT target FROM deliveries WHERE {where})
+"""
 # Not to be sent: (last_error, now, delivery id).
 SKIP = (
     "UPDATE deliveries SET status = 'skipped', next_attempt_at = NULL,"
@@ -152,9 +158,6 @@ PRUNE_REJECTIONS = (
     "DELETE FROM rejections WHERE route = ? AND id <= (SELECT id FROM rejections"
     " WHERE route = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
 )
-# How deep a chain of copies of copies is followed (a loop cannot be made,
-# a copy being a new event; the bound is only a guard).
-RESOLVE_DEPTH = 20
 # A line of a delivery's history: (delivery id, at, kind, detail, by).
 INSERT_LOG = "INSERT INTO delivery_log (delivery_id, at, kind, detail, by) VALUES (?, ?, ?, ?, ?)"
 
@@ -171,9 +174,13 @@ def audit_values(
     return (now, by, action, subject, len(delivery_ids), kept)
 
 
-def resend_subject(resend: Resend, copy_id: int) -> str:
-    """What a resend's audit entry names."""
-    return f"event {resend.original_id} as event {copy_id}, to {', '.join(resend.targets)}"
+def resend_subject(resend: Resend, copy_id: int, superseded: Sequence[int] = ()) -> str:
+    """What a resend's audit entry names: the copy, and the deliveries it
+    stopped (relay.store.supersede)."""
+    said = f"event {resend.original_id} as event {copy_id}, to {', '.join(resend.targets)}"
+    if superseded:
+        said += f"; supersedes delivery {', '.join(str(i) for i in superseded)}"
+    return said
 
 
 def describe_selection(selection: Selection) -> str:
@@ -230,6 +237,8 @@ def delivery_after(then: Transition, error: str | None) -> tuple[Status, float |
         return Status.DELIVERED, None, None
     if isinstance(then, RetryAt | Waits):
         return Status.PENDING, then.at, error
+    if isinstance(then, Superseded):
+        return Status.SUPERSEDED, None, error
     return Status.DEAD, None, then.reason
 
 

@@ -49,12 +49,24 @@ class RetryNow(StrEnum):
 
 
 def retry_now_step(
-    status: Status, resume_status: str | None, next_attempt_at: float | None, order_key: str | None
+    status: Status,
+    resume_status: str | None,
+    next_attempt_at: float | None,
+    order_key: str | None,
+    resolved_by: int | None = None,
 ) -> RetryNow | NotApplicable:
     """The manual-retry rule's start, the same on every backend: delivered,
-    skipped and in-flight deliveries cannot be retried; a pending one waiting
-    its turn (order_by) would overtake the one before it."""
-    if status in (Status.DELIVERED, Status.SKIPPED, Status.IN_FLIGHT, Status.RESOLVED):
+    skipped, superseded and in-flight deliveries cannot be retried; a pending
+    one waiting its turn (order_by) would overtake the one before it."""
+    if status is Status.SUPERSEDED and resolved_by is not None:
+        return superseded_by(resolved_by)
+    if status in (
+        Status.DELIVERED,
+        Status.SKIPPED,
+        Status.IN_FLIGHT,
+        Status.RESOLVED,
+        Status.SUPERSEDED,
+    ):
         return NotApplicable(status.value)
     if status is Status.PENDING and next_attempt_at is None and order_key is not None:
         return RetryNow.WAITING_TURN
@@ -63,12 +75,42 @@ def retry_now_step(
     return RetryNow.FROM_PENDING if resume_status is None else RetryNow.ASKED_ALREADY
 
 
+def superseded_by(copy: int) -> NotApplicable:
+    """Why a superseded delivery is not sent again: the copy that goes instead."""
+    return NotApplicable(
+        f"superseded by delivery {copy}, a corrected copy, which is sent instead:"
+        " retry, requeue or resend that one"
+    )
+
+
 def waiting_behind(delivery_id: int, status: str) -> NotApplicable:
     """Why a delivery waiting its turn is not retried: the one it waits for."""
     return NotApplicable(
         f"waiting its turn behind delivery {delivery_id} ({status}):"
         " retry, requeue or skip that one"
     )
+
+
+# What a retry now by filter takes: what may be attempted once more now.
+RETRIED = (Status.PENDING, Status.DEAD)
+
+
+def paused(targets: list[str]) -> str:
+    """Why a retry now by filter is refused: a paused target's deliveries would
+    only wait (its state in the store survives restarts; resume names it)."""
+    named = ", ".join(targets)
+    first = targets[0]
+    return (
+        f"target {named} {'is' if len(targets) == 1 else 'are'} paused: nothing is sent to it;"
+        f" resume it first (relay resume {first}, or Resume on the dashboard's Targets page),"
+        " or leave it out (choose a target)"
+    )
+
+
+# What a requeue takes: a finished delivery sent again. Never a superseded or
+# resolved one: a corrected copy goes (or went) in its place, and sending the
+# original too is the double delivery superseding prevents; requeue the copy.
+REQUEUED = (Status.DEAD, Status.DELIVERED, Status.SKIPPED)
 
 
 def may_skip(status: Status) -> NotApplicable | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 
 from relay.core.clock import FakeClock
-from relay.store import EventQuery, Status
+from relay.store import EventQuery, Resend, Selection, Status
 
 from conftest import ConfigFactory, RelayFactory, SinkFactory
 from helpers import relay_cli, write_config
@@ -120,10 +120,31 @@ async def test_a_dry_run_is_a_plan_and_the_real_run_takes_only_what_it_planned(
     first = planned["ids"][0]
     await relay.store.skip(int(first), relay.clock.now())  # and a planned one is skipped
     done = json.loads(relay_cli("requeue", "--plan", str(plan), "--json", *cli).stdout)
-    assert done == {"requeued": 1, "ids": [planned["ids"][1]], "not_taken": [first]}
+    assert done == {
+        "requeued": 1,
+        "ids": [planned["ids"][1]],
+        "not_taken": [first],
+        "not_taken_why": {first: "skipped"},
+    }
     said = relay_cli("requeue", "--plan", str(plan), *cli).stdout
     assert "of the plan no longer dead" in said
     assert (await relay.store.stats()).dead == 1  # the third: never planned, never taken
     refused = relay_cli("requeue", "--plan", str(plan), "--route", "leads", *cli, check=False)
     assert refused.returncode == 2
     assert "give no filters" in refused.stderr
+
+    # The third is corrected and resent: the original is superseded, and a
+    # requeue of it says which copy goes instead, and takes nothing.
+    [third] = await relay.store.select(Selection(route="leads"), 1)
+    view = await relay.store.get_delivery(third)
+    assert view is not None
+    copy_id = await relay.store.resend(
+        Resend(view.event_id, (), b'{"n": 3}', "application/json", ("crm",), "cli user anna"),
+        relay.clock.now(),
+    )
+    copy = await relay.store.get_event(copy_id)
+    assert copy is not None
+    [instead] = copy.event.deliveries
+    said = relay_cli("requeue", str(third), *cli).stdout
+    assert said.startswith("requeued 0 deliveries\n1 of those named, left as they are:")
+    assert f"delivery {third}: superseded by delivery {instead.id}, a corrected copy" in said

@@ -372,6 +372,7 @@ BAD_PAGES = [
     ("POST", "/deliveries/%C2%B2/retry", "delivery id"),
     ("POST", "/deliveries/" + "9" * 30 + "/requeue", "delivery id"),
     ("POST", "/dead/requeue", "since"),
+    ("POST", "/retry", "since"),
     ("GET", "/events/%C2%B2/resend", "event id"),
 ]
 

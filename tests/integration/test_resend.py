@@ -9,6 +9,7 @@ the original stays exactly as it was.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import re
@@ -164,11 +165,118 @@ async def test_a_rejected_lead_is_corrected_resent_and_arrives_original_untouche
     assert copy_crm["resolves"] == crm["id"]
     assert audit_delivery["status"] == "delivered"
     assert after["status"] == "resolved"
-    assert [h["kind"] for h in crm["history"]] == ["resolved"]
+    assert [h["kind"] for h in crm["history"]] == ["superseded", "resolved"]
     stats = await api(relay, http, "GET", "/api/v1/stats", 200)
     assert (stats["dead"], stats["targets"]["crm"]["resolved"]) == (0, 1)
     async with http.get(relay.admin_url + "/metrics") as answer:
         assert 'relay_deliveries{status="dead",target="crm"} 0.0' in await answer.text()
+
+
+def gated(gate: asyncio.Future[int]) -> Any:
+    """A CRM that answers its first request only when the test says how."""
+
+    def respond(request: web.Request, number: int) -> Any:
+        async def answer() -> web.Response:
+            status = await gate if number == 0 else 200
+            return web.json_response({"status": status}, status=status)
+
+        return answer()
+
+    return respond
+
+
+async def corrected_copy(
+    relay: Relay, http: aiohttp.ClientSession, original: str, targets: list[str] | None = None
+) -> str:
+    chosen = {} if targets is None else {"targets": targets}
+    sent = await api(
+        relay,
+        http,
+        "POST",
+        f"/api/v1/events/{original}/resend",
+        201,
+        json={"body": edited(FIXED), "confirm": True, **chosen},
+    )
+    copy: str = sent["event_id"]
+    return copy
+
+
+async def test_a_copy_of_a_lead_still_retrying_is_the_only_one_the_crm_gets(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    # The CRM is down (503) when the lead comes; the operator sees its wrong
+    # phone and sends a corrected copy while the original waits for its
+    # retry. Once the CRM is back it gets one lead: the copy. (Before, the
+    # original was retried too, and the lead created twice.) The copy goes to
+    # the CRM alone by default: the mail has the lead already.
+    sink, url = await start_sink([503, 200])
+    mail, mail_url = await start_sink([200])
+    config = make_config(
+        {"crm": {"type": "http", "url": url}, "mail": {"type": "http", "url": mail_url}},
+        {"leads": {"path": "/hooks/leads", "targets": ["crm", "mail"]}},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    async with http.post(relay.ingress_url + "/hooks/leads", json=LEAD) as response:
+        original = (await response.json())["id"]
+    await relay.scheduler.run_once()
+    await relay.scheduler.wait_idle()
+    copy = await corrected_copy(relay, http, original)
+    await relay.scheduler.drain()
+    assert [json.loads(r.body) for r in sink.requests] == [LEAD, FIXED]
+    assert sink.requests[1].headers["X-Relay-Event-Id"] == copy
+    assert len(mail.requests) == 1
+    shown = await api(relay, http, "GET", f"/api/v1/events/{original}", 200)
+    crm, _ = shown["deliveries"]
+    copied = await api(relay, http, "GET", f"/api/v1/events/{copy}", 200)
+    [copy_crm] = copied["deliveries"]
+    assert (crm["status"], crm["resolved_by"], crm["attempts"]) == ("resolved", copy_crm["id"], 1)
+    assert [h["kind"] for h in crm["history"]] == ["superseded", "resolved"]
+
+
+@pytest.mark.parametrize(("answer", "leads"), [(200, 1), (503, 2)])
+async def test_a_copy_made_during_the_originals_attempt_waits_for_how_it_ends(
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+    http: aiohttp.ClientSession,
+    answer: int,
+    leads: int,
+) -> None:
+    # The copy is made while the CRM is still answering the original: it is
+    # not sent beside it; the original's answer decides (200: the copy is not
+    # needed and is skipped; 503: the original stops, the copy goes).
+    gate: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    sink, url = await start_sink(gated(gate))
+    config = make_config(
+        {"crm": {"type": "http", "url": url}},
+        {"leads": {"path": "/hooks/leads", "targets": ["crm"]}},
+        admin={"token": TOKEN},
+    )
+    relay = await start_relay(config, background=False, clock=FakeClock())
+    async with http.post(relay.ingress_url + "/hooks/leads", json=LEAD) as response:
+        original = (await response.json())["id"]
+    await relay.scheduler.run_once()
+    await sink.wait_for(1)
+    copy = await corrected_copy(relay, http, original)
+    waiting = await api(relay, http, "GET", f"/api/v1/events/{copy}", 200)
+    assert "waits for the attempt of delivery" in waiting["deliveries"][0]["note"]
+    assert await relay.scheduler.run_once() == 0  # the copy waits
+    gate.set_result(answer)
+    await relay.scheduler.drain()
+    assert len(sink.requests) == leads
+    shown = await api(relay, http, "GET", f"/api/v1/events/{original}", 200)
+    copied = await api(relay, http, "GET", f"/api/v1/events/{copy}", 200)
+    [crm], [copy_crm] = shown["deliveries"], copied["deliveries"]
+    if answer == 200:
+        assert (crm["status"], copy_crm["status"]) == ("delivered", "skipped")
+        assert f"delivery {crm['id']}, the original, was delivered" in copy_crm["last_error"]
+    else:
+        assert (crm["status"], copy_crm["status"]) == ("resolved", "delivered")
+        assert json.loads(sink.requests[1].body) == FIXED
 
 
 @pytest.mark.parametrize(
@@ -271,8 +379,13 @@ async def test_cli_resend_from_a_file_and_from_the_editor(
     assert second["by"] == "cli user anna"
 
     await relay.scheduler.drain()
-    bodies = [json.loads(r.body) for r in sink.requests[-2:]]
-    assert bodies == [FIXED, {**FIXED, "phone": "+79990000000"}]
+    # The second copy of the original stopped the first, still waiting: one
+    # lead reaches the CRM, the last correction.
+    bodies = [json.loads(r.body) for r in sink.requests[1:]]
+    assert bodies == [{**FIXED, "phone": "+79990000000"}]
+    first_copy = await relay.store.get_event(int(copy.group(1)))
+    assert first_copy is not None
+    assert [d.status.value for d in first_copy.event.deliveries] == ["resolved"]
     stored = await relay.store.get_event(int(original))
     assert stored is not None
     assert [link.copy_id for link in stored.resent_as] == [

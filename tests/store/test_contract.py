@@ -565,7 +565,7 @@ async def test_search_leaves_out_events_purged_meanwhile_and_purge_takes_index_r
     assert (await store.search_progress()).indexed_through == second < third
 
 
-async def test_resend_stores_a_linked_copy_and_leaves_the_original_alone(
+async def test_resend_stores_a_linked_copy_and_stops_the_originals_delivery_to_its_target(
     store: Store,
 ) -> None:
     original = (await store.accept_event(event("k-1"), TWO, T0)).event_id
@@ -591,8 +591,25 @@ async def test_resend_stores_a_linked_copy_and_leaves_the_original_alone(
     assert after is not None
     assert before is not None
     assert after.resent_as == (ResendLink(original, copy, T0 + 60, "cli user anna"),)
-    assert dataclasses.replace(after, resent_as=()) == before
-    claimed = await store.claim_due(T0 + 60, T0 + 120, {"crm": 10})
-    assert [c.event_id for c in claimed] == [original, copy]
+    # The original's body and its delivery to audit are as they were; its
+    # pending delivery to crm is superseded by the copy's, linked both ways.
+    assert after.payload == before.payload
+    crm, audit = after.event.deliveries
+    [copy_crm] = detail.event.deliveries
+    assert (crm.status, crm.resolved_by, crm.next_attempt_at) == (
+        Status.SUPERSEDED,
+        copy_crm.id,
+        None,
+    )
+    assert copy_crm.resolves == crm.id
+    assert audit == before.event.deliveries[1]
+    assert [(e.kind, e.by) for e in after.log[crm.id]] == [("superseded", "cli user anna")]
+    # Only the copy goes to crm: the original's pending delivery would be the
+    # same lead a second time, under an identity of its own.
+    claimed = await store.claim_due(T0 + 60, T0 + 120, {"crm": 10, "audit": 10})
+    assert sorted((c.event_id, c.target) for c in claimed) == [
+        (original, "audit"),
+        (copy, "crm"),
+    ]
     with pytest.raises(NotFound):
         await store.resend(dataclasses.replace(resend, original_id=9999), T0)

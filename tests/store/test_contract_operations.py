@@ -256,9 +256,10 @@ def _copy_of(event_id: int, targets: tuple[str, ...] = ("crm",)) -> Resend:
 async def test_a_delivered_copy_resolves_the_originals_dead_delivery_to_its_target(
     store: Store,
 ) -> None:
-    # The original: dead to crm, delivered to audit. A copy to crm fails once
-    # (the original stays dead), then a copy of the copy is delivered: both
-    # dead ones are resolved, linked both ways, and the dead count drops.
+    # The original: dead to crm, delivered to audit. A copy to crm supersedes
+    # it (the dead count is the copy's to carry), and fails; a copy of the
+    # copy supersedes that one and is delivered: both are resolved, linked
+    # both ways, and the dead count is back to 0.
     original = await store.accept_event(event("k", body=b'{"phone": "bad"}'), TWO, T0)
     crm, audit = sorted(await store.claim_due(T0, T0 + 60, {"crm": 1, "audit": 1}), key=str)
     await record(store, crm, FAILED, Dead("HTTP 422"), T0)
@@ -266,10 +267,14 @@ async def test_a_delivered_copy_resolves_the_originals_dead_delivery_to_its_targ
     assert (await store.stats()).dead == 1
 
     first_copy = await store.resend(_copy_of(original.event_id), T0 + 10)
+    assert (await store.stats()).dead == 0
     [claim] = await store.claim_due(T0 + 10, T0 + 70, {"crm": 1})
     assert claim.resolves == crm.id
     await record(store, claim, FAILED, Dead("HTTP 422 again"), T0 + 10)
-    assert (await store.stats()).dead == 2  # a failed copy resolves nothing
+    assert (await store.stats()).dead == 1  # the copy's; the original stays stopped
+    stopped = await store.get_delivery(crm.id)
+    assert stopped is not None
+    assert (stopped.status, stopped.resolved_by) == (Status.SUPERSEDED, claim.id)
 
     second_copy = await store.resend(_copy_of(first_copy), T0 + 20)
     [fixed] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 1})
@@ -286,9 +291,9 @@ async def test_a_delivered_copy_resolves_the_originals_dead_delivery_to_its_targ
         assert detail is not None
         view = next(d for d in detail.event.deliveries if d.id == delivery_id)
         assert (view.status, view.resolved_by) == (Status.RESOLVED, fixed.id)
-        assert [e.kind for e in detail.log[delivery_id]] == ["resolved"]
+        assert [e.kind for e in detail.log[delivery_id]] == ["superseded", "resolved"]
         assert f"delivery {fixed.id} of event {second_copy}" in (
-            detail.log[delivery_id][0].detail or ""
+            detail.log[delivery_id][-1].detail or ""
         )
     top = await store.get_event(original.event_id)
     assert top is not None
@@ -304,19 +309,29 @@ async def test_a_delivered_copy_resolves_the_originals_dead_delivery_to_its_targ
     assert await store.purge({}, T0 + 10**6, limit=10, dry_run=True) == 3
 
 
-async def test_a_copy_delivered_after_the_original_was_requeued_leaves_it_alone(
+async def test_a_superseded_delivery_is_never_sent_again_and_says_which_copy_goes(
     store: Store,
 ) -> None:
     dead = await _dead(store)
     copy_id = await store.resend(_copy_of(dead.event_id), T0 + 10)
-    await store.requeue(Selection(ids=(dead.id,)), T0 + 11)  # pending again, by a person
+    copy = await store.get_event(copy_id)
+    assert copy is not None
+    [instead] = copy.event.deliveries
+    # A requeue (by id, by filter, of any state it takes) leaves it: the copy is
+    # the one to requeue. Retry and skip say which copy goes instead.
+    for status in (Status.DEAD, Status.DELIVERED, Status.SKIPPED, Status.SUPERSEDED):
+        assert await store.requeue(Selection(status=status, ids=(dead.id,)), T0 + 11) == []
+    with pytest.raises(Conflict, match=f"superseded by delivery {instead.id}"):
+        await store.retry_now(dead.id, T0 + 12)
+    with pytest.raises(Conflict, match="superseded"):
+        await store.skip(dead.id, T0 + 12)
     claims = await store.claim_due(T0 + 20, T0 + 80, {"crm": 5})
-    copy = next(c for c in claims if c.event_id == copy_id)
+    assert [c.id for c in claims] == [instead.id]
     ok = AttemptRecord(1, T0 + 20, 0.01, "success", 200)
-    await record(store, copy, ok, Delivered(), T0 + 20)
+    await record(store, claims[0], ok, Delivered(), T0 + 20)
     view = await store.get_delivery(dead.id)
     assert view is not None
-    assert (view.status, view.resolved_by) == (Status.IN_FLIGHT, None)
+    assert (view.status, view.resolved_by) == (Status.RESOLVED, instead.id)
 
 
 async def test_a_manual_attempt_lost_mid_way_is_still_manual_when_claimed_again(

@@ -173,6 +173,57 @@ async def test_orphans_are_recovered_per_instance_never_another_live_ones(
     assert taken.id == held_by_a.id
 
 
+@pytest.mark.parametrize(("answer", "goes"), [("success", False), ("retry", True)])
+async def test_a_copy_made_on_one_instance_waits_for_anothers_attempt(
+    two: tuple[PostgresStore, PostgresStore], answer: str, goes: bool
+) -> None:
+    """a attempts the original; a person's resend goes through b meanwhile.
+    Neither instance claims the copy while a's attempt is under way; a's
+    record decides: delivered, the copy is skipped; failed, it goes."""
+    a, b = two
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    [held] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+    copy_id = await b.resend(
+        Resend(held.event_id, (), b'{"a": 2}', "application/json", ("crm",), "cli user anna"),
+        T0 + 1,
+    )
+    for store in (a, b):
+        assert await store.claim_due(T0 + 2, T0 + 62, {"crm": 4}) == []
+        assert await store.next_due(["crm"]) == {"crm": T0 + 60}  # a's lease, not the copy
+    then = Delivered() if answer == "success" else RetryAt(T0 + 100)
+    await record(a, held, AttemptRecord(1, T0, 0.01, answer, 200, None), then, T0 + 3)
+    claims = await b.claim_due(T0 + 4, T0 + 64, {"crm": 4})
+    assert [c.event_id for c in claims] == ([copy_id] if goes else [])
+    view = await b.get_delivery(held.id)
+    assert view is not None
+    assert view.status is (Status.SUPERSEDED if goes else Status.DELIVERED)
+
+
+async def test_a_copy_waiting_for_a_gone_instances_attempt_goes_once_that_lease_is_taken_over(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """a dies with an attempt under way; a person made a corrected copy of its
+    event meanwhile. b never sends the original again (it may have gone out,
+    and the copy is what the person wants sent): the next claim ends it as
+    interrupted, superseded, and the one after takes the copy."""
+    a, b = two
+    b.set_limits({"crm": TargetLimits(concurrency=4)})
+    await a.accept_event(event(), [NewDelivery("crm")], T0)
+    [held] = await a.claim_due(T0, T0 + 60, {"crm": 1})
+    copy_id = await b.resend(
+        Resend(held.event_id, (), b'{"a": 2}', "application/json", ("crm",), "cli user anna"),
+        T0 + 1,
+    )
+    assert await b.claim_due(T0 + 2, T0 + 62, {"crm": 4}) == []  # a's attempt is under way
+    await a.close()  # stopped: its lease may be taken at once
+    assert await b.claim_due(T0 + 3, T0 + 63, {"crm": 4}) == []  # ended, not taken over
+    view = await b.get_delivery(held.id)
+    assert view is not None
+    assert (view.status, view.attempts) == (Status.SUPERSEDED, 1)
+    [copy] = await b.claim_due(T0 + 4, T0 + 64, {"crm": 4})
+    assert copy.event_id == copy_id
+
+
 async def test_a_late_attempt_leaves_the_delivery_to_the_instance_that_took_it_over(
     two: tuple[PostgresStore, PostgresStore], pg_url: str
 ) -> None:

@@ -149,7 +149,7 @@ async def allowed(
     instance_id: str,
     dead_after: float,
     unanswered: Mapping[int, float] | None = None,
-) -> tuple[dict[str, int], dict[str, DownState]]:
+) -> tuple[dict[str, int], dict[str, DownState], list[int]]:
     """How many of each target this instance may claim now, in the caller's
     transaction: the least each of its rules allows (`room`). With them, the
     hold_when_down targets that are down: the one delivery each gives is its
@@ -162,12 +162,15 @@ async def allowed(
     states' rows (`_down_states`). A lease counts against the concurrency
     until it may be taken over (`_leased`, with the deliveries this
     instance's claims that went unanswered leased, each with its claim's
-    moment)."""
+    moment). Last, the leases a corrected copy waits for that lapsed
+    (`_leased`): the caller ends them."""
     known = {target: limits[target] for target in wanted if target in limits}
     if not known:
-        return dict(wanted), {}
+        return dict(wanted), {}, []
     next_at = await _lock_paces(connection, known)
-    leased = await _leased(connection, list(known), now, instance_id, dead_after, unanswered or {})
+    leased, stale = await _leased(
+        connection, list(known), now, instance_id, dead_after, unanswered or {}
+    )
     held = sorted(target for target, rule in known.items() if rule.hold_when_down)
     down = await _down_states(connection, held) if held else {}
     throttled = await _throttled(connection, list(known), now)
@@ -186,7 +189,8 @@ async def allowed(
             )
         if limit > 0:
             result[target] = limit
-    return result, {target: state for target, state in down.items() if target in result}
+    down_now = {target: state for target, state in down.items() if target in result}
+    return result, down_now, stale
 
 
 def room(
@@ -258,12 +262,15 @@ async def _leased(
     instance_id: str,
     dead_after: float,
     unanswered: Mapping[int, float],
-) -> dict[str, int]:
-    """Per target, its leases that may not be taken over (`lapsed`)."""
+) -> tuple[dict[str, int], list[int]]:
+    """Per target, its leases that may not be taken over (`lapsed`); and the
+    lapsed ones a corrected copy waits for, which are never taken over but
+    ended (relay.store.supersede), read in the same pass."""
+    gone = lapsed("$3", "$2", "$4", ("$5::bigint[]", "$6::float8[]"))
     rows = await connection.fetch(
-        "SELECT target, COUNT(*) FROM deliveries WHERE status = 'in_flight'"
-        " AND target = ANY($1::text[])"
-        f" AND NOT {lapsed('$3', '$2', '$4', ('$5::bigint[]', '$6::float8[]'))}"
+        f"SELECT target, COUNT(*) FILTER (WHERE NOT {gone}),"
+        f" array_agg(id) FILTER (WHERE resolved_by IS NOT NULL AND {gone})"
+        " FROM deliveries WHERE status = 'in_flight' AND target = ANY($1::text[])"
         " GROUP BY target",
         targets,
         now,
@@ -272,7 +279,8 @@ async def _leased(
         list(unanswered),
         list(unanswered.values()),
     )
-    return {target: count for target, count in rows}
+    stale = [int(delivery_id) for _, _, ids in rows for delivery_id in ids or ()]
+    return {target: count for target, count, _ in rows}, stale
 
 
 async def _down_states(connection: Connection, held: list[str]) -> dict[str, DownState]:

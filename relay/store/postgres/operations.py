@@ -3,25 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import relay.store.rows as rows
 from relay.store.accept import AcceptJob
-from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
+from relay.store.base import (
+    UNKNOWN,
+    Conflict,
+    DeliveryView,
+    NewDelivery,
+    NotFound,
+    Resend,
+    RetriedNow,
+    Selection,
+    Status,
+)
 from relay.store.columns import DELIVERY, HELD_BEHIND, STORED_EVENT
 from relay.store.dialect import POSTGRES, numbered
 from relay.store.postgres.accept import store_batch
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
-from relay.store.postgres.record import insert_log, lock_lines, next_in_line
+from relay.store.postgres.supersede import link_copy
+from relay.store.postgres.writes import insert_log, lock_lines, next_in_line
 from relay.store.reads import selection_where
 from relay.store.rows import copy_event, describe_selection, resend_subject
 from relay.store.verbs import (
+    REQUEUED,
+    RETRIED,
     Missing,
     NotApplicable,
     RetryNow,
     VerbResult,
     may_skip,
     outcome,
+    paused,
     requeued,
     retried,
     retry_now_step,
@@ -32,7 +47,6 @@ from relay.store.verbs import (
 
 # The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
 HEAD_OF_LINE = numbered(rows.HEAD_OF_LINE)
-LINK_COPY = numbered(rows.LINK_COPY)  # (original event, copy event)
 # A person's verbs write what SQLite's do.
 INSERT_RESEND = numbered(rows.INSERT_RESEND)
 RETRY_FROM_PENDING = numbered(rows.RETRY_FROM_PENDING)
@@ -60,15 +74,18 @@ class PostgresOperations(PostgresConnection):
             await connection.execute(
                 INSERT_RESEND, accepted.event_id, resend.original_id, now, resend.by
             )
-            await connection.execute(LINK_COPY, resend.original_id, accepted.event_id)
+            stopped = await link_copy(
+                connection, resend.original_id, accepted.event_id, now, resend.by
+            )
             copies = [
                 int(delivery_id)
                 for (delivery_id,) in await connection.fetch(
                     "SELECT id FROM deliveries WHERE event_id = $1 ORDER BY id", accepted.event_id
                 )
             ]
-            subject = resend_subject(resend, accepted.event_id)
-            await _insert_audit(connection, now, resend.by, "resend", subject, copies)
+            subject = resend_subject(resend, accepted.event_id, stopped)
+            touched = [*copies, *stopped]
+            await _insert_audit(connection, now, resend.by, "resend", subject, touched)
             return accepted.event_id
 
         # Made twice, a resend is two copies: two orders in the CRM.
@@ -83,9 +100,9 @@ class PostgresOperations(PostgresConnection):
             row = await connection.fetchrow(RETRY_STATE, delivery_id)
             if row is None:
                 return Missing()
-            was, resume_status, next_attempt_at, target, order_key = row
+            was, resume_status, next_attempt_at, target, order_key, resolved_by = row
             status = Status(was)
-            step = retry_now_step(status, resume_status, next_attempt_at, order_key)
+            step = retry_now_step(status, resume_status, next_attempt_at, order_key, resolved_by)
             if isinstance(step, NotApplicable):
                 return step
             if step is RetryNow.WAITING_TURN:
@@ -133,7 +150,7 @@ class PostgresOperations(PostgresConnection):
         return result
 
     async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
-        if selection.status in (Status.PENDING, Status.IN_FLIGHT):
+        if selection.status not in REQUEUED:
             return []
         where, params = selection_where(selection, POSTGRES)
 
@@ -147,7 +164,7 @@ class PostgresOperations(PostgresConnection):
                     " fails_alone = false, next_attempt_at = $1, lease_until = NULL,"
                     " lease_owner = NULL,"
                     " resume_status = NULL, resume_at = NULL, updated_at = $1,"
-                    " order_key = CASE WHEN status IN ('delivered', 'skipped', 'resolved')"
+                    " order_key = CASE WHEN status IN ('delivered', 'skipped')"
                     " THEN NULL ELSE order_key END"
                     f" WHERE {numbered(where, 2)} RETURNING id",
                     now,
@@ -165,6 +182,45 @@ class PostgresOperations(PostgresConnection):
         if ids:
             await self._wake("requeue")
         return ids
+
+    async def retry_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> RetriedNow:
+        if selection.status not in RETRIED:
+            return RetriedNow([])
+        sendable = replace(selection, sendable=True)
+        where, params = selection_where(sendable, POSTGRES)
+
+        async def job(connection: Connection) -> RetriedNow | str:
+            targets = await connection.fetch(
+                numbered(rows.SELECTED_TARGETS.format(where=where)), *params
+            )
+            refused = sorted(name for name, paused_, _, _ in targets if paused_)
+            if refused:
+                return paused(refused)
+            # Targets first, then deliveries: the order an attempt's record locks them.
+            probed = sorted(name for name, _, down, _ in targets if down)
+            for name in probed:
+                await connection.execute(PROBE_NOW, now, name)
+            ids = sorted(
+                int(delivery_id)
+                for (delivery_id,) in await connection.fetch(
+                    numbered(rows.RETRY_SELECTED.format(where=where)), now, now, *params
+                )
+            )
+            await insert_log(connection, ids, now, "retry", retried(selection.status), by)
+            subject = describe_selection(sendable)
+            await _insert_audit(connection, now, by, "retry", subject, ids)
+            held = {name: until for name, _, _, until in targets if until and until > now}
+            return RetriedNow(ids, probed, held)
+
+        # Made twice, it is asked twice: the second finds them asked already.
+        result = await self._write(job)
+        if isinstance(result, str):
+            raise Conflict(result)
+        if result.ids or result.probed:
+            await self._wake("retry")
+        return result
 
     async def skip_selected(
         self, selection: Selection, now: float, *, by: str = UNKNOWN

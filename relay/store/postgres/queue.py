@@ -34,8 +34,11 @@ from relay.store.postgres.cluster import (
 from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 from relay.store.postgres.record import Record
+from relay.store.postgres.supersede import stop_unfinished
+from relay.store.postgres.writes import lock_lines
 from relay.store.record import RecordJob
 from relay.store.rows import PARKED, TAKEN_BACK, UNCONFIGURED, unconfigured
+from relay.store.supersede import COPY_FREE
 
 FLAG_UNCONFIGURED = numbered(rows.FLAG_UNCONFIGURED)  # (why, now, target)
 # What a claim's updates return of each delivery: what CLAIMED reads of it (d).
@@ -47,7 +50,9 @@ CLAIM_RETURNING = f"RETURNING {CLAIMED.columns_on('d')}"
 # instance is gone, or by the server's clock), then what is due, up to $5 in
 # all; each with its event. A lease taken over is an attempt interrupted,
 # counted as on SQLite (sqlite.queue.CLAIM_EXPIRED); not one of this instance's claims
-# whose answer was lost: nothing was sent for those.
+# whose answer was lost: nothing was sent for those. One a corrected copy
+# waits for is never attempted again (claim_due ends it, STOP_LAPSED); the
+# copy's delivery waits while it is in flight (relay.store.supersede).
 CLAIM = f"""
 WITH expired AS (
     UPDATE deliveries SET lease_until = $1, lease_owner = $2, updated_at = $3,
@@ -57,6 +62,7 @@ WITH expired AS (
     WHERE id IN (
         SELECT id FROM deliveries
         WHERE status = 'in_flight' AND target = $4 AND id <> ALL($6::bigint[])
+        AND resolved_by IS NULL
         AND {lapsed("$2", "$3", "$7", ("$8::bigint[]", "$9::float8[]"))}
         ORDER BY lease_until LIMIT $5
         FOR UPDATE SKIP LOCKED)
@@ -65,9 +71,10 @@ WITH expired AS (
     UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2,
         updated_at = $3, lease_expires = {lease_expires("$3", "$1")}
     WHERE id IN (
-        SELECT id FROM deliveries
-        WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
-        ORDER BY next_attempt_at, id LIMIT $5 - (SELECT COUNT(*) FROM expired)
+        SELECT c.id FROM deliveries c
+        WHERE c.status = 'pending' AND c.target = $4 AND c.next_attempt_at <= $3
+        AND {COPY_FREE}
+        ORDER BY c.next_attempt_at, c.id LIMIT $5 - (SELECT COUNT(*) FROM expired)
         FOR UPDATE SKIP LOCKED)
     {CLAIM_RETURNING}
 )
@@ -102,6 +109,7 @@ class PostgresQueue(PostgresConnection):
         }
         unanswered = {delivery_id: at for delivery_id, (at, _) in self._unanswered_claims.items()}
         leased: list[int] = []  # by the job, once it ran to its end
+        stale: list[int] = []
 
         async def job(connection: Connection) -> list[ClaimedDelivery]:
             if not self._claimed or self._unbeaten():
@@ -111,9 +119,10 @@ class PostgresQueue(PostgresConnection):
                 await connection.execute(ALIVE, self.instance_id, self.dead_after)
             claimed: list[ClaimedDelivery] = []
             counts: dict[str, int] = {}
-            room, probing = await allowed(
+            room, probing, lapsed_waited = await allowed(
                 connection, wanted, self._limits, now, self.instance_id, self.dead_after, unanswered
             )
+            stale[:] = lapsed_waited
             for target, limit in room.items():
                 found = await connection.fetch(
                     CLAIM,
@@ -152,7 +161,29 @@ class PostgresQueue(PostgresConnection):
             self._unanswered_claims.pop(delivery_id, None)
         self._claimed = True
         self._beat()
+        if stale:
+            # In a transaction of its own: it locks lines, which a claim,
+            # holding the pacing and target rows, must not wait for.
+            await self._stop_lapsed(stale, now)
         return claimed
+
+    async def _stop_lapsed(self, delivery_ids: list[int], now: float) -> None:
+        """Leases a corrected copy waits for whose instance is gone (or whose
+        lease ran out): their attempt will never be recorded, they end as if it
+        failed and the copies go at the next claim (relay.store.supersede)."""
+
+        async def job(connection: Connection) -> int:
+            await lock_lines(connection, delivery_ids)
+            gone = lapsed("$4", "$1", "$5")
+            return await stop_unfinished(
+                connection,
+                f"id = ANY($3::bigint[]) AND {gone}",
+                [delivery_ids, self.instance_id, self.dead_after],
+                now,
+                interrupted=True,
+            )
+
+        await self._write(job)
 
     def _unbeaten(self) -> bool:
         """The heartbeats have not touched this instance's row for two of their
@@ -180,8 +211,9 @@ class PostgresQueue(PostgresConnection):
         if not targets:
             return {}
         rows = await self._rows(
-            "SELECT t, (SELECT MIN(next_attempt_at) FROM deliveries"
-            "  WHERE status = 'pending' AND target = t),"
+            "SELECT t, (SELECT c.next_attempt_at FROM deliveries c"
+            "  WHERE c.status = 'pending' AND c.target = t AND c.next_attempt_at IS NOT NULL"
+            f"  AND {COPY_FREE} ORDER BY c.next_attempt_at LIMIT 1),"
             " (SELECT MIN(lease_until) FROM deliveries WHERE status = 'in_flight' AND target = t)"
             " FROM unnest($1::text[]) AS t",
             list(targets),
@@ -239,8 +271,19 @@ class PostgresQueue(PostgresConnection):
         ids = list(delivery_ids)
         if not ids:
             return
-        async with self._connection() as connection:
+
+        async def job(connection: Connection) -> None:
             # This instance's leases only: one taken over is another's attempt.
+            # Cut short, never recorded: one a corrected copy waits for ends
+            # here, and the copy goes (relay.store.supersede).
+            await lock_lines(connection, ids)
+            await stop_unfinished(
+                connection,
+                "id = ANY($3::bigint[]) AND lease_owner = $4",
+                [ids, self.instance_id],
+                now,
+                interrupted=False,
+            )
             await connection.execute(
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL,"
                 " lease_owner = NULL, updated_at = $1"
@@ -250,6 +293,8 @@ class PostgresQueue(PostgresConnection):
                 self.instance_id,
             )
 
+        await self._write(job)
+
     async def recover_orphans(self, now: float) -> Recovered:
         """Give back this instance's own leases and every one that may be taken
         over; leases other live instances hold are theirs until they run out
@@ -257,20 +302,48 @@ class PostgresQueue(PostgresConnection):
         self._beat()  # `relay serve` starts here: it is one of the cluster now
         async with self._connection() as connection:
             await connection.execute(STARTED, self.instance_id, socket.gethostname())
+
+        def given_back(me: str, dead_after: str) -> str:
+            return f"(lease_owner = {me} OR {lapsed(me, '$1', dead_after)})"
+
+        async def stop(connection: Connection) -> int:
+            # One a corrected copy waits for ends here (relay.store.supersede).
+            waited = [
+                int(delivery_id)
+                for (delivery_id,) in await connection.fetch(
+                    "SELECT id FROM deliveries WHERE status = 'in_flight'"
+                    f" AND resolved_by IS NOT NULL AND {given_back('$2', '$3')}",
+                    now,
+                    self.instance_id,
+                    self.dead_after,
+                )
+            ]
+            if not waited:
+                return 0
+            await lock_lines(connection, waited)
+            return await stop_unfinished(
+                connection,
+                f"id = ANY($3::bigint[]) AND {given_back('$4', '$5')}",
+                [waited, self.instance_id, self.dead_after],
+                now,
+                interrupted=True,
+            )
+
+        stopped = await self._write(stop)
+        async with self._connection() as connection:
             rows = await connection.fetch(
                 # Each was an attempt interrupted: counted (CLAIM); parked
                 # after INTERRUPTED_LIMIT in a row, as on SQLite.
                 f"UPDATE deliveries SET {TAKEN_BACK.replace('?', '$4')}, lease_until = NULL,"
                 " lease_owner = NULL, lease_expires = NULL, updated_at = $1"
-                " WHERE status = 'in_flight' AND (lease_owner = $2"
-                f" OR {lapsed('$2', '$1', '$3')}) RETURNING id, status",
+                f" WHERE status = 'in_flight' AND {given_back('$2', '$3')} RETURNING id, status",
                 now,
                 self.instance_id,
                 self.dead_after,
                 PARKED,
             )
         parked = sorted(i for i, status in rows if status == Status.DEAD.value)
-        return Recovered(len(rows), tuple(parked))
+        return Recovered(stopped + len(rows), tuple(parked))
 
     async def flag_unconfigured(self, configured: Collection[str], now: float) -> dict[str, int]:
         sql, params = unconfigured(POSTGRES, list(configured))

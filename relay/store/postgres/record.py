@@ -34,25 +34,15 @@ from relay.store.columns import HEALTH, HISTORY
 from relay.store.dialect import numbered
 from relay.store.postgres.cluster import TargetLimits
 from relay.store.postgres.errors import Connection
+from relay.store.postgres.supersede import (
+    delivered_while_waiting,
+    resolve_originals,
+    settle_attempt,
+)
+from relay.store.postgres.writes import NEXT_IN_LINE, lock_lines
 from relay.store.record import RecordJob, successes_health
 from relay.store.rows import NEW_ATTEMPT, delivery_after
 
-# The ordering lines' SQL is SQLite's, numbered (one text, one meaning).
-NEXT_IN_LINE = numbered(rows.NEXT_IN_LINE)  # (now, now, delivery id)
-# The lines of these deliveries, locked as an accept joining them locks them
-# (relay.store.postgres.accept, LOCK_KEYS of "line:<target>", key), in one
-# order. A line's next is let go (NEXT_IN_LINE, SUCCESSES) only under it:
-# else an accept that saw the head unfinished stores its delivery waiting,
-# the head's record does not see that uncommitted delivery, and both commit
-# a line that waits for ever. Under the lock, whichever comes second sees
-# what the first committed.
-LOCK_LINES = """
-SELECT pg_advisory_xact_lock(h) FROM (
-    SELECT DISTINCT hashtextextended('line:' || target || '/' || order_key, 0) AS h
-    FROM deliveries WHERE id = ANY($1::bigint[]) AND order_key IS NOT NULL ORDER BY h) AS locks
-"""
-RESOLVE = numbered(rows.RESOLVE)  # (resolved by, now, original delivery)
-INSERT_LOG = numbered(rows.INSERT_LOG)
 # A down target's line (rows.LINE_UP_BY_ARRIVAL), numbered.
 LINE_UP_ALL = numbered(rows.LINE_UP_ALL)  # (target)
 LINE_UP_DOWN = numbered(rows.LINE_UP_DOWN)  # (target, target)
@@ -60,17 +50,23 @@ LINE_UP_ONE_DOWN = numbered(rows.LINE_UP_ONE_DOWN)  # (target, target, delivery 
 # Only while the lease is still this instance's: one taken over (the attempt
 # outlived it) is the new owner's to decide, and its attempt may be under
 # way. The attempt itself happened all the same, and is kept.
+# With the corrected copy a person made while the attempt was under way, if
+# one was (relay.store.supersede): its row as written, so as it was once a
+# resend that linked it committed.
 DELIVERY_UPDATE = """
 UPDATE deliveries SET status = $1, attempts = $2, cycle_attempts = $3, next_attempt_at = $4,
     lease_until = NULL, lease_owner = NULL, last_error = $5, updated_at = $6,
     resume_status = NULL, resume_at = NULL
 WHERE id = $7 AND status = 'in_flight' AND lease_owner = $8
+RETURNING resolved_by
 """
 # Successes on targets that are up, in one statement: their attempts, their
 # deliveries (those whose lease was still this instance's, as DELIVERY_UPDATE),
 # the next of each ordering line they were at the head of (as NEXT_IN_LINE:
 # the statement sees the rows as they were before it, so the delivered ones,
-# still in flight there, are left out by id), and their targets' health.
+# still in flight there, are left out by id), and their targets' health;
+# it returns those a corrected copy was made for while they were under way
+# (relay.store.supersede), each with the copy's delivery.
 SUCCESSES = f"""
 WITH attempt AS ({NEW_ATTEMPT.from_arrays()}
 ), done AS (
@@ -81,22 +77,24 @@ WITH attempt AS ({NEW_ATTEMPT.from_arrays()}
         $19::float8[], $20::bigint[]) AS u(status, attempts, cycle, next_at, error, now, id)
     WHERE deliveries.id = u.id AND deliveries.status = 'in_flight'
     AND deliveries.lease_owner = $21
-    RETURNING deliveries.id, deliveries.target, deliveries.order_key
+    RETURNING deliveries.id, deliveries.target, deliveries.order_key, deliveries.resolved_by
 ), health AS (
     UPDATE targets SET last_success_at = h.at, consecutive_failures = 0, down_streak = 0,
         successes = h.successes
     FROM unnest($22::text[], $23::float8[], $24::bigint[]) AS h(name, at, successes)
     WHERE targets.name = h.name
+), moved AS (
+    UPDATE deliveries SET next_attempt_at = $25, updated_at = $25
+    WHERE id IN (
+        SELECT (SELECT n.id FROM deliveries n
+                WHERE n.target = d.target AND n.order_key = d.order_key
+                AND n.status IN ('pending', 'in_flight', 'dead')
+                AND n.id NOT IN (SELECT id FROM done)
+                ORDER BY n.id LIMIT 1)
+        FROM done d WHERE d.order_key IS NOT NULL)
+    AND status = 'pending' AND next_attempt_at IS NULL
 )
-UPDATE deliveries SET next_attempt_at = $25, updated_at = $25
-WHERE id IN (
-    SELECT (SELECT n.id FROM deliveries n
-            WHERE n.target = d.target AND n.order_key = d.order_key
-            AND n.status IN ('pending', 'in_flight', 'dead')
-            AND n.id NOT IN (SELECT id FROM done)
-            ORDER BY n.id LIMIT 1)
-    FROM done d WHERE d.order_key IS NOT NULL)
-AND status = 'pending' AND next_attempt_at IS NULL
+SELECT id, resolved_by FROM done WHERE resolved_by IS NOT NULL
 """
 # The success columns a success's step sets, in SUCCESSES's order.
 SUCCESS_COLUMNS = ("last_success_at", "successes")
@@ -191,15 +189,19 @@ async def _successes(
     attempts = [list(values) for values in zip(*(job.attempt_row() for job in jobs), strict=True)]
     updates = [list(values) for values in zip(*(job.delivery_row() for job in jobs), strict=True)]
     names = sorted(changed)
-    await connection.execute(
+    now = max(job.now for job in jobs)
+    waited = await connection.fetch(
         SUCCESSES,
         *attempts,
         *updates,
         records[0].instance_id,
         names,
         *([changed[name][column] for name in names] for column in SUCCESS_COLUMNS),
-        max(job.now for job in jobs),
+        now,
     )
+    # A statement after the one that wrote them: it sees the copies' deliveries.
+    for delivery_id, copy in waited:
+        await delivered_while_waiting(connection, delivery_id, copy, now)
 
 
 async def _one(connection: Connection, record: Record) -> Step:
@@ -220,8 +222,11 @@ async def _one(connection: Connection, record: Record) -> Step:
             return record.first  # it did commit: kept once, with its answer
     step = job.decided(*await _standing(connection, delivery.target, delivery.id))
     await connection.execute(INSERT_ATTEMPT, *job.attempt_row())
-    result = await connection.execute(DELIVERY_UPDATE, *job.delivery_row(), record.instance_id)
-    held = result.split()[-1] != "0"
+    updated = await connection.fetchrow(DELIVERY_UPDATE, *job.delivery_row(), record.instance_id)
+    held = updated is not None
+    if updated is not None and updated[0] is not None:
+        # A corrected copy was made while this attempt was under way.
+        step = await settle_attempt(connection, delivery, updated[0], step, job.now)
     status, _, _ = delivery_after(step.then, None)
     if held and status is Status.DELIVERED:
         await connection.execute(NEXT_IN_LINE, job.now, job.now, delivery.id)
@@ -300,48 +305,3 @@ async def _write_health(connection: Connection, target: str, columns: dict[str, 
             *columns.values(),
             target,
         )
-
-
-async def resolve_originals(
-    connection: Connection, delivery_id: int, event_id: int, original: int | None, now: float
-) -> None:
-    """As SQLite's resolve_originals: a delivered corrected copy resolves the dead
-    delivery it stands for, up a chain of copies."""
-    for _ in range(rows.RESOLVE_DEPTH):
-        if original is None:
-            return
-        await lock_lines(connection, [original])  # before its row (RESOLVE)
-        resolved = await connection.fetchrow(RESOLVE, delivery_id, now, original)
-        if resolved is None:
-            return
-        detail = f"a corrected copy was delivered: delivery {delivery_id} of event {event_id}"
-        await insert_log(connection, [original], now, "resolved", detail)
-        await next_in_line(connection, [original], now)
-        (original,) = resolved  # the delivery the original itself stands for, if a copy
-
-
-async def insert_log(
-    connection: Connection,
-    delivery_ids: Sequence[int],
-    now: float,
-    kind: str,
-    detail: str,
-    by: str | None = None,
-) -> None:
-    await connection.executemany(
-        INSERT_LOG, [(delivery_id, now, kind, detail, by) for delivery_id in delivery_ids]
-    )
-
-
-async def lock_lines(connection: Connection, delivery_ids: Sequence[int]) -> None:
-    """Lock these deliveries' lines (LOCK_LINES) to the transaction's end. Taken
-    before any delivery's row lock, wherever both are: one order, no deadlock."""
-    await connection.execute(LOCK_LINES, list(delivery_ids))
-
-
-async def next_in_line(connection: Connection, delivery_ids: Sequence[int], now: float) -> None:
-    """These deliveries are finished: the next of each one's line is due (its
-    line locked first, see LOCK_LINES)."""
-    await lock_lines(connection, delivery_ids)
-    for delivery_id in delivery_ids:
-        await connection.execute(NEXT_IN_LINE, now, now, delivery_id)

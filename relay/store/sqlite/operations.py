@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 
 import relay.store.rows as rows
 from relay.store.accept import AcceptJob
-from relay.store.base import UNKNOWN, DeliveryView, NewDelivery, NotFound, Resend, Selection, Status
+from relay.store.base import (
+    UNKNOWN,
+    Conflict,
+    DeliveryView,
+    NewDelivery,
+    NotFound,
+    Resend,
+    RetriedNow,
+    Selection,
+    Status,
+)
 from relay.store.columns import HELD_BEHIND, STORED_EVENT
 from relay.store.dialect import SQLITE
 from relay.store.reads import selection_where
 from relay.store.rows import (
     HEAD_OF_LINE,
     INSERT_RESEND,
-    LINK_COPY,
     NEXT_IN_LINE,
     RETRY_FROM_DEAD,
     RETRY_FROM_PENDING,
+    RETRY_SELECTED,
     RETRY_STATE,
+    SELECTED_TARGETS,
     SET_PAUSED,
     SKIP,
     copy_event,
@@ -27,14 +39,18 @@ from relay.store.rows import (
 )
 from relay.store.sqlite.accept import SqliteAccept
 from relay.store.sqlite.connection import SqliteConnection
+from relay.store.sqlite.supersede import link_copy
 from relay.store.sqlite.writes import delivery, insert_audit, insert_log
 from relay.store.verbs import (
+    REQUEUED,
+    RETRIED,
     Missing,
     NotApplicable,
     RetryNow,
     VerbResult,
     may_skip,
     outcome,
+    paused,
     requeued,
     retried,
     retry_now_step,
@@ -59,15 +75,15 @@ class SqliteOperations(SqliteConnection):
             [accepted] = SqliteAccept.run_many(connection, [AcceptJob(event, deliveries, now)])
             copy_id = accepted.event_id
             connection.execute(INSERT_RESEND, (copy_id, resend.original_id, now, resend.by))
-            connection.execute(LINK_COPY, (resend.original_id, copy_id))
+            stopped = link_copy(connection, resend.original_id, copy_id, now, resend.by)
             copies = [
                 delivery_id
                 for (delivery_id,) in connection.execute(
                     "SELECT id FROM deliveries WHERE event_id = ? ORDER BY id", (copy_id,)
                 )
             ]
-            subject = resend_subject(resend, copy_id)
-            insert_audit(connection, now, resend.by, "resend", subject, copies)
+            subject = resend_subject(resend, copy_id, stopped)
+            insert_audit(connection, now, resend.by, "resend", subject, [*copies, *stopped])
             return copy_id
 
         copy_id: int | None = await self._write(job)
@@ -80,9 +96,9 @@ class SqliteOperations(SqliteConnection):
             row = connection.execute(RETRY_STATE, (delivery_id,)).fetchone()
             if row is None:
                 return Missing()
-            was, resume_status, next_attempt_at, target, order_key = row
+            was, resume_status, next_attempt_at, target, order_key, resolved_by = row
             status = Status(was)
-            step = retry_now_step(status, resume_status, next_attempt_at, order_key)
+            step = retry_now_step(status, resume_status, next_attempt_at, order_key, resolved_by)
             if isinstance(step, NotApplicable):
                 return step
             if step is RetryNow.WAITING_TURN:
@@ -128,7 +144,7 @@ class SqliteOperations(SqliteConnection):
         return await self._delivery_verb(delivery_id, job)
 
     async def requeue(self, selection: Selection, now: float, *, by: str = UNKNOWN) -> list[int]:
-        if selection.status in (Status.PENDING, Status.IN_FLIGHT):
+        if selection.status not in REQUEUED:
             return []
         where, params = selection_where(selection, SQLITE)
 
@@ -141,7 +157,7 @@ class SqliteOperations(SqliteConnection):
                     "UPDATE deliveries SET status = 'pending', cycle_attempts = 0, fails_alone = 0,"
                     " next_attempt_at = ?, lease_until = NULL, resume_status = NULL,"
                     " resume_at = NULL, updated_at = ?, order_key = CASE WHEN status"
-                    " IN ('delivered', 'skipped', 'resolved') THEN NULL ELSE order_key END"
+                    " IN ('delivered', 'skipped') THEN NULL ELSE order_key END"
                     f" WHERE {where} RETURNING id",
                     [now, now, *params],
                 ).fetchall()
@@ -152,6 +168,39 @@ class SqliteOperations(SqliteConnection):
             return ids
 
         result: list[int] = await self._write(job)
+        return result
+
+    async def retry_selected(
+        self, selection: Selection, now: float, *, by: str = UNKNOWN
+    ) -> RetriedNow:
+        if selection.status not in RETRIED:
+            return RetriedNow([])
+        sendable = replace(selection, sendable=True)
+        where, params = selection_where(sendable, SQLITE)
+
+        def job(connection: sqlite3.Connection) -> RetriedNow | str:
+            targets = connection.execute(SELECTED_TARGETS.format(where=where), params).fetchall()
+            refused = sorted(name for name, paused_, _, _ in targets if paused_)
+            if refused:
+                return paused(refused)
+            probed = sorted(name for name, _, down, _ in targets if down)
+            for name in probed:
+                connection.execute(PROBE_NOW, (now, name))
+            ids = sorted(
+                delivery_id
+                for (delivery_id,) in connection.execute(
+                    RETRY_SELECTED.format(where=where), [now, now, *params]
+                ).fetchall()
+            )
+            insert_log(connection, ids, now, "retry", retried(selection.status), by)
+            subject = describe_selection(sendable)
+            insert_audit(connection, now, by, "retry", subject, ids)
+            held = {name: until for name, _, _, until in targets if until and until > now}
+            return RetriedNow(ids, probed, held)
+
+        result: RetriedNow | str = await self._write(job)
+        if isinstance(result, str):
+            raise Conflict(result)
         return result
 
     async def skip_selected(

@@ -18,25 +18,39 @@ from relay.store.rows import (
 )
 from relay.store.sqlite.connection import SqliteConnection
 from relay.store.sqlite.record import SqliteRecord
+from relay.store.sqlite.supersede import stop_unfinished
+from relay.store.supersede import COPY_FREE
 
-CLAIM_DUE = """
+# A corrected copy's delivery waits while what it stands in for is in flight
+# (relay.store.supersede).
+CLAIM_DUE = f"""
 UPDATE deliveries SET status = 'in_flight', lease_until = ?, updated_at = ?
 WHERE id IN (
-    SELECT id FROM deliveries
-    WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
-    ORDER BY next_attempt_at, id LIMIT ?)
+    SELECT c.id FROM deliveries c
+    WHERE c.status = 'pending' AND c.target = ? AND c.next_attempt_at <= ? AND {COPY_FREE}
+    ORDER BY c.next_attempt_at, c.id LIMIT ?)
 RETURNING id
 """
 # A lease taken over is an attempt interrupted (it may have reached the
 # receiver): the next one carries the next number (X-Relay-Attempt), while
 # the cycle's count, the retry budget, is not spent by relay's own crash.
+# One a corrected copy waits for is never attempted again (recover_orphans
+# ends it: one process, the serve lock's, holds every lease).
 CLAIM_EXPIRED = """
 UPDATE deliveries SET lease_until = ?, updated_at = ?, attempts = attempts + 1
 WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'in_flight' AND target = ? AND lease_until <= ? {exclude}
+    AND resolved_by IS NULL
     ORDER BY lease_until LIMIT ?)
 RETURNING id
+"""
+# The earliest time a target has something to claim, read by the conditions
+# claim_due leases by: (target, target) each.
+NEXT_PENDING = f"""
+SELECT ? AS target, (SELECT c.next_attempt_at FROM deliveries c
+    WHERE c.status = 'pending' AND c.target = ? AND c.next_attempt_at IS NOT NULL
+    AND {COPY_FREE} ORDER BY c.next_attempt_at LIMIT 1) AS t
 """
 # The deliveries just claimed (d), each with its event (e).
 CLAIMED_ROWS = (
@@ -89,15 +103,12 @@ class SqliteQueue(SqliteConnection):
     async def next_due(self, targets: Collection[str]) -> dict[str, float]:
         if not targets:
             return {}
-        # One MIN per target and state: each is a single index probe, where a
-        # MIN over `target IN (...)` would walk every pending row.
+        # One first row per target and state: each is a single index probe,
+        # where a MIN over `target IN (...)` would walk every pending row.
         parts = []
         params: list[Any] = []
         for target in targets:
-            parts.append(
-                "SELECT ? AS target, MIN(next_attempt_at) AS t FROM deliveries"
-                " WHERE status = 'pending' AND target = ?"
-            )
+            parts.append(NEXT_PENDING)
             parts.append(
                 "SELECT ? AS target, MIN(lease_until) AS t FROM deliveries"
                 " WHERE status = 'in_flight' AND target = ?"
@@ -124,10 +135,15 @@ class SqliteQueue(SqliteConnection):
         if not ids:
             return
 
+        among = f"id IN ({placeholders(len(ids))})"
+
         def job(connection: sqlite3.Connection) -> None:
+            # Cut short, never recorded: one a corrected copy waits for ends
+            # here, and the copy goes (relay.store.supersede).
+            stop_unfinished(connection, among, ids, now, interrupted=False)
             connection.execute(
                 "UPDATE deliveries SET status = 'pending', lease_until = NULL, updated_at = ?"
-                f" WHERE status = 'in_flight' AND id IN ({placeholders(len(ids))})",
+                f" WHERE status = 'in_flight' AND {among}",
                 [now, *ids],
             )
 
@@ -135,14 +151,16 @@ class SqliteQueue(SqliteConnection):
 
     async def recover_orphans(self, now: float) -> Recovered:
         def job(connection: sqlite3.Connection) -> Recovered:
+            # One a corrected copy waits for ends here (relay.store.supersede);
+            # each other was an attempt interrupted: counted (CLAIM_EXPIRED).
+            stopped = stop_unfinished(connection, "1 = 1", (), now, interrupted=True)
             rows = connection.execute(
-                # Each was an attempt interrupted: counted (CLAIM_EXPIRED).
                 f"UPDATE deliveries SET {TAKEN_BACK}, lease_until = NULL, updated_at = ?"
                 " WHERE status = 'in_flight' RETURNING id, status",
                 (PARKED, now),
             ).fetchall()
             parked = sorted(i for i, status in rows if status == Status.DEAD.value)
-            return Recovered(len(rows), tuple(parked))
+            return Recovered(stopped + len(rows), tuple(parked))
 
         result: Recovered = await self._write(job)
         return result

@@ -17,7 +17,6 @@ from dataclasses import replace
 from typing import Any
 
 from relay.store.base import (
-    ClaimedDelivery,
     FailureStreak,
     History,
     Status,
@@ -34,11 +33,9 @@ from relay.store.rows import (
     LINE_UP_ONE_DOWN,
     NEW_ATTEMPT,
     NEXT_IN_LINE,
-    RESOLVE,
-    RESOLVE_DEPTH,
     delivery_after,
 )
-from relay.store.sqlite.writes import insert_log
+from relay.store.sqlite.supersede import resolve_originals, settle_attempt
 
 DELIVERY_UPDATE = (
     "UPDATE deliveries SET status = ?, attempts = ?, cycle_attempts = ?,"
@@ -46,6 +43,9 @@ DELIVERY_UPDATE = (
     " resume_status = NULL, resume_at = NULL"
     " WHERE id = ? AND status = 'in_flight'"
 )
+# One attempt's: with the corrected copy made while it was under way, if one was
+# (relay.store.supersede).
+DELIVERY_UPDATE_ONE = DELIVERY_UPDATE + " RETURNING resolved_by"
 # Targets' health by name, of those that are up.
 HEALTH_BY_NAME = HEALTH.keyed("name")
 # Attempts per INSERT (NEW_ATTEMPT's 13 values each), within SQLite's 32766 bound values.
@@ -63,7 +63,11 @@ class SqliteRecord(RecordJob):
 
     @staticmethod
     def run_many(connection: sqlite3.Connection, jobs: Sequence[SqliteRecord]) -> list[Step]:
-        if len(jobs) == 1 or not all(job.simple_success for job in jobs):
+        if (
+            len(jobs) == 1
+            or not all(job.simple_success for job in jobs)
+            or _copy_waits(connection, jobs)
+        ):
             return [job.one(connection) for job in jobs]
         targets = sorted({job.delivery.target for job in jobs})
         health = dict(
@@ -97,7 +101,10 @@ class SqliteRecord(RecordJob):
         target = self.delivery.target
         step = self.decided(*standing(connection, target, self.delivery.id))
         connection.execute(NEW_ATTEMPT.insert + NEW_ATTEMPT.row, self.attempt_row())
-        connection.execute(DELIVERY_UPDATE, self.delivery_row())
+        updated = connection.execute(DELIVERY_UPDATE_ONE, self.delivery_row()).fetchone()
+        if updated is not None and updated[0] is not None:
+            # A corrected copy was made while this attempt was under way.
+            step = settle_attempt(connection, self.delivery, updated[0], step, self.now)
         status, _, _ = delivery_after(step.then, None)
         if status is Status.DELIVERED:
             connection.execute(NEXT_IN_LINE, (self.now, self.now, self.delivery.id))
@@ -108,6 +115,21 @@ class SqliteRecord(RecordJob):
         elif streak.down and status is Status.PENDING and not isinstance(step.then, Waits):
             line_up_by_arrival(connection, target, up=False, delivery_id=self.delivery.id)
         return _with_streak(step, streak)
+
+
+def _copy_waits(connection: sqlite3.Connection, jobs: Sequence[SqliteRecord]) -> bool:
+    """Whether a corrected copy was made while one of these attempts was under
+    way (it is then recorded alone, relay.store.supersede)."""
+    ids = [job.delivery.id for job in jobs]
+    for start in range(0, len(ids), _ATTEMPTS_PER_STATEMENT):
+        chunk = ids[start : start + _ATTEMPTS_PER_STATEMENT]
+        if connection.execute(
+            f"SELECT 1 FROM deliveries WHERE id IN ({placeholders(len(chunk))})"
+            " AND resolved_by IS NOT NULL LIMIT 1",
+            chunk,
+        ).fetchone():
+            return True
+    return False
 
 
 def _with_streak(step: Step, streak: FailureStreak) -> Step:
@@ -171,25 +193,3 @@ def line_up_by_arrival(
         connection.execute(LINE_UP_DOWN, (target, target))
     else:
         connection.execute(LINE_UP_ONE_DOWN, (target, target, delivery_id))
-
-
-def resolve_originals(
-    connection: sqlite3.Connection, delivery: ClaimedDelivery, now: float
-) -> None:
-    """`delivery`, of a corrected copy, was delivered: resolve what it stands for."""
-    original = delivery.resolves
-    for _ in range(RESOLVE_DEPTH):
-        if original is None:
-            return
-        resolved = connection.execute(RESOLVE, (delivery.id, now, original)).fetchone()
-        if resolved is None:  # not dead (delivered meanwhile, skipped, requeued): left as it is
-            return
-        insert_log(
-            connection,
-            [original],
-            now,
-            "resolved",
-            f"a corrected copy was delivered: delivery {delivery.id} of event {delivery.event_id}",
-        )
-        connection.execute(NEXT_IN_LINE, (now, now, original))
-        (original,) = resolved  # the delivery the original itself stands for, if a copy
