@@ -178,7 +178,7 @@ def mark_probes(event: dict[str, Any], states: Mapping[str, TargetState]) -> dic
             continue
         delivery["probe"] = {
             "target_down_since": iso(down.since),
-            "next_probe_at": iso(down.probe_at),
+            "next_probe_at": iso(down.due),
             "is_next_probe": down.next_probe == int(delivery["id"]),
         }
     return event
@@ -220,7 +220,7 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
         # hold_when_down: deliveries wait (no retries spent) while probes go out.
         "down": state.down is not None,
         "down_since": iso(state.down.since) if state.down else None,
-        "next_probe_at": iso(state.down.probe_at) if state.down else None,
+        "next_probe_at": iso(state.down.due) if state.down else None,
         "failed_probes": state.down.probes if state.down else 0,
         # Which delivery probes: the next probe's (under way, or first in
         # line) and the last one's; each failed probe goes to the back.

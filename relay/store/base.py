@@ -598,6 +598,7 @@ class Queue(Protocol):
         lease_until: float,
         limits: Mapping[str, int],
         exclude: Collection[int] = (),
+        probes: Collection[str] = (),
     ) -> list[ClaimedDelivery]:
         """Lease up to limits[target] due deliveries of each target, oldest due first.
 
@@ -605,6 +606,11 @@ class Queue(Protocol):
         expired lease (its process died mid-attempt) — except the `exclude`d
         ones, attempts this very process still has under way (a clock that
         jumps ahead must not make them look abandoned).
+
+        `probes`: targets whose claim is their down target's one probe, as
+        the caller knows them: it takes the delivery rows.probe_choice says
+        (fresh evidence first). A store that `claims_probes` knows it
+        itself, for the whole cluster, and ignores this.
         """
         ...
 

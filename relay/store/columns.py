@@ -217,12 +217,27 @@ LOG_ENTRY = Shape(
 
 # Targets
 
+# A down target's fresh evidence (relay.delivery.step, rule 3): a pending
+# delivery `d` (its event `e`) never attempted that arrived after the target
+# was last probed, `{probed}`. A new delivery is due when it arrives, so the
+# range of the due index after `{probed}` holds every one (and few others).
+FRESH_EVIDENCE = (
+    "d.status = 'pending' AND d.attempts = 0"
+    " AND d.next_attempt_at > {probed} AND e.received_at > {probed}"
+)
 DOWN = Shape(
     DownState,
     since="down_since",
     probe_at="probe_at",
     probes="probes",
     last_probe="probe_delivery",
+    probed_at="probed_at",
+    evidence_at=(
+        "(SELECT MIN(d.next_attempt_at) FROM deliveries d JOIN events e ON e.id = d.event_id"
+        " WHERE d.target = targets.name AND "
+        + FRESH_EVIDENCE.format(probed="targets.probed_at")
+        + ")"
+    ),
 )
 TARGET_STATE = Shape(
     TargetState,

@@ -342,6 +342,24 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """
         ],
     ),
+    # 16 is another change's.
+    (
+        17,
+        "the operator's attention: fresh evidence for a down target's probe",
+        [
+            # hold_when_down: when the target was last probed (or went down),
+            # and the number of the probe its backoff schedules next. A
+            # delivery that arrived since is the next probe (relay.delivery.step).
+            "ALTER TABLE targets ADD COLUMN probed_at REAL",
+            "ALTER TABLE targets ADD COLUMN probe_step INTEGER NOT NULL DEFAULT 0",
+            # A target down now: its backoff goes on where it was; what
+            # arrived while it was down is fresh evidence.
+            """
+            UPDATE targets SET probed_at = down_since, probe_step = probes + 1
+            WHERE down_since IS NOT NULL
+            """,
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -54,7 +54,7 @@ from relay.store.columns import (
     TARGET_STATE,
 )
 from relay.store.dialect import Dialect
-from relay.store.rows import HEAD_OF_LINE
+from relay.store.rows import HEAD_OF_LINE, probe_choice
 from relay.store.shape import Row
 
 
@@ -95,11 +95,10 @@ HELD_TARGETS = (
     " WHERE paused OR down_since IS NOT NULL OR throttles > 0"
 )
 # The delivery a down target's next probe takes: the one under way, else
-# the first in line (as claim_due orders them).
+# the one its claim will take (rows.probe_choice); every `?` the target's name.
 NEXT_PROBE = (
-    "SELECT id FROM deliveries WHERE target = ? AND status IN ('pending', 'in_flight')"
-    " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
-    " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
+    "SELECT coalesce((SELECT id FROM deliveries WHERE target = ? AND status = 'in_flight'"
+    f" ORDER BY id LIMIT 1), {probe_choice('?', None)})"
 )
 # An event listing's columns: the events may be joined with the search index.
 LISTED = EVENT.on("events")
@@ -492,7 +491,8 @@ async def _target_states(fetch: Fetch) -> dict[str, TargetState]:
     rows = await fetch(f"SELECT {TARGET_STATE.columns} FROM targets")
     for state in map(TARGET_STATE.from_row, rows):
         if state.down is not None:  # down: which delivery its next probe takes
-            probe = _value(await fetch(NEXT_PROBE, (state.name,)))
+            names = (state.name,) * NEXT_PROBE.count("?")
+            probe = _value(await fetch(NEXT_PROBE, names))
             state = replace(state, down=replace(state.down, next_probe=probe))
         states[state.name] = state
     return states

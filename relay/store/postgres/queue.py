@@ -33,7 +33,7 @@ from relay.store.postgres.connection import PostgresConnection
 from relay.store.postgres.errors import Connection
 from relay.store.postgres.record import Record
 from relay.store.record import RecordJob
-from relay.store.rows import UNCONFIGURED, unconfigured
+from relay.store.rows import UNCONFIGURED, probe_choice, unconfigured
 
 FLAG_UNCONFIGURED = numbered(rows.FLAG_UNCONFIGURED)  # (why, now, target)
 # What a claim's updates return of each delivery: what CLAIMED reads of it (d).
@@ -62,11 +62,7 @@ WITH expired AS (
 ), due AS (
     UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2,
         updated_at = $3, lease_expires = {lease_expires("$3", "$1")}
-    WHERE id IN (
-        SELECT id FROM deliveries
-        WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
-        ORDER BY next_attempt_at, id LIMIT $5 - (SELECT COUNT(*) FROM expired)
-        FOR UPDATE SKIP LOCKED)
+    WHERE {{due}}
     {CLAIM_RETURNING}
 )
 SELECT {CLAIMED.columns}
@@ -74,6 +70,20 @@ FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS d
 JOIN events e ON e.id = d.event_id
 ORDER BY d.id
 """
+CLAIM_DUE = CLAIM.format(
+    due="""id IN (
+        SELECT id FROM deliveries
+        WHERE status = 'pending' AND target = $4 AND next_attempt_at <= $3
+        ORDER BY next_attempt_at, id LIMIT $5 - (SELECT COUNT(*) FROM expired)
+        FOR UPDATE SKIP LOCKED)"""
+)
+# A down target's one delivery, its probe (rows.probe_choice); `allowed`
+# gives it one claim at a time for the whole cluster (the target's claim
+# lock), and the row is taken only if it is still pending.
+CLAIM_PROBE = CLAIM.format(
+    due=f"""id = {probe_choice("$4", "$3")} AND status = 'pending'
+        AND (SELECT COUNT(*) FROM expired) < $5"""
+)
 
 
 class PostgresQueue(PostgresConnection):
@@ -88,6 +98,7 @@ class PostgresQueue(PostgresConnection):
         lease_until: float,
         limits: Mapping[str, int],
         exclude: Collection[int] = (),
+        probes: Collection[str] = (),  # decided here, for the cluster (`allowed`)
     ) -> list[ClaimedDelivery]:
         wanted = {target: limit for target, limit in limits.items() if limit > 0}
         if not wanted:
@@ -113,8 +124,11 @@ class PostgresQueue(PostgresConnection):
                 connection, wanted, self._limits, now, self.instance_id, self.dead_after, unanswered
             )
             for target, limit in room.items():
+                # A down target's one delivery is its probe, whatever the
+                # instance last read of the target (cluster.allowed).
+                probe = probing.get(target)
                 found = await connection.fetch(
-                    CLAIM,
+                    CLAIM_DUE if probe is None else CLAIM_PROBE,
                     lease_until,
                     self.instance_id,
                     now,
@@ -125,9 +139,6 @@ class PostgresQueue(PostgresConnection):
                     list(unanswered),
                     list(unanswered.values()),
                 )
-                # A down target's one delivery is its probe, whatever the
-                # instance last read of the target (cluster.allowed).
-                probe = probing.get(target)
                 claimed += (
                     replace(CLAIMED.from_row(row), probe=probe)
                     if probe is not None

@@ -330,6 +330,20 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """
         ],
     ),
+    # 13 is another change's.
+    (
+        14,
+        "the operator's attention: fresh evidence for a down target's probe",
+        [
+            # As on SQLite (migration 17).
+            "ALTER TABLE targets ADD COLUMN probed_at DOUBLE PRECISION",
+            "ALTER TABLE targets ADD COLUMN probe_step INTEGER NOT NULL DEFAULT 0",
+            """
+            UPDATE targets SET probed_at = down_since, probe_step = probes + 1
+            WHERE down_since IS NOT NULL
+            """,
+        ],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

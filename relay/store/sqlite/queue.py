@@ -9,7 +9,7 @@ from typing import Any
 from relay.store.base import AttemptRecord, ClaimedDelivery, Decide, Step
 from relay.store.columns import CLAIMED
 from relay.store.dialect import SQLITE, placeholders
-from relay.store.rows import FLAG_UNCONFIGURED, UNCONFIGURED, unconfigured
+from relay.store.rows import FLAG_UNCONFIGURED, UNCONFIGURED, probe_choice, unconfigured
 from relay.store.sqlite.connection import SqliteConnection
 from relay.store.sqlite.record import SqliteRecord
 
@@ -19,6 +19,12 @@ WHERE id IN (
     SELECT id FROM deliveries
     WHERE status = 'pending' AND target = ? AND next_attempt_at <= ?
     ORDER BY next_attempt_at, id LIMIT ?)
+RETURNING id
+"""
+# A down target's one delivery, its probe (rows.probe_choice): (lease_until, now, target).
+CLAIM_PROBE = f"""
+UPDATE deliveries SET status = 'in_flight', lease_until = ?1, updated_at = ?2
+WHERE id = {probe_choice("?3", "?2")} AND status = 'pending'
 RETURNING id
 """
 # A lease taken over is an attempt interrupted (it may have reached the
@@ -51,11 +57,13 @@ class SqliteQueue(SqliteConnection):
         lease_until: float,
         limits: Mapping[str, int],
         exclude: Collection[int] = (),
+        probes: Collection[str] = (),
     ) -> list[ClaimedDelivery]:
         wanted = {target: limit for target, limit in limits.items() if limit > 0}
         if not wanted:
             return []
         skip = list(exclude)
+        probing = frozenset(probes)
         expired = CLAIM_EXPIRED.format(
             exclude=f"AND id NOT IN ({placeholders(len(skip))})" if skip else ""
         )
@@ -67,9 +75,14 @@ class SqliteQueue(SqliteConnection):
                     expired, (lease_until, now, target, now, *skip, limit)
                 ).fetchall()
                 if len(found) < limit:
-                    found += connection.execute(
-                        CLAIM_DUE, (lease_until, now, target, now, limit - len(found))
-                    ).fetchall()
+                    if target in probing:
+                        found += connection.execute(
+                            CLAIM_PROBE, (lease_until, now, target)
+                        ).fetchall()
+                    else:
+                        found += connection.execute(
+                            CLAIM_DUE, (lease_until, now, target, now, limit - len(found))
+                        ).fetchall()
                 ids += (delivery_id for (delivery_id,) in found)
             if not ids:
                 return []
