@@ -267,6 +267,7 @@ class Relay:
     def _count_alert(self, body: dict[str, Any]) -> None:
         for kind, present in (
             ("dead", body["dead_count"]),
+            ("keeps_failing", body["keeps_failing_count"]),
             ("failing", body["failing"]),
             ("recovered", body["recovered"]),
             ("down", body["down"]),

@@ -20,6 +20,7 @@ from relay.ops.export import Export, export_of, exported
 from relay.ops.glance import glances, with_glance
 from relay.ops.inputs import (
     BadRequest,
+    failing,
     instant,
     known_name,
     optional_text,
@@ -130,7 +131,11 @@ def _status(value: Any, name: str = "status") -> Status | None:
     return Status(known) if known else None
 
 
-def event_query(params: Mapping[str, str], now: float, zone: Zone = None) -> EventQuery:
+def event_query(
+    params: Mapping[str, str], now: float, zone: Zone, failing_after: int
+) -> EventQuery:
+    """A listing's filters from a request's parameters (`failing_after`: what
+    `failing=true` means, [alerts] delivery_failing_after)."""
     limit = whole_number(params.get("limit") or "50", "limit", maximum=MAX_PAGE)
     cursor = row_id(params["cursor"], "cursor") if params.get("cursor") else None
     text = (params.get("q") or "").strip()
@@ -148,12 +153,16 @@ def event_query(params: Mapping[str, str], now: float, zone: Zone = None) -> Eve
         search=search,
         limit=limit,
         before_id=cursor,
+        failing=failing(params.get("failing"), "failing", failing_after),
     )
 
 
 async def list_events(request: web.Request) -> web.Response:
     operator = _operator(request)
-    query = event_query(request.query, operator.clock.now(), operator.config.zone)
+    config = operator.config
+    query = event_query(
+        request.query, operator.clock.now(), config.zone, config.alerts.delivery_failing_after
+    )
     await operator.check_names(query.route, query.target)
     try:
         events = await operator.store.list_events(query)
@@ -177,7 +186,10 @@ async def export_events(request: web.Request) -> web.StreamResponse:
     csv's columns (relay.ops.export). Streamed a page at a time."""
     operator = _operator(request)
     params = request.query
-    query = event_query(params, operator.clock.now(), operator.config.zone)
+    config = operator.config
+    query = event_query(
+        params, operator.clock.now(), config.zone, config.alerts.delivery_failing_after
+    )
     await operator.check_names(query.route, query.target)
     export = export_of(params.get("format"), params.get("fields"), operator.config.zone)
     return await stream_export(request, operator, query, export)

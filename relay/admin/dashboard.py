@@ -33,7 +33,7 @@ from relay.core.secrets import MASK, Masker
 from relay.ops.actions import BULK_LIMIT, selection_of
 from relay.ops.export import export_of
 from relay.ops.glance import glances, with_glance
-from relay.ops.inputs import BadRequest, instant, known_name, row_id, row_ids
+from relay.ops.inputs import BadRequest, failing, instant, known_name, row_id, row_ids
 from relay.ops.resend import (
     FORM,
     EditRejected,
@@ -49,6 +49,7 @@ from relay.ops.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    failing_view,
     mark_probes,
     not_indexed,
     preview_view,
@@ -380,8 +381,9 @@ def _operator(request: web.Request) -> Operator:
 # went dead since (a cookie: each person's own last look, no account needed).
 SEEN_COOKIE = "relay_dead_seen"
 SEEN_SECONDS = 365 * 24 * 3600
-# Held keys the Overview lists at most.
+# Held keys, and deliveries that keep failing, the Overview lists at most.
 HELD_SHOWN = 20
+FAILING_SHOWN = 10
 
 
 def _last_look(request: web.Request) -> float | None:
@@ -403,6 +405,9 @@ async def overview(request: web.Request) -> web.Response:
     pending = sum(info["pending"] for info in stats["targets"].values())
     last_look = _last_look(request)
     attention = await operator.store.attention(last_look or 0.0, HELD_SHOWN)
+    failing = await store.failing_deliveries(
+        operator.config.alerts.delivery_failing_after, FAILING_SHOWN
+    )
     failing_routes = [
         {"route": route, "target": target, "failures": failures, "error": masker.text(error)}
         for (route, target), (failures, error) in sorted(operator.route_health().items())
@@ -422,6 +427,9 @@ async def overview(request: web.Request) -> web.Response:
         dead_since=attention.dead_since,
         held=attention.held,
         failing_routes=failing_routes,
+        failing_deliveries=[failing_view(found, masker) for found in failing.first],
+        failing_total=failing.total,
+        failing_after=operator.config.alerts.delivery_failing_after,
         auto_refresh=True,
     )
 
@@ -455,7 +463,7 @@ def _chart(activity: list[Any], zone: Zone) -> dict[str, Any]:
     }
 
 
-FILTERS = ("q", "status", "route", "target", "since", "until")
+FILTERS = ("q", "status", "route", "target", "since", "until", "failing")
 
 
 def _filters(request: web.Request) -> dict[str, str]:
@@ -504,6 +512,7 @@ async def _listing(
         statuses=[s.value for s in Status],
         routes=sorted(config.routes),
         targets=sorted(config.targets),
+        failing_after=config.alerts.delivery_failing_after,
         search_note=search_note,
         problem=problem,
         **{"selectable": False, **extra},
@@ -516,6 +525,7 @@ async def _event_filters(
     """The listing's filters, each checked: an unknown route, target or status
     or a time that does not parse is a BadRequest naming the field."""
     now, zone = operator.clock.now(), operator.config.zone
+    threshold = operator.config.alerts.delivery_failing_after
     named = known_name(filters["status"], "status", "status", [s.value for s in Status])
     if status is None and named:
         status = Status(named)
@@ -527,6 +537,7 @@ async def _event_filters(
         until=instant(filters["until"], "until", now, zone),
         limit=PAGE_SIZE,
         before_id=before_id,
+        failing=failing(filters["failing"], "failing", threshold),
     )
     await operator.check_names(query.route, query.target)
     return query

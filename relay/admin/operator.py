@@ -84,18 +84,26 @@ class Operator(Actions):
             return
         if time.monotonic() - self._snapshot_at < SNAPSHOT_TTL:
             return
+        config = self.config
         gauges = await self.store.gauges()
         targets = await self.store.target_states()
         progress = await self.store.search_progress()
+        failing = await self.store.failing_deliveries(config.alerts.delivery_failing_after, 0)
         self.metrics.set_snapshot(
             StoreSnapshot(
                 gauges=gauges,
                 targets=targets,
                 paused=self.scheduler.paused,
-                configured=tuple(self.config.targets),
+                configured=tuple(config.targets),
                 now=self.clock.now(),
                 index_behind=progress.behind,
-                free_bytes=_free_bytes(self.config.storage),
+                free_bytes=_free_bytes(config.storage),
+                failing=failing.counts,
+                pairs=tuple(
+                    (route.name, entry.target)
+                    for route in config.routes.values()
+                    for entry in route.targets
+                ),
             )
         )
         self._snapshot_at = time.monotonic()

@@ -104,6 +104,9 @@ class AlertsConfig:
     # Alert when a target has failed this many attempts in a row, and again
     # when it next succeeds.
     failing_after: int = 10
+    # A delivery keeps failing once this many attempts of its current cycle
+    # failed (it is still pending): listed, counted, and alerted once.
+    delivery_failing_after: int = 5
     # Dead deliveries within this window make one alert, not one each.
     group_window: float = 60.0
 

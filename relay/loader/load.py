@@ -366,6 +366,9 @@ def _alerts(section: Section, targets: Mapping[str, TargetConfig]) -> AlertsConf
     alerts = AlertsConfig(
         target=target,
         failing_after=section.integer("failing_after", defaults.failing_after, minimum=1),
+        delivery_failing_after=section.integer(
+            "delivery_failing_after", defaults.delivery_failing_after, minimum=1
+        ),
         group_window=section.duration("group_window", defaults.group_window),
     )
     section.done()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from relay.config import Config
 from relay.core.status import ATTEMPT_OUTCOMES
@@ -41,7 +41,7 @@ INGRESS_RESULTS = (
     "bad_request",
     "unavailable",
 )
-ALERT_KINDS = ("dead", "failing", "recovered", "down", "up")
+ALERT_KINDS = ("dead", "keeps_failing", "failing", "recovered", "down", "up")
 
 
 @dataclass
@@ -55,6 +55,10 @@ class StoreSnapshot:
     index_behind: int = 0
     # Bytes free where the SQLite database lives (None: PostgreSQL's own).
     free_bytes: int | None = None
+    # Deliveries that keep failing per (route, target), and the pairs the
+    # config has (each exported, at 0 when none).
+    failing: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    pairs: tuple[tuple[str, str], ...] = ()
 
 
 class Metrics:
@@ -248,6 +252,17 @@ def _expose_store(lines: list[str], snapshot: StoreSnapshot) -> None:
     )
     for target in targets:
         sample(lines, name, (("target", target),), snapshot.gauges.held.get(target, 0))
+    name = "relay_deliveries_failing"
+    family(
+        lines,
+        name,
+        "Deliveries that keep failing: pending after at least alerts.delivery_failing_after"
+        " attempts of their cycle, by route and target.",
+        "gauge",
+    )
+    for route, target in sorted(set(snapshot.pairs) | set(snapshot.failing)):
+        labels = (("route", route), ("target", target))
+        sample(lines, name, labels, snapshot.failing.get((route, target), 0))
     name = "relay_search_index_behind_events"
     family(
         lines,

@@ -20,6 +20,7 @@ from relay.store import (
     DeliveryView,
     EventDetail,
     EventView,
+    FailingDelivery,
     InstanceState,
     LogEntry,
     Rejection,
@@ -64,6 +65,16 @@ def delivery_summary(delivery: DeliveryView, masker: Masker) -> dict[str, Any]:
         }
         view["note"] = held_note(delivery)
     return view
+
+
+def failing_view(found: FailingDelivery, masker: Masker) -> dict[str, Any]:
+    """A delivery that keeps failing, with its event and route (the Overview)."""
+    delivery = found.delivery
+    return {
+        **delivery_summary(delivery, masker),
+        "event_id": str(delivery.event_id),
+        "route": found.route,
+    }
 
 
 def held_note(delivery: DeliveryView) -> str | None:

@@ -395,6 +395,27 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class FailingDelivery:
+    """A delivery that keeps failing: pending (or in flight) after many
+    attempts in its current cycle, on its route."""
+
+    route: str
+    delivery: DeliveryView
+
+
+@dataclass(frozen=True)
+class FailingDeliveries:
+    """The deliveries that keep failing (Queries.failing_deliveries)."""
+
+    counts: Mapping[tuple[str, str], int]  # (route, target) -> how many
+    first: tuple[FailingDelivery, ...]  # the first `limit`, oldest first
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
 class Gauges:
     """Cheap counts (index-only) for metrics: deliveries not yet finished."""
 
@@ -551,6 +572,9 @@ class EventQuery:
     search: TextSearch | None = None
     limit: int = 50
     before_id: int | None = None  # cursor: only events older than this id
+    # Only events with a delivery that keeps failing: pending or in flight
+    # after at least this many attempts in its current cycle.
+    failing: int | None = None
 
 
 class Intake(Protocol):
@@ -771,6 +795,12 @@ class Queries(Protocol):
     async def attention(self, dead_since: float, limit: int) -> Attention:
         """How many deliveries went dead at or after `dead_since` (and are dead
         still), and the ordering keys held behind a dead delivery."""
+        ...
+
+    async def failing_deliveries(self, after: int, limit: int) -> FailingDeliveries:
+        """Deliveries pending or in flight after at least `after` attempts in
+        their current cycle: how many per route and target, and the first
+        `limit` of them."""
         ...
 
     async def search_progress(self) -> SearchProgress: ...

@@ -25,6 +25,7 @@ from relay.store.base import (
     DownState,
     EventDetail,
     EventView,
+    FailingDelivery,
     Header,
     HeldBehind,
     HeldKey,
@@ -158,6 +159,8 @@ DELIVERY = Shape(
     resolves="resolves",
     resolved_by="resolved_by",
 )
+# A delivery that keeps failing, with its route.
+FAILING = Shape(FailingDelivery, route="route", delivery=DELIVERY)
 # A delivery leased for an attempt, read from its row (d) joined with its event's (e).
 CLAIMED = Shape(
     ClaimedDelivery,

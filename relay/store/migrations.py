@@ -345,7 +345,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     # 16 is another change's.
     (
         17,
-        "the operator's attention: fresh evidence for a down target's probe",
+        "the operator's attention: probes on fresh evidence, deliveries that keep failing",
         [
             # hold_when_down: when the target was last probed (or went down),
             # and the number of the probe its backoff schedules next. A
@@ -357,6 +357,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """
             UPDATE targets SET probed_at = down_since, probe_step = probes + 1
             WHERE down_since IS NOT NULL
+            """,
+            # Deliveries that keep failing (relay.store.reads.KEEPS_FAILING):
+            # only those that failed in their cycle, never a new one (ingest
+            # writes nothing more to it).
+            """
+            CREATE INDEX deliveries_failing ON deliveries (cycle_attempts)
+            WHERE status IN ('pending', 'in_flight') AND cycle_attempts > 0
             """,
         ],
     ),

@@ -26,6 +26,7 @@ from relay.store.base import (
     EventDetail,
     EventQuery,
     EventView,
+    FailingDeliveries,
     Gauges,
     HeldTargets,
     HourlyActivity,
@@ -45,6 +46,7 @@ from relay.store.columns import (
     DELIVERY,
     EVENT,
     EVENT_DETAIL,
+    FAILING,
     HELD_BEHIND,
     HELD_KEY,
     INDEX_SOURCE,
@@ -117,6 +119,10 @@ FINISHED = (
     "NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id"
     " AND d.status NOT IN ('delivered', 'skipped', 'resolved'))"
 )
+# Deliveries that keep failing: pending or in flight after at least `?`
+# attempts in their cycle. The literal terms are the partial index's
+# (deliveries_failing), which holds only deliveries that failed in their cycle.
+KEEPS_FAILING = "status IN ('pending', 'in_flight') AND cycle_attempts > 0 AND cycle_attempts >= ?"
 # The states with partial indexes: a listing collects their events directly.
 RARE = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
 
@@ -214,9 +220,8 @@ class Reads(ABC):
                 route_counts[state] = route_counts.get(state, 0) + count
                 target_counts = by_target.setdefault(target, {})
                 target_counts[state] = target_counts.get(state, 0) + count
-            [(late,)] = await fetch(
-                "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0"
-            )
+            # Past the first attempt of their cycle: what failing=1 lists.
+            [(late,)] = await fetch(f"SELECT COUNT(*) FROM deliveries WHERE {KEEPS_FAILING}", (1,))
             return Stats(
                 counts_by_route=by_route,
                 counts_by_target=by_target,
@@ -278,6 +283,23 @@ class Reads(ABC):
             [(dead,)] = await fetch(DEAD_SINCE, (dead_since,))
             held = await fetch(HELD_KEYS, (limit,))
         return Attention(int(dead), tuple(map(HELD_KEY.from_row, held)))
+
+    async def failing_deliveries(self, after: int, limit: int) -> FailingDeliveries:
+        async with self._reading() as fetch:
+            counts = await fetch(
+                f"SELECT route, target, COUNT(*) FROM deliveries WHERE {KEEPS_FAILING}"
+                " GROUP BY route, target",
+                (after,),
+            )
+            rows = await fetch(
+                f"SELECT {FAILING.columns} FROM deliveries WHERE {KEEPS_FAILING}"
+                " ORDER BY id LIMIT ?",
+                (after, limit),
+            )
+        return FailingDeliveries(
+            counts={(route, target): int(n) for route, target, n in counts},
+            first=tuple(map(FAILING.from_row, rows)),
+        )
 
     async def search_progress(self) -> SearchProgress:
         [(through, newest)] = await self._read(
@@ -359,6 +381,9 @@ def event_listing(dialect: Dialect, query: EventQuery) -> tuple[str, list[Any]]:
         if value is not None:
             where.append(column)
             params.append(value)
+    if query.failing is not None:
+        where.append(f"events.id IN (SELECT event_id FROM deliveries WHERE {KEEPS_FAILING})")
+        params.append(query.failing)
     if query.status in RARE:
         sub = "SELECT event_id FROM deliveries WHERE status = ?"
         params.append(query.status.value)

@@ -333,7 +333,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     # 13 is another change's.
     (
         14,
-        "the operator's attention: fresh evidence for a down target's probe",
+        "the operator's attention: probes on fresh evidence, deliveries that keep failing",
         [
             # As on SQLite (migration 17).
             "ALTER TABLE targets ADD COLUMN probed_at DOUBLE PRECISION",
@@ -341,6 +341,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """
             UPDATE targets SET probed_at = down_since, probe_step = probes + 1
             WHERE down_since IS NOT NULL
+            """,
+            # Deliveries that keep failing (relay.store.reads.KEEPS_FAILING):
+            # only those that failed in their cycle, never a new one (ingest
+            # writes nothing more to it).
+            """
+            CREATE INDEX deliveries_failing ON deliveries (cycle_attempts)
+            WHERE status IN ('pending', 'in_flight') AND cycle_attempts > 0
             """,
         ],
     ),
