@@ -54,6 +54,7 @@ from relay.ops.views import (
     not_indexed,
     preview_view,
     rejection_view,
+    silent_view,
     stats_view,
 )
 from relay.store import (
@@ -408,6 +409,12 @@ async def overview(request: web.Request) -> web.Response:
     failing = await store.failing_deliveries(
         operator.config.alerts.delivery_failing_after, FAILING_SHOWN
     )
+    watches = (await store.route_watches()).routes
+    silent_routes = [
+        silent_view(name, watch, now)
+        for name, watch in sorted(watches.items())
+        if name in operator.config.routes and watch.silent_since is not None
+    ]
     failing_routes = [
         {"route": route, "target": target, "failures": failures, "error": masker.text(error)}
         for (route, target), (failures, error) in sorted(operator.route_health().items())
@@ -429,6 +436,7 @@ async def overview(request: web.Request) -> web.Response:
         failing_routes=failing_routes,
         failing_deliveries=[failing_view(found, masker) for found in failing.first],
         failing_total=failing.total,
+        silent_routes=silent_routes,
         failing_after=operator.config.alerts.delivery_failing_after,
         auto_refresh=True,
     )

@@ -86,6 +86,9 @@ class _Window:
     # hold_when_down targets that went down (deliveries held) or came back up.
     down: dict[str, dict[str, Any]] = field(default_factory=dict)
     up: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Routes gone silent (relay.background.silence), or receiving again.
+    silent: dict[str, dict[str, Any]] = field(default_factory=dict)
+    back: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # relay itself: its database
 
     def __bool__(self) -> bool:
@@ -96,6 +99,8 @@ class _Window:
             or self.recovered
             or self.down
             or self.up
+            or self.silent
+            or self.back
             or self.problems
         )
 
@@ -126,10 +131,17 @@ class _Window:
                 "recovered": (self.recovered, self.failing),
                 "down": (self.down, self.up),
                 "up": (self.up, self.down),
+                "silent": (self.silent, self.back),
+                "back": (self.back, self.silent),
             }[kind]
-            # Per route and target when the note names a route (failing,
-            # recovered), else per target (down, up).
-            key = f"{item['route']}→{item['target']}" if "route" in item else item["target"]
+            # Per route and target (failing, recovered), per target (down,
+            # up), per route (silent, back).
+            if "target" not in item:
+                key = item["route"]
+            elif "route" in item:
+                key = f"{item['route']}→{item['target']}"
+            else:
+                key = item["target"]
             news[key] = item
             opposite.pop(key, None)
 
@@ -411,6 +423,12 @@ class Alerter:
         if self.config.target is not None:
             self._note([{"kind": "problem", "text": text}])
 
+    def tell(self, notes: list[Note]) -> None:
+        """What another watcher saw (a route gone silent, and back), to say
+        with the rest of the window; nothing while alerts are off."""
+        if self.config.target is not None:
+            self._note(notes)
+
     def wake(self) -> None:
         """Look at the shared notes now: this instance has just taken the lead."""
         self._flush_soon.set()
@@ -659,6 +677,28 @@ def alert_body(window: _Window) -> dict[str, Any]:
             f" {format_duration(item['down_seconds'])} down;"
             f" {item['waited']} waiting deliveries now flow, oldest first"
         )
+    for item in window.silent.values():
+        parts.append(f"route {item['route']} is silent")
+        usual, past = item.get("usual_seconds"), format_duration(item["limit_seconds"])
+        why = (
+            f"at this hour of the week it is usually silent {format_duration(usual)} at most;"
+            f" said past {past}"
+            if usual is not None
+            else f"past its silent_after, {past}"
+        )
+        lines.append(
+            f"silent: route {item['route']} has received nothing for"
+            f" {format_duration(item['silent_seconds'])} ({why}). A sender that stops sending looks"
+            " like this: WooCommerce disables a webhook after 5 failed deliveries, a"
+            " republished Tilda form may post to another URL; check the sender's webhook"
+            " settings and its log"
+        )
+    for item in window.back.values():
+        parts.append(f"route {item['route']} receives again")
+        lines.append(
+            f"back: route {item['route']} received an event again after"
+            f" {format_duration(item['silent_seconds'])} of silence"
+        )
     for problem in window.problems:
         parts.append(problem.split(":", 1)[0])
         lines.append(f"problem: {problem}")
@@ -675,5 +715,7 @@ def alert_body(window: _Window) -> dict[str, Any]:
         "recovered": list(window.recovered.values()),
         "down": list(window.down.values()),
         "up": list(window.up.values()),
+        "silent": list(window.silent.values()),
+        "back": list(window.back.values()),
         "problems": window.problems,
     }

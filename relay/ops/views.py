@@ -11,7 +11,7 @@ from relay.core.outcome import SentRequest, Verdict
 from relay.core.payload import event_fields
 from relay.core.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.core.status import attempt_outcome
-from relay.core.units import count, format_instant
+from relay.core.units import count, format_duration, format_instant
 from relay.loader.registry import target_kind
 from relay.store import (
     AttemptKind,
@@ -25,6 +25,7 @@ from relay.store import (
     LogEntry,
     Rejection,
     ResendLink,
+    RouteWatch,
     SearchProgress,
     Stats,
     Status,
@@ -74,6 +75,18 @@ def failing_view(found: FailingDelivery, masker: Masker) -> dict[str, Any]:
         **delivery_summary(delivery, masker),
         "event_id": str(delivery.event_id),
         "route": found.route,
+    }
+
+
+def silent_view(route: str, watch: RouteWatch, now: float) -> dict[str, Any]:
+    """A route the silence watch says is silent (relay.background.silence)."""
+    return {
+        "route": route,
+        "silent_since": iso(watch.silent_since),
+        "last_event_at": iso(watch.last_event_at),
+        "silent_for": format_duration(max(0.0, now - watch.last_event_at)),
+        "usual": format_duration(watch.usual) if watch.usual is not None else None,
+        "limit": format_duration(watch.limit) if watch.limit is not None else None,
     }
 
 

@@ -457,6 +457,50 @@ class RouteStreak:
 
 
 @dataclass(frozen=True)
+class Arrival:
+    """A stored event as the silence watch learns from it (relay.background.silence)."""
+
+    id: int
+    route: str
+    received_at: float
+
+
+@dataclass(frozen=True)
+class RouteWatch:
+    """What the silence watch keeps of a route: the first and last event it
+    learnt from, and, while the route is silent, since when, with its usual
+    longest silence at that hour of the week and the limit it went past."""
+
+    first_event_at: float
+    last_event_at: float
+    silent_since: float | None = None
+    usual: float | None = None
+    limit: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteWatches:
+    """Every route's RouteWatch, and the newest event id learnt from."""
+
+    through: int
+    routes: Mapping[str, RouteWatch]
+
+
+@dataclass(frozen=True)
+class Learned:
+    """A pass of the silence watch over the events up to `through`: each
+    route's first and last event since, the longest silences it saw by
+    (route, week, hour of the week), the routes that received again after
+    they were said silent, and the oldest week still to keep."""
+
+    through: int
+    seen: Mapping[str, tuple[float, float]]
+    longest: Mapping[tuple[str, int, int], float]
+    back: Collection[str] = ()
+    keep_from_week: int = 0
+
+
+@dataclass(frozen=True)
 class InstanceState:
     """One relay instance of a cluster, as the database sees it (times by the
     database's clock, comparable across hosts)."""
@@ -891,7 +935,51 @@ class Streaks(Protocol):
         ...
 
 
-class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, Streaks, Protocol):
+class Rhythms(Protocol):
+    """What the silence watch learns of each route's rhythm and keeps
+    (relay.background.silence): read from the events as they are stored,
+    never written on their way in. On a shared store the leading instance
+    learns and judges, for the cluster."""
+
+    async def arrivals(self, after: int, limit: int) -> list[Arrival]:
+        """The next `limit` events after id `after`, by id."""
+        ...
+
+    async def route_watches(self) -> RouteWatches:
+        """Every route learnt from, and how far the events were learnt."""
+        ...
+
+    async def route_rhythm(self, slot: int, weeks: range) -> dict[str, dict[int, float]]:
+        """For hour of the week `slot`, each route's longest silence in each
+        of these weeks it has one for: route -> week -> seconds."""
+        ...
+
+    async def learn_rhythm(self, learned: Learned) -> dict[str, RouteWatch]:
+        """Keep a pass, in one transaction: the routes' first and last
+        events, each (route, week, slot)'s longest silence (the larger of the
+        kept one and this), the events learnt through `through`, and no
+        silence kept from weeks before `keep_from_week`. The routes `back`
+        that were silent are silent no more: returned, as they were."""
+        ...
+
+    async def mark_silent(self, route: str, at: float, usual: float | None, limit: float) -> bool:
+        """Say that `route` has been silent since `at`: True, unless it was
+        said already (then nothing changes)."""
+        ...
+
+
+class Store(
+    Intake,
+    Queue,
+    Operations,
+    Queries,
+    Indexing,
+    Health,
+    Maintenance,
+    Streaks,
+    Rhythms,
+    Protocol,
+):
     """A whole backend: every role, opened and closed. Only the code that opens
     a store (relay.app, the CLI's `opened_store`) holds one of these; every
     other part takes the role it uses."""

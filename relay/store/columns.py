@@ -16,6 +16,7 @@ from relay.core.outcome import SentRequest
 from relay.core.payload import Payload
 from relay.store.base import (
     AlertNote,
+    Arrival,
     AttemptKind,
     AttemptView,
     AuditEntry,
@@ -36,6 +37,7 @@ from relay.store.base import (
     Rejection,
     ResendLink,
     RouteStreak,
+    RouteWatch,
     Status,
     TargetHealth,
     TargetState,
@@ -282,6 +284,19 @@ REJECTION = Shape(
 # A cluster's alert notes (PostgreSQL's alert_notes).
 ALERT_NOTE = Shape(AlertNote, id="id", noted_at="noted_at", note=Column("note", bytes))
 
+
+# What the silence watch keeps of a route (route_watch), by route.
+ROUTE_WATCH = Shape(
+    RouteWatch,
+    first_event_at="first_event_at",
+    last_event_at="last_event_at",
+    silent_since="silent_since",
+    usual="silent_usual",
+    limit="silent_limit",
+)
+ROUTE_WATCHES = ROUTE_WATCH.keyed("route")
+# A stored event as the silence watch learns from it.
+ARRIVAL = Shape(Arrival, id="id", route="route", received_at="received_at")
 
 # A route's failed attempts in a row at a target (route_streaks), by the pair.
 ROUTE_STREAK = Shape(RouteStreak, failures="failures", error="last_error")

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
 from relay.store.base import (
+    Arrival,
     AttemptView,
     Attention,
     AuditEntry,
@@ -33,6 +34,7 @@ from relay.store.base import (
     IndexSource,
     LogEntry,
     Rejection,
+    RouteWatches,
     SearchProgress,
     Selection,
     Stats,
@@ -40,6 +42,7 @@ from relay.store.base import (
     TargetState,
 )
 from relay.store.columns import (
+    ARRIVAL,
     ATTEMPT,
     AUDIT_ENTRY,
     BODY_HEAD,
@@ -53,9 +56,11 @@ from relay.store.columns import (
     LOG_ENTRY,
     REJECTION,
     RESEND_LINK,
+    ROUTE_WATCHES,
     TARGET_STATE,
 )
 from relay.store.dialect import Dialect
+from relay.store.rhythm import ARRIVALS, LEARNT_THROUGH, RHYTHM_AT, WATCHES
 from relay.store.rows import HEAD_OF_LINE, probe_choice
 from relay.store.shape import Row
 
@@ -300,6 +305,24 @@ class Reads(ABC):
             counts={(route, target): int(n) for route, target, n in counts},
             first=tuple(map(FAILING.from_row, rows)),
         )
+
+    # The Rhythms role's reads
+
+    async def arrivals(self, after: int, limit: int) -> list[Arrival]:
+        return list(map(ARRIVAL.from_row, await self._read(ARRIVALS, (after, limit), slow=True)))
+
+    async def route_watches(self) -> RouteWatches:
+        async with self._reading() as fetch:
+            [(through,)] = await fetch(LEARNT_THROUGH)
+            routes = dict(map(ROUTE_WATCHES.from_row, await fetch(WATCHES)))
+        return RouteWatches(through=int(through), routes=routes)
+
+    async def route_rhythm(self, slot: int, weeks: range) -> dict[str, dict[int, float]]:
+        rows = await self._read(RHYTHM_AT, (slot, weeks.start, weeks.stop), slow=True)
+        found: dict[str, dict[int, float]] = {}
+        for route, week, seconds in rows:
+            found.setdefault(route, {})[int(week)] = float(seconds)
+        return found
 
     async def search_progress(self) -> SearchProgress:
         [(through, newest)] = await self._read(

@@ -23,6 +23,7 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from relay.background.alerts import Alerter
+from relay.background.silence import SilenceWatch
 from relay.config import AlertsConfig, Config, RetryPolicy
 from relay.core.clock import FakeClock
 from relay.core.outcome import Outcome
@@ -1498,3 +1499,63 @@ async def test_a_lead_arriving_at_a_quiet_target_held_down_by_a_poison_probes_it
             await target.close()
         for store in stores:
             await store.close()
+
+
+async def test_the_leader_judges_silence_for_the_cluster_and_the_next_one_goes_on(
+    pg_url: str, make_config: ConfigFactory
+) -> None:
+    # Events stored through both instances; only the leading instance's
+    # silence watch learns and judges (a follower's passes do nothing), and
+    # what it said is in the database: the next leader neither says it again
+    # nor misses that the route is back.
+    config = make_config(
+        {"audit": {"type": "file", "path": "audit.jsonl"}},
+        {"shop": {"path": "/hooks/shop", "targets": ["audit"], "silent_after": "1h"}},
+        alerts={"target": "audit"},
+    )
+    clock = FakeClock(T0)
+    a = PostgresStore(pg_url, instance_id="a")
+    b = PostgresStore(pg_url, instance_id="b")
+    await a.open()
+    await b.open()
+    said: dict[str, list[dict[str, object]]] = {"a": [], "b": []}
+    leader = {"a": True, "b": False}
+    watches = {
+        name: SilenceWatch(
+            store, config, clock, said[name].extend, leading=functools.partial(leader.get, name)
+        )
+        for name, store in (("a", a), ("b", b))
+    }
+    try:
+        shop = event()._replace(route="shop")
+        await a.accept_event(shop._replace(received_at=T0), [NewDelivery("audit")], T0)
+        await b.accept_event(shop._replace(received_at=T0 + 60), [NewDelivery("audit")], T0)
+        clock.set(T0 + 3600 + 61)
+        # b follows: its loop runs (on a clock of its own) and judges nothing.
+        follower = SilenceWatch(
+            b,
+            config,
+            FakeClock(T0 + 7200),
+            said["b"].extend,
+            leading=functools.partial(leader.get, "b"),
+        )
+        running = asyncio.create_task(follower.run())
+        await asyncio.sleep(0.05)
+        follower.stop()
+        await running
+        assert (await a.route_watches()).routes == {}
+        await watches["a"].run_once()
+        assert [(n["kind"], n["route"]) for n in said["a"]] == [("silent", "shop")]
+        watch = (await b.route_watches()).routes["shop"]
+        assert (watch.last_event_at, watch.silent_since) == (T0 + 60, T0 + 3661)
+
+        leader.update(a=False, b=True)  # a is gone; b leads
+        clock.advance(600)
+        await watches["b"].run_once()
+        assert said["b"] == []  # said already
+        await a.accept_event(shop._replace(received_at=clock.now()), [NewDelivery("audit")], T0)
+        await watches["b"].run_once()
+        assert said["b"] == [{"kind": "back", "route": "shop", "silent_seconds": 4201.0}]
+    finally:
+        await a.close()
+        await b.close()

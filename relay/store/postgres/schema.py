@@ -333,7 +333,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     # 13 is another change's.
     (
         14,
-        "the operator's attention: probes on fresh evidence, deliveries that keep failing",
+        "the operator's attention: fresh evidence, deliveries that keep failing, silent routes",
         [
             # As on SQLite (migration 17).
             "ALTER TABLE targets ADD COLUMN probed_at DOUBLE PRECISION",
@@ -349,6 +349,33 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             CREATE INDEX deliveries_failing ON deliveries (cycle_attempts)
             WHERE status IN ('pending', 'in_flight') AND cycle_attempts > 0
             """,
+            # As on SQLite (migration 17).
+            """
+            CREATE TABLE route_watch (
+                route TEXT PRIMARY KEY,
+                first_event_at DOUBLE PRECISION NOT NULL,
+                last_event_at DOUBLE PRECISION NOT NULL,
+                silent_since DOUBLE PRECISION,
+                silent_usual DOUBLE PRECISION,
+                silent_limit DOUBLE PRECISION
+            )
+            """,
+            """
+            CREATE TABLE route_rhythm (
+                slot INTEGER NOT NULL,
+                route TEXT NOT NULL,
+                week INTEGER NOT NULL,
+                longest DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (slot, route, week)
+            )
+            """,
+            """
+            CREATE TABLE rhythm_progress (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                learnt_through BIGINT NOT NULL
+            )
+            """,
+            "INSERT INTO rhythm_progress (id, learnt_through) VALUES (1, 0)",
         ],
     ),
 ]
