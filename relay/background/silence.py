@@ -44,11 +44,11 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from relay.config import Config
 from relay.core.clock import Clock
-from relay.core.localtime import Zone
+from relay.core.localtime import Zone, in_zone
 from relay.core.units import format_duration
 from relay.store import Learned, Rhythms, RouteWatch, StoreError
 from relay.targets.alerting import ALERTS_ROUTE
@@ -77,22 +77,16 @@ PASS_BUDGET = 0.1
 _MONDAY = datetime(2024, 1, 1).toordinal()
 
 
-def _local(timestamp: float, zone: Zone) -> datetime:
-    if zone is None:
-        return datetime.fromtimestamp(timestamp, UTC).astimezone()
-    return datetime.fromtimestamp(timestamp, zone)
-
-
 def hour_of_week(timestamp: float, zone: Zone) -> tuple[int, int]:
     """(week, slot): the local week (counted from a Monday) and hour of the
     week (0 = Monday 00:00-01:00, 167 = Sunday 23:00) of a moment."""
-    moment = _local(timestamp, zone)
+    moment = in_zone(timestamp, zone)
     week = (moment.toordinal() - _MONDAY) // 7
     return week, moment.weekday() * 24 + moment.hour
 
 
 def _hour_start(timestamp: float, zone: Zone) -> float:
-    moment = _local(timestamp, zone)
+    moment = in_zone(timestamp, zone)
     return timestamp - (moment.minute * 60 + moment.second + moment.microsecond / 1e6)
 
 
@@ -119,9 +113,10 @@ def usual(longest: dict[int, float], week: int) -> float | None:
     return values[len(values) // 2] if values else None
 
 
-def limit(explicit: float | None, usual: float | None, factor: float) -> float | None:
-    """The silence past which a route is silent (None: it is not judged)."""
-    learnt = max(factor * usual, LEARNT_AT_LEAST) if usual is not None else None
+def limit(explicit: float | None, known: float | None, factor: float) -> float | None:
+    """The silence past which a route is silent, from its own setting and its
+    usual (`known`); None: it is not judged."""
+    learnt = max(factor * known, LEARNT_AT_LEAST) if known is not None else None
     limits = [value for value in (explicit, learnt) if value is not None]
     return max(limits) if limits else None
 
