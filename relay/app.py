@@ -27,6 +27,7 @@ from relay.background.indexer import SearchIndexer
 from relay.background.leadership import CHECK_EVERY, Leadership
 from relay.background.memory import QUIET_SECONDS, MemoryRelease
 from relay.background.retention import RetentionJob
+from relay.background.silence import SilenceWatch
 from relay.config import Config, ConfigError, Listen
 from relay.config.files import write_token_file
 from relay.core.clock import Clock, SystemClock
@@ -174,6 +175,11 @@ class Relay:
             on_flagged=self._flagged,
         )
         self.leadership.on_gained(self.indexer.lead_taken)
+        # Routes whose senders stopped sending: learnt and judged by the leader.
+        self.silence = SilenceWatch(
+            self.store, config, self.clock, self.alerter.tell, leading=self._leading
+        )
+        self.leadership.on_gained(self.silence.wake)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
         self.memory = MemoryRelease(
             self.store,
@@ -204,6 +210,7 @@ class Relay:
             Service("scheduler", self.scheduler.run, lambda: self.scheduler.stop(self._grace())),
             Service("retention", self.retention.run, self.retention.stop),
             Service("search-indexer", self.indexer.run, self.indexer.stop),
+            Service("silence-watch", self.silence.run, self.silence.stop),
             Service("database-watch", self.database_watch.run, self.database_watch.stop),
             Service("memory-release", self.memory.run, self.memory.stop, essential=False),
             Service("alerts", self.alerter.run, self.alerter.stop),
@@ -281,10 +288,13 @@ class Relay:
     def _count_alert(self, body: dict[str, Any]) -> None:
         for kind, present in (
             ("dead", body["dead_count"]),
+            ("keeps_failing", body["keeps_failing_count"]),
             ("failing", body["failing"]),
             ("recovered", body["recovered"]),
             ("down", body["down"]),
             ("up", body["up"]),
+            ("silent", body["silent"]),
+            ("back", body["back"]),
         ):
             if present:
                 self.metrics.alerts.labels(kind).inc()
@@ -549,6 +559,7 @@ class Relay:
         self.ingress.reconfigure(config)
         self.alerter.reconfigure(config)
         self.retention.reconfigure(config)
+        self.silence.reconfigure(config)
         self.indexer.reconfigure(config)
         logs.reconfigure(config)
         for target in retired:

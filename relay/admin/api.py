@@ -21,6 +21,7 @@ from relay.ops.export import Export, export_of, exported
 from relay.ops.glance import glances, with_glance
 from relay.ops.inputs import (
     BadRequest,
+    failing,
     instant,
     known_name,
     optional_text,
@@ -133,7 +134,11 @@ def _status(value: Any, name: str = "status") -> Status | None:
     return Status(known) if known else None
 
 
-def event_query(params: Mapping[str, str], now: float, zone: Zone = None) -> EventQuery:
+def event_query(
+    params: Mapping[str, str], now: float, zone: Zone, failing_after: int
+) -> EventQuery:
+    """A listing's filters from a request's parameters (`failing_after`: what
+    `failing=true` means, [alerts] delivery_failing_after)."""
     limit = whole_number(params.get("limit") or "50", "limit", maximum=MAX_PAGE)
     cursor = row_id(params["cursor"], "cursor") if params.get("cursor") else None
     text = (params.get("q") or "").strip()
@@ -151,12 +156,16 @@ def event_query(params: Mapping[str, str], now: float, zone: Zone = None) -> Eve
         search=search,
         limit=limit,
         before_id=cursor,
+        failing=failing(params.get("failing"), "failing", failing_after),
     )
 
 
 async def list_events(request: web.Request) -> web.Response:
     console = _console(request)
-    query = event_query(request.query, console.clock.now(), console.config.zone)
+    config = console.config
+    query = event_query(
+        request.query, console.clock.now(), config.zone, config.alerts.delivery_failing_after
+    )
     await console.check_names(query.route, query.target)
     try:
         events = await console.store.list_events(query)
@@ -180,7 +189,10 @@ async def export_events(request: web.Request) -> web.StreamResponse:
     csv's columns (relay.ops.export). Streamed a page at a time."""
     console = _console(request)
     params = request.query
-    query = event_query(params, console.clock.now(), console.config.zone)
+    config = console.config
+    query = event_query(
+        params, console.clock.now(), config.zone, config.alerts.delivery_failing_after
+    )
     await console.check_names(query.route, query.target)
     export = export_of(params.get("format"), params.get("fields"), console.config.zone)
     return await stream_export(request, console, query, export)

@@ -23,6 +23,7 @@ from relay.store import (
     Health,
     Operations,
     Queries,
+    Rhythms,
     Status,
 )
 
@@ -30,9 +31,10 @@ from relay.store import (
 SNAPSHOT_TTL = 5.0
 
 
-class ConsoleStore(Operations, Queries, Health, Protocol):
+class ConsoleStore(Operations, Queries, Health, Rhythms, Protocol):
     """What the API and the dashboard use: they read, act on deliveries and
-    targets, and /readyz proves the store writable."""
+    targets, and /readyz proves the store writable; and what the silence
+    watch says of the routes."""
 
 
 def _free_bytes(storage: StorageConfig) -> int | None:
@@ -84,18 +86,28 @@ class Console(Actions):
             return
         if time.monotonic() - self._snapshot_at < SNAPSHOT_TTL:
             return
+        config = self.config
         gauges = await self.store.gauges()
         targets = await self.store.target_states()
         progress = await self.store.search_progress()
+        failing = await self.store.failing_deliveries(config.alerts.delivery_failing_after, 0)
+        watches = await self.store.route_watches()
         self.metrics.set_snapshot(
             StoreSnapshot(
                 gauges=gauges,
                 targets=targets,
                 paused=self.scheduler.paused,
-                configured=tuple(self.config.targets),
+                configured=tuple(config.targets),
                 now=self.clock.now(),
                 index_behind=progress.behind,
-                free_bytes=_free_bytes(self.config.storage),
+                free_bytes=_free_bytes(config.storage),
+                failing=failing.counts,
+                routes={name: watches.routes.get(name) for name in config.routes},
+                pairs=tuple(
+                    (route.name, entry.target)
+                    for route in config.routes.values()
+                    for entry in route.targets
+                ),
             )
         )
         self._snapshot_at = time.monotonic()

@@ -34,7 +34,7 @@ from relay.core.secrets import MASK, Masker
 from relay.ops.actions import BULK_LIMIT, selection_of
 from relay.ops.export import export_of
 from relay.ops.glance import glances, with_glance
-from relay.ops.inputs import BadRequest, instant, known_name, row_id, row_ids
+from relay.ops.inputs import BadRequest, failing, instant, known_name, row_id, row_ids
 from relay.ops.resend import (
     FORM,
     EditRejected,
@@ -50,10 +50,12 @@ from relay.ops.views import (
     delivery_summary,
     event_detail,
     event_summary,
+    failing_view,
     mark_probes,
     not_indexed,
     preview_view,
     rejection_view,
+    silent_view,
     stats_view,
 )
 from relay.store import (
@@ -388,8 +390,9 @@ def _console(request: web.Request) -> Console:
 # went dead since (a cookie: each person's own last look, no account needed).
 SEEN_COOKIE = "relay_dead_seen"
 SEEN_SECONDS = 365 * 24 * 3600
-# Held keys the Overview lists at most.
+# Held keys, and deliveries that keep failing, the Overview lists at most.
 HELD_SHOWN = 20
+FAILING_SHOWN = 10
 
 
 def _last_look(request: web.Request) -> float | None:
@@ -412,6 +415,15 @@ async def overview(request: web.Request) -> web.Response:
     last_look = _last_look(request)
     attention = await console.store.attention(last_look or 0.0, HELD_SHOWN)
     flagged = await console.store.flagged_events(HELD_SHOWN)
+    failing = await store.failing_deliveries(
+        console.config.alerts.delivery_failing_after, FAILING_SHOWN
+    )
+    watches = (await store.route_watches()).routes
+    silent_routes = [
+        silent_view(name, watch, now)
+        for name, watch in sorted(watches.items())
+        if name in console.config.routes and watch.silent_since is not None
+    ]
     failing_routes = [
         {"route": route, "target": target, "failures": failures, "error": masker.text(error)}
         for (route, target), (failures, error) in sorted(console.route_health().items())
@@ -432,6 +444,10 @@ async def overview(request: web.Request) -> web.Response:
         held=attention.held,
         flagged=[event_summary(event, masker) for event in flagged],
         failing_routes=failing_routes,
+        failing_deliveries=[failing_view(found, masker) for found in failing.first],
+        failing_total=failing.total,
+        silent_routes=silent_routes,
+        failing_after=console.config.alerts.delivery_failing_after,
         auto_refresh=True,
     )
 
@@ -465,7 +481,7 @@ def _chart(activity: list[Any], zone: Zone) -> dict[str, Any]:
     }
 
 
-FILTERS = ("q", "status", "route", "target", "since", "until")
+FILTERS = ("q", "status", "route", "target", "since", "until", "failing")
 
 
 def _filters(request: web.Request) -> dict[str, str]:
@@ -514,6 +530,7 @@ async def _listing(
         statuses=[s.value for s in Status],
         routes=sorted(config.routes),
         targets=sorted(config.targets),
+        failing_after=config.alerts.delivery_failing_after,
         search_note=search_note,
         problem=problem,
         **{"selectable": False, **extra},
@@ -526,6 +543,7 @@ async def _event_filters(
     """The listing's filters, each checked: an unknown route, target or status
     or a time that does not parse is a BadRequest naming the field."""
     now, zone = console.clock.now(), console.config.zone
+    threshold = console.config.alerts.delivery_failing_after
     named = known_name(filters["status"], "status", "status", [s.value for s in Status])
     if status is None and named:
         status = Status(named)
@@ -537,6 +555,7 @@ async def _event_filters(
         until=instant(filters["until"], "until", now, zone),
         limit=PAGE_SIZE,
         before_id=before_id,
+        failing=failing(filters["failing"], "failing", threshold),
     )
     await console.check_names(query.route, query.target)
     return query

@@ -29,7 +29,7 @@ from relay.core.clock import Clock
 from relay.core.outage_log import OutageLog
 from relay.core.outcome import Verdict
 from relay.core.payload import Payload
-from relay.core.records import Dead
+from relay.core.records import Dead, next_status
 from relay.core.units import count, format_duration
 from relay.delivery.scheduler import AttemptReport
 from relay.store import (
@@ -77,20 +77,30 @@ class _Window:
     dead: list[dict[str, Any]] = field(default_factory=list)
     dead_count: int = 0
     dead_ids: set[str] = field(default_factory=set)
+    # Deliveries that keep failing (alerts.delivery_failing_after), each once.
+    keeps_failing: list[dict[str, Any]] = field(default_factory=list)
+    keeps_failing_count: int = 0
+    keeps_failing_ids: set[str] = field(default_factory=set)
     failing: dict[str, dict[str, Any]] = field(default_factory=dict)
     recovered: dict[str, dict[str, Any]] = field(default_factory=dict)
     # hold_when_down targets that went down (deliveries held) or came back up.
     down: dict[str, dict[str, Any]] = field(default_factory=dict)
     up: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Routes gone silent (relay.background.silence), or receiving again.
+    silent: dict[str, dict[str, Any]] = field(default_factory=dict)
+    back: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # relay itself: its database
 
     def __bool__(self) -> bool:
         return bool(
             self.dead_count
+            or self.keeps_failing_count
             or self.failing
             or self.recovered
             or self.down
             or self.up
+            or self.silent
+            or self.back
             or self.problems
         )
 
@@ -106,6 +116,13 @@ class _Window:
             self.dead_count += 1
             if len(self.dead) < MAX_LISTED:
                 self.dead.append(item)
+        elif kind == "keeps_failing":
+            if item["delivery_id"] in self.keeps_failing_ids:
+                return
+            self.keeps_failing_ids.add(item["delivery_id"])
+            self.keeps_failing_count += 1
+            if len(self.keeps_failing) < MAX_LISTED:
+                self.keeps_failing.append(item)
         elif kind == "problem":
             self.problems.append(item["text"])
         else:
@@ -114,10 +131,17 @@ class _Window:
                 "recovered": (self.recovered, self.failing),
                 "down": (self.down, self.up),
                 "up": (self.up, self.down),
+                "silent": (self.silent, self.back),
+                "back": (self.back, self.silent),
             }[kind]
-            # Per route and target when the note names a route (failing,
-            # recovered), else per target (down, up).
-            key = f"{item['route']}→{item['target']}" if "route" in item else item["target"]
+            # Per route and target (failing, recovered), per target (down,
+            # up), per route (silent, back).
+            if "target" not in item:
+                key = item["route"]
+            elif "route" in item:
+                key = f"{item['route']}→{item['target']}"
+            else:
+                key = item["target"]
             news[key] = item
             opposite.pop(key, None)
 
@@ -162,6 +186,20 @@ def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
                 "answer": answer,
             }
         )
+    if keeps_failing(report, config):
+        notes.append(
+            {
+                "kind": "keeps_failing",
+                "event_id": str(delivery.event_id),
+                "delivery_id": str(delivery.id),
+                "route": delivery.route,
+                "target": delivery.target,
+                "attempts": report.cycle_step,
+                "cycle": report.cycle_length,
+                "error": report.outcome.error,
+                "answer": answer,
+            }
+        )
     if delivery.target == config.target:
         return notes
     name = delivery.target
@@ -187,6 +225,21 @@ def notes_on(report: AttemptReport, config: AlertsConfig) -> list[Note]:
             }
         )
     return notes
+
+
+def keeps_failing(report: AttemptReport, config: AlertsConfig) -> bool:
+    """This attempt is the `delivery_failing_after`-th of its delivery's cycle
+    to fail, and the delivery goes on (a later retry, not dead): from now on
+    it keeps failing, said once. On a busy target a payload the receiver
+    always refuses fails between others' successes, so its route's failures
+    in a row (failing_after) never add up; its own attempts do. The count is
+    the delivery's own, in the store: a restart neither repeats nor forgets
+    it, and a requeue's fresh cycle counts again."""
+    return (
+        report.cycle_step == config.delivery_failing_after
+        and report.outcome.verdict is Verdict.RETRY
+        and next_status(report.then) is Status.PENDING
+    )
 
 
 @dataclass
@@ -369,6 +422,12 @@ class Alerter:
         """Something wrong with relay itself (its database file went away)."""
         if self.config.target is not None:
             self._note([{"kind": "problem", "text": text}])
+
+    def tell(self, notes: list[Note]) -> None:
+        """What another watcher saw (a route gone silent, and back), to say
+        with the rest of the window; nothing while alerts are off."""
+        if self.config.target is not None:
+            self._note(notes)
 
     def wake(self) -> None:
         """Look at the shared notes now: this instance has just taken the lead."""
@@ -572,6 +631,25 @@ def alert_body(window: _Window) -> dict[str, Any]:
                 f"event {event_id} was refused for what it says: correct it and send it"
                 f" again (relay resend {event_id} --edit, or the event page's Edit and resend)"
             )
+    if window.keeps_failing_count:
+        many = window.keeps_failing_count
+        parts.append(f"{many} {'delivery keeps' if many == 1 else 'deliveries keep'} failing")
+        for item in window.keeps_failing:
+            lines.append(
+                f"keeps failing: delivery {item['delivery_id']} of event {item['event_id']}"
+                f" (route {item['route']} → {item['target']}) failed"
+                f" {item['attempts']} attempts of its cycle of {item['cycle']}; last error:"
+                f" {item['error']}{_said(item)}"
+            )
+        if many > len(window.keeps_failing):
+            lines.append(f"... and {many - len(window.keeps_failing)} more")
+        events = " ".join(dict.fromkeys(i["event_id"] for i in window.keeps_failing))
+        ids = " ".join(i["delivery_id"] for i in window.keeps_failing)
+        lines.append(
+            "each is retried on its schedule, and dead when its cycle ends: relay show"
+            f" {events} says why; correct it and send it again (relay resend EVENT --edit),"
+            f" or skip it (relay skip {ids})"
+        )
     for item in window.failing.values():
         parts.append(f"{_where(item)} is failing")
         lines.append(
@@ -599,6 +677,28 @@ def alert_body(window: _Window) -> dict[str, Any]:
             f" {format_duration(item['down_seconds'])} down;"
             f" {item['waited']} waiting deliveries now flow, oldest first"
         )
+    for item in window.silent.values():
+        parts.append(f"route {item['route']} is silent")
+        usual, past = item.get("usual_seconds"), format_duration(item["limit_seconds"])
+        why = (
+            f"at this hour of the week it is usually silent {format_duration(usual)} at most;"
+            f" said past {past}"
+            if usual is not None
+            else f"past its silent_after, {past}"
+        )
+        lines.append(
+            f"silent: route {item['route']} has received nothing for"
+            f" {format_duration(item['silent_seconds'])} ({why}). A sender that stops sending looks"
+            " like this: WooCommerce disables a webhook after 5 failed deliveries, a"
+            " republished Tilda form may post to another URL; check the sender's webhook"
+            " settings and its log"
+        )
+    for item in window.back.values():
+        parts.append(f"route {item['route']} receives again")
+        lines.append(
+            f"back: route {item['route']} received an event again after"
+            f" {format_duration(item['silent_seconds'])} of silence"
+        )
     for problem in window.problems:
         parts.append(problem.split(":", 1)[0])
         lines.append(f"problem: {problem}")
@@ -609,9 +709,13 @@ def alert_body(window: _Window) -> dict[str, Any]:
         "text": "\n".join([summary, *lines]),
         "dead_count": window.dead_count,
         "dead": window.dead,
+        "keeps_failing_count": window.keeps_failing_count,
+        "keeps_failing": window.keeps_failing,
         "failing": list(window.failing.values()),
         "recovered": list(window.recovered.values()),
         "down": list(window.down.values()),
         "up": list(window.up.values()),
+        "silent": list(window.silent.values()),
+        "back": list(window.back.values()),
         "problems": window.problems,
     }

@@ -26,7 +26,7 @@ from relay.core.localtime import Zone, format_iso_local, format_local
 from relay.core.payload import media_type, parse_form, parse_json
 from relay.core.units import count
 from relay.ops.glance import glances, who_text, with_glance
-from relay.ops.inputs import optional_text, row_id
+from relay.ops.inputs import failing, optional_text, row_id
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import event_detail, event_summary, mark_probes, rejection_view, search_view
 from relay.store import EventQuery, SearchProgress, Status
@@ -49,6 +49,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="TEXT",
         help="only events whose body, query or header values contain TEXT"
         " (any case; a phone number in any spelling)",
+    )
+    events.add_argument(
+        "--failing",
+        nargs="?",
+        const="true",
+        metavar="N",
+        help="only events with a delivery that keeps failing: pending after [alerts]"
+        " delivery_failing_after attempts of its cycle (5 by default), or after N",
     )
     add_time_options(events)
     events.add_argument(
@@ -91,6 +99,7 @@ def list_events(args: argparse.Namespace) -> int:
         key=optional_text(args.key, "--key"),
         search=search,
         limit=args.limit,
+        failing=failing(args.failing, "--failing", config.delivery_failing_after),
     )
 
     async def fetch() -> tuple[list[dict[str, Any]], SearchProgress | None]:

@@ -104,6 +104,12 @@ class AlertsConfig:
     # Alert when a target has failed this many attempts in a row, and again
     # when it next succeeds.
     failing_after: int = 10
+    # A delivery keeps failing once this many attempts of its current cycle
+    # failed (it is still pending): listed, counted, and alerted once.
+    delivery_failing_after: int = 5
+    # A route is silent when nothing arrived for this many times its usual
+    # longest silence at that hour of the week (relay.background.silence).
+    silence_factor: float = 3.0
     # Dead deliveries within this window make one alert, not one each.
     group_window: float = 60.0
 
@@ -207,6 +213,9 @@ class RouteConfig:
     # Fields removed from an urlencoded form body before it goes to any target
     # (Tilda's api_key): stored as received, forwarded without them.
     strip_fields: tuple[str, ...] = ()
+    # Silent after this long without an event, whatever it learnt (inf:
+    # never watched; None: what it learnt alone, relay.background.silence).
+    silent_after: float | None = None
 
     @property
     def templated(self) -> bool:

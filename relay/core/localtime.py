@@ -62,7 +62,8 @@ def _aware(moment: datetime, zone: Zone) -> datetime:
     return moment.replace(tzinfo=zone)
 
 
-def _to_zone(timestamp: float, zone: Zone) -> datetime:
+def in_zone(timestamp: float, zone: Zone) -> datetime:
+    """A moment as the wall clock of `zone` reads it (None: the system's)."""
     if zone is None:
         return datetime.fromtimestamp(timestamp, UTC).astimezone()
     return datetime.fromtimestamp(timestamp, zone)
@@ -70,7 +71,7 @@ def _to_zone(timestamp: float, zone: Zone) -> datetime:
 
 def format_local(timestamp: float, zone: Zone) -> str:
     """ "2026-12-02 15:00:03 +03:00": to the second, with the offset it had then."""
-    moment = _to_zone(timestamp, zone)
+    moment = in_zone(timestamp, zone)
     offset = moment.strftime("%z")  # "+0300"
     return moment.strftime("%Y-%m-%d %H:%M:%S ") + f"{offset[:3]}:{offset[3:]}"
 
@@ -88,7 +89,7 @@ def format_iso_local(text: str | None, zone: Zone) -> str:
 
 def zone_label(zone: Zone, now: float) -> str:
     """The zone's name and its offset now: "Europe/Moscow, UTC+03:00"."""
-    moment = _to_zone(now, zone)
+    moment = in_zone(now, zone)
     offset = moment.strftime("%z")
     name = zone.key if zone is not None else (moment.tzname() or "system time")
     return f"{name}, UTC{offset[:3]}:{offset[3:]}"
@@ -135,7 +136,7 @@ def _parse(value: str, now: float, zone: Zone) -> float | None:
     if lowered in WORDS:
         if lowered == "now":
             return now
-        midnight = datetime.combine(_to_zone(now, zone).date(), time())
+        midnight = datetime.combine(in_zone(now, zone).date(), time())
         if lowered == "yesterday":
             midnight = datetime.combine(midnight.date() - timedelta(days=1), time())
         return _aware(midnight, zone).timestamp()
@@ -148,7 +149,7 @@ def _parse(value: str, now: float, zone: Zone) -> float | None:
         pass
     of_day = _time_of_day(value)
     if of_day is not None:
-        today = _to_zone(now, zone).date()
+        today = in_zone(now, zone).date()
         moment = _aware(datetime.combine(today, of_day), zone).timestamp()
         if moment > now:
             moment = _aware(datetime.combine(today - timedelta(days=1), of_day), zone).timestamp()

@@ -11,18 +11,41 @@ from typing import Any, NamedTuple
 from relay.core.payload import Payload
 from relay.core.status import Status
 
+# A delivery that arrives while its target is down brings the next probe
+# forward, but no sooner than this after the last one: a target down under
+# a stream of webhooks is asked once every few seconds, not once each.
+FRESH_PROBE_GAP = 5.0
+
 
 @dataclass(frozen=True)
 class DownState:
     """A hold_when_down target that is down: since when, and its probes."""
 
     since: float
-    probe_at: float
+    probe_at: float  # the next probe on the target's own backoff
     probes: int  # failed probes so far
     # The delivery of the last probe (or of the failure that made it down);
     # the one the next probe takes (read with target_states only).
     last_probe: int | None = None
     next_probe: int | None = None
+    # When it was last probed (or went down), and when the first delivery
+    # that arrived since is due (None: none did): fresh evidence.
+    probed_at: float | None = None
+    evidence_at: float | None = None
+
+    @property
+    def due(self) -> float:
+        """When the next probe may go: on the backoff, or sooner for a
+        delivery that arrived since the last probe (FRESH_PROBE_GAP after it
+        at the soonest). A quiet target whose only delivery is a payload it
+        refuses is down for that payload's sake; the next webhook is what
+        can tell, and it must not wait for a backoff grown through the night."""
+        if self.evidence_at is None:
+            return self.probe_at
+        soonest = self.evidence_at
+        if self.probed_at is not None:
+            soonest = max(soonest, self.probed_at + FRESH_PROBE_GAP)
+        return min(self.probe_at, soonest)
 
 
 @dataclass(frozen=True)
@@ -149,6 +172,11 @@ class TargetHealth(NamedTuple):
     # the hold in this episode (each success takes one back).
     throttled_until: float | None = None
     throttles: int = 0
+    # hold_when_down: when the target was last probed (or went down), and
+    # the number of the probe its backoff schedules next (relay.delivery.step,
+    # rule 3: a fresh delivery's probe starts the backoff again at 1).
+    probed_at: float | None = None
+    probe_step: int = 0
 
     def written(self, columns: dict[str, Any]) -> TargetHealth:
         """This row once a Step's columns are written."""

@@ -415,7 +415,7 @@ class Scheduler:
         for name, lane in self._eligible().items():
             if name in down:
                 # One probe, when its time has come: the oldest due delivery.
-                limits[name] = min(lane.allowed(now), 1) if now >= down[name].probe_at else 0
+                limits[name] = min(lane.allowed(now), 1) if now >= down[name].due else 0
             else:
                 limits[name] = min(lane.allowed(now), self._batch_size)
         limits = {name: limit for name, limit in limits.items() if limit > 0}
@@ -450,7 +450,7 @@ class Scheduler:
         down = self.down
         due = await self._store.next_due(list(lanes))
         times = [
-            max(at, lanes[name].ready_at(now), down[name].probe_at if name in down else at)
+            max(at, lanes[name].ready_at(now), down[name].due if name in down else at)
             for name, at in due.items()
         ]
         return min(times, default=None)
@@ -468,7 +468,11 @@ class Scheduler:
         if not limits:
             return 0
         claimed = await self._store.claim_due(
-            now, now + self._state.lease, limits, exclude=list(self._tasks)
+            now,
+            now + self._state.lease,
+            limits,
+            exclude=list(self._tasks),
+            probes=[name for name in limits if name in self.down],
         )
         if self._stopping:
             # Stop began during the claim: sending now would start requests
@@ -606,11 +610,14 @@ class Scheduler:
             self._down.pop(target, None)
             log.warning("target %s is up again; %d deliveries waited", target, streak.waited)
         elif streak.went_down and probe_at is not None:
-            self._down[target] = DownState(now, probe_at, 0)
+            self._down[target] = DownState(now, probe_at, 0, probed_at=now)
             log.warning("target %s is down: its deliveries wait, probing it", target)
         elif probe_at is not None and target in self._down:
+            # What arrived before this probe is no fresh evidence any more.
             previous = self._down[target]
-            self._down[target] = DownState(previous.since, probe_at, previous.probes + 1)
+            self._down[target] = DownState(
+                previous.since, probe_at, previous.probes + 1, probed_at=now
+            )
         elif streak.down and target not in self._down:
             # Made down by another process's attempt: read its state at the
             # next turn rather than a poll later.

@@ -24,7 +24,13 @@ The rules, in the order they apply:
    dead, pending keeps its next time).
 3. **A down target's probe** (hold_when_down) that failed for a reason worth
    retrying spends no retry, its own included: the delivery waits, at the
-   back of the line, for the next probe.
+   back of the line, for the next probe. Probes follow the target's
+   backoff, except that a delivery that arrived since the last probe is
+   fresh evidence: it is the next probe, within FRESH_PROBE_GAP
+   (relay.core.records.DownState.due), and if it fails the backoff starts
+   again from its first step. A quiet target made down by one payload it
+   always refuses is thus asked again by the next webhook, not hours later;
+   when that one goes through, the payload fails alone (rule 5).
 4. **A receiver's throttle** (a 429, or a status the target declares
    temporary: amoCRM answers 403 while it blocks an address) is about the
    sender, not this message: the whole target is held, nothing of it
@@ -121,10 +127,12 @@ def step(rules: Rules, attempted: Attempted, health: TargetHealth, history: Hist
     down: Down | None = None
     if rules.down_after is not None:
         probe = attempted.probe
-        # Going down schedules probe 1; probe k failing schedules probe k + 1.
-        number = health.probes + 2 if probe else 1
+        # Going down schedules probe 1; probe k failing schedules probe k + 1;
+        # a fresh delivery's failing starts the backoff again: probe 1.
+        fresh = fresh_evidence(attempted.delivery, health)
+        number = health.probe_step + 1 if probe and not fresh else 1
         at = now + probe_delay(rules.policy, number, _Draw(attempted.draw))
-        down = Down(rules.down_after, at, probe=probe)
+        down = Down(rules.down_after, at, probe=probe, step=number)
         manual = attempted.delivery.manual  # a person's try keeps its own rule
         if probe and not manual and outcome.verdict is Verdict.RETRY:
             then, in_cycle = Waits(at), False
@@ -263,6 +271,15 @@ class Down:
     down_after: int
     probe_at: float
     probe: bool = False
+    step: int = 1  # the number of the probe at probe_at (its backoff's step)
+
+
+def fresh_evidence(delivery: ClaimedDelivery, health: TargetHealth) -> bool:
+    """Whether a down target's probe by `delivery` is fresh evidence: never
+    attempted, it arrived after the target was last probed (or went down).
+    The claim picks such a delivery first (relay.store.rows.probe_choice)."""
+    probed = health.probed_at
+    return delivery.attempts == 0 and (probed is None or delivery.received_at > probed)
 
 
 def fails_alone(history: History, successes: int) -> bool:
@@ -296,7 +313,13 @@ def settle(
     that failed (`fails_alone`). Its time is written when the one shown is
     SUCCESS_SHOWN_WITHIN old. Nothing to write, no row to lock."""
     outcome, now = attempted.outcome, attempted.now
-    before, down_streak, down_since, probes, successes, last_success_at, _, throttles = health
+    before, down_streak, down_since = (
+        health.consecutive_failures,
+        health.down_streak,
+        health.down_since,
+    )
+    probes, successes, throttles = health.probes, health.successes, health.throttles
+    last_success_at = health.last_success_at
 
     def made(streak: FailureStreak, columns: dict[str, Any] | None = None, **more: Any) -> Step:
         return Step(then, in_cycle, streak, columns or {}, **more)
@@ -351,7 +374,14 @@ def settle(
         columns["throttles"] = episode
     delivery_id = attempted.delivery.id
     if down_since is not None and not down_signal:
-        columns |= {"down_since": None, "probe_at": None, "probes": 0, "probe_delivery": None}
+        columns |= {
+            "down_since": None,
+            "probe_at": None,
+            "probes": 0,
+            "probe_delivery": None,
+            "probed_at": None,
+            "probe_step": 0,
+        }
         streak = FailureStreak(before, after, came_up=True, down_for=now - down_since)
         return made(streak, columns, count_waiting=True, remember=remember)
     if down is not None and down_signal:
@@ -361,6 +391,8 @@ def settle(
                 "probe_at": down.probe_at,
                 "probes": 0,
                 "probe_delivery": delivery_id,
+                "probed_at": now,
+                "probe_step": down.step,
             }
             streak = FailureStreak(before, after, went_down=True, down=True)
             return made(streak, columns, remember=remember)
@@ -369,6 +401,8 @@ def settle(
                 "probe_at": down.probe_at,
                 "probes": probes + 1,
                 "probe_delivery": delivery_id,
+                "probed_at": now,
+                "probe_step": down.step,
             }
     streak = FailureStreak(before, after, down=down_since is not None)
     return made(streak, columns, remember=remember)

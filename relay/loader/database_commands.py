@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 
-from relay.config.model import StorageConfig
+from relay.config.model import AlertsConfig, StorageConfig
 from relay.config.reader import ConfigError, Section, substitute
 from relay.core.localtime import Zone, zone_named
 from relay.core.secrets import Masker
@@ -31,6 +31,8 @@ class DatabaseCommandConfig:
     secrets: frozenset[str]
     source: Path
     timezone: str | None = None
+    # [alerts] delivery_failing_after: what `--failing` takes (keeps failing).
+    delivery_failing_after: int = AlertsConfig.delivery_failing_after
 
     @property
     def routes(self) -> frozenset[str]:
@@ -66,6 +68,14 @@ def load_database_command_config(path: Path, environ: Mapping[str, str]) -> Data
         for name, table in routes.items():
             if isinstance(table, dict):
                 windows[name] = Section(table, f"routes.{name}").duration("dedup_window", None)
+        alerts = rest.get("alerts")
+        failing_after = (
+            Section(alerts, "alerts").integer(
+                "delivery_failing_after", AlertsConfig.delivery_failing_after, minimum=1
+            )
+            if isinstance(alerts, dict)
+            else AlertsConfig.delivery_failing_after
+        )
         admin = rest.get("admin")
         timezone = (
             parse_timezone(Section({"timezone": admin.get("timezone")}, "admin"))
@@ -82,6 +92,7 @@ def load_database_command_config(path: Path, environ: Mapping[str, str]) -> Data
         secrets=frozenset(secrets | _inline_credentials(rest)),
         source=path.resolve(),
         timezone=timezone,
+        delivery_failing_after=failing_after,
     )
 
 

@@ -376,7 +376,11 @@ def _alerts(section: Section, targets: Mapping[str, TargetConfig]) -> AlertsConf
     alerts = AlertsConfig(
         target=target,
         failing_after=section.integer("failing_after", defaults.failing_after, minimum=1),
+        delivery_failing_after=section.integer(
+            "delivery_failing_after", defaults.delivery_failing_after, minimum=1
+        ),
         group_window=section.duration("group_window", defaults.group_window),
+        silence_factor=section.number("silence_factor", defaults.silence_factor, minimum=1),
     )
     section.done()
     return alerts
@@ -442,9 +446,25 @@ def _route(
         if section.choice("key_conflict", ("store", "reject"), "store") == "reject"
         else "store",
         strip_fields=tuple(section.string_list("strip_fields", [])),
+        silent_after=_silent_after(section),
     )
     section.done()
     return route
+
+
+def _silent_after(section: Section) -> float | None:
+    """A route's `silent_after`: a duration, or "never" (not watched at all)."""
+    value = section.take("silent_after", None)
+    if value is None:
+        return None
+    if value == "never":
+        return math.inf
+    try:
+        return section.parse_duration_value("silent_after", value)
+    except ConfigError:
+        raise section.error(
+            "silent_after", 'a duration like "2h" or "1d", or "never"', value
+        ) from None
 
 
 def _route_target(

@@ -82,6 +82,20 @@ def instant(value: Any, field: str, now: float, zone: Zone = None) -> float | No
         raise BadRequest(f"{field}: {problem}") from None
 
 
+def failing(value: Any, field: str, threshold: int) -> int | None:
+    """The "keeps failing" filter: deliveries pending after at least N
+    attempts of their cycle. `true` is what relay calls keeps failing
+    (`threshold`, [alerts] delivery_failing_after); a whole number, that
+    many (1: past their first attempt); absent, no filter."""
+    if value is None or value == "" or value is False:
+        return None
+    if value is True or value == "true":
+        return threshold
+    if isinstance(value, str) and not value.isdigit():
+        raise BadRequest(f"{field}: expected true or a number of attempts, not {value!r}")
+    return whole_number(value, field, minimum=1, maximum=1_000_000)
+
+
 def unknown_name(kind: str, value: str, known: Iterable[str]) -> str:
     """ "no route tidla (did you mean tilda?); the routes are: shop, tilda" """
     names = sorted(set(known))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from relay.config import Config
 from relay.core.status import ATTEMPT_OUTCOMES
@@ -20,7 +20,7 @@ from relay.ops.exposition import (
     render,
     sample,
 )
-from relay.store import Gauges, Status, TargetState
+from relay.store import Gauges, RouteWatch, Status, TargetState
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -41,7 +41,7 @@ INGRESS_RESULTS = (
     "bad_request",
     "unavailable",
 )
-ALERT_KINDS = ("dead", "failing", "recovered", "down", "up")
+ALERT_KINDS = ("dead", "keeps_failing", "failing", "recovered", "down", "up", "silent", "back")
 
 
 @dataclass
@@ -55,6 +55,13 @@ class StoreSnapshot:
     index_behind: int = 0
     # Bytes free where the SQLite database lives (None: PostgreSQL's own).
     free_bytes: int | None = None
+    # Deliveries that keep failing per (route, target), and the pairs the
+    # config has (each exported, at 0 when none).
+    failing: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    pairs: tuple[tuple[str, str], ...] = ()
+    # Each route of the config, as the silence watch keeps it (None: nothing
+    # received yet).
+    routes: Mapping[str, RouteWatch | None] = field(default_factory=dict)
 
 
 class Metrics:
@@ -248,6 +255,39 @@ def _expose_store(lines: list[str], snapshot: StoreSnapshot) -> None:
     )
     for target in targets:
         sample(lines, name, (("target", target),), snapshot.gauges.held.get(target, 0))
+    name = "relay_deliveries_failing"
+    family(
+        lines,
+        name,
+        "Deliveries that keep failing: pending after at least alerts.delivery_failing_after"
+        " attempts of their cycle, by route and target.",
+        "gauge",
+    )
+    for route, target in sorted(set(snapshot.pairs) | set(snapshot.failing)):
+        labels = (("route", route), ("target", target))
+        sample(lines, name, labels, snapshot.failing.get((route, target), 0))
+    name = "relay_route_silent"
+    family(
+        lines,
+        name,
+        "1 while a route is silent: nothing received for longer than its limit at this"
+        " hour of the week (learnt from its own history, or routes.NAME.silent_after).",
+        "gauge",
+    )
+    for route, watch in sorted(snapshot.routes.items()):
+        silent = watch is not None and watch.silent_since is not None
+        sample(lines, name, (("route", route),), 1.0 if silent else 0.0)
+    name = "relay_route_silence_seconds"
+    family(
+        lines,
+        name,
+        "Seconds since a route's last event, as the silence watch last learnt it (once a"
+        " minute; 0 before its first).",
+        "gauge",
+    )
+    for route, watch in sorted(snapshot.routes.items()):
+        silence = max(0.0, snapshot.now - watch.last_event_at) if watch is not None else 0.0
+        sample(lines, name, (("route", route),), silence)
     name = "relay_search_index_behind_events"
     family(
         lines,

@@ -11,7 +11,7 @@ from relay.core.outcome import SentRequest, Verdict
 from relay.core.payload import event_fields
 from relay.core.secrets import Masker, mask_fields, request_masker, shown_body
 from relay.core.status import attempt_outcome
-from relay.core.units import count, format_instant
+from relay.core.units import count, format_duration, format_instant
 from relay.loader.registry import target_kind
 from relay.store import (
     AttemptKind,
@@ -20,10 +20,12 @@ from relay.store import (
     DeliveryView,
     EventDetail,
     EventView,
+    FailingDelivery,
     InstanceState,
     LogEntry,
     Rejection,
     ResendLink,
+    RouteWatch,
     SearchProgress,
     Stats,
     Status,
@@ -100,6 +102,28 @@ def copy_note(delivery: DeliveryView) -> str | None:
             " sent if it fails, skipped if it succeeds"
         )
     return None
+
+
+def failing_view(found: FailingDelivery, masker: Masker) -> dict[str, Any]:
+    """A delivery that keeps failing, with its event and route (the Overview)."""
+    delivery = found.delivery
+    return {
+        **delivery_summary(delivery, masker),
+        "event_id": str(delivery.event_id),
+        "route": found.route,
+    }
+
+
+def silent_view(route: str, watch: RouteWatch, now: float) -> dict[str, Any]:
+    """A route the silence watch says is silent (relay.background.silence)."""
+    return {
+        "route": route,
+        "silent_since": iso(watch.silent_since),
+        "last_event_at": iso(watch.last_event_at),
+        "silent_for": format_duration(max(0.0, now - watch.last_event_at)),
+        "usual": format_duration(watch.usual) if watch.usual is not None else None,
+        "limit": format_duration(watch.limit) if watch.limit is not None else None,
+    }
 
 
 def held_note(delivery: DeliveryView) -> str | None:
@@ -218,7 +242,7 @@ def mark_probes(event: dict[str, Any], states: Mapping[str, TargetState]) -> dic
             continue
         delivery["probe"] = {
             "target_down_since": iso(down.since),
-            "next_probe_at": iso(down.probe_at),
+            "next_probe_at": iso(down.due),
             "is_next_probe": down.next_probe == int(delivery["id"]),
         }
     return event
@@ -260,7 +284,7 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
         # hold_when_down: deliveries wait (no retries spent) while probes go out.
         "down": state.down is not None,
         "down_since": iso(state.down.since) if state.down else None,
-        "next_probe_at": iso(state.down.probe_at) if state.down else None,
+        "next_probe_at": iso(state.down.due) if state.down else None,
         "failed_probes": state.down.probes if state.down else 0,
         # Which delivery probes: the next probe's (under way, or first in
         # line) and the last one's; each failed probe goes to the back.

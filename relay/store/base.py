@@ -440,6 +440,27 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class FailingDelivery:
+    """A delivery that keeps failing: pending (or in flight) after many
+    attempts in its current cycle, on its route."""
+
+    route: str
+    delivery: DeliveryView
+
+
+@dataclass(frozen=True)
+class FailingDeliveries:
+    """The deliveries that keep failing (Queries.failing_deliveries)."""
+
+    counts: Mapping[tuple[str, str], int]  # (route, target) -> how many
+    first: tuple[FailingDelivery, ...]  # the first `limit`, oldest first
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
 class Gauges:
     """Cheap counts (index-only) for metrics: deliveries not yet finished."""
 
@@ -480,6 +501,50 @@ class RouteStreak:
 
     failures: int
     error: str | None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A stored event as the silence watch learns from it (relay.background.silence)."""
+
+    id: int
+    route: str
+    received_at: float
+
+
+@dataclass(frozen=True)
+class RouteWatch:
+    """What the silence watch keeps of a route: the first and last event it
+    learnt from, and, while the route is silent, since when, with its usual
+    longest silence at that hour of the week and the limit it went past."""
+
+    first_event_at: float
+    last_event_at: float
+    silent_since: float | None = None
+    usual: float | None = None
+    limit: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteWatches:
+    """Every route's RouteWatch, and the newest event id learnt from."""
+
+    through: int
+    routes: Mapping[str, RouteWatch]
+
+
+@dataclass(frozen=True)
+class Learned:
+    """A pass of the silence watch over the events up to `through`: each
+    route's first and last event since, the longest silences it saw by
+    (route, week, hour of the week), the routes that received again after
+    they were said silent, and the oldest week still to keep."""
+
+    through: int
+    seen: Mapping[str, tuple[float, float]]
+    longest: Mapping[tuple[str, int, int], float]
+    back: Collection[str] = ()
+    keep_from_week: int = 0
 
 
 @dataclass(frozen=True)
@@ -598,6 +663,9 @@ class EventQuery:
     search: TextSearch | None = None
     limit: int = 50
     before_id: int | None = None  # cursor: only events older than this id
+    # Only events with a delivery that keeps failing: pending or in flight
+    # after at least this many attempts in its current cycle.
+    failing: int | None = None
 
 
 class Intake(Protocol):
@@ -645,6 +713,7 @@ class Queue(Protocol):
         lease_until: float,
         limits: Mapping[str, int],
         exclude: Collection[int] = (),
+        probes: Collection[str] = (),
     ) -> list[ClaimedDelivery]:
         """Lease up to limits[target] due deliveries of each target, oldest due first.
 
@@ -652,6 +721,11 @@ class Queue(Protocol):
         expired lease (its process died mid-attempt) — except the `exclude`d
         ones, attempts this very process still has under way (a clock that
         jumps ahead must not make them look abandoned).
+
+        `probes`: targets whose claim is their down target's one probe, as
+        the caller knows them: it takes the delivery rows.probe_choice says
+        (fresh evidence first). A store that `claims_probes` knows it
+        itself, for the whole cluster, and ignores this.
         """
         ...
 
@@ -834,6 +908,12 @@ class Queries(Protocol):
         still), and the ordering keys held behind a dead delivery."""
         ...
 
+    async def failing_deliveries(self, after: int, limit: int) -> FailingDeliveries:
+        """Deliveries pending or in flight after at least `after` attempts in
+        their current cycle: how many per route and target, and the first
+        `limit` of them."""
+        ...
+
     async def search_progress(self) -> SearchProgress: ...
 
     async def body_heads(self, event_ids: Sequence[int], size: int) -> dict[int, BodyHead]:
@@ -939,7 +1019,51 @@ class Streaks(Protocol):
         ...
 
 
-class Store(Intake, Queue, Operations, Queries, Indexing, Health, Maintenance, Streaks, Protocol):
+class Rhythms(Protocol):
+    """What the silence watch learns of each route's rhythm and keeps
+    (relay.background.silence): read from the events as they are stored,
+    never written on their way in. On a shared store the leading instance
+    learns and judges, for the cluster."""
+
+    async def arrivals(self, after: int, limit: int) -> list[Arrival]:
+        """The next `limit` events after id `after`, by id."""
+        ...
+
+    async def route_watches(self) -> RouteWatches:
+        """Every route learnt from, and how far the events were learnt."""
+        ...
+
+    async def route_rhythm(self, slot: int, weeks: range) -> dict[str, dict[int, float]]:
+        """For hour of the week `slot`, each route's longest silence in each
+        of these weeks it has one for: route -> week -> seconds."""
+        ...
+
+    async def learn_rhythm(self, learned: Learned) -> dict[str, RouteWatch]:
+        """Keep a pass, in one transaction: the routes' first and last
+        events, each (route, week, slot)'s longest silence (the larger of the
+        kept one and this), the events learnt through `through`, and no
+        silence kept from weeks before `keep_from_week`. The routes `back`
+        that were silent are silent no more: returned, as they were."""
+        ...
+
+    async def mark_silent(self, route: str, at: float, usual: float | None, limit: float) -> bool:
+        """Say that `route` has been silent since `at`: True, unless it was
+        said already (then nothing changes)."""
+        ...
+
+
+class Store(
+    Intake,
+    Queue,
+    Operations,
+    Queries,
+    Indexing,
+    Health,
+    Maintenance,
+    Streaks,
+    Rhythms,
+    Protocol,
+):
     """A whole backend: every role, opened and closed. Only the code that opens
     a store (relay.app, the CLI's `opened_store`) holds one of these; every
     other part takes the role it uses."""

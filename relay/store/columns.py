@@ -16,6 +16,7 @@ from relay.core.outcome import SentRequest
 from relay.core.payload import Payload
 from relay.store.base import (
     AlertNote,
+    Arrival,
     AttemptKind,
     AttemptView,
     AuditEntry,
@@ -25,6 +26,7 @@ from relay.store.base import (
     DownState,
     EventDetail,
     EventView,
+    FailingDelivery,
     Header,
     HeldBehind,
     HeldKey,
@@ -35,6 +37,7 @@ from relay.store.base import (
     Rejection,
     ResendLink,
     RouteStreak,
+    RouteWatch,
     Status,
     TargetHealth,
     TargetState,
@@ -160,6 +163,8 @@ DELIVERY = Shape(
     resolves="resolves",
     resolved_by="resolved_by",
 )
+# A delivery that keeps failing, with its route.
+FAILING = Shape(FailingDelivery, route="route", delivery=DELIVERY)
 # A delivery leased for an attempt, read from its row (d) joined with its event's (e).
 CLAIMED = Shape(
     ClaimedDelivery,
@@ -219,12 +224,27 @@ LOG_ENTRY = Shape(
 
 # Targets
 
+# A down target's fresh evidence (relay.delivery.step, rule 3): a pending
+# delivery `d` (its event `e`) never attempted that arrived after the target
+# was last probed, `{probed}`. A new delivery is due when it arrives, so the
+# range of the due index after `{probed}` holds every one (and few others).
+FRESH_EVIDENCE = (
+    "d.status = 'pending' AND d.attempts = 0"
+    " AND d.next_attempt_at > {probed} AND e.received_at > {probed}"
+)
 DOWN = Shape(
     DownState,
     since="down_since",
     probe_at="probe_at",
     probes="probes",
     last_probe="probe_delivery",
+    probed_at="probed_at",
+    evidence_at=(
+        "(SELECT MIN(d.next_attempt_at) FROM deliveries d JOIN events e ON e.id = d.event_id"
+        " WHERE d.target = targets.name AND "
+        + FRESH_EVIDENCE.format(probed="targets.probed_at")
+        + ")"
+    ),
 )
 TARGET_STATE = Shape(
     TargetState,
@@ -266,6 +286,19 @@ REJECTION = Shape(
 # A cluster's alert notes (PostgreSQL's alert_notes).
 ALERT_NOTE = Shape(AlertNote, id="id", noted_at="noted_at", note=Column("note", bytes))
 
+
+# What the silence watch keeps of a route (route_watch), by route.
+ROUTE_WATCH = Shape(
+    RouteWatch,
+    first_event_at="first_event_at",
+    last_event_at="last_event_at",
+    silent_since="silent_since",
+    usual="silent_usual",
+    limit="silent_limit",
+)
+ROUTE_WATCHES = ROUTE_WATCH.keyed("route")
+# A stored event as the silence watch learns from it.
+ARRIVAL = Shape(Arrival, id="id", route="route", received_at="received_at")
 
 # A route's failed attempts in a row at a target (route_streaks), by the pair.
 ROUTE_STREAK = Shape(RouteStreak, failures="failures", error="last_error")

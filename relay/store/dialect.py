@@ -52,6 +52,8 @@ class Dialect:
     real: str
     # The smaller of two values (SQLite's scalar min(), PostgreSQL's LEAST).
     least: str
+    # The larger of two values (SQLite's scalar max(), PostgreSQL's GREATEST).
+    greatest: str
     # The deliveries whose event a search matches, as a condition on deliveries.
     search: Callable[[TextSearch], tuple[str, list[Any]]]
     # An event listing's search (SearchJoin).
@@ -155,6 +157,7 @@ SQLITE = Dialect(
     integer="CAST({} AS INTEGER)",
     real="?",
     least="min",
+    greatest="max",
     search=_fts5_search,
     listing_search=_fts5_listing,
 )
@@ -165,6 +168,7 @@ POSTGRES = Dialect(
     integer="floor({})::int",
     real="?::float8",
     least="LEAST",
+    greatest="GREATEST",
     search=_trigram_search,
     listing_search=_trigram_listing,
 )

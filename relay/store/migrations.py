@@ -345,7 +345,62 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         ],
     ),
     (
-        18,
+        16,
+        "the operator's attention: fresh evidence, deliveries that keep failing, silent routes",
+        [
+            # hold_when_down: when the target was last probed (or went down),
+            # and the number of the probe its backoff schedules next. A
+            # delivery that arrived since is the next probe (relay.delivery.step).
+            "ALTER TABLE targets ADD COLUMN probed_at REAL",
+            "ALTER TABLE targets ADD COLUMN probe_step INTEGER NOT NULL DEFAULT 0",
+            # A target down now: its backoff goes on where it was; what
+            # arrived while it was down is fresh evidence.
+            """
+            UPDATE targets SET probed_at = down_since, probe_step = probes + 1
+            WHERE down_since IS NOT NULL
+            """,
+            # Deliveries that keep failing (relay.store.reads.KEEPS_FAILING):
+            # only those that failed in their cycle, never a new one (ingest
+            # writes nothing more to it).
+            """
+            CREATE INDEX deliveries_failing ON deliveries (cycle_attempts)
+            WHERE status IN ('pending', 'in_flight') AND cycle_attempts > 0
+            """,
+            # The silence watch (relay.background.silence), learnt from the
+            # events as stored, never written on their way in: each route's
+            # first and last event and whether it is silent; its longest
+            # silence in each hour of the week (0-167, the operator's zone)
+            # of each week (days since a Monday, by 7); the events learnt.
+            """
+            CREATE TABLE route_watch (
+                route TEXT PRIMARY KEY,
+                first_event_at REAL NOT NULL,
+                last_event_at REAL NOT NULL,
+                silent_since REAL,
+                silent_usual REAL,
+                silent_limit REAL
+            )
+            """,
+            """
+            CREATE TABLE route_rhythm (
+                slot INTEGER NOT NULL,
+                route TEXT NOT NULL,
+                week INTEGER NOT NULL,
+                longest REAL NOT NULL,
+                PRIMARY KEY (slot, route, week)
+            )
+            """,
+            """
+            CREATE TABLE rhythm_progress (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                learnt_through INTEGER NOT NULL
+            )
+            """,
+            "INSERT INTO rhythm_progress (id, learnt_through) VALUES (1, 0)",
+        ],
+    ),
+    (
+        17,
         "a stored event cannot stop relay: what the search indexer is on, events it skipped",
         [
             # The last event of the batch the indexer is on, written before

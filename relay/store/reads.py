@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
 from relay.store.base import (
+    Arrival,
     AttemptView,
     Attention,
     AuditEntry,
@@ -26,12 +27,14 @@ from relay.store.base import (
     EventDetail,
     EventQuery,
     EventView,
+    FailingDeliveries,
     Gauges,
     HeldTargets,
     HourlyActivity,
     IndexSource,
     LogEntry,
     Rejection,
+    RouteWatches,
     SearchProgress,
     Selection,
     Stats,
@@ -39,22 +42,26 @@ from relay.store.base import (
     TargetState,
 )
 from relay.store.columns import (
+    ARRIVAL,
     ATTEMPT,
     AUDIT_ENTRY,
     BODY_HEAD,
     DELIVERY,
     EVENT,
     EVENT_DETAIL,
+    FAILING,
     HELD_BEHIND,
     HELD_KEY,
     INDEX_SOURCE,
     LOG_ENTRY,
     REJECTION,
     RESEND_LINK,
+    ROUTE_WATCHES,
     TARGET_STATE,
 )
 from relay.store.dialect import Dialect
-from relay.store.rows import HEAD_OF_LINE
+from relay.store.rhythm import ARRIVALS, LEARNT_THROUGH, RHYTHM_AT, WATCHES
+from relay.store.rows import HEAD_OF_LINE, probe_choice
 from relay.store.shape import Row
 
 
@@ -95,11 +102,10 @@ HELD_TARGETS = (
     " WHERE paused OR down_since IS NOT NULL OR throttles > 0"
 )
 # The delivery a down target's next probe takes: the one under way, else
-# the first in line (as claim_due orders them).
+# the one its claim will take (rows.probe_choice); every `?` the target's name.
 NEXT_PROBE = (
-    "SELECT id FROM deliveries WHERE target = ? AND status IN ('pending', 'in_flight')"
-    " AND (status = 'in_flight' OR next_attempt_at IS NOT NULL)"
-    " ORDER BY status = 'pending', next_attempt_at, id LIMIT 1"
+    "SELECT coalesce((SELECT id FROM deliveries WHERE target = ? AND status = 'in_flight'"
+    f" ORDER BY id LIMIT 1), {probe_choice('?', None)})"
 )
 # An event listing's columns: the events may be joined with the search index.
 LISTED = EVENT.on("events")
@@ -125,6 +131,10 @@ FINISHED = (
 # Whether what a corrected copy's delivery stands in for is in flight and
 # linked to it (the copy waits for that attempt, relay.store.supersede): (id, copy)
 WAITS_FOR = "SELECT 1 FROM deliveries WHERE id = ? AND resolved_by = ? AND status = 'in_flight'"
+# Deliveries that keep failing: pending or in flight after at least `?`
+# attempts in their cycle. The literal terms are the partial index's
+# (deliveries_failing), which holds only deliveries that failed in their cycle.
+KEEPS_FAILING = "status IN ('pending', 'in_flight') AND cycle_attempts > 0 AND cycle_attempts >= ?"
 # The states with partial indexes: a listing collects their events directly.
 RARE = (Status.PENDING, Status.IN_FLIGHT, Status.DEAD)
 
@@ -227,9 +237,8 @@ class Reads(ABC):
                 route_counts[state] = route_counts.get(state, 0) + count
                 target_counts = by_target.setdefault(target, {})
                 target_counts[state] = target_counts.get(state, 0) + count
-            [(late,)] = await fetch(
-                "SELECT COUNT(*) FROM deliveries WHERE status = 'pending' AND attempts > 0"
-            )
+            # Past the first attempt of their cycle: what failing=1 lists.
+            [(late,)] = await fetch(f"SELECT COUNT(*) FROM deliveries WHERE {KEEPS_FAILING}", (1,))
             return Stats(
                 counts_by_route=by_route,
                 counts_by_target=by_target,
@@ -291,6 +300,41 @@ class Reads(ABC):
             [(dead,)] = await fetch(DEAD_SINCE, (dead_since,))
             held = await fetch(HELD_KEYS, (limit,))
         return Attention(int(dead), tuple(map(HELD_KEY.from_row, held)))
+
+    async def failing_deliveries(self, after: int, limit: int) -> FailingDeliveries:
+        async with self._reading() as fetch:
+            counts = await fetch(
+                f"SELECT route, target, COUNT(*) FROM deliveries WHERE {KEEPS_FAILING}"
+                " GROUP BY route, target",
+                (after,),
+            )
+            rows = await fetch(
+                f"SELECT {FAILING.columns} FROM deliveries WHERE {KEEPS_FAILING}"
+                " ORDER BY id LIMIT ?",
+                (after, limit),
+            )
+        return FailingDeliveries(
+            counts={(route, target): int(n) for route, target, n in counts},
+            first=tuple(map(FAILING.from_row, rows)),
+        )
+
+    # The Rhythms role's reads
+
+    async def arrivals(self, after: int, limit: int) -> list[Arrival]:
+        return list(map(ARRIVAL.from_row, await self._read(ARRIVALS, (after, limit), slow=True)))
+
+    async def route_watches(self) -> RouteWatches:
+        async with self._reading() as fetch:
+            [(through,)] = await fetch(LEARNT_THROUGH)
+            routes = dict(map(ROUTE_WATCHES.from_row, await fetch(WATCHES)))
+        return RouteWatches(through=int(through), routes=routes)
+
+    async def route_rhythm(self, slot: int, weeks: range) -> dict[str, dict[int, float]]:
+        rows = await self._read(RHYTHM_AT, (slot, weeks.start, weeks.stop), slow=True)
+        found: dict[str, dict[int, float]] = {}
+        for route, week, seconds in rows:
+            found.setdefault(route, {})[int(week)] = float(seconds)
+        return found
 
     async def search_progress(self) -> SearchProgress:
         [(through, newest)] = await self._read(
@@ -393,6 +437,9 @@ def event_listing(dialect: Dialect, query: EventQuery) -> tuple[str, list[Any]]:
         if value is not None:
             where.append(column)
             params.append(value)
+    if query.failing is not None:
+        where.append(f"events.id IN (SELECT event_id FROM deliveries WHERE {KEEPS_FAILING})")
+        params.append(query.failing)
     if query.status in RARE:
         sub = "SELECT event_id FROM deliveries WHERE status = ?"
         params.append(query.status.value)
@@ -531,7 +578,8 @@ async def _target_states(fetch: Fetch) -> dict[str, TargetState]:
     rows = await fetch(f"SELECT {TARGET_STATE.columns} FROM targets")
     for state in map(TARGET_STATE.from_row, rows):
         if state.down is not None:  # down: which delivery its next probe takes
-            probe = _value(await fetch(NEXT_PROBE, (state.name,)))
+            names = (state.name,) * NEXT_PROBE.count("?")
+            probe = _value(await fetch(NEXT_PROBE, names))
             state = replace(state, down=replace(state.down, next_probe=probe))
         states[state.name] = state
     return states

@@ -30,7 +30,7 @@ from relay.store.base import (
     Transition,
     Waits,
 )
-from relay.store.columns import HELD_BEHIND
+from relay.store.columns import FRESH_EVIDENCE, HELD_BEHIND
 from relay.store.dialect import Dialect
 from relay.store.shape import Written
 
@@ -206,6 +206,25 @@ def describe_selection(selection: Selection) -> str:
         more = f" and {len(selection.ids) - 20} more" if len(selection.ids) > 20 else ""
         parts.append(f"ids {shown}{more}")
     return ", ".join(parts)
+
+
+def probe_choice(target: str, now: str | None) -> str:
+    """SQL: the id of the delivery a down target's next probe takes, the
+    target named by the SQL `target`, due by `now` (None: whenever due).
+    Fresh evidence first (columns.FRESH_EVIDENCE), the oldest: a person is
+    waiting for it, and the target may well take it; else the first in line
+    (LINE_UP_BY_ARRIVAL). Each a range of the due index, never a sort of
+    the whole backlog."""
+    due = f" AND d.next_attempt_at <= {now}" if now is not None else ""
+    probed = f"(SELECT t.probed_at FROM targets t WHERE t.name = {target})"
+    return (
+        "coalesce("
+        "(SELECT d.id FROM deliveries d JOIN events e ON e.id = d.event_id"
+        f" WHERE d.target = {target}{due} AND {FRESH_EVIDENCE.format(probed=probed)}"
+        " ORDER BY d.next_attempt_at, d.id LIMIT 1),"
+        f" (SELECT d.id FROM deliveries d WHERE d.status = 'pending' AND d.target = {target}"
+        f"{due} AND d.next_attempt_at IS NOT NULL ORDER BY d.next_attempt_at, d.id LIMIT 1))"
+    )
 
 
 # While a target is down its deliveries' retry times mean nothing (none is

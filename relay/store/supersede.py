@@ -68,6 +68,8 @@ COPY_FREE = (
     "(c.resolves IS NULL OR NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.id = c.resolves"
     " AND o.resolved_by = c.id AND o.status = 'in_flight'))"
 )
+# The same of the row an UPDATE of deliveries is on (a down target's probe).
+COPY_FREE_HERE = f"EXISTS (SELECT 1 FROM deliveries c WHERE c.id = deliveries.id AND {COPY_FREE})"
 # The attempt of a delivery linked in flight was recorded, and failed: it
 # stops, the copy goes: (now, delivery).
 SUPERSEDED_AFTER = """

@@ -41,6 +41,8 @@ def test_the_rules_cover_what_needs_a_person() -> None:
     names = set(rule_expressions())
     for wanted in (
         "RelayDeadDeliveries",
+        "RelayDeliveryKeepsFailing",
+        "RelayRouteSilent",
         "RelayTargetDown",
         "RelayHeldDeliveries",
         "RelaySearchIndexBehind",
@@ -83,6 +85,12 @@ tests:
         values: '0 0 1 1 1 1'
       - series: 'relay_deliveries_held{target="crm"}'
         values: '0 2x20'
+      # The shop's route said silent at 2m, back at 6m.
+      - series: 'relay_route_silent{route="shop"}'
+        values: '0 0 1 1 1 1 0 0'
+      # One lead keeps failing from 1m while the others go through.
+      - series: 'relay_deliveries_failing{route="leads",target="crm"}'
+        values: '0 1x20'
       - series: 'relay_events_received_total{result="unavailable",route="tilda"}'
         values: '0 0 0 3 3 3'
       - series: 'relay_storage_free_bytes'
@@ -104,6 +112,32 @@ tests:
               description: "Retries are exhausted or the target refused them. sudo relay events
                 --status dead --target crm; fix the cause, then sudo relay requeue
                 --target crm"
+      - eval_time: 5m
+        alertname: RelayDeliveryKeepsFailing
+        exp_alerts: []
+      - eval_time: 7m
+        alertname: RelayDeliveryKeepsFailing
+        exp_alerts:
+          - exp_labels: {severity: warning, route: leads, target: crm}
+            exp_annotations:
+              summary: "1 deliveries of route leads to crm keep failing"
+              description: "sudo relay events --failing --route leads --target crm; relay show
+                EVENT says why; correct it (relay resend EVENT --edit) or skip it."
+      - eval_time: 2m
+        alertname: RelayRouteSilent
+        exp_alerts: []
+      - eval_time: 3m
+        alertname: RelayRouteSilent
+        exp_alerts:
+          - exp_labels: {severity: warning, route: shop}
+            exp_annotations:
+              summary: "route shop has received nothing for longer than usual"
+              description: "Its sender may have stopped sending (WooCommerce disables a webhook
+                after 5 failed deliveries; a republished Tilda form may post elsewhere). The
+                Overview says since when; check the sender's webhook settings."
+      - eval_time: 6m
+        alertname: RelayRouteSilent
+        exp_alerts: []
       - eval_time: 10m
         alertname: RelayHeldDeliveries
         exp_alerts: []

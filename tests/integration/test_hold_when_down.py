@@ -20,6 +20,7 @@ from aiohttp import web
 from relay.app import Relay
 from relay.config import ConfigError, RetryPolicy
 from relay.core.clock import FakeClock
+from relay.core.records import FRESH_PROBE_GAP
 from relay.delivery.retry import delay_before_retry
 from relay.store import AttemptKind, EventQuery, Status
 
@@ -379,3 +380,104 @@ async def test_one_poison_payload_among_100_dies_on_its_own_schedule_and_holds_n
     attempts = detail.attempts[poison.id]
     assert [a.cycle_number for a in attempts] == list(range(1, 17))
     assert {a.kind for a in attempts} == {AttemptKind.CYCLE}
+
+
+async def test_a_lead_arriving_at_a_quiet_target_held_down_by_a_poison_probes_it_at_once(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    # A quiet target, one lead the CRM always refuses with a 503 (retryable):
+    # its failures in a row make the target down, and it is the only probe
+    # all night, its backoff growing. The next good lead is fresh evidence:
+    # it is the next probe within FRESH_PROBE_GAP, not at the next probe of
+    # the grown backoff; it goes through, and the poison then fails alone,
+    # spending its own retries until it is dead.
+    clock = FakeClock()
+    seen: list[tuple[float, int, int]] = []
+
+    async def crm(request: web.Request, number: int) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        status = 503 if body.get("poison") else 200
+        seen.append((clock.now(), body["n"], status))
+        return web.Response(status=status)
+
+    _, url = await start_sink(crm)
+    config = make_config(targets(url), ROUTES)
+    relay = await start_relay(config, background=False, clock=clock)
+    poison = await post(relay, 0, poison=True)
+
+    async def turn() -> int:
+        started = await relay.scheduler.run_once()
+        await relay.scheduler.wait_idle()
+        return started
+
+    # The night: its own three failures make the target down, then probes
+    # (each the poison, the only one) until they are 17 minutes apart.
+    async def poison_due() -> float:
+        detail = await relay.store.get_event(poison)
+        assert detail is not None
+        due = detail.event.deliveries[0].next_attempt_at
+        assert due is not None
+        return due
+
+    while not await relay.store.down_targets():
+        clock.set(await poison_due())
+        assert await turn() == 1
+    while True:
+        down = (await relay.store.down_targets())["crm"]
+        if down.probe_at - clock.now() > 1000:
+            break
+        clock.set(max(down.probe_at, await poison_due()))
+        assert await turn() == 1
+    assert [n for _, n, _ in seen] == [0] * len(seen)
+    next_probe = down.probe_at
+
+    # A lead in the morning, a second after that probe: it goes as soon as
+    # probes may follow each other (at most one every few seconds).
+    probed = seen[-1][0]
+    clock.set(probed + 1)
+    await post(relay, 1)
+    assert await turn() == 0
+    clock.set(probed + FRESH_PROBE_GAP)
+    assert await turn() == 1
+    assert seen[-1] == (probed + FRESH_PROBE_GAP, 1, 200)
+    assert clock.now() < next_probe - 900
+    assert await relay.store.down_targets() == {}
+
+    # Up again, the poison fails alone: its own retries, then dead.
+    await relay.scheduler.drain()
+    detail = await relay.store.get_event(poison)
+    assert detail is not None
+    [delivery] = detail.event.deliveries
+    assert (delivery.status, delivery.attempts_in_cycle) == (Status.DEAD, 16)
+    assert "gave up after 16 attempts" in (delivery.last_error or "")
+    assert await relay.store.down_targets() == {}
+    assert [n for _, n, status in seen if status == 200] == [1]
+
+
+async def test_while_down_under_a_stream_of_webhooks_probes_go_every_few_seconds(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    # The CRM is really down, and leads keep coming, one a second: each
+    # probe is a lead that arrived since the last one, never more than one
+    # probe every few seconds; the backoff starts again each time, so the
+    # CRM is found back within seconds of its return.
+    clock = FakeClock()
+    start = clock.now()
+    crm = Crm(clock, back_at=start + 120)
+    _, url = await start_sink(crm)
+    relay = await start_relay(make_config(targets(url), ROUTES), background=False, clock=clock)
+    for n in range(180):
+        clock.set(start + n)
+        await post(relay, n)
+        await relay.scheduler.run_once()
+        await relay.scheduler.wait_idle()
+    probes = [at for at, _, status in crm.seen[3:] if at < start + 120]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps
+    assert min(gaps) >= 2  # the backoff's first step
+    assert max(gaps) <= FRESH_PROBE_GAP
+    back = next(at for at, _, status in crm.seen if status == 200)
+    assert back - (start + 120) <= FRESH_PROBE_GAP
+    await relay.scheduler.drain()
+    stats = await relay.store.stats()
+    assert stats.counts_by_target["crm"] == {Status.DELIVERED: 180}

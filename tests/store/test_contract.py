@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from relay.core.records import FRESH_PROBE_GAP
 from relay.core.secrets import Masker
+from relay.loader import parse_config
 from relay.ops.search import documents, parse_search
 from relay.store import (
     AttemptKind,
@@ -22,6 +25,7 @@ from relay.store import (
     Conflict,
     Dead,
     Delivered,
+    DeliveryView,
     DownState,
     EventQuery,
     IndexSource,
@@ -36,6 +40,7 @@ from relay.store import (
     Store,
     Waits,
 )
+from relay.store.base import Shared
 
 from helpers import Hold, record
 from samples import T0, TWO, event
@@ -267,13 +272,15 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
     [second] = await store.claim_due(now, now + 60, {"crm": 1})
     streak = await record(store, second, failed, RetryAt(now + 11), now, Hold(2, now + 20))
     assert (streak.went_down, streak.down) == (True, True)
-    assert await store.down_targets() == {"crm": DownState(now, now + 20, 0, second.id)}
+    assert await store.down_targets() == {
+        "crm": DownState(now, now + 20, 0, second.id, probed_at=now)
+    }
     # Retry times mean nothing while down: deliveries line up by arrival.
     views = [await store.get_delivery(delivery_id) for delivery_id in (first.id, second.id)]
     assert [v.next_attempt_at for v in views if v is not None] == [T0, T0 + 1]
     # The next probe takes the first in line, and says so.
     assert (await store.target_states())["crm"].down == DownState(
-        now, now + 20, 0, last_probe=second.id, next_probe=first.id
+        now, now + 20, 0, last_probe=second.id, next_probe=first.id, probed_at=now
     )
 
     # The probe is the oldest; failing, it spends no retry and goes to the back
@@ -298,7 +305,9 @@ async def test_a_target_goes_down_is_probed_without_spending_and_comes_up(
         Hold(2, now + 60, probe=True),
     )
     assert streak.down
-    assert await store.down_targets() == {"crm": DownState(now, now + 60, 1, first.id)}
+    assert await store.down_targets() == {
+        "crm": DownState(now, now + 60, 1, first.id, probed_at=now + 20)
+    }
     view = await store.get_delivery(first.id)
     assert view is not None
     assert (view.status, view.next_attempt_at, view.attempts, view.attempts_in_cycle) == (
@@ -362,6 +371,61 @@ async def test_a_target_going_down_lets_a_delivery_finish_its_backoff_before_a_p
     # Its backoff over by the next probe, the first one is that probe.
     [probe] = await store.claim_due(now + 60, now + 120, {"crm": 1})
     assert probe.id == first.id
+
+
+def held_when_down(store: Store) -> None:
+    """A store that decides probes itself (a cluster's) is told which targets
+    hold when down, as `relay serve` tells it from the config; the others
+    are told at each claim (claim_due's `probes`)."""
+    if isinstance(store, Shared):
+        crm = {"type": "http", "url": "http://crm.invalid/", "hold_when_down": True}
+        routes = {"orders": {"path": "/hooks/orders", "targets": ["crm"]}}
+        config = {"targets": {"crm": crm}, "routes": routes}
+        store.reconfigure(parse_config(config, {}, base=Path.cwd()))
+
+
+async def test_a_delivery_that_arrives_while_its_target_is_down_is_its_next_probe(
+    store: Store,
+) -> None:
+    # Down for two failures at T0 + 5, its first probe an hour on. A webhook
+    # that arrives meanwhile is fresh evidence: due FRESH_PROBE_GAP after the
+    # last probe at the soonest, taken before the older ones in line, and
+    # evidence no more once a probe has gone after it.
+    held_when_down(store)
+    for i in range(2):
+        await store.accept_event(event(f"k{i}", at=T0), [NewDelivery("crm")], T0)
+    now = T0 + 5
+    failed = AttemptRecord(1, now, 0.01, "retry", 503, "HTTP 503")
+    for claim in await store.claim_due(now, now + 60, {"crm": 2}):
+        await record(store, claim, failed, RetryAt(now + 2), now, Hold(2, now + 3600))
+    down = (await store.down_targets())["crm"]
+    assert (down.probed_at, down.evidence_at, down.due) == (now, None, now + 3600)
+
+    arrived = now + 1
+    fresh = await store.accept_event(event("k2", at=arrived), [NewDelivery("crm")], arrived)
+    down = (await store.down_targets())["crm"]
+    assert (down.evidence_at, down.due) == (arrived, now + FRESH_PROBE_GAP)
+    state = (await store.target_states())["crm"].down
+    assert state is not None
+    [fresh_delivery] = [d for d in await deliveries(store) if d.event_id == fresh.event_id]
+    assert state.next_probe == fresh_delivery.id  # what the event page says
+
+    at = now + FRESH_PROBE_GAP
+    [probe] = await store.claim_due(at, at + 60, {"crm": 1}, probes=["crm"])
+    assert probe.id == fresh_delivery.id  # before the two lined up since T0
+    if store.claims_probes:
+        assert probe.probe is not None
+    attempt = AttemptRecord(1, at, 0.01, "retry", 503, "HTTP 503", kind=AttemptKind.PROBE)
+    await record(store, probe, attempt, Waits(at + 2), at, Hold(2, at + 2, probe=True))
+    down = (await store.down_targets())["crm"]
+    assert (down.probed_at, down.evidence_at, down.due) == (at, None, at + 2)
+    # The next probe, on the backoff: the first in line again.
+    [probe] = await store.claim_due(at + 2, at + 62, {"crm": 1}, probes=["crm"])
+    assert probe.id != fresh_delivery.id
+
+
+async def deliveries(store: Store) -> list[DeliveryView]:
+    return [d for view in await store.list_events(EventQuery(limit=100)) for d in view.deliveries]
 
 
 async def test_a_delivery_that_fails_while_others_succeed_never_makes_its_target_down(

@@ -21,6 +21,7 @@ ROLES = (
     base.Health,
     base.Maintenance,
     base.Streaks,
+    base.Rhythms,
     base.Store,
 )
 

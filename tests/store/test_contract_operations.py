@@ -5,6 +5,8 @@ backend (tests/store_backends.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from relay.core.secrets import Masker
@@ -395,9 +397,10 @@ async def test_resuming_a_down_target_makes_its_probe_due_now(store: Store) -> N
     assert streak.went_down
     await store.set_paused("crm", True, T0 + 5)
     # Pausing: as it was (the failure that made it down named as its last probe).
-    assert await store.down_targets() == {"crm": DownState(T0, T0 + 3600, 0, claim.id)}
+    down = DownState(T0, T0 + 3600, 0, claim.id, probed_at=T0)
+    assert await store.down_targets() == {"crm": down}
     await store.set_paused("crm", False, T0 + 20)
-    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0, claim.id)}
+    assert await store.down_targets() == {"crm": dataclasses.replace(down, probe_at=T0 + 20)}
     # Resuming a target that is not down changes nothing of the kind.
     await store.set_paused("mail", True, T0 + 20)
     await store.set_paused("mail", False, T0 + 21)
@@ -413,7 +416,7 @@ async def test_held_targets_reads_paused_and_down_together(store: Store) -> None
     await store.set_paused("mail", True, T0 + 1)
     await store.set_paused("crm", True, T0 + 2)  # both paused and down
     held = await store.held_targets()
-    down = {"crm": DownState(T0, T0 + 3600, 0, claim.id)}
+    down = {"crm": DownState(T0, T0 + 3600, 0, claim.id, probed_at=T0)}
     assert held == HeldTargets(frozenset({"mail", "crm"}), down)
     assert (held.paused, held.down) == (
         await store.paused_targets(),

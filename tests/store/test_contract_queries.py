@@ -16,9 +16,11 @@ from relay.store import (
     RetryAt,
     SearchDocument,
     SearchProgress,
+    Selection,
     Status,
     Store,
     TextSearch,
+    Transition,
 )
 from relay.store.base import REJECTIONS_KEPT
 
@@ -236,3 +238,47 @@ async def test_body_heads_are_the_first_bytes_and_the_whole_size(store: Store) -
     assert heads[first.event_id].query == "x=1"
     assert heads[second.event_id].head == b'{"a": 1}'
     assert await store.body_heads([], 100) == {}
+
+
+async def test_deliveries_that_keep_failing_are_counted_listed_and_filtered(store: Store) -> None:
+    # On route leads: crm's delivery fails three attempts of its cycle, mail's
+    # once, audit's is delivered; sheet's fails three, goes dead and is
+    # requeued: a cycle of its own, it keeps failing no more.
+    targets = [NewDelivery(name) for name in ("crm", "mail", "audit", "sheet")]
+    accepted = await store.accept_event(event("lead", route="leads"), targets, T0)
+    failed = AttemptRecord(1, T0, 0.01, "retry", 503, "HTTP 503")
+
+    async def attempt(target: str, at: float, then: Transition) -> int:
+        [claim] = await store.claim_due(at, at + 60, {target: 1})
+        ok = isinstance(then, Delivered)
+        await record(
+            store, claim, AttemptRecord(1, at, 0.01, "success", 200) if ok else failed, then, at
+        )
+        return claim.id
+
+    for at in (T0, T0 + 2, T0 + 6):
+        crm = await attempt("crm", at, RetryAt(at + 2 if at < T0 + 6 else at + 8))
+        await attempt("sheet", at, RetryAt(at + 2) if at < T0 + 6 else Dead("gave up"))
+    await attempt("mail", T0, RetryAt(T0 + 2))
+    await attempt("audit", T0, Delivered())
+    await store.requeue(Selection(target="sheet"), T0 + 10)
+
+    found = await store.failing_deliveries(3, 10)
+    assert found.counts == {("leads", "crm"): 1}
+    [shown] = found.first
+    assert (shown.route, shown.delivery.id, shown.delivery.attempts_in_cycle) == ("leads", crm, 3)
+    assert shown.delivery.last_error == "HTTP 503"
+    assert (await store.failing_deliveries(1, 10)).counts == {
+        ("leads", "crm"): 1,
+        ("leads", "mail"): 1,
+    }
+    assert [f.delivery.id for f in (await store.failing_deliveries(1, 1)).first] == [crm]
+    assert (await store.failing_deliveries(4, 10)).total == 0
+    assert [e.id for e in await store.list_events(EventQuery(failing=3))] == [accepted.event_id]
+    assert await store.list_events(EventQuery(failing=4)) == []
+    assert (await store.stats()).pending_after_first_attempt == 2
+    # In flight, it keeps failing still; its success ends it.
+    [claim] = await store.claim_due(T0 + 20, T0 + 80, {"crm": 1})
+    assert (await store.failing_deliveries(3, 10)).total == 1
+    await record(store, claim, AttemptRecord(4, T0 + 20, 0.01, "success", 200), Delivered(), T0)
+    assert (await store.failing_deliveries(3, 10)).total == 0

@@ -23,11 +23,13 @@ from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
 from relay.background.alerts import Alerter
+from relay.background.silence import SilenceWatch
 from relay.config import AlertsConfig, Config, RetryPolicy
 from relay.core.clock import FakeClock
 from relay.core.outcome import Outcome
 from relay.core.payload import Payload
 from relay.core.pgurl import masked_url
+from relay.core.records import FRESH_PROBE_GAP
 from relay.delivery.scheduler import AttemptReport, Scheduler
 from relay.delivery.step import Attempted, Rules, step
 from relay.kinds.target import Target
@@ -1472,3 +1474,139 @@ async def test_a_throttle_holds_the_target_for_every_instance(
     assert await a.claim_due(T0 + 3, T0 + 70, {"crm": 4}) == []  # one at a time
     await answered(b, alone, Outcome.success(200), T0 + 3)
     assert len(await a.claim_due(T0 + 3, T0 + 70, {"crm": 4})) == 3  # the episode is over
+
+
+async def test_a_lead_arriving_at_a_quiet_target_held_down_by_a_poison_probes_it_for_the_cluster(
+    pg_url: str, make_config: ConfigFactory, aiohttp_server: AiohttpServer
+) -> None:
+    # The poison payload of a quiet target made it down (relay.delivery.step,
+    # rule 3), and its probes are an hour apart. A lead stored by instance c
+    # is fresh evidence for every instance: b, which never saw the target
+    # fail, sends it as the probe within FRESH_PROBE_GAP of the last probe,
+    # one probe for the cluster; the target is up, and the poison fails alone.
+    clock = FakeClock(T0)
+    answers: list[tuple[float, int, int]] = []
+
+    async def crm(request: web.Request) -> web.Response:
+        n = json.loads(await request.read())["n"]
+        status = 503 if n == 0 else 200
+        answers.append((clock.now(), n, status))
+        return web.Response(status=status)
+
+    app = web.Application()
+    app.router.add_post("/crm", crm)
+    server = await aiohttp_server(app)
+    config = make_config(
+        {
+            "crm": {
+                "type": "http",
+                "url": str(server.make_url("/crm")),
+                "hold_when_down": True,
+                "down_after": 3,
+            }
+        },
+        {"orders": {"path": "/hooks/orders", "targets": ["crm"]}},
+        retry={"delays": ["1h"], "retries": 3},
+    )
+    reports: list[tuple[float, AttemptReport]] = []
+    stores, schedulers, started = await instances(pg_url, config, clock, reports, "abc")
+    a, b, c = schedulers
+    try:
+        await stores[0].accept_event(
+            event(body=json.dumps({"n": 0}).encode()), [NewDelivery("crm")], T0
+        )
+        for turn in range(3):  # the poison's three failures, an hour apart
+            clock.set(T0 + turn * 3600)
+            assert await a.step() == 1
+            await a.wait_idle()
+        down = (await stores[0].down_targets())["crm"]
+        assert down.probe_at == clock.now() + 3600
+        probed = clock.now()
+
+        clock.set(probed + 1)
+        body = json.dumps({"n": 1}).encode()
+        lead = event(body=body)._replace(received_at=clock.now())
+        await stores[2].accept_event(lead, [NewDelivery("crm")], clock.now())
+        for scheduler in schedulers:  # each reads the targets at its poll
+            assert await scheduler.step() == 0
+        clock.set(probed + FRESH_PROBE_GAP)
+        counts = [await b.step(), await a.step(), await c.step()]
+        await asyncio.gather(*(s.wait_idle() for s in schedulers))
+        assert counts == [1, 0, 0]  # one probe, for the whole cluster
+        assert answers[-1] == (probed + FRESH_PROBE_GAP, 1, 200)
+        assert reports[-1][1].kind is AttemptKind.PROBE
+        assert await stores[1].down_targets() == {}
+
+        # Up, the poison fails alone on its own schedule: dead after its retries.
+        for _ in range(10):
+            clock.advance(3600)
+            await a.step()
+            await a.wait_idle()
+        assert await stores[0].down_targets() == {}
+        assert await stores[0].count(Selection(status=Status.DEAD)) == 1
+        assert [n for _, n, status in answers if status == 200] == [1]
+    finally:
+        for target in started:
+            await target.close()
+        for store in stores:
+            await store.close()
+
+
+async def test_the_leader_judges_silence_for_the_cluster_and_the_next_one_goes_on(
+    pg_url: str, make_config: ConfigFactory
+) -> None:
+    # Events stored through both instances; only the leading instance's
+    # silence watch learns and judges (a follower's passes do nothing), and
+    # what it said is in the database: the next leader neither says it again
+    # nor misses that the route is back.
+    config = make_config(
+        {"audit": {"type": "file", "path": "audit.jsonl"}},
+        {"shop": {"path": "/hooks/shop", "targets": ["audit"], "silent_after": "1h"}},
+        alerts={"target": "audit"},
+    )
+    clock = FakeClock(T0)
+    a = PostgresStore(pg_url, instance_id="a")
+    b = PostgresStore(pg_url, instance_id="b")
+    await a.open()
+    await b.open()
+    said: dict[str, list[dict[str, object]]] = {"a": [], "b": []}
+    leader = {"a": True, "b": False}
+    watches = {
+        name: SilenceWatch(
+            store, config, clock, said[name].extend, leading=functools.partial(leader.get, name)
+        )
+        for name, store in (("a", a), ("b", b))
+    }
+    try:
+        shop = event()._replace(route="shop")
+        await a.accept_event(shop._replace(received_at=T0), [NewDelivery("audit")], T0)
+        await b.accept_event(shop._replace(received_at=T0 + 60), [NewDelivery("audit")], T0)
+        clock.set(T0 + 3600 + 61)
+        # b follows: its loop runs (on a clock of its own) and judges nothing.
+        follower = SilenceWatch(
+            b,
+            config,
+            FakeClock(T0 + 7200),
+            said["b"].extend,
+            leading=functools.partial(leader.get, "b"),
+        )
+        running = asyncio.create_task(follower.run())
+        await asyncio.sleep(0.05)
+        follower.stop()
+        await running
+        assert (await a.route_watches()).routes == {}
+        await watches["a"].run_once()
+        assert [(n["kind"], n["route"]) for n in said["a"]] == [("silent", "shop")]
+        watch = (await b.route_watches()).routes["shop"]
+        assert (watch.last_event_at, watch.silent_since) == (T0 + 60, T0 + 3661)
+
+        leader.update(a=False, b=True)  # a is gone; b leads
+        clock.advance(600)
+        await watches["b"].run_once()
+        assert said["b"] == []  # said already
+        await a.accept_event(shop._replace(received_at=clock.now()), [NewDelivery("audit")], T0)
+        await watches["b"].run_once()
+        assert said["b"] == [{"kind": "back", "route": "shop", "silent_seconds": 4201.0}]
+    finally:
+        await a.close()
+        await b.close()

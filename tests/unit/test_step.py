@@ -76,7 +76,15 @@ class Case:
 
 
 DOWN_SINCE = NOW - 100
-DOWN_ROW = TargetHealth(consecutive_failures=5, down_streak=5, down_since=DOWN_SINCE, probes=1)
+# Down, probe 1 failed (probe 2 is due); last probed after RECEIVED.
+DOWN_ROW = TargetHealth(
+    consecutive_failures=5,
+    down_streak=5,
+    down_since=DOWN_SINCE,
+    probes=1,
+    probed_at=DOWN_SINCE + 50,
+    probe_step=2,
+)
 
 CASES = {
     # -- the cycle ---------------------------------------------------------------
@@ -165,7 +173,14 @@ CASES = {
         health=TargetHealth(2, 2, successes=9),
         streak=FailureStreak(2, 3, went_down=True, down=True),
         # The first probe comes as the first retry would.
-        target={"down_since": NOW, "probe_at": NOW + 2, "probes": 0, "probe_delivery": 7},
+        target={
+            "down_since": NOW,
+            "probe_at": NOW + 2,
+            "probes": 0,
+            "probe_delivery": 7,
+            "probed_at": NOW,
+            "probe_step": 1,
+        },
     ),
     "a failed probe waits for the next, spending no retry": Case(
         HELD,
@@ -178,7 +193,34 @@ CASES = {
         probe=True,
         health=DOWN_ROW,
         streak=FailureStreak(5, 6, down=True),
-        target={"probe_at": NOW + 8, "probes": 2, "probe_delivery": 7},
+        target={
+            "probe_at": NOW + 8,
+            "probes": 2,
+            "probe_delivery": 7,
+            "probed_at": NOW,
+            "probe_step": 3,
+        },
+    ),
+    "a failed probe by a delivery that arrived since the last one starts the backoff again": Case(
+        HELD,
+        FAILED,
+        # Fresh evidence (never attempted, received after the last probe):
+        # probe 1 again, as the first retry would come.
+        Waits(NOW + 2),
+        in_cycle=False,
+        probe=True,
+        health=DOWN_ROW._replace(probed_at=RECEIVED - 1),
+        streak=FailureStreak(5, 6, down=True),
+        target={"probe_at": NOW + 2, "probes": 2, "probed_at": NOW, "probe_step": 1},
+    ),
+    "... one never attempted that arrived before the last probe follows the backoff": Case(
+        HELD,
+        FAILED,
+        Waits(NOW + 8),
+        in_cycle=False,
+        probe=True,
+        health=DOWN_ROW,
+        target={"probe_at": NOW + 8, "probe_step": 3},
     ),
     "a probe answered about the payload brings the target up": Case(
         HELD,
@@ -188,7 +230,14 @@ CASES = {
         probe=True,
         health=DOWN_ROW,
         streak=FailureStreak(5, 0, came_up=True, down_for=100.0),
-        target={"down_since": None, "probe_at": None, "probes": 0, "successes": 1},
+        target={
+            "down_since": None,
+            "probe_at": None,
+            "probes": 0,
+            "successes": 1,
+            "probed_at": None,
+            "probe_step": 0,
+        },
     ),
     "a person's retry that is the probe keeps its own rule": Case(
         HELD,

@@ -228,11 +228,12 @@ def pace_room(rule: TargetLimits, next_at: Mapping[str, float], now: float) -> i
 
 def probe_room(down: DownState | None, leased: int, now: float) -> int | None:
     """A down target gives one delivery, its probe, once its probe time has
-    come and nothing of it is leased anywhere (a probe under way, or an
-    attempt that began before it went down): never two probes at once."""
+    come (on its backoff, or sooner for fresh evidence: DownState.due) and
+    nothing of it is leased anywhere (a probe under way, or an attempt that
+    began before it went down): never two probes at once."""
     if down is None:
         return None
-    return 1 if down.probe_at <= now and leased == 0 else 0
+    return 1 if down.due <= now and leased == 0 else 0
 
 
 async def _lock_paces(

@@ -248,6 +248,9 @@ async def _copy(source: sqlite3.Connection, url: str) -> Copied:
                     "the PostgreSQL database already holds events: copy into an empty one"
                 )
             await connection.execute("DELETE FROM targets")  # state rows only, no events yet
+            # The silence watch's mark, seeded by the migration: SQLite's comes
+            # with its table (the events keep their ids).
+            await connection.execute("DELETE FROM rhythm_progress")
             counts: dict[str, int] = {}
             copied_tables = tables(sqlite_columns(source), await postgres_columns(connection))
             for table in copied_tables:

@@ -37,8 +37,8 @@ from relay.store.postgres.record import Record
 from relay.store.postgres.supersede import stop_unfinished
 from relay.store.postgres.writes import lock_lines
 from relay.store.record import RecordJob
-from relay.store.rows import PARKED, TAKEN_BACK, UNCONFIGURED, unconfigured
-from relay.store.supersede import COPY_FREE
+from relay.store.rows import PARKED, TAKEN_BACK, UNCONFIGURED, probe_choice, unconfigured
+from relay.store.supersede import COPY_FREE, COPY_FREE_HERE
 
 FLAG_UNCONFIGURED = numbered(rows.FLAG_UNCONFIGURED)  # (why, now, target)
 # What a claim's updates return of each delivery: what CLAIMED reads of it (d).
@@ -70,12 +70,7 @@ WITH expired AS (
 ), due AS (
     UPDATE deliveries SET status = 'in_flight', lease_until = $1, lease_owner = $2,
         updated_at = $3, lease_expires = {lease_expires("$3", "$1")}
-    WHERE id IN (
-        SELECT c.id FROM deliveries c
-        WHERE c.status = 'pending' AND c.target = $4 AND c.next_attempt_at <= $3
-        AND {COPY_FREE}
-        ORDER BY c.next_attempt_at, c.id LIMIT $5 - (SELECT COUNT(*) FROM expired)
-        FOR UPDATE SKIP LOCKED)
+    WHERE {{due}}
     {CLAIM_RETURNING}
 )
 SELECT {CLAIMED.columns}
@@ -83,6 +78,21 @@ FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS d
 JOIN events e ON e.id = d.event_id
 ORDER BY d.id
 """
+CLAIM_DUE = CLAIM.format(
+    due=f"""id IN (
+        SELECT c.id FROM deliveries c
+        WHERE c.status = 'pending' AND c.target = $4 AND c.next_attempt_at <= $3
+        AND {COPY_FREE}
+        ORDER BY c.next_attempt_at, c.id LIMIT $5 - (SELECT COUNT(*) FROM expired)
+        FOR UPDATE SKIP LOCKED)"""
+)
+# A down target's one delivery, its probe (rows.probe_choice); `allowed`
+# gives it one claim at a time for the whole cluster (the target's claim
+# lock), and the row is taken only if it is still pending.
+CLAIM_PROBE = CLAIM.format(
+    due=f"""id = {probe_choice("$4", "$3")} AND status = 'pending' AND {COPY_FREE_HERE}
+        AND (SELECT COUNT(*) FROM expired) < $5"""
+)
 
 
 class PostgresQueue(PostgresConnection):
@@ -97,6 +107,7 @@ class PostgresQueue(PostgresConnection):
         lease_until: float,
         limits: Mapping[str, int],
         exclude: Collection[int] = (),
+        probes: Collection[str] = (),  # decided here, for the cluster (`allowed`)
     ) -> list[ClaimedDelivery]:
         wanted = {target: limit for target, limit in limits.items() if limit > 0}
         if not wanted:
@@ -124,8 +135,11 @@ class PostgresQueue(PostgresConnection):
             )
             stale[:] = lapsed_waited
             for target, limit in room.items():
+                # A down target's one delivery is its probe, whatever the
+                # instance last read of the target (cluster.allowed).
+                probe = probing.get(target)
                 found = await connection.fetch(
-                    CLAIM,
+                    CLAIM_DUE if probe is None else CLAIM_PROBE,
                     lease_until,
                     self.instance_id,
                     now,
@@ -136,9 +150,6 @@ class PostgresQueue(PostgresConnection):
                     list(unanswered),
                     list(unanswered.values()),
                 )
-                # A down target's one delivery is its probe, whatever the
-                # instance last read of the target (cluster.allowed).
-                probe = probing.get(target)
                 claimed += (
                     replace(CLAIMED.from_row(row), probe=probe)
                     if probe is not None

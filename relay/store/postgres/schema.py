@@ -331,10 +331,57 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         ],
     ),
     (
-        15,
+        13,
+        "the operator's attention: fresh evidence, deliveries that keep failing, silent routes",
+        [
+            # As on SQLite (migration 16).
+            "ALTER TABLE targets ADD COLUMN probed_at DOUBLE PRECISION",
+            "ALTER TABLE targets ADD COLUMN probe_step INTEGER NOT NULL DEFAULT 0",
+            """
+            UPDATE targets SET probed_at = down_since, probe_step = probes + 1
+            WHERE down_since IS NOT NULL
+            """,
+            # Deliveries that keep failing (relay.store.reads.KEEPS_FAILING):
+            # only those that failed in their cycle, never a new one (ingest
+            # writes nothing more to it).
+            """
+            CREATE INDEX deliveries_failing ON deliveries (cycle_attempts)
+            WHERE status IN ('pending', 'in_flight') AND cycle_attempts > 0
+            """,
+            # As on SQLite (migration 16).
+            """
+            CREATE TABLE route_watch (
+                route TEXT PRIMARY KEY,
+                first_event_at DOUBLE PRECISION NOT NULL,
+                last_event_at DOUBLE PRECISION NOT NULL,
+                silent_since DOUBLE PRECISION,
+                silent_usual DOUBLE PRECISION,
+                silent_limit DOUBLE PRECISION
+            )
+            """,
+            """
+            CREATE TABLE route_rhythm (
+                slot INTEGER NOT NULL,
+                route TEXT NOT NULL,
+                week INTEGER NOT NULL,
+                longest DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (slot, route, week)
+            )
+            """,
+            """
+            CREATE TABLE rhythm_progress (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                learnt_through BIGINT NOT NULL
+            )
+            """,
+            "INSERT INTO rhythm_progress (id, learnt_through) VALUES (1, 0)",
+        ],
+    ),
+    (
+        14,
         "a stored event cannot stop relay: what the search indexer is on, events it skipped",
         [
-            # As on SQLite (migration 18).
+            # As on SQLite (migration 17).
             "ALTER TABLE search_progress ADD COLUMN working_through BIGINT",
             "ALTER TABLE events ADD COLUMN flagged TEXT",
             "CREATE INDEX events_flagged ON events (id) WHERE flagged IS NOT NULL",

@@ -24,6 +24,7 @@ from relay.store.postgres.intake import PostgresIntake
 from relay.store.postgres.maintenance import PostgresMaintenance
 from relay.store.postgres.operations import PostgresOperations
 from relay.store.postgres.queue import PostgresQueue
+from relay.store.postgres.rhythm import PostgresRhythms
 from relay.store.postgres.shared import PostgresShared
 from relay.store.postgres.streaks import PostgresStreaks
 
@@ -36,6 +37,7 @@ class PostgresStore(
     PostgresHealth,
     PostgresMaintenance,
     PostgresStreaks,
+    PostgresRhythms,
     PostgresShared,
 ):
     pass

@@ -14,12 +14,13 @@ from relay.store.rows import (
     PARKED,
     TAKEN_BACK,
     UNCONFIGURED,
+    probe_choice,
     unconfigured,
 )
 from relay.store.sqlite.connection import SqliteConnection
 from relay.store.sqlite.record import SqliteRecord
 from relay.store.sqlite.supersede import stop_unfinished
-from relay.store.supersede import COPY_FREE
+from relay.store.supersede import COPY_FREE, COPY_FREE_HERE
 
 # A corrected copy's delivery waits while what it stands in for is in flight
 # (relay.store.supersede).
@@ -29,6 +30,12 @@ WHERE id IN (
     SELECT c.id FROM deliveries c
     WHERE c.status = 'pending' AND c.target = ? AND c.next_attempt_at <= ? AND {COPY_FREE}
     ORDER BY c.next_attempt_at, c.id LIMIT ?)
+RETURNING id
+"""
+# A down target's one delivery, its probe (rows.probe_choice): (lease_until, now, target).
+CLAIM_PROBE = f"""
+UPDATE deliveries SET status = 'in_flight', lease_until = ?1, updated_at = ?2
+WHERE id = {probe_choice("?3", "?2")} AND status = 'pending' AND {COPY_FREE_HERE}
 RETURNING id
 """
 # A lease taken over is an attempt interrupted (it may have reached the
@@ -71,11 +78,13 @@ class SqliteQueue(SqliteConnection):
         lease_until: float,
         limits: Mapping[str, int],
         exclude: Collection[int] = (),
+        probes: Collection[str] = (),
     ) -> list[ClaimedDelivery]:
         wanted = {target: limit for target, limit in limits.items() if limit > 0}
         if not wanted:
             return []
         skip = list(exclude)
+        probing = frozenset(probes)
         expired = CLAIM_EXPIRED.format(
             exclude=f"AND id NOT IN ({placeholders(len(skip))})" if skip else ""
         )
@@ -87,9 +96,14 @@ class SqliteQueue(SqliteConnection):
                     expired, (lease_until, now, target, now, *skip, limit)
                 ).fetchall()
                 if len(found) < limit:
-                    found += connection.execute(
-                        CLAIM_DUE, (lease_until, now, target, now, limit - len(found))
-                    ).fetchall()
+                    if target in probing:
+                        found += connection.execute(
+                            CLAIM_PROBE, (lease_until, now, target)
+                        ).fetchall()
+                    else:
+                        found += connection.execute(
+                            CLAIM_DUE, (lease_until, now, target, now, limit - len(found))
+                        ).fetchall()
                 ids += (delivery_id for (delivery_id,) in found)
             if not ids:
                 return []

@@ -12,6 +12,7 @@ from relay.store.sqlite.intake import SqliteIntake
 from relay.store.sqlite.maintenance import SqliteMaintenance
 from relay.store.sqlite.operations import SqliteOperations
 from relay.store.sqlite.queue import SqliteQueue
+from relay.store.sqlite.rhythm import SqliteRhythms
 from relay.store.sqlite.streaks import SqliteStreaks
 
 
@@ -23,5 +24,6 @@ class SqliteStore(
     SqliteHealth,
     SqliteMaintenance,
     SqliteStreaks,
+    SqliteRhythms,
 ):
     pass
