@@ -26,6 +26,7 @@ from relay.background.dbwatch import DatabaseWatch
 from relay.background.indexer import SearchIndexer
 from relay.background.leadership import CHECK_EVERY, Leadership
 from relay.background.memory import QUIET_SECONDS, MemoryRelease
+from relay.background.noticed import ActionsNoticed
 from relay.background.retention import RetentionJob
 from relay.background.silence import SilenceWatch
 from relay.config import Config, ConfigError, Listen
@@ -181,6 +182,7 @@ class Relay:
         )
         self.leadership.on_gained(self.silence.wake)
         self.database_watch = DatabaseWatch(self.store, self.alerter)
+        self.noticed = ActionsNoticed(self.store)
         self.memory = MemoryRelease(
             self.store,
             self.metrics.activity,
@@ -212,6 +214,7 @@ class Relay:
             Service("search-indexer", self.indexer.run, self.indexer.stop),
             Service("silence-watch", self.silence.run, self.silence.stop),
             Service("database-watch", self.database_watch.run, self.database_watch.stop),
+            Service("actions-noticed", self.noticed.run, self.noticed.stop, essential=False),
             Service("memory-release", self.memory.run, self.memory.stop, essential=False),
             Service("alerts", self.alerter.run, self.alerter.stop),
         ]

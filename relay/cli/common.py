@@ -27,7 +27,7 @@ from relay.core.printable import printable, printable_lines
 from relay.loader import DatabaseCommandConfig, load_config, load_database_command_config
 from relay.ops.actions import Actions
 from relay.ops.inputs import BadRequest, instant, whole_number
-from relay.store import Store, open_store
+from relay.store import BY_CLI, Store, open_store
 
 T = TypeVar("T")
 
@@ -308,7 +308,7 @@ def who() -> str:
     import getpass  # only an operator's command asks (termios: not for `relay serve`)
 
     user = os.environ.get("SUDO_USER") or getpass.getuser()
-    return f"cli user {user}"
+    return f"{BY_CLI} {user}"
 
 
 def emit(args: argparse.Namespace, data: Any, render_text: Callable[[Any], str]) -> None:

@@ -494,6 +494,15 @@ def show_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _paused_text(info: dict[str, Any], zone: Zone) -> str:
+    """A paused target: since when and by whom ("" when it is not)."""
+    if not info["paused"]:
+        return ""
+    since = info.get("paused_since")
+    said = f"since {format_iso_local(since, zone)}" if since else "yes"
+    return f"{said} by {info['paused_by']}" if info.get("paused_by") else said
+
+
 def _stats_text(data: dict[str, Any], zone: Zone) -> str:
     statuses = [s.value for s in Status]
     lines = ["by route:"]
@@ -513,7 +522,7 @@ def _stats_text(data: dict[str, Any], zone: Zone) -> str:
                 [
                     name,
                     *(str(info[s]) for s in statuses),
-                    "yes" if info["paused"] else "",
+                    _paused_text(info, zone),
                     _down_text(info, zone),
                     format_iso_local(info["last_success_at"], zone),
                     str(info["consecutive_failures"]),

@@ -281,6 +281,8 @@ def target_state_view(state: TargetState | None, masker: Masker) -> dict[str, An
         "last_error_at": iso(state.last_error_at),
         "last_error": masker.optional(state.last_error),
         "consecutive_failures": state.consecutive_failures,
+        "paused_since": iso(state.paused_at) if state.paused else None,
+        "paused_by": state.paused_by if state.paused else None,
         # hold_when_down: deliveries wait (no retries spent) while probes go out.
         "down": state.down is not None,
         "down_since": iso(state.down.since) if state.down else None,

@@ -3,6 +3,7 @@
 from relay.store.backends import BACKENDS, Backend, open_store, serve_lock
 from relay.store.base import (
     AUDIT_IDS_KEPT,
+    BY_CLI,
     INTERRUPTED_LIMIT,
     UNKNOWN,
     Accepted,
@@ -84,6 +85,7 @@ from relay.store.sqlite import SqliteStore
 __all__ = [
     "AUDIT_IDS_KEPT",
     "BACKENDS",
+    "BY_CLI",
     "INTERRUPTED_LIMIT",
     "UNKNOWN",
     "Accepted",

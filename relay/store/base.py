@@ -98,6 +98,9 @@ Decide = Callable[[TargetHealth, History], Step]
 
 # Who acted, when a caller of an operator verb does not say (tests, scripts).
 UNKNOWN = "unknown"
+# How a database command (`sudo relay pause crm`) names who acted: a process
+# of its own, which the running service notices (relay.background.noticed).
+BY_CLI = "cli user"
 
 
 class StoreError(Exception):
@@ -374,6 +377,9 @@ class HeldTargets:
 class TargetState:
     name: str
     paused: bool = False
+    # Since when, and who paused it (the audit's last pause of it).
+    paused_at: float | None = None
+    paused_by: str | None = None
     last_success_at: float | None = None
     last_error_at: float | None = None
     last_error: str | None = None

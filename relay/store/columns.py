@@ -250,6 +250,12 @@ TARGET_STATE = Shape(
     TargetState,
     name="name",
     paused=Column("paused", bool),
+    paused_at="paused_at",
+    # Read only of a paused target: the scheduler polls this every second.
+    paused_by=(
+        "CASE WHEN paused THEN (SELECT a.by FROM audit a WHERE a.action = 'pause'"
+        " AND a.subject = 'target ' || targets.name ORDER BY a.id DESC LIMIT 1) END"
+    ),
     last_success_at="last_success_at",
     last_error_at="last_error_at",
     last_error="last_error",

@@ -131,7 +131,20 @@ async def test_cli_and_api_drive_a_running_relay_and_never_show_a_secret(
             crm.script = [200]
             stats = await arelay_json("stats", "--config", str(config), env=env)
             assert stats["targets"]["crm"]["paused"] is True
+            assert stats["targets"]["crm"]["paused_by"].startswith("cli user ")
+            assert stats["targets"]["crm"]["paused_since"] is not None
             assert stats["targets"]["crm"]["pending"] == 1
+
+            # The service says in its own log what the CLI did (issue 55, item 9).
+            async def noticed() -> bool:
+                said = [
+                    line for line in relay.log().splitlines() if "by a database command" in line
+                ]
+                return any("action=pause" in line for line in said) and any(
+                    "action=requeue" in line for line in said
+                )
+
+            await eventually(noticed, timeout=10)
             assert len(crm.requests) == before  # paused: nothing sent, nothing burned
             await arelay_cli("resume", "crm", "--config", str(config), env=env)
 

@@ -529,3 +529,22 @@ async def test_attention_counts_the_newly_dead_and_the_held_keys(store: Store) -
     await store.skip(claim.id, T0 + 30)
     assert (await store.attention(T0, 10)).held == ()
     assert behind[0].event_id != old.event_id
+
+
+async def test_a_paused_target_says_since_when_and_who_paused_it(store: Store) -> None:
+    """Targets, the Overview and `relay stats` say it (issue 55, item 9)."""
+    await store.set_paused("crm", True, T0, by="cli user anna")
+    await store.set_paused("crm", False, T0 + 5, by="cli user anna")
+    await store.set_paused("crm", True, T0 + 10, by="dashboard session 1a2b from 127.0.0.1")
+    await store.set_paused("mail", True, T0 + 11, by="cli user boris")
+    await store.set_paused("mail", False, T0 + 12, by="cli user boris")
+    states = await store.target_states()
+    assert (states["crm"].paused_at, states["crm"].paused_by) == (
+        T0 + 10,
+        "dashboard session 1a2b from 127.0.0.1",
+    )
+    assert (states["mail"].paused, states["mail"].paused_at, states["mail"].paused_by) == (
+        False,
+        None,
+        None,
+    )

@@ -116,7 +116,7 @@ async def test_a_down_target_is_probed_now_not_flooded(store: Store) -> None:
     done = await store.retry_selected(WAITING, T0 + 20)
     assert (len(done.ids), done.probed) == (2, ["crm"])
     # Its probe is due now; the claim rule gives a down target one at a time.
-    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0, claim.id)}
+    assert await store.down_targets() == {"crm": DownState(T0, T0 + 20, 0, claim.id, probed_at=T0)}
 
 
 async def test_a_receivers_hold_is_said_and_kept(store: Store) -> None:
