@@ -867,6 +867,7 @@ async def event_page(request: web.Request) -> web.Response:
         pretty_json=pretty_json,
         form_fields=form_fields,
         down=frozenset(console.scheduler.down),
+        auto_refresh=True,
     )
 
 

@@ -232,3 +232,36 @@ async def test_the_overview_counts_update_in_place_and_the_pages_work_without_sc
     await plain.reload()
     await expect(plain.locator("table.events tbody tr")).to_have_count(3)
     await context.close()
+
+
+async def test_an_event_page_shows_a_copy_sent_elsewhere_without_a_reload(
+    browser: Browser,
+    make_config: ConfigFactory,
+    start_relay: RelayFactory,
+    start_sink: SinkFactory,
+) -> None:
+    """Issue 55, item 9: the event page did not update itself after a
+    corrected copy was sent (from another tab, the API or the CLI)."""
+    relay = await _relay(make_config, start_relay, start_sink)
+    await _lead(relay, 1)
+    page = await _page_with_clock(browser, relay, height=900)
+    await _loaded(page, relay.admin_url + "/events/1")
+    await expect(page.locator("#live-event-status")).to_contain_text("dead")
+    await expect(page.locator("#resent-as")).to_have_count(0)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.admin_url + "/api/v1/events/1/resend",
+            json={
+                "body": '{"name": "Lead 1", "n": 1, "fixed": true}',
+                "content_type": "application/json",
+                "confirm": True,
+            },
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as answer,
+    ):
+        assert answer.status == 201, await answer.text()
+    await page.clock.run_for(EVERY_MS)
+    await expect(page.locator("#resent-as")).to_contain_text("event #2")
+    await expect(page.locator("#delivery-1")).to_contain_text("superseded")
+    await _same_document(page)

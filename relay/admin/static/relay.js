@@ -1,5 +1,6 @@
 // relay dashboard: the only script. Pages whose content changes on its own
-// (Overview, Deliveries, Dead letter, Targets) keep themselves up to date.
+// (Overview, Deliveries, Dead letter, Targets, an event's page) keep themselves
+// up to date.
 //
 // Every 10 s the page asks for itself again (the same address, with the same
 // session cookie: a plain GET) and swaps the parts marked data-live for the
