@@ -312,7 +312,10 @@ def _encodings(secret: str) -> set[str]:
 
 def _shown_url(secret: str) -> str | None:
     """`https://host/***` for a secret that is a whole http(s) URL: the host is
-    no secret, the path and query (where such URLs keep their key) are."""
+    no secret, the path and query (where such URLs keep their key) are. The
+    one `***` stands for all of them, however many segments; a trailing `/`
+    stays, so what the config adds after the reference reads as written
+    (`${CRM_URL}crm.lead.add` as `https://host/***/crm.lead.add`)."""
     if not secret.startswith(("http://", "https://")):
         return None
     try:
@@ -322,7 +325,8 @@ def _shown_url(secret: str) -> str | None:
         return None
     if not parts.hostname:
         return None
-    return f"{parts.scheme}://{parts.hostname}{port}/{MASK}"
+    slash = "/" if secret.endswith("/") else ""
+    return f"{parts.scheme}://{parts.hostname}{port}/{MASK}{slash}"
 
 
 # Placeholders for masked pieces while a text is being masked: characters of

@@ -204,3 +204,11 @@ def test_a_line_has_its_own_millisecond_though_its_second_is_formatted_once(
         moment = datetime.fromtimestamp(created, UTC)  # as each line was formatted before
         expected = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
         assert logs._timestamp(record) == expected
+
+
+def test_a_secret_url_ending_in_a_slash_keeps_it_before_what_follows() -> None:
+    """`${CRM_URL}crm.lead.add.json` with CRM_URL ending in `/`: shown as
+    `https://host/***/crm.lead.add.json`, never `***crm.lead.add.json`."""
+    masker = Masker(["https://example.bitrix24.ru/rest/1/abc123def456/"])
+    shown = masker.text("https://example.bitrix24.ru/rest/1/abc123def456/crm.lead.add.json")
+    assert shown == "https://example.bitrix24.ru/***/crm.lead.add.json"
