@@ -14,12 +14,14 @@ second is never quiet, and 200 of them held every slot. So, when full, the
 connection whose head has been incomplete longest (for at least HEAD_GRACE:
 a sender's head comes in one packet) is closed next; one address may hold at
 most half the slots (`per_address`), and past that its own connections make
-room for it; and a head must be complete within `head_timeout` of its first
-byte (ingress's relay.ingress.http1 has its own deadline; the admin listener's
-aiohttp has none for a trickled head). A health probe (`GET /healthz`,
-`/readyz`) that finds every slot busy is still answered: it waits in a small
-lane of its own (PROBE_LANE connections, PROBE_SECONDS to say what it wants)
-instead of getting 503.
+room for it (its oldest incomplete head, however young: its tricklers close
+each other's as they reconnect, so a grace would refuse a prompt sender on
+their address, behind the same NAT); and a head must be complete within
+`head_timeout` of its first byte (ingress's relay.ingress.http1 has its own
+deadline; the admin listener's aiohttp has none for a trickled head). A
+health probe (`GET /healthz`, `/readyz`) that finds every slot busy is still
+answered: it waits in a small lane of its own (PROBE_LANE connections,
+PROBE_SECONDS to say what it wants) instead of getting 503.
 """
 
 from __future__ import annotations
@@ -112,21 +114,30 @@ class ConnectionCap:
                 return connection
         return None
 
-    def _slowest_head(self, address: object = _ANY) -> _Counted | None:
-        """The connection whose head has been incomplete longest (past HEAD_GRACE)."""
+    def _slowest_head(self, address: object = _ANY, grace: float = HEAD_GRACE) -> _Counted | None:
+        """The connection whose head has been incomplete longest (past `grace`)."""
         now = time.monotonic()
         for connection in list(self._heads):
             if not connection.receiving_head:  # its head came after all
                 connection.head_done()
                 continue
-            if now - connection.head_since < HEAD_GRACE:
+            if now - connection.head_since < grace:
                 return None  # oldest first: the rest began later still
             if address is _ANY or connection.address == address:
                 return connection
         return None
 
     def _make_room(self, address: object = _ANY) -> bool:
-        victim = self._quietest(address) or self._slowest_head(address)
+        # An address at its own cap gives up its oldest incomplete head however
+        # young: tricklers sharing a sender's address close each other's heads
+        # as fast as they reconnect, so none outlives HEAD_GRACE, and a grace
+        # would refuse the sender rather than a trickler. Oldest first, a
+        # prompt sender's head (complete in a packet or two) is not chosen
+        # while tricklers hold older ones. Across addresses the grace stays:
+        # 503 and Retry-After to the newcomer beats cutting another client's
+        # head in flight.
+        grace = HEAD_GRACE if address is _ANY else 0.0
+        victim = self._quietest(address) or self._slowest_head(address, grace)
         if victim is None:
             return False
         self.evicted += 1

@@ -96,3 +96,71 @@ async def test_trickled_heads_do_not_lock_out_senders_or_health_probes(tmp_path:
     )
     for name, got in statuses.items():
         assert got == [200] * len(got), (name, got)
+
+
+ADMIN_TOKEN = "trickle-token-0123456789abcdef"
+
+
+async def test_a_prompt_sender_on_the_tricklers_address_gets_every_request_through(
+    tmp_path: Path,
+) -> None:
+    """A sender behind the tricklers' address (the same NAT; here 127.0.0.1)
+    opens a connection per request, as many webhook senders do: each one must
+    find room, its address being at its per-address cap, on ingress and admin."""
+    config = orders_config(tmp_path / "relay.toml", admin={"token": ADMIN_TOKEN})
+    relay = RelayProcess(config, tmp_path / "relay.log", max_open_files=256).start()
+    stop = asyncio.Event()
+    opened = [0]
+    head = b"POST /orders HTTP/1.1\r\nHost: relay\r\nX-Pad: " + b"a" * 200
+    admin_head = b"GET /api/v1/stats HTTP/1.1\r\nX-Pad: " + b"a" * 200
+    attackers = [
+        asyncio.create_task(trickle(relay.url, head, stop, opened))
+        for _ in range(INGRESS_TRICKLERS)
+    ] + [
+        asyncio.create_task(trickle(relay.admin_url, admin_head, stop, opened))
+        for _ in range(ADMIN_TRICKLERS)
+    ]
+    statuses: dict[str, list[int]] = {"webhook": [], "page": [], "stats": []}
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    try:
+        await asyncio.sleep(3 * BYTE_EVERY)  # every attacker connected, none quiet
+        started = time.monotonic()
+        timeout = aiohttp.ClientTimeout(total=5)
+        # A new connection for every request: each must be admitted.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+            for number in range(40):
+                for name, method, url, headers, data in (
+                    ("webhook", "POST", relay.url + "/orders", {}, b'{"n": %d}' % number),
+                    ("page", "GET", relay.admin_url + "/", auth, None),
+                    ("stats", "GET", relay.admin_url + "/api/v1/stats", auth, None),
+                ):
+                    try:
+                        async with http.request(
+                            method, url, headers=headers, data=data, allow_redirects=False
+                        ) as answer:
+                            statuses[name].append(answer.status)
+                    except (aiohttp.ClientError, TimeoutError):
+                        statuses[name].append(0)
+                await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        await asyncio.gather(*attackers, return_exceptions=True)
+        assert await relay.astop() == 0
+    record_figures(
+        "slow_trickle_same_address",
+        {
+            "ulimit_n": 256,
+            "trickling_connections": INGRESS_TRICKLERS + ADMIN_TRICKLERS,
+            "attacker_connections_opened": opened[0],
+            "seconds": round(elapsed, 2),
+            **{
+                name: f"{sum(0 < s < 500 for s in got)}/{len(got)}"
+                for name, got in statuses.items()
+            },
+            "statuses": sorted({s for got in statuses.values() for s in got}),
+        },
+    )
+    for name, got in statuses.items():
+        assert all(0 < s < 500 for s in got), (name, got)

@@ -97,9 +97,7 @@ async def test_past_the_cap_the_quietest_connection_makes_room_or_the_new_one_ge
     url = f"http://127.0.0.1:{site.port}"
     try:
         first = await connect(url)
-        second = await connect(url)
-        for _, writer in (first, second):
-            writer.write(b"GET / HTTP/1.1\r\n")  # busy: sending a request right now
+        second = await connect(url)  # just connected: neither quiet nor in a head
         await asyncio.sleep(0.05)
         reader, writer = await connect(url)
         refused = await asyncio.wait_for(reader.read(), 2)
@@ -221,6 +219,31 @@ async def test_when_full_the_oldest_incomplete_head_makes_room() -> None:
         await runner.cleanup()
 
 
+async def test_an_address_at_its_cap_closes_its_own_oldest_head_however_young() -> None:
+    runner, site, url = await capped(2)
+    try:
+        oldest = await connect(url)
+        oldest[1].write(b"POST / HTTP/1.1\r\nX-A")  # trickling, but for less than HEAD_GRACE
+        await asyncio.sleep(0.02)
+        newer = await connect(url)
+        newer[1].write(b"POST / HTTP/1.1\r\nX-B")
+        await asyncio.sleep(0.02)
+        # Tricklers on one address that close each other's heads as they
+        # reconnect keep every head younger than HEAD_GRACE: a prompt request
+        # from that address is admitted all the same.
+        async with aiohttp.ClientSession() as http, http.get(url) as answer:
+            assert await answer.text() == "hello"
+        assert await asyncio.wait_for(oldest[0].read(), 2) == b""  # the oldest head went
+        newer[1].write(b"a")
+        assert not newer[0].at_eof()
+        assert site.cap is not None
+        assert (site.cap.refused, site.cap.evicted) == (0, 1)
+    finally:
+        for _, writer in (oldest, newer):
+            writer.close()
+        await runner.cleanup()
+
+
 async def test_a_health_probe_is_answered_with_every_slot_busy() -> None:
     release = asyncio.Event()
 
@@ -265,8 +288,9 @@ async def test_one_address_holds_at_most_half_of_a_large_cap() -> None:
             writer.write(b"GET / HTTP/1.1\r\nX-A")
         await asyncio.sleep(0.1)
 
-        # 20 admitted; the 5 past the address's share were refused (their
-        # heads too young to make room): the other 20 slots stay free.
+        # 20 admitted; the 5 past the address's share were refused (when they
+        # came, none of the 20 had begun a head or been quiet, so none could
+        # make room): the other 20 slots stay free.
         async def answer(reader: asyncio.StreamReader) -> bytes:
             with contextlib.suppress(TimeoutError):
                 return await asyncio.wait_for(reader.read(), 0.3)
