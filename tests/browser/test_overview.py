@@ -72,7 +72,7 @@ async def test_the_overview_says_what_needs_a_person_with_links(
         if (
             (await relay.store.stats()).dead == 4
             and "erp" in relay.scheduler.down
-            and failing <= set(relay.operator.route_health())
+            and failing <= set(relay.console.route_health())
         ):
             break
         await asyncio.sleep(0.05)

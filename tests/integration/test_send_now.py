@@ -224,7 +224,7 @@ async def test_the_dashboard_sends_a_targets_waiting_ones_after_a_confirmation(
         async with http.get(admin + "/deliveries", params={"status": "pending"}) as page:
             assert 'id="send-now"' in await page.text()
         await relay.store.set_paused("crm", True, relay.clock.now())
-        relay.operator.changed()
+        relay.console.changed()
         await relay.scheduler.run_once()
         form = {"csrf": csrf, "status": "pending", "target": "crm"}
         async with http.post(admin + "/retry", data=form) as page:

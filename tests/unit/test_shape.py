@@ -79,7 +79,7 @@ def test_keyed_pairs_a_column_with_the_record() -> None:
 def test_the_mapper_reads_as_a_hand_written_one() -> None:
     assert "status=Status(row[3])" in DELIVERY.source
     assert "payload=Payload(method=" in CLAIMED.source
-    assert "if row[6] is not None else None" in TARGET_STATE.source
+    assert "if row[8] is not None else None" in TARGET_STATE.source
     assert EVENT_DETAIL.source.startswith(
         "def from_row(row, /, *, deliveries, attempts, log, resent_from, resent_as):"
     )
