@@ -52,7 +52,8 @@ class ActionsNoticed:
         said = [entry for entry in new if entry.by.startswith(BY_CLI)]
         if len(new) == READ_AT_ONCE and newest[-1].id > seen + 1:
             log.info(
-                "more actions than read at once (%d); `relay audit` lists them all",
+                "about %d earlier actions came at once and are not said here;"
+                " `relay audit` lists them all",
                 newest[-1].id - seen - 1,
             )
         for entry in said:
