@@ -56,7 +56,7 @@ TRANSPORTS = ("relay", "aiohttp")
 
 @pytest.fixture
 def transport() -> str | None:
-    """The transport every http and telegram target of `make_config` gets
+    """The transport every target of `make_config` whose kind takes one gets
     unless it names one; None: the default. A module that runs over every
     transport overrides this fixture with `params=TRANSPORTS`."""
     return None
@@ -78,9 +78,16 @@ def make_config(tmp_path: Path, transport: str | None) -> ConfigFactory:
         environ: dict[str, str] | None = None,
     ) -> Config:
         if transport is not None:
+            # Every target whose kind reads a `transport` key (the HTTP-style
+            # ones) is given the one this run is over; asked of the kinds, so a
+            # new one is covered without a list here.
+            asked: set[str] = set()
+            parse_config(
+                {"targets": targets, "routes": {}}, environ or {}, base=tmp_path, asked_keys=asked
+            )
             targets = {
                 name: {"transport": transport, **settings}
-                if settings.get("type") in ("http", "telegram")
+                if f"targets.{name}.transport" in asked
                 else settings
                 for name, settings in targets.items()
             }

@@ -25,13 +25,13 @@ from relay.config import Answer, Config, RouteConfig
 from relay.core.budget import one_budget
 from relay.core.clock import Clock
 from relay.core.incoming import Incoming
+from relay.core.netaddr import Network, client_address, within
 from relay.core.outage_log import OutageLog
 from relay.core.payload import Payload
 from relay.core.secrets import Masker
 from relay.core.units import format_duration
 from relay.ingress.encoding import ACCEPT_ENCODING, BadEncoding, BodyTooLarge, coding_of, inflate
 from relay.ingress.http1 import Head, Http1Server, Response
-from relay.ingress.netaddr import Network, client_address, within
 from relay.ingress.plan import idempotency_key, plan_deliveries
 from relay.kinds.source import Ping, Reject, Source
 from relay.loader.registry import build_source

@@ -49,6 +49,10 @@ def test_every_kind_is_in_the_kitchen_sink_and_the_reference() -> None:
     assert sorted(types) == sorted(target_kinds())
     sources = re.findall(r'^#### `source = "([^"]+)"`$', REFERENCE, re.MULTILINE)
     assert sources == list(source_kinds())
+    # The key's own row names every type it takes.
+    row = re.search(r"^\| `targets\.NAME\.type` \|.*$", REFERENCE, re.MULTILINE)
+    assert row is not None
+    assert sorted(re.findall(r'`"([a-z_-]+)"`', row.group(0))) == sorted(target_kinds())
 
 
 def section(text: str, heading: str) -> str:
