@@ -30,7 +30,8 @@ MAX_VALUES = 500  # values visited per body
 # fill it in the senders' payloads: Tilda's form (Name, Phone, Email),
 # WooCommerce's order (billing.first_name/last_name/phone/email, number,
 # total), T-Bank's notification (OrderId, Amount), CDEK's status
-# (attributes.cdek_number), a Telegram update (message.from.first_name).
+# (attributes.cdek_number), a Telegram update (message.from.first_name), a
+# money object's value (YooKassa's object.amount.value, see `_key`).
 ROLES: tuple[tuple[str, frozenset[str]], ...] = (
     ("name", frozenset({"name", "fio", "fullname", "customername", "clientname", "firstname"})),
     ("phone", frozenset({"phone", "tel", "telephone", "mobile", "phonenumber"})),
@@ -78,9 +79,21 @@ def _fields(
     return found
 
 
+def _key(path: tuple[str, ...]) -> str:
+    """A field's name as ROLES read it. A money object's `value` (YooKassa's
+    `"amount": {"value": "2.00", "currency": "RUB"}`, Adyen's) goes by the
+    object's name: "value" alone says nothing of its role."""
+    if not path:
+        return ""
+    key = _NOT_ALNUM.sub("", path[-1].lower())
+    if key == "value" and len(path) > 1:
+        return _NOT_ALNUM.sub("", path[-2].lower())
+    return key
+
+
 def who(fields: list[tuple[tuple[str, ...], str]]) -> list[tuple[str, str]]:
     """The roles found, in ROLES' order, each from the first field that fills it."""
-    named = [(_NOT_ALNUM.sub("", path[-1].lower()) if path else "", path, v) for path, v in fields]
+    named = [(_key(path), path, v) for path, v in fields]
     result = []
     for role, names in ROLES:
         for key, path, value in named:
@@ -90,6 +103,9 @@ def who(fields: list[tuple[tuple[str, ...], str]]) -> list[tuple[str, str]]:
                         (v for k, p, v in named if k == "lastname" and p[:-1] == path[:-1]), ""
                     )
                     value = f"{value} {last}".strip()
+                elif path[-1].lower() == "value":  # a money object: its currency beside
+                    currency = next((v for _, p, v in named if p == (*path[:-1], "currency")), "")
+                    value = f"{value} {currency}".strip()
                 result.append((role, value))
                 break
     return result

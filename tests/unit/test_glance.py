@@ -64,3 +64,10 @@ def test_only_the_head_is_read_and_a_cut_field_is_left_out() -> None:
     assert look(FORM, body)["who"] == [["name", "Anna"]]
     big = b'{"name": "Anna", "pad": "' + b"x" * HEAD_BYTES + b'"}'
     assert look("application/json", big)["who"] == []  # cut JSON does not parse: nothing
+
+
+def test_a_money_object_is_its_parents_amount_with_its_currency() -> None:
+    # YooKassa's amount is {"value", "currency"} (fixtures/yookassa/SOURCE.md):
+    # the first such object named like an amount, not income_amount after it.
+    payment = (FIXTURES / "yookassa" / "payment-succeeded.json").read_bytes()
+    assert ["amount", "2450.00 RUB"] in look("application/json", payment)["who"]
