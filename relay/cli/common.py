@@ -23,7 +23,7 @@ from relay.cli.envfile import parse_env_file
 from relay.config import Config, ConfigError
 from relay.core.clock import SystemClock
 from relay.core.closest import closest
-from relay.core.printable import printable, printable_lines
+from relay.core.printable import printable, printable_json, printable_lines
 from relay.loader import DatabaseCommandConfig, load_config, load_database_command_config
 from relay.ops.actions import Actions
 from relay.ops.inputs import BadRequest, instant, whole_number
@@ -313,10 +313,10 @@ def who() -> str:
 
 def emit(args: argparse.Namespace, data: Any, render_text: Callable[[Any], str]) -> None:
     """Print `data` as JSON with --json, else as the text `render_text` makes
-    of it, which no control character a sender or a target wrote can drive
-    (relay.core.printable; JSON escapes them already)."""
+    of it: either way no control character a sender or a target wrote can
+    drive the terminal (relay.core.printable)."""
     if getattr(args, "json", False):
-        write_all(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        write_all(printable_json(orjson.dumps(data, option=orjson.OPT_INDENT_2)) + b"\n")
     else:
         text = render_text(data)
         if text:

@@ -19,6 +19,10 @@ import re
 _ALWAYS = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029"
 _ONE_LINE = re.compile(f"[{_ALWAYS}\n]")
 _LINES = re.compile(f"[{_ALWAYS}]")
+# What JSON leaves as it is of those: C1 (a terminal may act on U+009B as on
+# ESC [), the bidi controls and the separators. JSON escapes C0 itself.
+_UNESCAPED_BY_JSON = "\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029"
+_IN_JSON = re.compile(f"[{_UNESCAPED_BY_JSON}]")
 
 
 def _escaped(found: re.Match[str]) -> str:
@@ -36,3 +40,17 @@ def printable_lines(text: str) -> str:
     """`text` as lines (a body, a preview, a traceback): line breaks and tabs
     kept, every other control character written as its escape."""
     return _LINES.sub(_escaped, text)
+
+
+def _json_escape(found: re.Match[str]) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
+def printable_json(document: bytes) -> bytes:
+    """A JSON document (UTF-8) as a terminal may show it: the characters JSON
+    writes as they are but a terminal may act on, written as `\\uXXXX` —
+    the same document to any parser (they occur only inside strings)."""
+    text = document.decode("utf-8")
+    if text.isascii():
+        return document
+    return _IN_JSON.sub(_json_escape, text).encode("utf-8")

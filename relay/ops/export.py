@@ -33,6 +33,7 @@ import orjson
 
 from relay.core.localtime import Zone, format_iso_local
 from relay.core.payload import parse_form, parse_json
+from relay.core.printable import printable_json
 from relay.core.secrets import Masker
 from relay.ops.inputs import BadRequest
 from relay.ops.views import event_detail
@@ -126,7 +127,9 @@ async def exported(
             view = event_detail(detail, masker)
             view["data"] = decoded(view)
             if chunk is None:
-                lines.append(orjson.dumps(view, option=orjson.OPT_APPEND_NEWLINE))
+                # Shown in a terminal as often as saved: no character a sender
+                # wrote drives it (the same JSON to any parser).
+                lines.append(printable_json(orjson.dumps(view, option=orjson.OPT_APPEND_NEWLINE)))
             else:
                 _writer(chunk, export).writerow(_row(view, export))
         if chunk is not None:

@@ -76,8 +76,10 @@ def instant(value: Any, field: str, now: float, zone: Zone = None) -> float | No
     would requeue everything."""
     if value is None or value == "":
         return None
+    # A time holds no control character (a trailing NUL was read past).
+    text = optional_text(value, field) if isinstance(value, str) else str(value)
     try:
-        return parse_local_instant(str(value), now, zone)
+        return parse_local_instant(text or "", now, zone)
     except ValueError as problem:
         raise BadRequest(f"{field}: {problem}") from None
 

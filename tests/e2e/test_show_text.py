@@ -3,6 +3,7 @@ every attempt with the target's answer, and what people did, in order."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -108,7 +109,11 @@ async def test_what_a_sender_or_a_filter_wrote_never_drives_the_terminal(
     targets = {"crm": {"type": "http", "url": crm_url}}
     routes = {"leads": {"path": "/hooks/leads", "targets": ["crm"]}}
     relay = await start_relay(make_config(targets, routes), background=False, clock=FakeClock())
-    hostile = "Anna\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;pwned\x07\x1b[2J\rEve\u202egnp.exe"
+    # C1's CSI and OSC (U+009B, U+009D) too, which JSON leaves as they are.
+    hostile = (
+        "Anna\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;pwned\x07\x1b[2J\rEve\u202egnp.exe"
+        "\x9b2J\x9d52;c;ZXZpbA==\x9c"
+    )
     async with (
         aiohttp.ClientSession() as http,
         http.post(
@@ -126,10 +131,19 @@ async def test_what_a_sender_or_a_filter_wrote_never_drives_the_terminal(
         tmp_path / "cli.toml",
         {"storage": {"path": str(tmp_path / "relay.db")}, "targets": targets, "routes": routes},
     )
-    for command in (["events"], ["show", "1"], ["audit"]):
+    for command in (
+        ["events"],
+        ["show", "1"],
+        ["audit"],
+        ["show", "1", "--json"],
+        ["events", "--json"],
+        ["export"],
+    ):
         out = relay_cli(*command, "--config", str(config)).stdout
-        for control in ("\x1b", "\x07", "\r", "\u202e"):
+        for control in ("\x1b", "\x07", "\r", "\u202e", "\x9b", "\x9d", "\x9c"):
             assert control not in out, (command, control)
+    shown = json.loads(relay_cli("show", "1", "--json", "--config", str(config)).stdout)
+    assert json.loads(shown["body"])["name"] == hostile  # the same JSON, escaped
     audit = relay_cli("audit", "--config", str(config)).stdout
     assert "forged" in audit
     assert not any(line.startswith("real-looking") for line in audit.splitlines())

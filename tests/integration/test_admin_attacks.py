@@ -344,6 +344,7 @@ BAD_API = [
     ("GET", "/api/v1/events?until=inf", "until"),
     ("GET", "/api/v1/events?since=1e300", "since"),
     ("GET", "/api/v1/events?since=1_000", "since"),  # was read as Unix time 1000
+    ("GET", "/api/v1/events?since=2026-12-06T10:00%00", "since"),  # the NUL was read past
     ("GET", "/api/v1/events?key=a%00b", "key"),  # a NUL reached the database: 503
     ("GET", "/api/v1/events?q=ab%00cd", "q"),
     ("GET", "/api/v1/events?route=a%1Bb", "route"),

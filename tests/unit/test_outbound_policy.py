@@ -270,6 +270,9 @@ async def test_http_to_https_on_the_default_ports_is_the_same_origin() -> None:
         ((("127.0.0.1", 8081),), "http://127.0.0.1:8081/api/v1/requeue"),
         ((("127.0.0.1", 8081),), "http://localhost:8081/api/v1/requeue"),  # a name is looked up
         ((("127.0.0.1", 8081),), "http://127.0.0.2:8081/"),  # any loopback address
+        # "this host": a connection to it reaches local listeners as loopback does
+        ((("127.0.0.1", 8081),), "http://0.0.0.0:8081/api/v1/requeue"),
+        ((("::1", 8081),), "http://[::]:8081/api/v1/requeue"),
         ((("0.0.0.0", 8080),), "http://127.0.0.1:8080/hooks/orders"),  # all addresses: any local
         ((("::", 8080),), "http://[::1]:8080/hooks/orders"),
         ((("127.0.0.1", 8080), ("127.0.0.1", 8081)), "https://127.0.0.1:8080/"),
@@ -282,7 +285,7 @@ async def test_a_redirect_never_goes_to_relays_own_listeners(
     (a target's 307 to the admin API would requeue every delivery)."""
     transport = redirecting(location)
     here = request("http://127.0.0.1:9000/hook")
-    hosts = ("127.0.0.1", "localhost", "127.0.0.2", "::1")
+    hosts = ("127.0.0.1", "localhost", "127.0.0.2", "::1", "0.0.0.0", "::")
     outcome = await exchange(transport, here, classify, follow=Follow(hosts, own))
     assert outcome.error is not None
     assert "one of relay's own listeners, never followed" in outcome.error

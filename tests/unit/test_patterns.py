@@ -151,6 +151,11 @@ PATTERNS: dict[tuple[str, str], Trusted | Untrusted] = {
         "sub",
         pattern="[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]",
     ),
+    ("core/printable.py", "f'[{_UNESCAPED_BY_JSON}]'"): Untrusted(
+        {"controls": lambda n: "\x9b2J\u202e" * n},
+        "sub",
+        pattern="[\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]",
+    ),
     ("ops/glance.py", r"[\W_]+"): Untrusted({"separators": lambda n: "_a" * n}, "sub"),
     ("ops/glance.py", r"\D"): Untrusted({"digits between": lambda n: "a1" * n}, "sub"),
     ("ops/logs.py", '[ "=]'): Untrusted({"plain": lambda n: "a" * n}, "search"),

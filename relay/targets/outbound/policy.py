@@ -162,7 +162,10 @@ async def _is_own(host: str, port: int, own: Iterable[tuple[str, int]]) -> bool:
     if not listening:
         return False
     for address in await _addresses(host, port):
-        loopback = ipaddress.ip_address(address).is_loopback
+        parsed = ipaddress.ip_address(address)
+        # A connection to 0.0.0.0 or :: ("this host") reaches the machine's
+        # listeners as one to loopback does.
+        loopback = parsed.is_loopback or parsed.is_unspecified
         for listen_host in listening:
             if address == listen_host.strip("[]"):
                 return True
