@@ -102,6 +102,7 @@ class Ingress:
         self._counters = self._metrics.ingress
         self._background: set[asyncio.Task[None]] = set()
         self.bodies_in_flight = 0
+        self._bodies_by_address: dict[str | None, int] = {}  # of bodies_in_flight
         self.bodies_peak = 0  # the most held at once since relay.background.memory last looked
         self._http: Http1Server | None = None
         self.reconfigure(config)
@@ -154,17 +155,6 @@ class Ingress:
             self.count("", "not_found")
             return _error(404, "no route for this path")
         route = bundle.config
-        # Memory for bodies being received is bounded: each request holds its
-        # declared length (or its route's limit when chunked) until answered.
-        length = head.content_length
-        held = route.max_body_size if length is None else min(length, route.max_body_size)
-        if self.bodies_in_flight + held > settings.bodies_in_flight_limit:
-            self.count(route.name, "busy")
-            return _error(
-                503,
-                "too many bodies being received at once",
-                headers=(("Retry-After", str(RETRY_AFTER_SECONDS)),),
-            )
         headers = head.headers
         if settings.trusted_proxies:
             remote = client_address(
@@ -172,6 +162,21 @@ class Ingress:
             )
         else:
             remote = head.remote
+        # Memory for bodies being received is bounded: each request holds its
+        # declared length (or its route's limit when chunked) until answered.
+        # One address holds at most half of it: uploads that stall, sent
+        # before any credential is checked, cannot shut out other senders.
+        length = head.content_length
+        held = route.max_body_size if length is None else min(length, route.max_body_size)
+        limit = settings.bodies_in_flight_limit
+        its_own = self._bodies_by_address.get(remote, 0)
+        if self.bodies_in_flight + held > limit or its_own + held > limit // 2:
+            self.count(route.name, "busy")
+            return _error(
+                503,
+                "too many bodies being received at once",
+                headers=(("Retry-After", str(RETRY_AFTER_SECONDS)),),
+            )
         if route.allow_ips and not within(remote, route.allow_ips):
             return self.reject(
                 route,
@@ -201,8 +206,15 @@ class Ingress:
             self.count(route.name, "too_large")
             return _error(413, f"body larger than {route.max_body_size} bytes")
         self.bodies_in_flight += held
+        self._bodies_by_address[remote] = its_own + held
         self.bodies_peak = max(self.bodies_peak, self.bodies_in_flight)
         return Webhook(self, bundle, settings, head, remote, coding, held, started)
+
+    def _released(self, remote: str | None, held: int) -> None:
+        self.bodies_in_flight -= held
+        left = self._bodies_by_address.pop(remote, 0) - held
+        if left > 0:
+            self._bodies_by_address[remote] = left
 
     def count(self, route: str, result: str) -> None:
         self._counters.count(route, result)
@@ -375,7 +387,7 @@ class Webhook:
         self._ingress.count(self._bundle.config.name, "too_large" if status == 413 else "timeout")
 
     def release(self) -> None:
-        self._ingress.bodies_in_flight -= self.held
+        self._ingress._released(self._remote, self.held)
 
     def answer(self, body: bytes) -> Response | asyncio.Future[Any]:
         if self._coding:

@@ -30,9 +30,14 @@ async def start(make_config: ConfigFactory, start_relay: RelayFactory, timeout: 
     return await start_relay(config, background=False)
 
 
-async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def connect(
+    url: str, source: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to `url`, from `source` (another loopback address: another
+    client, as relay counts some limits per address) when given."""
     host, port = url.removeprefix("http://").split(":")
-    return await asyncio.open_connection(host, int(port))
+    local = (source, 0) if source is not None else None
+    return await asyncio.open_connection(host, int(port), local_addr=local)
 
 
 async def seconds_until_closed(url: str, send: bytes) -> float:
@@ -60,23 +65,37 @@ async def test_silent_and_half_header_connections_are_closed_on_both_listeners(
         assert 0.4 < waited < 2.5, waits
 
 
-async def test_bodies_in_flight_past_the_bound_get_503(
+async def test_bodies_in_flight_past_the_bound_get_503_and_one_address_holds_half(
     make_config: ConfigFactory, start_relay: RelayFactory, http: aiohttp.ClientSession
 ) -> None:
+    """Stalled uploads are sent before any credential is checked: one address
+    holds at most half the bound, so it cannot shut out other senders."""
     relay = await start(make_config, start_relay, "10s")
     declared = 1024 * 1024
     head = (
         b"POST /orders HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{" % declared
     )  # and then nothing more: a stalled upload
+    half = BODIES_IN_FLIGHT // declared // 2
     stalled = []
-    for _ in range(BODIES_IN_FLIGHT // declared):
-        _, writer = await connect(relay.ingress_url)
+
+    async def stall(source: str) -> bytes:
+        reader, writer = await connect(relay.ingress_url, source)
         writer.write(head)
         stalled.append(writer)
-    await asyncio.sleep(0.2)
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(reader.read(200), 0.05)
+        return b""  # held: its body is awaited
+
     try:
+        held = [await stall("127.0.0.2") for _ in range(half)]
+        assert held == [b""] * half
+        assert (await stall("127.0.0.2")).startswith(b"HTTP/1.1 503 ")  # past its half
+        async with http.post(relay.ingress_url + "/orders", data=b"{}") as response:
+            assert response.status == 200  # another sender still gets in
+        for _ in range(half):
+            await stall("127.0.0.3")
         async with http.post(relay.ingress_url + "/orders", data=b"x" * 1000) as response:
-            assert response.status == 503
+            assert response.status == 503  # the whole bound held
             assert response.headers["Retry-After"] == "5"
     finally:
         for writer in stalled:
