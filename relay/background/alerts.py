@@ -39,6 +39,7 @@ from relay.store import (
     Intake,
     NewDelivery,
     NewEvent,
+    Queries,
     RouteRun,
     RouteStreak,
     Status,
@@ -68,8 +69,9 @@ NOTES_POLL = 1.0
 COUNT_EVERY = 1.0
 
 
-class AlertStore(Intake, Streaks, Protocol):
-    """What alerts keep in the store: their own events, and the streaks."""
+class AlertStore(Intake, Streaks, Queries, Protocol):
+    """What alerts keep in the store (their own events, and the streaks) and
+    read of it (whether a delivery noted as failing still waits)."""
 
 
 @dataclass
@@ -142,8 +144,12 @@ class _Window:
                 key = f"{item['route']}→{item['target']}"
             else:
                 key = item["target"]
+            # The window says where things stand: news undoes its opposite.
+            # Bad news that undoes good news not said yet says "again": the
+            # good news came after the bad was said, in an earlier alert.
+            if opposite.pop(key, None) is not None and kind in ("failing", "down", "silent"):
+                item = {**item, "again": True}
             news[key] = item
-            opposite.pop(key, None)
 
 
 # An answer quoted in an alert: one line, this long at most.
@@ -540,6 +546,9 @@ class Alerter:
         window, self._window = self._window, _Window()
         if not window or self.config.target is None:
             return None
+        await self._settled(window)
+        if not window:
+            return None
         body = alert_body(window)
         try:
             # An alert is stored even into a database file that was deleted
@@ -562,6 +571,7 @@ class Alerter:
             window.add(orjson.loads(note.note))
         target = self.config.target
         ids = [note.id for note in notes]
+        await self._settled(window)
         if not window or target is None:
             # Alerts were turned off meanwhile: what was noted goes unsaid.
             await shared.send_alert(ids, None, [], self._clock.now())
@@ -573,6 +583,18 @@ class Alerter:
         if accepted is None:
             return None
         return self._created(accepted, body)
+
+    async def _settled(self, window: _Window) -> None:
+        """Leave out of `window` the deliveries noted as failing that are no
+        longer waiting (delivered, skipped, resent or dead since, within the
+        window): an alert says what to do now, not what was true a minute ago."""
+        waiting = []
+        for item in window.keeps_failing:
+            delivery = await self._store.get_delivery(int(item["delivery_id"]))
+            if delivery is not None and delivery.status in (Status.PENDING, Status.IN_FLIGHT):
+                waiting.append(item)
+        window.keeps_failing_count -= len(window.keeps_failing) - len(waiting)
+        window.keeps_failing = waiting
 
     def _event(self, body: dict[str, Any]) -> NewEvent:
         return NewEvent(
@@ -601,6 +623,11 @@ def _said(item: dict[str, Any]) -> str:
     """The target's answer, quoted, when the note has one."""
     answer = item.get("answer")
     return f"; it answered: {answer}" if answer else ""
+
+
+def _again(item: dict[str, Any]) -> str:
+    """ " again" (with why) when the good news in between went unsaid."""
+    return " again (it was back in between)" if item.get("again") else ""
 
 
 def _where(item: dict[str, Any]) -> str:
@@ -643,15 +670,16 @@ def alert_body(window: _Window) -> dict[str, Any]:
             )
         if many > len(window.keeps_failing):
             lines.append(f"... and {many - len(window.keeps_failing)} more")
-        events = " ".join(dict.fromkeys(i["event_id"] for i in window.keeps_failing))
+        events = list(dict.fromkeys(i["event_id"] for i in window.keeps_failing))
         ids = " ".join(i["delivery_id"] for i in window.keeps_failing)
+        shown = f"relay show {events[0]}" + (" (and each event above)" if len(events) > 1 else "")
         lines.append(
-            "each is retried on its schedule, and dead when its cycle ends: relay show"
-            f" {events} says why; correct it and send it again (relay resend EVENT --edit),"
-            f" or skip it (relay skip {ids})"
+            f"each is retried on its schedule, and dead when its cycle ends: {shown} says"
+            f" why; correct it and send it again (relay resend {events[0]} --edit), or skip"
+            f" it (relay skip {ids})"
         )
     for item in window.failing.values():
-        parts.append(f"{_where(item)} is failing")
+        parts.append(f"{_where(item)} is failing{_again(item)}")
         lines.append(
             f"failing: {_where(item)} failed"
             f" {count(item['failures'], 'attempt')} in a row; last error: {item['error']}"
@@ -664,7 +692,7 @@ def alert_body(window: _Window) -> dict[str, Any]:
             f" after {count(item['failures_before'], 'failure')}"
         )
     for item in window.down.values():
-        parts.append(f"target {item['target']} is down")
+        parts.append(f"target {item['target']} is down{_again(item)}")
         lines.append(
             f"down: target {item['target']} failed {count(item['failures'], 'attempt')} in a row"
             f" (last error: {item['error']}{_said(item)}); its deliveries wait, spending no"
@@ -675,10 +703,11 @@ def alert_body(window: _Window) -> dict[str, Any]:
         lines.append(
             f"up: target {item['target']} answered again after"
             f" {format_duration(item['down_seconds'])} down;"
-            f" {item['waited']} waiting deliveries now flow, oldest first"
+            f" {count(item['waited'], 'waiting delivery', 'waiting deliveries')} now"
+            f" {'flows' if item['waited'] == 1 else 'flow'}, oldest first"
         )
     for item in window.silent.values():
-        parts.append(f"route {item['route']} is silent")
+        parts.append(f"route {item['route']} is silent{_again(item)}")
         usual, past = item.get("usual_seconds"), format_duration(item["limit_seconds"])
         why = (
             f"at this hour of the week it is usually silent {format_duration(usual)} at most;"

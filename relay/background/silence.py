@@ -232,6 +232,12 @@ class SilenceWatch:
                 keep_from_week=first_week,
             )
         )
+        for route, was in sorted(returned.items()):
+            log.warning(
+                "route %s receives again, after %s of silence",
+                route,
+                format_duration(back[route] - was.last_event_at),
+            )
         self._tell([_back_note(route, was, back[route]) for route, was in sorted(returned.items())])
         return caught_up
 

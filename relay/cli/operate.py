@@ -31,7 +31,7 @@ from relay.cli.common import (
     who,
 )
 from relay.core.localtime import Zone, format_iso_local
-from relay.core.units import format_duration
+from relay.core.units import count, format_duration
 from relay.loader import DatabaseCommandConfig
 from relay.ops.actions import BULK_LIMIT, Actions
 from relay.ops.inputs import MAX_IDS, optional_text, row_ids
@@ -192,8 +192,14 @@ def _dry_run(
             "complete": len(ids) == total,
         },
         lambda data: (
-            f"would {verb} {total} deliveries"
+            f"would {verb} {count(total, 'delivery', 'deliveries')}"
             + (f": {' '.join(data['ids'])}" if 0 < len(data["ids"]) <= 50 else "")
+            + (
+                f": {' '.join(data['ids'][:20])} … (all of them: --dry-run --json,"
+                " a plan --plan takes)"
+                if len(data["ids"]) > 50
+                else ""
+            )
             + ("" if verb != "skip" or args.dry_run else " (add --yes to skip them)")
         ),
     )
@@ -249,14 +255,24 @@ def retry_deliveries(args: argparse.Namespace) -> int:
             "name delivery ids, or filters (--target crm: every delivery to crm"
             " waiting for its retry; --dry-run first says which)"
         )
-    return _each_delivery(
-        args,
-        lambda actions, delivery_id, by: actions.retry(delivery_id, by=by),
-        lambda d: (
-            f"delivery {d['id']} → {d['target']}: one more attempt queued"
-            f" ({d['attempts']} made so far)"
-        ),
-    )
+    paused: set[str] = set()
+
+    async def retry(actions: Actions, delivery_id: int, by: str) -> DeliveryView:
+        delivery = await actions.retry(delivery_id, by=by)
+        state = (await actions.store.target_states()).get(delivery.target)
+        if state is not None and state.paused:
+            paused.add(delivery.target)
+        return delivery
+
+    def said(d: dict[str, Any]) -> str:
+        line = f"delivery {d['id']} → {d['target']}: one more attempt queued"
+        line += f" ({d['attempts']} made so far)"
+        if d["target"] in paused:  # queued, and held until then
+            line += f"; target {d['target']} is paused: it goes once resumed (relay resume"
+            line += f" {d['target']})"
+        return line
+
+    return _each_delivery(args, retry, said)
 
 
 def skip_deliveries(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from relay.core.payload import Payload, strip_form_fields
 from relay.core.records import next_status
 from relay.core.secrets import Masker
 from relay.core.status import attempt_outcome
-from relay.core.units import format_duration
+from relay.core.units import count, format_duration
 from relay.delivery.kept import kept
 from relay.delivery.ratelimit import Pacer
 from relay.delivery.retry import cycle_length
@@ -608,7 +608,11 @@ class Scheduler:
         streak, probe_at = done.streak, done.target.get("probe_at")
         if streak.came_up:
             self._down.pop(target, None)
-            log.warning("target %s is up again; %d deliveries waited", target, streak.waited)
+            log.warning(
+                "target %s is up again; %s waited",
+                target,
+                count(streak.waited, "delivery", "deliveries"),
+            )
         elif streak.went_down and probe_at is not None:
             self._down[target] = DownState(now, probe_at, 0, probed_at=now)
             log.warning("target %s is down: its deliveries wait, probing it", target)

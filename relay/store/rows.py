@@ -176,10 +176,11 @@ def audit_values(
 
 def resend_subject(resend: Resend, copy_id: int, superseded: Sequence[int] = ()) -> str:
     """What a resend's audit entry names: the copy, and the deliveries it
-    stopped (relay.store.supersede)."""
+    stands in for (relay.store.supersede): each stopped, or, in flight then,
+    settled by the attempt under way."""
     said = f"event {resend.original_id} as event {copy_id}, to {', '.join(resend.targets)}"
     if superseded:
-        said += f"; supersedes delivery {', '.join(str(i) for i in superseded)}"
+        said += f"; stands in for delivery {', '.join(str(i) for i in superseded)}"
     return said
 
 

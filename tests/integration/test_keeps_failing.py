@@ -127,3 +127,28 @@ async def test_a_poison_lead_on_a_busy_crm_is_listed_counted_and_alerted_once(
     assert detail is not None
     assert detail.event.deliveries[0].attempts_in_cycle == 7
     assert detail.event.deliveries[0].status is Status.PENDING
+
+
+async def test_a_delivery_settled_before_the_alert_goes_is_not_said_to_keep_failing(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
+) -> None:
+    """An alert says what to do now: one noted as failing and skipped (or
+    delivered) within the alert's window is left out, and its commands too."""
+    clock = FakeClock()
+    _, url = await start_sink([500] * 5)
+    targets = {"crm": {"type": "http", "url": url}, "ops": {"type": "file", "path": "ops.jsonl"}}
+    relay = await start_relay(
+        make_config(targets, ROUTES, alerts={"target": "ops"}), background=False, clock=clock
+    )
+    poison = await post(relay, 0, poison=True)
+    for after in (0, 2, 4, 8, 16):
+        clock.advance(after)
+        await relay.scheduler.run_once()
+        await relay.scheduler.wait_idle()
+    detail = await relay.store.get_event(poison)
+    assert detail is not None
+    [delivery] = detail.event.deliveries
+    assert delivery.attempts_in_cycle == 5  # noted: it keeps failing
+    await relay.store.skip(delivery.id, clock.now(), by="cli user anna")
+    assert await relay.alerter.flush() is None
+    assert await alerts(relay) == []

@@ -124,6 +124,26 @@ async def test_a_paused_target_is_refused_saying_how_to_resume_it(
     assert bad["error"].startswith("status: a retry now takes pending or dead")
 
 
+async def test_a_retry_by_id_to_a_paused_target_says_it_waits_for_the_resume(
+    make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory, tmp_path: Path
+) -> None:
+    # It said "one more attempt queued" and nothing went until a resume.
+    relay, _, _ = await outage(make_config, start_relay, start_sink, 1)
+    await api(relay, "POST", "/api/v1/targets/crm/pause", 200, json={})
+    [event] = await relay.store.list_events(EventQuery())
+    [delivery] = event.deliveries
+    config = write_config(
+        tmp_path / "cli.toml",
+        {
+            "storage": {"path": str(relay.config.storage.path)},
+            "targets": {"crm": {"type": "http", "url": "http://127.0.0.1:9/"}},
+            "routes": ROUTES,
+        },
+    )
+    said = (await arelay_cli("retry", str(delivery.id), "--config", str(config))).stdout
+    assert "target crm is paused: it goes once resumed (relay resume crm)" in said
+
+
 async def test_a_down_target_is_probed_once_and_then_the_backlog_flows(
     make_config: ConfigFactory, start_relay: RelayFactory, start_sink: SinkFactory
 ) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import logging
 import re
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import aiohttp
+import pytest
 
 from relay.app import Relay
 from relay.background.alerts import ALERTS_ROUTE
@@ -76,7 +78,7 @@ async def metrics(relay: Relay) -> str:
 
 
 async def test_a_shop_whose_webhook_stops_is_said_silent_in_its_first_busy_hour_not_at_night(
-    make_config: ConfigFactory, start_relay: RelayFactory
+    make_config: ConfigFactory, start_relay: RelayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock(local(-21, 0))
     config: Config = make_config(
@@ -141,7 +143,9 @@ async def test_a_shop_whose_webhook_stops_is_said_silent_in_its_first_busy_hour_
     # An order at 13:30: back, said once; the silence is not learnt as usual.
     await store_events(relay, "shop", [local(0, 13.5)])
     clock.set(local(0, 13.6))
-    await relay.silence.run_once()
+    with caplog.at_level(logging.WARNING, logger="relay.silence"):
+        await relay.silence.run_once()
+    assert "route shop receives again, after 16h30m of silence" in caplog.text  # the journal
     await relay.alerter.flush()
     [*_, back] = await alerts(relay)
     assert back["summary"] == "relay: route shop receives again"

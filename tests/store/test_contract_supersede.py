@@ -247,7 +247,7 @@ async def test_the_audit_and_history_say_what_a_copy_superseded(store: Store, wa
     [entry] = await store.list_audit(1)
     assert (
         entry.subject
-        == f"event {crm.event_id} as event {copy_id}, to crm; supersedes delivery {crm.id}"
+        == f"event {crm.event_id} as event {copy_id}, to crm; stands in for delivery {crm.id}"
     )
     assert sorted(entry.deliveries) == sorted([copy.id, crm.id])
     detail = await store.get_event(crm.event_id)

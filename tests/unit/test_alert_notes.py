@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.background.alerts import keeps_failing, notes_on
+from relay.background.alerts import _Window, alert_body, keeps_failing, notes_on
 from relay.config import AlertsConfig
 from relay.core.outcome import Outcome
 from relay.core.payload import Payload
@@ -62,3 +62,18 @@ def test_a_delivery_keeps_failing_from_the_thresholds_attempt_of_its_cycle(
     assert keeps_failing(attempt, CONFIG) is said
     kinds = [note["kind"] for note in notes_on(attempt, CONFIG)]
     assert ("keeps_failing" in kinds) is said
+
+
+def test_bad_news_that_undoes_unsaid_good_news_says_again() -> None:
+    """A route said silent in one alert, back and silent again within the
+    next window: that alert says "silent again", not a second bare "silent"
+    as if the route had never come back."""
+    window = _Window()
+    window.add({"kind": "back", "route": "shop", "silent_seconds": 120.0})
+    window.add({"kind": "silent", "route": "shop", "silent_seconds": 70.0, "limit_seconds": 60.0})
+    assert alert_body(window)["summary"] == (
+        "relay: route shop is silent again (it was back in between)"
+    )
+    first = _Window()
+    first.add({"kind": "silent", "route": "shop", "silent_seconds": 70.0, "limit_seconds": 60.0})
+    assert alert_body(first)["summary"] == "relay: route shop is silent"
