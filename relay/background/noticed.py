@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 
+from relay.ops.actions import log_action
 from relay.store import BY_CLI, AuditEntry, Queries, StoreError
 
 log = logging.getLogger("relay.audit")
@@ -57,16 +58,12 @@ class ActionsNoticed:
                 newest[-1].id - seen - 1,
             )
         for entry in said:
-            log.info(
+            log_action(
                 "operator action, by a database command",
-                extra={
-                    "fields": {
-                        "action": entry.action,
-                        "by": entry.by,
-                        "subject": entry.subject,
-                        "count": entry.count,
-                    }
-                },
+                entry.by,
+                entry.action,
+                entry.subject,
+                entry.count,
             )
         return said
 

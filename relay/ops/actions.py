@@ -38,6 +38,14 @@ from relay.store.rows import describe_selection
 
 audit_log = logging.getLogger("relay.audit")
 
+
+def log_action(said: str, by: str, action: str, subject: str, count: int) -> None:
+    """The journal's line of a person's action, its fields as the audit's."""
+    audit_log.info(
+        said, extra={"fields": {"action": action, "by": by, "subject": subject, "count": count}}
+    )
+
+
 # A bulk action shown before it is done (the dashboard's confirmation) names
 # the deliveries it will act on; at most this many at once.
 BULK_LIMIT = 1000
@@ -139,10 +147,7 @@ class Actions:
 
     def acted(self, by: str, action: str, subject: str, count: int) -> None:
         """After every action: one log line, then whatever else must follow."""
-        audit_log.info(
-            "operator action",
-            extra={"fields": {"action": action, "by": by, "subject": subject, "count": count}},
-        )
+        log_action("operator action", by, action, subject, count)
         self.changed()
 
     async def not_taken(
