@@ -255,19 +255,19 @@ def retry_deliveries(args: argparse.Namespace) -> int:
             "name delivery ids, or filters (--target crm: every delivery to crm"
             " waiting for its retry; --dry-run first says which)"
         )
-    paused: set[str] = set()
+    paused: set[str] | None = None  # read with the first retry
 
     async def retry(actions: Actions, delivery_id: int, by: str) -> DeliveryView:
-        delivery = await actions.retry(delivery_id, by=by)
-        state = (await actions.store.target_states()).get(delivery.target)
-        if state is not None and state.paused:
-            paused.add(delivery.target)
-        return delivery
+        nonlocal paused
+        if paused is None:
+            states = await actions.store.target_states()
+            paused = {name for name, state in states.items() if state.paused}
+        return await actions.retry(delivery_id, by=by)
 
     def said(d: dict[str, Any]) -> str:
         line = f"delivery {d['id']} → {d['target']}: one more attempt queued"
         line += f" ({d['attempts']} made so far)"
-        if d["target"] in paused:  # queued, and held until then
+        if paused and d["target"] in paused:  # queued, and held until then
             line += f"; target {d['target']} is paused: it goes once resumed (relay resume"
             line += f" {d['target']})"
         return line
