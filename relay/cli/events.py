@@ -25,7 +25,7 @@ from relay.cli.common import (
 from relay.core.localtime import Zone, format_iso_local, format_local
 from relay.core.payload import media_type, parse_form, parse_json
 from relay.core.units import count
-from relay.ops.glance import glances, who_text, with_glance
+from relay.ops.glance import glances, shortened, who_text, with_glance
 from relay.ops.inputs import failing, optional_text, row_id
 from relay.ops.search import SearchError, parse_search
 from relay.ops.views import event_detail, event_summary, mark_probes, rejection_view, search_view
@@ -174,11 +174,6 @@ WHO_CHARS = 48
 ERROR_CHARS = 40
 
 
-def _cut(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
 def _deliveries_text(event: dict[str, Any], zone: Zone, now: float) -> str:
     """Each delivery as `crm#431:pending(3) next 15:00:03`: its id, for `relay
     retry`, `skip` or `show`, and what it waits for (its next attempt, its
@@ -194,7 +189,7 @@ def _deliveries_text(event: dict[str, Any], zone: Zone, now: float) -> str:
         elif d["status"] in ("superseded", "resolved") and d.get("resolved_by"):
             text += f" by #{d['resolved_by']}"
         elif d["status"] == "dead" and d["last_error"]:
-            text += f" {_cut(d['last_error'], ERROR_CHARS)}"
+            text += f" {shortened(d['last_error'], ERROR_CHARS)}"
         said.append(text)
     return " ".join(said)
 
@@ -215,10 +210,10 @@ def _events_text(events: list[dict[str, Any]], zone: Zone) -> str:
             format_iso_local(event["received_at"], zone),
             event["route"],
             event["status"],
-            _cut(_key_text(event), KEY_CHARS),
-            _cut(who_text(event), WHO_CHARS) or "-",
+            shortened(_key_text(event), KEY_CHARS),
+            shortened(who_text(event), WHO_CHARS) or "-",
             _deliveries_text(event, zone, now),
-            *([_cut(event.get("snippet") or "-", 2 * WHO_CHARS)] if searched else []),
+            *([shortened(event.get("snippet") or "-", 2 * WHO_CHARS)] if searched else []),
         ]
         for event in events
     ]

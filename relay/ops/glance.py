@@ -42,7 +42,9 @@ ROLES: tuple[tuple[str, frozenset[str]], ...] = (
 _NOT_ALNUM = re.compile(r"[\W_]+")
 
 
-def _short(text: str, limit: int = VALUE_CHARS) -> str:
+def shortened(text: str, limit: int = VALUE_CHARS) -> str:
+    """`text` on one line (its whitespace runs a space), `limit` characters at
+    most, an ellipsis where it was cut: a listing's cell."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
@@ -118,7 +120,7 @@ def snippet(fields: list[tuple[tuple[str, ...], str]], search: TextSearch) -> st
         if search.digits is not None:
             digits = re.sub(r"\D", "", text)
             if any(canonical_digits(search.digits) in form for form in phone_forms(digits)):
-                return _short(text, 2 * SNIPPET_CHARS)
+                return shortened(text, 2 * SNIPPET_CHARS)
             continue
         folded = fold(text)
         if len(folded) != len(text):
@@ -146,7 +148,7 @@ def glance(
     own = request_masker(masker, query, content_type, head)
     fields = [(path, own.text(value)) for path, value in _fields(content_type, head, complete)]
     return {
-        "who": [[role, _short(value)] for role, value in who(fields)],
+        "who": [[role, shortened(value)] for role, value in who(fields)],
         "snippet": snippet(fields, search) if search is not None else None,
     }
 
