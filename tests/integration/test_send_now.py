@@ -224,6 +224,7 @@ async def test_the_dashboard_sends_a_targets_waiting_ones_after_a_confirmation(
         form = {"csrf": csrf, "target": "crm", "status": "pending", "from": "targets"}
         async with http.post(admin + "/retry", data=form) as page:
             confirm = await page.text()
+        assert "<h1>Send pending deliveries now</h1>" in confirm  # was "Send now pending"
         assert "This will send now <strong>2</strong> pending deliveries" in confirm
         ids = re.search(r'name="ids" value="([^"]*)"', confirm)
         assert ids is not None

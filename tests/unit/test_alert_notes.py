@@ -77,3 +77,10 @@ def test_bad_news_that_undoes_unsaid_good_news_says_again() -> None:
     first = _Window()
     first.add({"kind": "silent", "route": "shop", "silent_seconds": 70.0, "limit_seconds": 60.0})
     assert alert_body(first)["summary"] == "relay: route shop is silent"
+
+
+def test_one_waiting_delivery_is_said_in_the_singular() -> None:
+    # "1 waiting deliveries now flow"
+    window = _Window()
+    window.add({"kind": "up", "target": "crm", "down_seconds": 60.0, "waited": 1})
+    assert "1 waiting delivery now flows, oldest first" in alert_body(window)["text"]
