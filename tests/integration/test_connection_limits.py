@@ -78,18 +78,23 @@ async def test_bodies_in_flight_past_the_bound_get_503_and_one_address_holds_hal
     half = BODIES_IN_FLIGHT // declared // 2
     stalled = []
 
-    async def stall(source: str) -> bytes:
+    async def stall(source: str) -> asyncio.StreamReader:
         reader, writer = await connect(relay.ingress_url, source)
         writer.write(head)
         stalled.append(writer)
+        return reader
+
+    async def answered(reader: asyncio.StreamReader, wait: float) -> bytes:
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(reader.read(200), 0.05)
+            return await asyncio.wait_for(reader.read(200), wait)
         return b""  # held: its body is awaited
 
     try:
-        held = [await stall("127.0.0.2") for _ in range(half)]
+        readers = [await stall("127.0.0.2") for _ in range(half)]
+        past = await stall("127.0.0.2")
+        assert (await answered(past, 2)).startswith(b"HTTP/1.1 503 ")  # past its half
+        held = [await answered(reader, 0.001) for reader in readers]
         assert held == [b""] * half
-        assert (await stall("127.0.0.2")).startswith(b"HTTP/1.1 503 ")  # past its half
         async with http.post(relay.ingress_url + "/orders", data=b"{}") as response:
             assert response.status == 200  # another sender still gets in
         for _ in range(half):
